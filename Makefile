@@ -1,0 +1,48 @@
+# cachebuild: `make demo` and `make test` do all the set-up themselves (README).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+DEMO   ?= demo-out
+# Bench sizes; override e.g. `make bench BENCH_N=2000` for a quick look.
+BENCH_N ?= 8000
+BENCH_OUT ?= bench-out
+
+.PHONY: install test test-all test-gpu demo bench lint clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[samples,test,dev]'
+	touch $@
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+test-all: $(STAMP)  ## slow tests too (GPU tests skip without CUDA)
+	$(BIN)/python -m pytest -m ""
+
+test-gpu: $(STAMP)
+	$(BIN)/python -m pytest -m gpu
+
+demo: $(STAMP)
+	$(BIN)/cachebuild sample $(DEMO)/photos
+	$(BIN)/cachebuild imagenet $(DEMO)/photos --size 64 --out $(DEMO)/cache
+	$(BIN)/cachebuild info $(DEMO)/cache/train
+	$(BIN)/cachebuild train $(DEMO)/cache/train --val $(DEMO)/cache/val --model small_cnn \
+		--epochs 8 --batch-size 32 --lr 0.05 --workers 0 --out $(DEMO)/run
+
+bench: $(STAMP)
+	mkdir -p $(BENCH_OUT)
+	$(BIN)/python bench/bench_build.py --n $(BENCH_N) --json $(BENCH_OUT)/build.json
+	$(BIN)/python bench/bench_load.py --json $(BENCH_OUT)/load.json
+	$(BIN)/python bench/bench_transforms.py --json $(BENCH_OUT)/transforms.json
+	$(BIN)/python bench/bench_train.py --json $(BENCH_OUT)/train.json
+
+lint: $(STAMP)
+	$(BIN)/ruff check cachebuild loaders tests bench
+
+clean:
+	rm -rf $(DEMO) $(BENCH_OUT) .pytest_cache

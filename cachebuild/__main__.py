@@ -1,0 +1,3 @@
+from cachebuild.cli import main
+
+main()

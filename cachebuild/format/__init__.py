@@ -1,0 +1,30 @@
+"""The on-disk cache format: spec in ``docs/FORMAT.md``, code here (manifest, storage, reader, writer)."""
+
+from cachebuild.format.manifest import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    ArrayInfo,
+    Failure,
+    Manifest,
+    ShardInfo,
+    read_manifest,
+)
+from cachebuild.format.reader import CacheReader, open_cache
+from cachebuild.format.writer import commit_cache, staging_path, write_cache
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "MANIFEST_NAME",
+    "ArrayInfo",
+    "CacheReader",
+    "Failure",
+    "Manifest",
+    "ShardInfo",
+    "commit_cache",
+    "open_cache",
+    "read_manifest",
+    "staging_path",
+    "write_cache",
+]

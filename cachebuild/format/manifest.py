@@ -1,0 +1,250 @@
+"""manifest.json: the self-description of a cache, written last.
+
+A frozen dataclass with one parser per field and symmetric ``to_dict``/``from_dict`` (as zarr-python models
+its metadata). The spec in prose is ``docs/FORMAT.md``; this module is its code. A reader refuses any
+``format`` other than ours and any ``format_version`` other than ``FORMAT_VERSION`` with a named error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cachebuild.errors import CacheCorruptError, CacheNotFoundError, UnsupportedFormatError
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "MANIFEST_NAME",
+    "ArrayInfo",
+    "Failure",
+    "Manifest",
+    "ShardInfo",
+    "read_manifest",
+    "write_json_atomic",
+]
+
+FORMAT_NAME = "cachebuild"
+# Bump on any change a reader of the previous version would misread; readers refuse other versions.
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+
+STORAGES = ("npy", "zarr")
+FITS = ("crop", "squash", "pad")
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """Samples ``[start, start + count)``; ``file`` relative to the cache; sha256 of their raw pixel bytes."""
+
+    file: str
+    start: int
+    count: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class ArrayInfo:
+    """A per-sample side array (labels, original sizes, boxes...) stored as a plain ``.npy`` beside the images."""
+
+    file: str
+    dtype: str
+    shape: tuple[int, ...]
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A source entry that produced no sample, and why."""
+
+    path: str
+    reason: str
+
+
+def _parse_int(name: str, value: Any, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise CacheCorruptError(f"manifest field {name!r} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _parse_str(name: str, value: Any, choices: tuple[str, ...] | None = None) -> str:
+    if not isinstance(value, str) or (choices is not None and value not in choices):
+        expected = f"one of {choices}" if choices else "a string"
+        raise CacheCorruptError(f"manifest field {name!r} must be {expected}, got {value!r}")
+    return value
+
+
+def _parse_shape(name: str, value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list | tuple):
+        raise CacheCorruptError(f"manifest field {name!r} must be a list of integers, got {value!r}")
+    return tuple(_parse_int(name, v) for v in value)
+
+
+def _parse_str_list(name: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise CacheCorruptError(f"manifest field {name!r} must be a list of strings")
+    return tuple(value)
+
+
+def _parse_mapping(name: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise CacheCorruptError(f"manifest field {name!r} must be an object, got {type(value).__name__}")
+    return dict(value)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Everything a reader needs to know about a cache, and everything needed to tell if it is stale."""
+
+    dataset: str
+    split: str
+    count: int
+    shape: tuple[int, int, int]  # (H, W, C)
+    storage: str  # "npy" | "zarr"
+    classes: tuple[str, ...]
+    fit: str
+    interpolation: str
+    source: dict[str, Any]  # root, fingerprint, files
+    build: dict[str, Any]  # parameters that shaped the output, and the build key
+    tool: dict[str, Any]  # versions of cachebuild, OpenCV, numpy, ...
+    shards: tuple[ShardInfo, ...]
+    arrays: dict[str, ArrayInfo]  # "labels", "sizes", "paths", optional "boxes", "coarse_labels"
+    failures: tuple[Failure, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. coarse class names, class descriptions
+    created: str = ""
+    dtype: str = "uint8"
+    layout: str = "NHWC"
+    format: str = FORMAT_NAME
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def build_key(self) -> str:
+        return str(self.build.get("key", ""))
+
+    @property
+    def sample_nbytes(self) -> int:
+        h, w, c = self.shape
+        return h * w * c
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        # Lead with the fields a human or another tool checks first.
+        head = {k: d.pop(k) for k in ("format", "format_version", "dataset", "split", "count", "shape",
+                                      "dtype", "layout", "storage")}
+        return {**head, **d}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Manifest:
+        fmt = d.get("format")
+        if fmt != FORMAT_NAME:
+            raise UnsupportedFormatError(f"not a {FORMAT_NAME} manifest: format is {fmt!r}, expected {FORMAT_NAME!r}")
+        version = d.get("format_version")
+        if version != FORMAT_VERSION:
+            raise UnsupportedFormatError(
+                f"cache format version {version!r} is not supported: this cachebuild reads version "
+                f"{FORMAT_VERSION}; rebuild the cache or use a cachebuild release that reads version {version!r}"
+            )
+        try:
+            shape = _parse_shape("shape", d["shape"])
+            if len(shape) != 3 or shape[2] != 3:
+                raise CacheCorruptError(f"manifest field 'shape' must be [H, W, 3], got {list(shape)}")
+            if d.get("dtype") != "uint8" or d.get("layout") != "NHWC":
+                raise CacheCorruptError(
+                    f"manifest says dtype={d.get('dtype')!r} layout={d.get('layout')!r}; version "
+                    f"{FORMAT_VERSION} caches are uint8 NHWC"
+                )
+            shards = tuple(
+                ShardInfo(
+                    file=_parse_str("shards.file", s["file"]),
+                    start=_parse_int("shards.start", s["start"]),
+                    count=_parse_int("shards.count", s["count"]),
+                    sha256=_parse_str("shards.sha256", s["sha256"]),
+                )
+                for s in d["shards"]
+            )
+            arrays = {
+                _parse_str("arrays key", k): ArrayInfo(
+                    file=_parse_str("arrays.file", a["file"]),
+                    dtype=_parse_str("arrays.dtype", a["dtype"]),
+                    shape=_parse_shape("arrays.shape", a["shape"]),
+                    sha256=_parse_str("arrays.sha256", a["sha256"]),
+                )
+                for k, a in _parse_mapping("arrays", d["arrays"]).items()
+            }
+            m = cls(
+                dataset=_parse_str("dataset", d["dataset"]),
+                split=_parse_str("split", d["split"]),
+                count=_parse_int("count", d["count"]),
+                shape=(shape[0], shape[1], shape[2]),
+                storage=_parse_str("storage", d["storage"], STORAGES),
+                classes=_parse_str_list("classes", d["classes"]),
+                fit=_parse_str("fit", d["fit"], FITS),
+                interpolation=_parse_str("interpolation", d["interpolation"]),
+                source=_parse_mapping("source", d["source"]),
+                build=_parse_mapping("build", d["build"]),
+                tool=_parse_mapping("tool", d["tool"]),
+                shards=shards,
+                arrays=arrays,
+                failures=tuple(Failure(path=str(f["path"]), reason=str(f["reason"])) for f in d.get("failures", [])),
+                extra=_parse_mapping("extra", d.get("extra", {})),
+                created=str(d.get("created", "")),
+            )
+        except KeyError as e:
+            raise CacheCorruptError(f"manifest is missing the field {e.args[0]!r}") from None
+        except TypeError as e:
+            raise CacheCorruptError(f"manifest has a malformed entry: {e}") from None
+        m.check_consistent()
+        return m
+
+    def check_consistent(self) -> None:
+        """Shards must tile ``[0, count)`` in order; side arrays must have ``count`` rows."""
+        pos = 0
+        for s in self.shards:
+            if s.start != pos:
+                raise CacheCorruptError(f"shard {s.file} starts at sample {s.start}, expected {pos}")
+            pos += s.count
+        if pos != self.count:
+            raise CacheCorruptError(f"shards hold {pos} samples but the manifest count is {self.count}")
+        for name, a in self.arrays.items():
+            if not a.shape or a.shape[0] != self.count:
+                raise CacheCorruptError(f"array {name!r} has shape {list(a.shape)}, expected {self.count} rows")
+        for required in ("labels", "sizes"):
+            if required not in self.arrays:
+                raise CacheCorruptError(f"manifest lists no {required!r} array")
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON to a temporary name beside ``path``, fsync, then rename: readers see old or new, never half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
+def read_manifest(cache_dir: str | os.PathLike[str]) -> Manifest:
+    """Parse and validate ``cache_dir/manifest.json``; raises a named error for anything that is not a cache."""
+    root = Path(cache_dir)
+    path = root / MANIFEST_NAME
+    if not path.is_file():
+        hint = ""
+        if root.is_dir():
+            subs = sorted(p.name for p in root.iterdir() if (p / MANIFEST_NAME).is_file())
+            if subs:
+                hint = f"; it holds the caches {subs}: pass one of them, e.g. {root / subs[0]}"
+            elif any(root.glob("*.partial")) or root.name.endswith(".partial"):
+                hint = "; a build into it is unfinished: rerun the same cachebuild command to resume it"
+        raise CacheNotFoundError(f"{root} is not a cachebuild cache (no {MANIFEST_NAME}){hint}")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CacheCorruptError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise CacheCorruptError(f"{path} must hold a JSON object")
+    return Manifest.from_dict(data)
