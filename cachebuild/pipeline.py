@@ -1,0 +1,367 @@
+"""The build: a plan -> blocks of images -> joblib workers -> shards -> manifest -> rename into place.
+
+Workers decode a block straight into its own npy shard (a memmap), so the parent never holds pixels and
+memory stays flat. A block is finished when its record (``blocks/block-NNNNN.json``) exists; a killed
+build resumes by skipping those. Block boundaries depend only on the plan, so the arrays are
+byte-identical whatever ``--jobs`` is. For ``--format zarr`` the finished blocks are then copied into
+whole zarr chunks, in parallel, and removed.
+
+No joblib backend is fixed here: run under ``joblib.parallel_config(backend="dask")`` to use a cluster.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from joblib import Parallel, delayed
+
+from cachebuild.decode import DEFAULT_MAX_PIXELS, ResizeSpec, decode_into
+from cachebuild.errors import CacheBuildError, CacheExistsError, DecodeError
+from cachebuild.format.manifest import (
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    Failure,
+    Manifest,
+    ShardInfo,
+    read_manifest,
+    write_json_atomic,
+)
+from cachebuild.format.storage import (
+    ZARR_NAME,
+    create_npy_shard,
+    create_zarr_images,
+    save_array,
+    save_paths,
+    shard_file_name,
+    shrink_npy_shard,
+)
+from cachebuild.format.writer import commit_cache, staging_path, tool_versions
+from cachebuild.sources.plan import Plan
+
+__all__ = ["BuildOptions", "BuildResult", "build"]
+
+log = logging.getLogger("cachebuild")
+
+BLOCK_TARGET_BYTES = 64 << 20  # ~64 MB of pixels per block/shard: few files, tasks long enough to amortise
+ZARR_CHUNK_TARGET_BYTES = 4 << 20  # ~4 MB chunks: random reads stay cheap
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    size: int
+    fit: str = "crop"
+    interpolation: str = "antialias"
+    storage: str = "npy"
+    jobs: int = -1
+    block_size: int | None = None  # samples per block (= per npy shard); default from BLOCK_TARGET_BYTES
+    chunk_size: int | None = None  # zarr samples per chunk
+    compression: str = "none"
+    on_error: str = "skip"  # or "fail"
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    reduced_decode: bool = True
+    force: bool = False
+    progress: bool | None = None  # None: a bar when stderr is a terminal
+
+    def resolved_block(self) -> int:
+        if self.block_size:
+            return self.block_size
+        per = self.size * self.size * 3
+        return int(min(8192, max(64, BLOCK_TARGET_BYTES // per // 64 * 64)))
+
+    def resolved_chunk(self) -> int:
+        if self.chunk_size:
+            return self.chunk_size
+        per = self.size * self.size * 3
+        return int(min(1024, max(1, ZARR_CHUNK_TARGET_BYTES // per)))
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    path: Path
+    status: str  # "built" | "up to date"
+    count: int
+    failures: int
+    seconds: float
+    bytes_written: int
+
+    @property
+    def images_per_second(self) -> float:
+        return (self.count + self.failures) / self.seconds if self.seconds > 0 else float("nan")
+
+
+# ---------------------------------------------------------------- workers
+
+_WORKER_READY = False
+
+
+def _init_worker() -> None:
+    """One thread per library inside a worker: parallelism comes from the workers, not from within."""
+    global _WORKER_READY
+    if _WORKER_READY:
+        return
+    import cv2
+    import torch
+
+    cv2.setNumThreads(1)
+    torch.set_num_threads(1)
+    _WORKER_READY = True
+
+
+def _run_block(plan_reader: Any, keys: list[str], start: int, block: int, spec: ResizeSpec,
+               staging: str, on_error: str) -> dict[str, Any]:
+    """Decode one block into ``images-<block>.npy`` and write its record; returns the record."""
+    _init_worker()
+    folder = Path(staging)
+    final = folder / shard_file_name(block)
+    tmp = final.with_name(final.name + ".tmp")
+    shape = (spec.size, spec.size, 3)
+    mm = create_npy_shard(tmp, len(keys), shape)
+    ok, sizes, boxes, failures = [], [], [], []
+    k = 0
+    for i, key in enumerate(keys):
+        try:
+            data = plan_reader(start + i, key)
+            placed = decode_into(data, spec, mm[k], path=key)
+        except (DecodeError, OSError) as e:
+            reason = e.reason if isinstance(e, DecodeError) else f"unreadable: {e.strerror or e}"
+            if on_error == "fail":
+                raise DecodeError(key, reason) from None
+            failures.append({"index": start + i, "path": key, "reason": reason})
+            continue
+        ok.append(start + i)
+        sizes.append([placed.height, placed.width])
+        boxes.append(list(placed.box))
+        k += 1
+    mm.flush()
+    digest = hashlib.sha256(memoryview(mm[:k]).cast("B")).hexdigest() if k else hashlib.sha256().hexdigest()
+    del mm
+    if k < len(keys):
+        shrink_npy_shard(tmp, k)
+    tmp.replace(final)
+    record = {"block": block, "start": start, "planned": len(keys), "count": k, "file": final.name,
+              "sha256": digest, "ok": ok, "sizes": sizes, "boxes": boxes, "failures": failures}
+    write_json_atomic(folder / "blocks" / f"block-{block:05d}.json", record)
+    return record
+
+
+def _copy_to_zarr(staging: str, sources: list[tuple[str, int, int]], lo: int) -> tuple[int, int, str]:
+    """Write output samples [lo, lo + n) (whole zarr chunks) from slices of the finished npy blocks."""
+    import zarr
+
+    parts = [np.load(Path(staging) / f, mmap_mode="r")[a:b] for f, a, b in sources]
+    data = np.concatenate(parts) if len(parts) > 1 else np.asarray(parts[0])
+    arr = zarr.open_array(str(Path(staging) / ZARR_NAME), mode="r+")
+    arr[lo : lo + len(data)] = data
+    return lo, len(data), hashlib.sha256(memoryview(np.ascontiguousarray(data)).cast("B")).hexdigest()
+
+
+# ---------------------------------------------------------------- parent
+
+def _build_key(plan: Plan, opts: BuildOptions) -> tuple[str, dict[str, Any]]:
+    params = {
+        "format_version": FORMAT_VERSION,
+        "size": opts.size,
+        "fit": opts.fit,
+        "interpolation": opts.interpolation,
+        "storage": opts.storage,
+        "block_size": opts.resolved_block(),
+        "chunk_size": opts.resolved_chunk() if opts.storage == "zarr" else None,
+        "compression": opts.compression if opts.storage == "zarr" else "none",
+        "max_pixels": opts.max_pixels,
+        "reduced_decode": opts.reduced_decode,
+    }
+    blob = json.dumps({"source": plan.fingerprint, "params": params}, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest(), params
+
+
+def _check_destination(out: Path, key: str, force: bool) -> bool:
+    """True when ``out`` already holds this exact build. Raises rather than overwrite anything else."""
+    if not out.exists():
+        return False
+    if (out / MANIFEST_NAME).is_file():
+        try:
+            existing = read_manifest(out)
+        except CacheBuildError:
+            existing = None
+        if existing is not None and existing.build_key == key and not force:
+            return True
+        if not force:
+            raise CacheExistsError(
+                f"{out} holds a different cache (other source files or build parameters); "
+                f"pass --force to replace it, or choose another --out"
+            )
+        return False
+    if out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
+        return False
+    if not force:
+        raise CacheExistsError(f"{out} exists and is not a cachebuild cache; choose another --out")
+    return False
+
+
+def _prepare_staging(staging: Path, key: str) -> dict[int, dict[str, Any]]:
+    """Create or reopen the staging folder; return the records of blocks finished by an earlier run."""
+    build_file = staging / "build.json"
+    if staging.exists():
+        try:
+            same = json.loads(build_file.read_text())["key"] == key
+        except (OSError, ValueError, KeyError):
+            same = False
+        if not same:
+            log.warning("discarding the unfinished build in %s: it was started with other inputs", staging)
+            shutil.rmtree(staging)
+    (staging / "blocks").mkdir(parents=True, exist_ok=True)
+    if not build_file.exists():
+        write_json_atomic(build_file, {"key": key})
+    done = {}
+    for rec_path in sorted((staging / "blocks").glob("block-*.json")):
+        try:
+            rec = json.loads(rec_path.read_text())
+        except ValueError:
+            continue  # a record is written atomically, but be lenient with foreign debris
+        if (staging / rec["file"]).is_file():
+            done[rec["block"]] = rec
+    return done
+
+
+def _progress(total: int, initial: int, desc: str, enabled: bool | None):
+    from tqdm import tqdm
+
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    return tqdm(total=total, initial=initial, desc=desc, unit="img", disable=not enabled, smoothing=0.1)
+
+
+def build(plan: Plan, out: str | os.PathLike[str], opts: BuildOptions) -> BuildResult:
+    """Build (or resume, or confirm up to date) the cache of ``plan`` at ``out``."""
+    out = Path(out)
+    t0 = time.perf_counter()
+    key, params = _build_key(plan, opts)
+    if _check_destination(out, key, opts.force):
+        m = read_manifest(out)
+        return BuildResult(out, "up to date", m.count, len(m.failures), 0.0, 0)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = staging_path(out)
+    done = _prepare_staging(staging, key)
+
+    spec = ResizeSpec(size=opts.size, fit=opts.fit, interpolation=opts.interpolation,
+                      max_pixels=opts.max_pixels, reduced_decode=opts.reduced_decode)
+    bs = opts.resolved_block()
+    n = len(plan)
+    blocks = [(b, lo) for b, lo in enumerate(range(0, n, bs))]
+    todo = [(b, lo) for b, lo in blocks if b not in done]
+    if done:
+        log.info("resuming %s: %d of %d blocks already built", out, len(done), len(blocks))
+    records = dict(done)
+    tasks = (
+        delayed(_run_block)(plan.reader, list(plan.keys[lo : lo + bs]), lo, b, spec, str(staging), opts.on_error)
+        for b, lo in todo
+    )
+    with _progress(n, sum(r["planned"] for r in done.values()), f"{plan.dataset}/{plan.split}",
+                   opts.progress) as bar:
+        for rec in Parallel(n_jobs=opts.jobs, return_as="generator_unordered")(tasks):
+            records[rec["block"]] = rec
+            bar.update(rec["planned"])
+    manifest = _finish(plan, out, staging, records, opts, params, key, spec)
+    seconds = time.perf_counter() - t0
+    written = manifest.count * manifest.sample_nbytes
+    return BuildResult(out, "built", manifest.count, len(manifest.failures), seconds, written)
+
+
+def _finish(plan: Plan, out: Path, staging: Path, records: dict[int, dict[str, Any]], opts: BuildOptions,
+            params: dict[str, Any], key: str, spec: ResizeSpec) -> Manifest:
+    """Merge block records (in plan order) into side arrays and the manifest; commit atomically."""
+    ordered = [records[b] for b in sorted(records)]
+    ok = np.asarray([i for r in ordered for i in r["ok"]], dtype=np.int64)
+    count = len(ok)
+    failures = tuple(Failure(f["path"], f["reason"]) for r in ordered for f in r["failures"])
+    if count == 0:
+        raise CacheBuildError(
+            f"none of the {len(plan)} source files of {plan.root} could be read; first failure: "
+            f"{failures[0].path}: {failures[0].reason}" if failures else f"{plan.root} has no samples"
+        )
+    sample_shape = (spec.size, spec.size, 3)
+    shards: list[ShardInfo] = []
+    if opts.storage == "npy":
+        pos = 0
+        for r in ordered:
+            if r["count"]:
+                shards.append(ShardInfo(r["file"], pos, r["count"], r["sha256"]))
+                pos += r["count"]
+            else:
+                (staging / r["file"]).unlink(missing_ok=True)
+    else:
+        shards = _assemble_zarr(staging, ordered, count, sample_shape, opts)
+
+    arrays = {
+        "labels": save_array(staging, "labels", plan.labels[ok]),
+        "sizes": save_array(staging, "sizes", np.asarray([s for r in ordered for s in r["sizes"]], np.int32)),
+        "paths": save_paths(staging, [plan.keys[i] for i in ok.tolist()]),
+    }
+    if opts.fit == "pad":
+        arrays["boxes"] = save_array(staging, "boxes", np.asarray([b for r in ordered for b in r["boxes"]], np.int32))
+    for name, values in plan.extra_labels.items():
+        arrays[name] = save_array(staging, name, np.asarray(values, dtype=np.int64)[ok])
+
+    manifest = Manifest(
+        dataset=plan.dataset,
+        split=plan.split,
+        count=count,
+        shape=sample_shape,
+        storage=opts.storage,
+        classes=tuple(plan.classes),
+        fit=opts.fit,
+        interpolation=f"{opts.interpolation}" + ("+jpeg-dct-reduce" if opts.reduced_decode else ""),
+        source={"root": str(Path(plan.root).resolve()), "fingerprint": plan.fingerprint, "files": len(plan)},
+        build={"key": key, **params, "on_error": opts.on_error, "exif_orientation": "ignored"},
+        tool=tool_versions(),
+        shards=tuple(shards),
+        arrays=arrays,
+        failures=failures,
+        extra=plan.extra,
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    )
+    manifest.check_consistent()
+    shutil.rmtree(staging / "blocks")
+    (staging / "build.json").unlink()
+    commit_cache(staging, out, manifest, replace=opts.force)
+    return manifest
+
+
+def _assemble_zarr(staging: Path, ordered: list[dict[str, Any]], count: int,
+                   sample_shape: tuple[int, int, int], opts: BuildOptions) -> list[ShardInfo]:
+    """Copy the finished npy blocks into a zarr array, each task writing whole chunks; then drop the blocks."""
+    chunk = opts.resolved_chunk()
+    create_zarr_images(staging / ZARR_NAME, count, sample_shape, chunk, opts.compression)
+    # Where each output sample lives: (file, row) runs, cut at task boundaries (multiples of the chunk).
+    span = max(chunk, opts.resolved_block() // chunk * chunk)
+    runs: list[tuple[str, int, int]] = [(r["file"], 0, r["count"]) for r in ordered if r["count"]]
+    tasks, pos = [], 0
+    while pos < count:
+        lo, hi, sources = pos, min(pos + span, count), []
+        need = hi - lo
+        while need:
+            f, a, b = runs[0]
+            take = min(need, b - a)
+            sources.append((f, a, a + take))
+            need -= take
+            runs[0] = (f, a + take, b)
+            if runs[0][1] == b:
+                runs.pop(0)
+        tasks.append(delayed(_copy_to_zarr)(str(staging), sources, lo))
+        pos = hi
+    results = sorted(Parallel(n_jobs=opts.jobs)(tasks))
+    for r in ordered:
+        (staging / r["file"]).unlink(missing_ok=True)
+    return [ShardInfo(ZARR_NAME, lo, n, digest) for lo, n, digest in results]

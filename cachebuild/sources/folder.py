@@ -1,0 +1,75 @@
+"""Any class-folder tree, with torchvision ``ImageFolder``'s rules for classes, extensions and order."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from cachebuild.errors import SourceError
+from cachebuild.sources.plan import FileReader, Plan, fingerprint_files
+
+__all__ = ["IMG_EXTENSIONS", "find_classes", "folder_plan", "list_class_folder"]
+
+# torchvision.datasets.folder.IMG_EXTENSIONS, matched case-insensitively as ImageFolder does.
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def find_classes(root: Path) -> list[str]:
+    """Class folders, sorted: what ``ImageFolder.find_classes`` returns (index = position)."""
+    if not root.is_dir():
+        raise SourceError(f"{root} does not exist or is not a folder")
+    with os.scandir(root) as entries:
+        classes = sorted(e.name for e in entries if e.is_dir())
+    if not classes:
+        raise SourceError(f"{root} has no class folders: expected one sub-folder of images per class")
+    return classes
+
+
+def list_class_folder(root: Path, classes: list[str]) -> tuple[list[str], np.ndarray]:
+    """(relative path, label) in ``ImageFolder.make_dataset`` order: class by class, walk sorted."""
+    keys: list[str] = []
+    labels: list[int] = []
+    for idx, cls in enumerate(classes):
+        class_dir = root / cls
+        if not class_dir.is_dir():
+            continue
+        for dirpath, _, fnames in sorted(os.walk(class_dir, followlinks=True)):
+            rel = os.path.relpath(dirpath, root)
+            for fname in sorted(fnames):
+                if fname.lower().endswith(IMG_EXTENSIONS):
+                    keys.append(os.path.join(rel, fname))
+                    labels.append(idx)
+    return keys, np.asarray(labels, dtype=np.int64)
+
+
+def folder_plan(root: str | os.PathLike[str], *, dataset: str = "folder", split: str = "train",
+                classes: list[str] | None = None) -> Plan:
+    """Plan a class-folder tree. ``classes`` pins the class list (e.g. a val split labelled like train)."""
+    root = Path(root)
+    found = find_classes(root)
+    if classes is None:
+        classes = found
+    else:
+        unknown = sorted(set(found) - set(classes))
+        if unknown:
+            raise SourceError(
+                f"{root} has class folders {unknown[:5]} that are not among the {len(classes)} classes "
+                f"of the other split; the splits must share one class list"
+            )
+    keys, labels = list_class_folder(root, classes)
+    if not keys:
+        raise SourceError(
+            f"{root} has class folders but no image files with extensions {', '.join(IMG_EXTENSIONS)}"
+        )
+    return Plan(
+        dataset=dataset,
+        split=split,
+        root=str(root),
+        keys=keys,
+        labels=labels,
+        classes=classes,
+        fingerprint=fingerprint_files(root, keys, labels, {"classes": classes}),
+        reader=FileReader(str(root)),
+    )

@@ -1,0 +1,173 @@
+"""ILSVRC2012 in its real layouts: class-folder train/; val/ in class folders or flat, labelled by the
+devkit ground truth or by Kaggle's ``LOC_val_solution.csv``. Class index = position of the wnid in sorted
+order, as torchvision's ``ImageFolder`` gives it."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+import tarfile
+from pathlib import Path
+
+import numpy as np
+
+from cachebuild.errors import SourceError
+from cachebuild.sources.folder import IMG_EXTENSIONS, find_classes, folder_plan
+from cachebuild.sources.plan import FileReader, Plan, fingerprint_files
+
+__all__ = ["SPLITS", "imagenet_plans"]
+
+SPLITS = ("train", "val")
+DEVKIT = "ILSVRC2012_devkit_t12"
+KAGGLE_TREE = Path("ILSVRC") / "Data" / "CLS-LOC"
+_VAL_NUMBER = re.compile(r"ILSVRC2012_val_(\d+)")
+
+
+def _locate(src: Path) -> tuple[Path, Path, list[str]]:
+    """(folder holding the split folders, folder holding label files, splits present)."""
+    if not src.exists():
+        raise SourceError(f"{src} does not exist")
+    if not src.is_dir():
+        raise SourceError(f"{src} is not a folder: pass the ImageNet root (holding train/ and val/) or one split")
+    if (src / KAGGLE_TREE).is_dir():
+        data = src / KAGGLE_TREE
+        return data, src, [s for s in SPLITS if (data / s).is_dir()]
+    present = [s for s in SPLITS if (src / s).is_dir()]
+    if present:
+        return src, src, present
+    if src.name in SPLITS:  # one split folder given: labels live beside it (or 3 levels up on Kaggle)
+        meta = src.parent
+        for up in (src.parent, *src.parent.parents[:3]):
+            if (up / DEVKIT).exists() or (up / f"{DEVKIT}.tar.gz").exists() or (up / "LOC_val_solution.csv").exists():
+                meta = up
+                break
+        return src.parent, meta, [src.name]
+    raise SourceError(
+        f"{src} is not an ImageNet layout: expected train/ and/or val/ inside it (or ILSVRC/Data/CLS-LOC/ "
+        f"for the Kaggle download); for any other class-folder tree use `cachebuild folder`"
+    )
+
+
+def _devkit_labels(meta_root: Path) -> tuple[list[str], dict[int, str], list[int], dict[str, str]]:
+    """(leaf wnids, ILSVRC2012_ID -> wnid, ground-truth IDs by val number, wnid -> words) from the devkit."""
+    import scipy.io
+
+    folder = meta_root / DEVKIT / "data"
+    archive = meta_root / f"{DEVKIT}.tar.gz"
+    if folder.is_dir():
+        meta_bytes = (folder / "meta.mat").read_bytes()
+        gt_text = (folder / "ILSVRC2012_validation_ground_truth.txt").read_text()
+    elif archive.is_file():
+        with tarfile.open(archive, "r:gz") as tar:  # read members in memory; nothing is extracted
+            def member(name: str) -> bytes:
+                f = tar.extractfile(f"{DEVKIT}/data/{name}")
+                if f is None:
+                    raise SourceError(f"{archive} has no regular file {DEVKIT}/data/{name}")
+                return f.read()
+            meta_bytes = member("meta.mat")
+            gt_text = member("ILSVRC2012_validation_ground_truth.txt").decode()
+    else:
+        raise FileNotFoundError(folder)
+    meta = scipy.io.loadmat(io.BytesIO(meta_bytes), squeeze_me=True)["synsets"]
+    id_to_wnid: dict[int, str] = {}
+    words: dict[str, str] = {}
+    for row in meta:
+        if int(row["num_children"]) == 0:  # the 1000 leaf classes; the rest are WordNet ancestors
+            id_to_wnid[int(row["ILSVRC2012_ID"])] = str(row["WNID"])
+            words[str(row["WNID"])] = str(row["words"])
+    gt = [int(line) for line in gt_text.split()]
+    return sorted(id_to_wnid.values()), id_to_wnid, gt, words
+
+
+def _kaggle_labels(meta_root: Path) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """(sorted wnids, image id -> wnid, wnid -> words) from LOC_synset_mapping.txt / LOC_val_solution.csv."""
+    words = {}
+    mapping = meta_root / "LOC_synset_mapping.txt"
+    if mapping.is_file():
+        for line in mapping.read_text().splitlines():
+            if line.strip():
+                wnid, _, text = line.partition(" ")
+                words[wnid] = text.strip()
+    labels = {}
+    with open(meta_root / "LOC_val_solution.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            labels[row["ImageId"]] = row["PredictionString"].split()[0]
+    wnids = sorted(words) if words else sorted(set(labels.values()))
+    return wnids, labels, words
+
+
+def _flat_val_plan(val_dir: Path, meta_root: Path, train_classes: list[str] | None) -> Plan:
+    with os.scandir(val_dir) as entries:
+        files = sorted(e.name for e in entries if not e.is_dir() and e.name.lower().endswith(IMG_EXTENSIONS))
+    if not files:
+        raise SourceError(f"{val_dir} holds no image files")
+    words: dict[str, str] = {}
+    if (meta_root / "LOC_val_solution.csv").is_file():
+        classes, by_id, words = _kaggle_labels(meta_root)
+        label_source = str(meta_root / "LOC_val_solution.csv")
+        try:
+            wnids = [by_id[Path(f).stem] for f in files]
+        except KeyError as e:
+            raise SourceError(f"{label_source} has no row for val image {e.args[0]}") from None
+    else:
+        try:
+            classes, id_to_wnid, gt, words = _devkit_labels(meta_root)
+        except FileNotFoundError:
+            raise SourceError(
+                f"{val_dir} is flat (no class folders) and no labels were found: expected {DEVKIT}/ (or "
+                f"{DEVKIT}.tar.gz) with data/meta.mat and data/ILSVRC2012_validation_ground_truth.txt, or "
+                f"Kaggle's LOC_val_solution.csv, in {meta_root}"
+            ) from None
+        label_source = str(meta_root / DEVKIT)
+        wnids = []
+        for f in files:
+            m = _VAL_NUMBER.search(f)
+            if m is None or not 1 <= int(m.group(1)) <= len(gt):
+                raise SourceError(f"{val_dir / f}: name has no ILSVRC2012_val number within the devkit's {len(gt)}")
+            wnids.append(id_to_wnid[gt[int(m.group(1)) - 1]])
+    if train_classes is not None:
+        missing = sorted(set(wnids) - set(train_classes))
+        if missing:
+            raise SourceError(f"val labels from {label_source} name wnids absent from train/: {missing[:5]}")
+        classes = train_classes
+    index = {w: i for i, w in enumerate(classes)}
+    labels = np.asarray([index[w] for w in wnids], dtype=np.int64)
+    keys = [f"val/{f}" for f in files]
+    root = val_dir.parent
+    return Plan(
+        dataset="imagenet",
+        split="val",
+        root=str(root),
+        keys=keys,
+        labels=labels,
+        classes=classes,
+        fingerprint=fingerprint_files(root, keys, labels, {"classes": classes}),
+        reader=FileReader(str(root)),
+        extra={"class_descriptions": [words.get(c, "") for c in classes]} if words else {},
+    )
+
+
+def imagenet_plans(src: str | os.PathLike[str], split: str = "all") -> list[Plan]:
+    """One plan per requested split found under ``src`` (the root, the Kaggle root, or one split folder)."""
+    if split not in (*SPLITS, "all"):
+        raise SourceError(f"unknown split {split!r}: expected train, val or all")
+    data, meta_root, present = _locate(Path(src))
+    wanted = present if split == "all" else [split]
+    if split != "all" and split not in present:
+        raise SourceError(f"{data} has no {split}/ folder (found: {', '.join(present) or 'none'})")
+    train_classes = find_classes(data / "train") if "train" in present else None
+    plans = []
+    for s in wanted:
+        folder = data / s
+        with os.scandir(folder) as entries:
+            has_class_dirs = any(e.is_dir() for e in entries)
+        if has_class_dirs:
+            plan = folder_plan(folder, dataset="imagenet", split=s, classes=train_classes)
+        elif s == "val":
+            plan = _flat_val_plan(folder, meta_root, train_classes)
+        else:
+            raise SourceError(f"{folder} has no class folders (expected {folder}/nXXXXXXXX/*.JPEG)")
+        plans.append(plan)
+    return plans

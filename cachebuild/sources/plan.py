@@ -1,0 +1,69 @@
+"""A plan: the sorted list of samples a build will produce, their labels, and the source fingerprint.
+
+The plan is fixed before any image is decoded, so the shard layout, the build key and every worker's
+block follow from it alone: the same source gives the same plan whatever the directory listing order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+__all__ = ["FileReader", "Plan", "SampleReader", "fingerprint_files"]
+
+
+class SampleReader(Protocol):
+    """Picklable; called in workers. Returns encoded bytes (to decode) or an RGB HWC uint8 array."""
+
+    def __call__(self, index: int, key: str) -> bytes | np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class FileReader:
+    """Reads ``root / key`` as bytes (one ``read`` call; no mmap, so NFS and FUSE behave)."""
+
+    root: str
+
+    def __call__(self, index: int, key: str) -> bytes:
+        with open(os.path.join(self.root, key), "rb") as f:
+            return f.read()
+
+
+@dataclass(frozen=True)
+class Plan:
+    dataset: str  # "imagenet", "cifar10", "cifar100", "folder"
+    split: str
+    root: str  # source root; keys are relative to it
+    keys: Sequence[str]  # one per planned sample, in cache order (provenance)
+    labels: np.ndarray  # int64, one per key
+    classes: list[str]
+    fingerprint: str
+    reader: Callable[[int, str], bytes | np.ndarray]
+    native_size: int | None = None  # CIFAR: the arrays are already SxS
+    extra_labels: dict[str, np.ndarray] = field(default_factory=dict)  # e.g. CIFAR-100 coarse_labels
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. class descriptions, coarse class names
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+def fingerprint_files(root: Path, keys: Sequence[str], labels: np.ndarray, extra: Any = None) -> str:
+    """sha256 over every (relative path, label, size, mtime): a file added, removed, relabelled or
+    rewritten changes it. A missing entry (dangling link) still fingerprints, as 'missing'."""
+    h = hashlib.sha256()
+    h.update(json.dumps(extra, sort_keys=True, default=str).encode())
+    for key, label in zip(keys, labels.tolist(), strict=True):
+        try:
+            st = os.stat(root / key)
+            meta = f"{st.st_size}:{st.st_mtime_ns}"
+        except OSError:
+            meta = "missing"
+        h.update(f"{key}\0{label}\0{meta}\n".encode("utf-8", "surrogateescape"))
+    return h.hexdigest()

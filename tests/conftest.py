@@ -1,0 +1,30 @@
+"""Shared fixtures: real-photo datasets written in the real ImageNet and CIFAR layouts (made once)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cachebuild.samples.imagenet_layout import write_imagenet
+
+
+@pytest.fixture(scope="session")
+def imagenet_tree(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A small ILSVRC2012 tree: train in class folders (with ImageNet's quirks and broken files), val in
+    class folders. About 60 real-photo JPEGs of ImageNet-like sizes, some large, some small."""
+    root = tmp_path_factory.mktemp("imagenet")
+    return write_imagenet(root, n_classes=4, train_per_class=12, val_per_class=3, val_layout="folders",
+                          seed=1, quirks=True, broken=True)
+
+
+@pytest.fixture(scope="session")
+def imagenet_clean(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The same without broken files, for tests that compare pixels with torchvision."""
+    root = tmp_path_factory.mktemp("imagenet_clean")
+    return write_imagenet(root, n_classes=5, train_per_class=10, val_per_class=2, val_layout="folders", seed=2)
+
+
+def tree_root(info: dict[str, Any]) -> Path:
+    return Path(info["root"])

@@ -1,0 +1,202 @@
+"""The builder's promises: deterministic, atomic and resumable, honest about bad input, verifiable."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from cachebuild.cli import main
+from cachebuild.errors import CacheExistsError, DecodeError
+from cachebuild.format import open_cache, read_manifest
+from cachebuild.pipeline import BuildOptions, build
+from cachebuild.sources.folder import folder_plan
+from cachebuild.sources.imagenet import imagenet_plans
+
+
+def _train_plan(info):
+    return imagenet_plans(info["root"], "train")[0]
+
+
+def _pixels(path: Path) -> np.ndarray:
+    c = open_cache(path)
+    return c.read(np.arange(len(c)))
+
+
+def test_jobs_do_not_change_a_byte(imagenet_tree, tmp_path):
+    plan = _train_plan(imagenet_tree)
+    a = build(plan, tmp_path / "j1", BuildOptions(size=64, jobs=1, block_size=8))
+    b = build(plan, tmp_path / "j2", BuildOptions(size=64, jobs=2, block_size=8))
+    assert a.count == b.count > 0
+    ma, mb = read_manifest(a.path), read_manifest(b.path)
+    assert [s.sha256 for s in ma.shards] == [s.sha256 for s in mb.shards]
+    for name in ("labels", "sizes", "paths"):
+        assert (a.path / ma.arrays[name].file).read_bytes() == (b.path / mb.arrays[name].file).read_bytes()
+    assert np.array_equal(_pixels(a.path), _pixels(b.path))
+
+
+def test_npy_and_zarr_hold_the_same_pixels(imagenet_tree, tmp_path):
+    plan = _train_plan(imagenet_tree)
+    npy = build(plan, tmp_path / "npy", BuildOptions(size=48, jobs=1, block_size=8))
+    zarr = build(plan, tmp_path / "zarr", BuildOptions(size=48, jobs=1, block_size=8, storage="zarr",
+                                                        chunk_size=3, compression="zstd"))
+    assert np.array_equal(_pixels(npy.path), _pixels(zarr.path))
+    assert np.array_equal(open_cache(npy.path).labels, open_cache(zarr.path).labels)
+    assert not list(zarr.path.glob("*.npy.tmp")) and not list(zarr.path.glob("images-*.npy"))
+    import zarr as zarr_lib  # readable without this package
+
+    arr = zarr_lib.open_array(str(zarr.path / "images.zarr"), mode="r")
+    assert arr.shape == (zarr.count, 48, 48, 3) and arr.chunks == (3, 48, 48, 3)
+
+
+def test_bad_files_are_skipped_and_listed(imagenet_tree, tmp_path):
+    plan = _train_plan(imagenet_tree)
+    result = build(plan, tmp_path / "c", BuildOptions(size=32, jobs=1))
+    m = read_manifest(result.path)
+    reasons = {Path(f.path).name.split("_broken_")[-1]: f.reason for f in m.failures}
+    assert set(reasons) == {"truncated.JPEG", "empty.JPEG", "not_an_image.JPEG", "pixel_bomb.JPEG",
+                            "pixel_bomb_sof.JPEG", "unreadable.JPEG"}
+    assert "truncated" in reasons["truncated.JPEG"]
+    assert "empty" in reasons["empty.JPEG"]
+    assert "not an image" in reasons["not_an_image.JPEG"]
+    assert "refused before decoding" in reasons["pixel_bomb.JPEG"]
+    assert "unreadable" in reasons["unreadable.JPEG"]
+    assert m.count == len(plan) - 6
+    # Sample i is the i-th readable file of the plan: provenance and labels line up.
+    paths = open_cache(result.path).paths()
+    readable = [k for k in plan.keys if "_broken_" not in k]
+    assert paths == readable
+    label_of = dict(zip(plan.keys, plan.labels.tolist(), strict=True))
+    assert open_cache(result.path).labels.tolist() == [label_of[p] for p in paths]
+
+
+def test_on_error_fail_names_the_file_and_keeps_finished_blocks(imagenet_tree, tmp_path):
+    plan = _train_plan(imagenet_tree)
+    out = tmp_path / "c"
+    with pytest.raises(DecodeError) as err:
+        build(plan, out, BuildOptions(size=32, jobs=1, block_size=4, on_error="fail"))
+    assert "_broken_" in err.value.path
+    assert not out.exists()  # nothing half-built is visible
+    staging = out.with_name("c.partial")
+    finished = list((staging / "blocks").glob("block-*.json"))
+    assert finished, "blocks before the bad file must be kept for a resume"
+    # The same source and parameters with --on-error skip finish from there.
+    result = build(plan, out, BuildOptions(size=32, jobs=1, block_size=4))
+    assert result.count == len(plan) - 6 and not staging.exists()
+
+
+def test_up_to_date_different_and_force(imagenet_clean, tmp_path):
+    plan = _train_plan(imagenet_clean)
+    out = tmp_path / "c"
+    first = build(plan, out, BuildOptions(size=32, jobs=1))
+    mtime = (out / "manifest.json").stat().st_mtime_ns
+    again = build(plan, out, BuildOptions(size=32, jobs=1))
+    assert again.status == "up to date" and (out / "manifest.json").stat().st_mtime_ns == mtime
+    with pytest.raises(CacheExistsError):
+        build(plan, out, BuildOptions(size=40, jobs=1))
+    assert read_manifest(out).shape == (32, 32, 3)  # untouched
+    forced = build(plan, out, BuildOptions(size=40, jobs=1, force=True))
+    assert forced.status == "built" and read_manifest(out).shape == (40, 40, 3)
+    assert first.count == forced.count
+    assert not list(tmp_path.glob("c.old-*"))
+
+
+def test_a_changed_source_file_changes_the_fingerprint(imagenet_clean, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(imagenet_clean["train_dir"], src)
+    build(folder_plan(src), tmp_path / "c", BuildOptions(size=32, jobs=1))
+    victim = sorted(src.rglob("*.JPEG"))[0]
+    victim.write_bytes(victim.read_bytes())  # same bytes, new mtime: cannot be assumed unchanged
+    os.utime(victim, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
+    with pytest.raises(CacheExistsError):
+        build(folder_plan(src), tmp_path / "c", BuildOptions(size=32, jobs=1))
+
+
+def _cli(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cachebuild", *args], capture_output=True, text=True, **kw)
+
+
+def test_sigkill_then_resume_is_byte_identical(imagenet_tree, tmp_path):
+    src = imagenet_tree["root"]
+    common = ["--split", "train", "--size", "64", "--shard-size", "4", "--jobs", "1", "--no-progress"]
+    ref = _cli("imagenet", str(src), "--out", str(tmp_path / "ref"), *common)
+    assert ref.returncode == 0, ref.stderr
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "cachebuild", "imagenet", str(src), "--out", str(out), *common],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    blocks = out / "train.partial" / "blocks"
+    deadline = time.time() + 60
+    while time.time() < deadline and len(list(blocks.glob("*.json"))) < 3:
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    n_done = len(list(blocks.glob("*.json")))
+    assert 3 <= n_done < 14, "the kill must land part way"
+    assert not (out / "train").exists()
+    resumed = _cli("imagenet", str(src), "--out", str(out), *common, "-v")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming" in resumed.stderr
+    for name in ("labels.npy", "sizes.npy", "paths.json"):
+        assert (out / "train" / name).read_bytes() == (tmp_path / "ref" / "train" / name).read_bytes()
+    for f in sorted((tmp_path / "ref" / "train").glob("images-*.npy")):
+        assert (out / "train" / f.name).read_bytes() == f.read_bytes()
+    m_ref, m_res = read_manifest(tmp_path / "ref" / "train"), read_manifest(out / "train")
+    assert m_ref.shards == m_res.shards and m_ref.failures == m_res.failures
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (tmp_path / "flat").mkdir()
+    (tmp_path / "flat" / "a.jpg").write_bytes(b"x")
+    runner = CliRunner()
+    cases = [
+        (["imagenet", str(tmp_path / "missing")], "does not exist"),
+        (["imagenet", str(empty)], "not an ImageNet layout"),
+        (["folder", str(empty)], "no class folders"),
+        (["folder", str(tmp_path / "flat")], "no class folders"),
+        (["imagenet", str(empty), "--size", "0"], "'--size'"),
+        (["cifar10", str(empty)], "cifar"),
+        (["info", str(empty)], "not a cachebuild cache"),
+    ]
+    for args, expected in cases:
+        r = runner.invoke(main, [*args, "--out", str(tmp_path / "o")] if args[0] != "info" else args)
+        assert r.exit_code != 0, args
+        assert expected.lower() in r.output.lower(), (args, r.output)
+        assert "Traceback" not in r.output
+        assert r.exception is None or isinstance(r.exception, SystemExit), (args, r.exception)
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_build_info_verify_and_a_flipped_byte(imagenet_clean, tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "c"
+    r = runner.invoke(main, ["imagenet", str(imagenet_clean["root"]), "--size", "32", "--out", str(out), "-j", "1"])
+    assert r.exit_code == 0, r.output
+    assert "samples" in r.output and "img/s" in r.output
+    r = runner.invoke(main, ["info", str(out / "val"), "--json"])
+    m = json.loads(r.output)
+    assert m["format"] == "cachebuild" and m["count"] == 10 and m["shape"] == [32, 32, 3]
+    assert runner.invoke(main, ["verify", str(out / "val")]).exit_code == 0
+    shard = out / "val" / m["shards"][0]["file"]
+    data = bytearray(shard.read_bytes())
+    data[-100] ^= 0x01
+    shard.write_bytes(bytes(data))
+    r = runner.invoke(main, ["verify", str(out / "val")])
+    assert r.exit_code == 1 and "checksum mismatch" in r.output
+
+
+def test_default_out_is_documented_home(imagenet_clean, tmp_path, monkeypatch):
+    monkeypatch.setenv("CACHEBUILD_HOME", str(tmp_path / "home"))
+    r = CliRunner().invoke(main, ["imagenet", str(imagenet_clean["root"]), "--split", "val", "--size", "16", "-j", "1"])
+    assert r.exit_code == 0, r.output
+    assert read_manifest(tmp_path / "home" / "imagenet-16" / "val").count == 10
