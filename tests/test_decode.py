@@ -1,0 +1,102 @@
+"""Pixels: close to torchvision's PIL pipeline, ImageNet's quirks decoded, fits and limits honoured."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torchvision.transforms as T
+from PIL import Image
+
+from cachebuild.decode import ResizeSpec, decode_into
+from cachebuild.errors import DecodeError
+from cachebuild.format import open_cache
+from cachebuild.pipeline import BuildOptions, build
+from cachebuild.sources.imagenet import imagenet_plans
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return float(10 * np.log10(255.0**2 / max(mse, 1e-12)))
+
+
+def _torchvision_reference(path: Path, size: int) -> np.ndarray:
+    with Image.open(path) as im:
+        return np.asarray(T.CenterCrop(size)(T.Resize(size)(im.convert("RGB"))))
+
+
+@pytest.mark.parametrize("size", [224, 96, 64])
+def test_crop_matches_torchvision_pil_resize_centercrop(imagenet_clean, tmp_path, size):
+    plan = imagenet_plans(imagenet_clean["root"], "train")[0]
+    cache = open_cache(build(plan, tmp_path / "c", BuildOptions(size=size, jobs=1)).path)
+    images = cache.read(np.arange(len(cache)))
+    scores = [psnr(img, _torchvision_reference(Path(plan.root) / p, size))
+              for img, p in zip(images, cache.paths(), strict=True)]
+    assert np.median(scores) >= 38.0, sorted(scores)[:5]
+    assert min(scores) >= 24.0  # the worst single image: fine texture, a few px of crop offset
+    # The large sources went through the reduced DCT decode and still match.
+    large = [s for s, (h, w) in zip(scores, cache.sizes.tolist(), strict=True) if min(h, w) >= 4 * size]
+    if size == 64:
+        assert large and np.median(large) >= 38.0
+
+
+def test_quirks_decode_like_pil(imagenet_tree, tmp_path):
+    quirks = imagenet_tree["quirks"]
+    assert set(quirks) >= {"cmyk", "png", "gray", "exif"}
+    spec = ResizeSpec(size=128, fit="squash")
+    out = np.empty((128, 128, 3), np.uint8)
+    for kind, entry in quirks.items():
+        path = Path(entry["path"])
+        placed = decode_into(path.read_bytes(), spec, out, path=str(path))
+        with Image.open(path) as im:  # PIL as ImageFolder opens it: no EXIF transpose
+            ref = np.asarray(im.convert("RGB").resize((128, 128), Image.BILINEAR))
+            assert (placed.height, placed.width) == (im.height, im.width)
+        assert psnr(out, ref) > 30, kind
+    # EXIF orientation is ignored, as torchvision's ImageFolder ignores it: the upright image differs.
+    rotated = quirks["exif"]
+    decode_into(Path(rotated["path"]).read_bytes(), spec, out)
+    upright = np.asarray(Image.fromarray(rotated["upright"]).resize((128, 128), Image.BILINEAR))
+    assert psnr(out, upright) < 25
+
+
+def test_pad_records_the_valid_box(imagenet_clean, tmp_path):
+    plan = imagenet_plans(imagenet_clean["root"], "val")[0]
+    cache = open_cache(build(plan, tmp_path / "c", BuildOptions(size=64, fit="pad", jobs=1)).path)
+    assert cache.boxes is not None and cache.boxes.shape == (len(cache), 4)
+    images = cache.read(np.arange(len(cache)))
+    for img, (y0, x0, y1, x1), (h, w) in zip(images, cache.boxes.tolist(), cache.sizes.tolist(), strict=True):
+        assert max(y1 - y0, x1 - x0) == 64
+        assert abs((y1 - y0) / (x1 - x0) - h / w) < 0.05
+        outside = np.ones((64, 64), bool)
+        outside[y0:y1, x0:x1] = False
+        assert not img[outside].any()
+        assert img[y0:y1, x0:x1].std() > 5  # real pixels inside
+
+
+def test_squash_keeps_every_pixel_row(imagenet_clean, tmp_path):
+    path = Path(imagenet_clean["train"][0]["path"])
+    out = np.empty((50, 50, 3), np.uint8)
+    decode_into(path.read_bytes(), ResizeSpec(50, fit="squash"), out)
+    with Image.open(path) as im:
+        ref = np.asarray(im.convert("RGB").resize((50, 50), Image.BILINEAR))
+    assert psnr(out, ref) > 30
+
+
+def test_pixel_limit_is_a_parameter(imagenet_clean):
+    path = Path(imagenet_clean["train"][0]["path"])
+    out = np.empty((32, 32, 3), np.uint8)
+    with pytest.raises(DecodeError, match="over the limit") as e:
+        decode_into(path.read_bytes(), ResizeSpec(32, max_pixels=1000), out, path="x.JPEG")
+    assert e.value.path == "x.JPEG"
+    decode_into(path.read_bytes(), ResizeSpec(32, max_pixels=10**9), out)
+
+
+def test_upscaling_small_sources(tmp_path):
+    img = (np.arange(20 * 30 * 3) % 251).astype(np.uint8).reshape(20, 30, 3)
+    out = np.empty((64, 64, 3), np.uint8)
+    placed = decode_into(img, ResizeSpec(64, fit="crop"), out)
+    assert (placed.height, placed.width) == (20, 30) and placed.box == (0, 0, 64, 64)
+    same = np.empty((20, 20, 3), np.uint8)
+    decode_into(img[:, :20].copy(), ResizeSpec(20), same)
+    assert np.array_equal(same, img[:, :20])  # native size: an exact copy

@@ -1,0 +1,106 @@
+"""The on-disk contract: manifest round trip, version refusal, damaged files named when opened."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from cachebuild.errors import CacheCorruptError, CacheNotFoundError, UnsupportedFormatError
+from cachebuild.format import FORMAT_VERSION, Manifest, open_cache, read_manifest, write_cache
+from cachebuild.format.storage import create_npy_shard, shrink_npy_shard
+
+
+def _images(n: int, side: int = 8) -> np.ndarray:
+    # Every image encodes its own index, so any misplaced sample shows.
+    idx = np.arange(n, dtype=np.int64)
+    return np.broadcast_to((idx % 251).astype(np.uint8)[:, None, None, None], (n, side, side, 3)).copy()
+
+
+@pytest.fixture
+def cache(tmp_path):
+    write_cache(tmp_path / "c", _images(37), np.arange(37) % 4, ["a", "b", "c", "d"], shard_size=10)
+    return tmp_path / "c"
+
+
+def test_manifest_round_trip(cache):
+    m = read_manifest(cache)
+    assert Manifest.from_dict(json.loads(json.dumps(m.to_dict()))) == m
+    assert [s.count for s in m.shards] == [10, 10, 10, 7]
+    head = list(m.to_dict())[:4]
+    assert head == ["format", "format_version", "dataset", "split"]
+
+
+@pytest.mark.parametrize("storage", ["npy", "zarr"])
+def test_gather_returns_the_right_samples(tmp_path, storage):
+    write_cache(tmp_path / "c", _images(37), np.arange(37) % 4, list("abcd"), shard_size=10, storage=storage)
+    c = open_cache(tmp_path / "c")
+    idx = np.array([36, 0, 9, 10, 10, 25, 3])
+    assert np.array_equal(c.read(idx)[:, 0, 0, 0], idx % 251)
+    assert c.read([]).shape == (0, 8, 8, 3)
+    with pytest.raises(IndexError):
+        c.read([37])
+    assert c.verify() == []
+
+
+def test_unknown_version_is_refused_by_name(cache):
+    path = cache / "manifest.json"
+    d = json.loads(path.read_text())
+    d["format_version"] = FORMAT_VERSION + 1
+    path.write_text(json.dumps(d))
+    with pytest.raises(UnsupportedFormatError) as e:
+        read_manifest(cache)
+    assert f"version {FORMAT_VERSION + 1}" in str(e.value) and f"reads version {FORMAT_VERSION}" in str(e.value)
+    d["format"] = "ffcv"
+    path.write_text(json.dumps(d))
+    with pytest.raises(UnsupportedFormatError, match="not a cachebuild manifest"):
+        read_manifest(cache)
+
+
+def test_not_a_cache_and_a_parent_of_caches(tmp_path, cache):
+    with pytest.raises(CacheNotFoundError, match="not a cachebuild cache"):
+        open_cache(tmp_path / "nothing")
+    with pytest.raises(CacheNotFoundError, match="pass one of them"):
+        open_cache(tmp_path)  # holds the cache 'c'
+
+
+def test_missing_truncated_and_misshapen_shards(cache):
+    shard = cache / "images-00001.npy"
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CacheCorruptError, match="images-00001.npy"):
+        open_cache(cache)
+    np.save(shard, np.zeros((10, 8, 9, 3), np.uint8))
+    with pytest.raises(CacheCorruptError, match="manifest says uint8"):
+        open_cache(cache)
+    shard.unlink()
+    with pytest.raises(CacheCorruptError, match="missing"):
+        open_cache(cache)
+
+
+def test_manifest_fields_are_validated(cache):
+    path = cache / "manifest.json"
+    d = json.loads(path.read_text())
+    for field, value, message in [("count", 36, "manifest count"), ("storage", "tar", "storage"),
+                                  ("shape", [8, 8, 4], "shape"), ("count", -1, "count")]:
+        bad = dict(d, **{field: value})
+        path.write_text(json.dumps(bad))
+        with pytest.raises(CacheCorruptError, match=message):
+            read_manifest(cache)
+    del d["classes"]
+    path.write_text(json.dumps(d))
+    with pytest.raises(CacheCorruptError, match="classes"):
+        read_manifest(cache)
+
+
+@pytest.mark.parametrize("capacity,count", [(1024, 1021), (1000, 999), (10, 3), (100000, 9), (5, 0)])
+def test_shrinking_a_shard_keeps_its_rows(tmp_path, capacity, count):
+    path = tmp_path / "s.npy"
+    mm = create_npy_shard(path, capacity, (2, 2, 3))
+    mm[:] = (np.arange(capacity) % 251).astype(np.uint8)[:, None, None, None]
+    mm.flush()
+    del mm
+    shrink_npy_shard(path, count)
+    a = np.load(path)
+    assert a.shape == (count, 2, 2, 3) and np.array_equal(a[:, 0, 0, 0], np.arange(count) % 251)
