@@ -189,7 +189,8 @@ def info(path: Path, as_json: bool) -> None:
         f"  storage: {m.storage}, {len(m.shards)} shard(s), {disk / 1e6:.1f} MB on disk",
         f"  classes: {len(m.classes)} ({classes})",
         f"  fit: {m.fit}, interpolation: {m.interpolation}",
-        f"  source: {m.source.get('root')} ({m.source.get('files')} files, fingerprint {str(m.source.get('fingerprint'))[:12]})",
+        f"  source: {m.source.get('root')} ({m.source.get('files')} files, "
+        f"fingerprint {str(m.source.get('fingerprint'))[:12]})",
         f"  built: {m.created} by cachebuild {m.tool.get('version')} (format {m.format} v{m.format_version})",
         f"  skipped: {len(m.failures)}",
     ]

@@ -96,22 +96,39 @@ def _reduction(h: int, w: int, spec: ResizeSpec) -> int:
     return 1
 
 
-def _resize(src: np.ndarray, out_h: int, out_w: int, interpolation: str) -> np.ndarray:
+def _store(planes: list[np.ndarray], out: np.ndarray) -> None:
+    """Interleave three (h, w) planes into ``out`` (h, w, 3): ``cv2.merge`` is ~25x faster than numpy's
+    strided CHW -> HWC copy, and writes in place when ``out`` is contiguous."""
+    if out.flags.c_contiguous and cv2.merge(planes, dst=out) is out:
+        return
+    out[...] = cv2.merge(planes)
+
+
+def _resize_into(src: np.ndarray, out: np.ndarray, interpolation: str, bgr: bool) -> None:
+    """Resize HWC ``src`` to ``out``'s (h, w), writing RGB (``bgr``: swap channels on the way)."""
+    out_h, out_w = out.shape[:2]
     if src.shape[0] == out_h and src.shape[1] == out_w:
-        return src
-    if interpolation == "antialias":
+        res = src
+    elif interpolation == "antialias":
         import torch
         import torch.nn.functional as F
 
-        # Antialiased bilinear = PIL's resample=BILINEAR (torchvision's default); the uint8 channels_last
-        # kernel is ~2x faster than cv2.INTER_AREA on fractional scales and closer to PIL.
+        # Antialiased bilinear = PIL's resample=BILINEAR (torchvision's default). torch's uint8 kernel is
+        # ~2x faster than cv2.INTER_AREA on fractional scales and closer to PIL; a contiguous input takes
+        # its channels-last fast path. It returns planar CHW, interleaved by _store.
         t = torch.from_numpy(np.ascontiguousarray(src)).permute(2, 0, 1).unsqueeze(0)
-        r = F.interpolate(t, size=(out_h, out_w), mode="bilinear", antialias=True, align_corners=False)
-        return r[0].permute(1, 2, 0).numpy()
-    flag = cv2.INTER_AREA if interpolation == "area" else cv2.INTER_LINEAR
-    if interpolation == "area" and (out_h > src.shape[0] or out_w > src.shape[1]):
-        flag = cv2.INTER_LINEAR  # INTER_AREA upscales like nearest
-    return cv2.resize(src, (out_w, out_h), interpolation=flag)
+        r = F.interpolate(t, size=(out_h, out_w), mode="bilinear", antialias=True, align_corners=False)[0].numpy()
+        _store([r[2], r[1], r[0]] if bgr else [r[0], r[1], r[2]], out)
+        return
+    else:
+        flag = cv2.INTER_AREA if interpolation == "area" else cv2.INTER_LINEAR
+        if interpolation == "area" and (out_h > src.shape[0] or out_w > src.shape[1]):
+            flag = cv2.INTER_LINEAR  # INTER_AREA upscales like nearest
+        res = cv2.resize(src, (out_w, out_h), interpolation=flag)
+    if bgr:
+        _store([res[..., 2], res[..., 1], res[..., 0]], out)
+    else:
+        out[...] = res
 
 
 def fit_into(img: np.ndarray, spec: ResizeSpec, out: np.ndarray, *, bgr: bool = False) -> tuple[int, int, int, int]:
@@ -119,9 +136,9 @@ def fit_into(img: np.ndarray, spec: ResizeSpec, out: np.ndarray, *, bgr: bool = 
     h, w = img.shape[:2]
     s = spec.size
     if spec.fit == "squash":
-        res = _resize(img, s, s, spec.interpolation)
-        box = (0, 0, s, s)
-    elif spec.fit == "crop":
+        _resize_into(img, out, spec.interpolation, bgr)
+        return (0, 0, s, s)
+    if spec.fit == "crop":
         # torchvision Resize(S) + CenterCrop(S), done as crop-then-resize so only kept pixels are resized.
         if h <= w:
             nh, nw = s, int(s * w / h)
@@ -130,18 +147,15 @@ def fit_into(img: np.ndarray, spec: ResizeSpec, out: np.ndarray, *, bgr: bool = 
         top, left = round((nh - s) / 2), round((nw - s) / 2)
         y0, x0 = round(top * h / nh), round(left * w / nw)
         y1, x1 = round((top + s) * h / nh), round((left + s) * w / nw)
-        res = _resize(img[y0:y1, x0:x1], s, s, spec.interpolation)
-        box = (0, 0, s, s)
-    else:  # pad: letterbox, keep aspect, zeros around
-        scale = s / max(h, w)
-        nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
-        res = _resize(img, nh, nw, spec.interpolation)
-        y0, x0 = (s - nh) // 2, (s - nw) // 2
-        out[...] = 0
-        out = out[y0 : y0 + nh, x0 : x0 + nw]
-        box = (y0, x0, y0 + nh, x0 + nw)
-    out[...] = res[..., ::-1] if bgr else res
-    return box
+        _resize_into(img[y0:y1, x0:x1], out, spec.interpolation, bgr)
+        return (0, 0, s, s)
+    # pad: letterbox, keep aspect, zeros around
+    scale = s / max(h, w)
+    nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
+    y0, x0 = (s - nh) // 2, (s - nw) // 2
+    out[...] = 0
+    _resize_into(img, out[y0 : y0 + nh, x0 : x0 + nw], spec.interpolation, bgr)
+    return (y0, x0, y0 + nh, x0 + nw)
 
 
 def decode_into(data: bytes | np.ndarray, spec: ResizeSpec, out: np.ndarray, *, path: str = "") -> Placement:

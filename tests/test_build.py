@@ -200,3 +200,14 @@ def test_default_out_is_documented_home(imagenet_clean, tmp_path, monkeypatch):
     r = CliRunner().invoke(main, ["imagenet", str(imagenet_clean["root"]), "--split", "val", "--size", "16", "-j", "1"])
     assert r.exit_code == 0, r.output
     assert read_manifest(tmp_path / "home" / "imagenet-16" / "val").count == 10
+
+
+def test_backend_is_the_callers_choice(imagenet_clean, tmp_path):
+    # No backend is fixed inside: a caller's joblib config (threads here; dask on a cluster) is used.
+    from joblib import parallel_config
+
+    plan = _train_plan(imagenet_clean)
+    ref = build(plan, tmp_path / "ref", BuildOptions(size=32, jobs=1, block_size=8))
+    with parallel_config(backend="threading", n_jobs=2):
+        threaded = build(plan, tmp_path / "threads", BuildOptions(size=32, jobs=2, block_size=8))
+    assert read_manifest(ref.path).shards == read_manifest(threaded.path).shards

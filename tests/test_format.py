@@ -69,7 +69,7 @@ def test_missing_truncated_and_misshapen_shards(cache):
     shard = cache / "images-00001.npy"
     data = shard.read_bytes()
     shard.write_bytes(data[: len(data) // 2])
-    with pytest.raises(CacheCorruptError, match="images-00001.npy"):
+    with pytest.raises(CacheCorruptError, match=r"images-00001\.npy"):
         open_cache(cache)
     np.save(shard, np.zeros((10, 8, 9, 3), np.uint8))
     with pytest.raises(CacheCorruptError, match="manifest says uint8"):

@@ -69,7 +69,8 @@ def photo_bank() -> list[tuple[str, np.ndarray]]:
     """Named RGB uint8 ``(H, W, 3)`` photographs that load offline, in a fixed order.
 
     Order: astronaut, chelsea, coffee, rocket, hubble_deep_field, retina, immunohistochemistry,
-    stereo_motorcycle (left view) from scikit-image, then china and flower from scikit-learn. The arrays are shared and read-only.
+    stereo_motorcycle (left view) from scikit-image, then china and flower from scikit-learn.
+    The arrays are shared and read-only.
     """
     return list(_load_bank())
 
