@@ -15,6 +15,7 @@ import datetime as _dt
 import hashlib
 import json
 import logging
+import multiprocessing
 import os
 import shutil
 import sys
@@ -106,9 +107,10 @@ _WORKER_READY = False
 
 
 def _init_worker() -> None:
-    """One thread per library inside a worker: parallelism comes from the workers, not from within."""
+    """One thread per library inside a worker process: parallelism comes from the workers, not from within.
+    Not in the caller's own process (--jobs 1, thread backends): its thread settings are the caller's."""
     global _WORKER_READY
-    if _WORKER_READY:
+    if _WORKER_READY or multiprocessing.parent_process() is None:
         return
     import cv2
     import torch
