@@ -1,0 +1,249 @@
+"""Load throughput: shuffled uint8 batches delivered to the training loop, contenders side by side.
+
+    python bench/bench_load.py                       # ~6,000 samples at 224 (0.9 GB per cache), CPU
+    python bench/bench_load.py --n 8000 --json out.json
+
+Contenders (same process run, same files, page cache warm unless marked cold):
+  reference gather   CacheReader.read(batch): one fancy memmap read per shard + scatter, 1 thread (yardstick)
+  gather 1 thread    CachedImageDataset.gather into a reused buffer, 1 thread
+  FastLoader         background threads gathering into reused / pinned buffers (the fast path)
+  DataLoader         torch DataLoader, 2 workers, __getitems__ + collate_batch (the standard path)
+  DataLoader dflt    same with torch's default_collate (stacks per sample)
+  ImageFolder+PIL    torchvision ImageFolder + RandomResizedCrop + ToTensor + Normalize, 2 workers, on
+                     the JPEGs the cache images come from
+Cold figures drop the cache files from the page cache with posix_fadvise(DONTNEED) (no root needed;
+a VM's host may still cache the disk), and try /proc/sys/vm/drop_caches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import torch
+
+from cachebuild.format import open_cache, write_cache
+from loaders.dataset import CachedImageDataset, collate_batch
+from loaders.device import FastLoader, device_loader
+from loaders.sampler import CacheSampler
+
+__all__ = ["main"]
+
+
+def make_jpegs(root: Path, count: int) -> Path:
+    """Real-photo JPEGs in an ImageFolder tree (cachebuild.samples.write_imagenet)."""
+    from cachebuild.samples.imagenet_layout import write_imagenet
+
+    n_classes = 10
+    info = write_imagenet(root, n_classes=n_classes, train_per_class=max(1, count // n_classes), val_per_class=0)
+    return Path(info["train_dir"])
+
+
+def decode_to_cache_images(train_dir: Path, size: int, n: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Decode the JPEGs (resize short side, center crop) and tile them to ``n`` samples."""
+    classes = sorted(p.name for p in train_dir.iterdir() if p.is_dir())
+    files = [(f, k) for k, c in enumerate(classes) for f in sorted((train_dir / c).iterdir())]
+    base, lab = [], []
+    for f, k in files:
+        img = cv2.imread(str(f), cv2.IMREAD_COLOR)
+        if img is None:
+            continue
+        h, w = img.shape[:2]
+        s = size / min(h, w)
+        img = cv2.resize(img, (max(size, round(w * s)), max(size, round(h * s))), interpolation=cv2.INTER_AREA)
+        h, w = img.shape[:2]
+        y, x = (h - size) // 2, (w - size) // 2
+        base.append(cv2.cvtColor(img[y : y + size, x : x + size], cv2.COLOR_BGR2RGB))
+        lab.append(k)
+    reps = np.arange(n) % len(base)
+    images = np.empty((n, size, size, 3), dtype=np.uint8)
+    for i, r in enumerate(reps):
+        images[i] = base[r]
+    return images, np.asarray(lab, dtype=np.int64)[reps], classes
+
+
+def cache_files(path: Path) -> list[Path]:
+    return [p for p in path.rglob("*") if p.is_file()]
+
+
+def warm(path: Path) -> None:
+    for p in cache_files(path):
+        with open(p, "rb") as f:
+            while f.read(16 << 20):
+                pass
+
+
+def drop_cache(path: Path) -> str:
+    for p in cache_files(path):
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return "fadvise+drop_caches"
+    except OSError:
+        return "fadvise only (drop_caches not permitted)"
+
+
+def run_epochs(make_iter: Callable[[int], Iterable[Any]], n_items: int, epochs: int) -> dict[str, float]:
+    """img/s of each epoch; ``make_iter(epoch)`` returns the batches; the first element is the images."""
+    rates = []
+    for e in range(epochs):
+        t0 = time.perf_counter()
+        seen = 0
+        for batch in make_iter(e):
+            seen += len(batch[0])
+        dt = time.perf_counter() - t0
+        if seen != n_items:
+            raise RuntimeError(f"expected {n_items} samples, got {seen}")
+        rates.append(seen / dt)
+    return {"img_s": statistics.median(rates) if len(rates) < 3 else statistics.median(rates[1:]),
+            "epochs": [round(r) for r in rates]}
+
+
+def bench_cache(path: Path, args: argparse.Namespace, results: dict[str, Any], tag: str) -> None:
+    ds = CachedImageDataset(path)
+    n, b = len(ds), args.batch
+    sampler = CacheSampler(ds, shuffle=True, seed=0)
+    reader = open_cache(path)
+    pin = torch.cuda.is_available()
+
+    def batches_of(epoch: int) -> list[np.ndarray]:
+        sampler.set_epoch(epoch)
+        order = sampler.rank_indices()
+        return [order[i : i + b] for i in range(0, n, b)]
+
+    def reference(e: int) -> Iterable[Any]:
+        for idx in batches_of(e):
+            yield (reader.read(idx),)
+
+    buf = np.empty((b, *ds.shape), dtype=np.uint8)
+
+    def gather1(e: int) -> Iterable[Any]:
+        for idx in batches_of(e):
+            yield (ds.gather(idx, out=buf[: len(idx)]),)
+
+    def fast(e: int) -> Iterable[Any]:
+        sampler.set_epoch(e)
+        return device_loader(FastLoader(ds, b, sampler=sampler, num_threads=args.threads, pin_memory=pin),
+                             "cuda" if pin else "cpu")
+
+    dl = torch.utils.data.DataLoader(ds, batch_size=b, sampler=sampler, num_workers=args.workers,
+                                     collate_fn=collate_batch, pin_memory=pin, persistent_workers=True)
+    dl_default = torch.utils.data.DataLoader(ds, batch_size=b, sampler=sampler, num_workers=args.workers,
+                                             pin_memory=pin, persistent_workers=True)
+
+    def via(loader: Any) -> Callable[[int], Iterable[Any]]:
+        def it(e: int) -> Iterable[Any]:
+            sampler.set_epoch(e)
+            return device_loader(loader, "cuda" if pin else "cpu")
+        return it
+
+    contenders = [
+        ("reference gather (1 thread)", reference),
+        ("gather 1 thread", gather1),
+        (f"FastLoader ({args.threads} threads)", fast),
+        (f"DataLoader {args.workers} workers", via(dl)),
+        (f"DataLoader {args.workers} workers, default_collate", via(dl_default)),
+    ]
+    warm(path)
+    for name, make in contenders:
+        # zarr's own API reads a whole chunk per random sample (~200 img/s): one epoch is enough.
+        slow = tag == "zarr" and make is reference
+        r = run_epochs(make, n, 1 if slow else args.epochs)
+        results[f"{tag}: {name}"] = r
+        print(f"  {tag}: {name:42s} {r['img_s']:9.0f} img/s  epochs {r['epochs']}", flush=True)
+    del dl, dl_default
+    if args.cold:
+        for name, make in contenders[:1] + contenders[2:4]:
+            how = drop_cache(path)
+            r = run_epochs(make, n, 1)
+            results[f"{tag} cold: {name}"] = {**r, "how": how}
+            print(f"  {tag} cold: {name:37s} {r['img_s']:9.0f} img/s  ({how})", flush=True)
+
+
+def bench_imagefolder(train_dir: Path, args: argparse.Namespace, results: dict[str, Any]) -> None:
+    from torchvision import datasets, transforms
+
+    tf = transforms.Compose([
+        transforms.RandomResizedCrop(args.size),
+        transforms.ToTensor(),
+        transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+    ])
+    ds = datasets.ImageFolder(str(train_dir), transform=tf)
+    dl = torch.utils.data.DataLoader(ds, batch_size=args.batch, shuffle=True, num_workers=args.workers,
+                                     persistent_workers=True)
+    r = run_epochs(lambda e: dl, len(ds), 2)
+    results["ImageFolder+PIL RRC"] = r
+    print(f"  {'ImageFolder+PIL RandomResizedCrop':50s} {r['img_s']:9.0f} img/s  epochs {r['epochs']}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, default=6000, help="samples per cache")
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--jpegs", type=int, default=800, help="JPEGs for the ImageFolder contender")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--shard-size", type=int, default=1024)
+    p.add_argument("--storage", nargs="+", default=["npy", "zarr"], choices=["npy", "zarr"])
+    p.add_argument("--no-cold", dest="cold", action="store_false")
+    p.add_argument("--workdir", type=Path, default=None)
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+
+    work = Path(tempfile.mkdtemp(prefix="bench_load-", dir=args.workdir))
+    results: dict[str, Any] = {}
+    try:
+        t0 = time.perf_counter()
+        train_dir = make_jpegs(work / "jpegs", args.jpegs)
+        images, labels, classes = decode_to_cache_images(train_dir, args.size, args.n)
+        for st in args.storage:
+            write_cache(work / f"cache-{st}", images, labels, classes, storage=st, shard_size=args.shard_size)
+        nbytes = images.nbytes
+        del images
+        print(f"setup {time.perf_counter() - t0:.1f}s: {args.n} samples at {args.size} = {nbytes / 1e9:.2f} GB "
+              f"per cache; torch {torch.__version__}, {os.cpu_count()} CPUs, cuda={torch.cuda.is_available()}",
+              flush=True)
+        bench_imagefolder(train_dir, args, results)
+        for st in args.storage:
+            bench_cache(work / f"cache-{st}", args, results, st)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    per = nbytes / args.n
+    pil = results["ImageFolder+PIL RRC"]["img_s"]
+    print(f"\n{'contender':60s} {'img/s':>9s} {'GB/s':>6s} {'x ref':>6s} {'x PIL':>7s}")
+    for k, r in results.items():
+        ref_key = k.split(":")[0] + ": reference gather (1 thread)"
+        ref = results.get(ref_key, {}).get("img_s")
+        r["GB_s"] = r["img_s"] * per / 1e9
+        r["x_reference"] = r["img_s"] / ref if ref else None
+        r["x_imagefolder"] = r["img_s"] / pil
+        xr = f"{r['x_reference']:6.2f}" if ref else "     -"
+        print(f"{k:60s} {r['img_s']:9.0f} {r['GB_s']:6.2f} {xr} {r['x_imagefolder']:7.1f}")
+    out = {"args": {k: str(v) for k, v in vars(args).items()}, "sample_bytes": per, "results": results}
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,233 @@
+"""Batches to the training loop: ``device_loader`` (moves a loader's batches to the device) and
+``FastLoader`` (a thread-based alternative to DataLoader workers for cached datasets).
+
+``device_loader``: uint8 NHWC batches (pinned by the DataLoader's ``pin_memory=True``) are copied with
+``non_blocking=True`` and viewed as NCHW by ``permute(0, 3, 1, 2)``, which for an NHWC tensor *is* a
+channels_last NCHW tensor (no copy). On CUDA the copy of batch ``k+1`` is issued on a side stream
+while the loop works on batch ``k`` (timm's ``PrefetchLoader``); elsewhere batches go through as they
+come. It wraps, so it re-iterates every epoch and has ``len``.
+
+``FastLoader``: the cache is memory-mapped, so a batch is one ``gather`` whose copies release the GIL.
+Threads can therefore gather batches in parallel into buffers the loop reads directly, with no worker
+processes, no shared-memory hand-off and no second copy by a pin-memory thread. CPU buffers are reused
+once nothing references them any more (checked by reference count), which saves the page faults of a
+fresh 38 MB allocation per batch; pinned buffers come from torch's caching host allocator, which
+recycles them only after pending device copies finish.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+
+from loaders.dataset import CacheBatch, CachedImageDataset
+
+__all__ = ["DeviceLoader", "FastLoader", "device_loader", "to_device"]
+
+
+def _as_tuple(batch: Any) -> tuple[Any, ...]:
+    if isinstance(batch, CacheBatch):
+        return batch.as_tuple()
+    if isinstance(batch, (tuple, list)):
+        return tuple(batch)
+    return (batch,)
+
+
+def to_device(batch: Any, device: torch.device | str, non_blocking: bool = True, nchw: bool = True) -> tuple[Any, ...]:
+    """Move ``(x, y[, boxes])`` to ``device``; a 4-D ``x`` (NHWC) becomes its NCHW channels_last view."""
+    items = _as_tuple(batch)
+    out = []
+    for k, t in enumerate(items):
+        if isinstance(t, torch.Tensor):
+            t = t.to(device, non_blocking=non_blocking)
+            if k == 0 and nchw and t.ndim == 4:
+                t = t.permute(0, 3, 1, 2)  # NHWC storage seen as NCHW: channels_last, no copy
+        out.append(t)
+    return tuple(out)
+
+
+def _record(items: tuple[Any, ...], stream: torch.cuda.Stream) -> None:
+    # Tensors allocated on the side stream are used on the main one: tell the caching allocator.
+    for t in items:
+        if isinstance(t, torch.Tensor) and t.is_cuda:
+            t.record_stream(stream)
+
+
+class DeviceLoader:
+    """Iterable over ``loader``'s batches on ``device``; see :func:`device_loader`."""
+
+    def __init__(self, loader: Iterable[Any], device: torch.device | str = "cuda", non_blocking: bool = True,
+                 nchw: bool = True) -> None:
+        self.loader = loader
+        self.device = torch.device(device)
+        self.non_blocking = non_blocking
+        self.nchw = nchw
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    @property
+    def sampler(self) -> Any:
+        return getattr(self.loader, "sampler", None)
+
+    @property
+    def dataset(self) -> Any:
+        return getattr(self.loader, "dataset", None)
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        if self.device.type == "cuda" and torch.cuda.is_available():
+            return self._iter_cuda()
+        return (to_device(b, self.device, self.non_blocking, self.nchw) for b in self.loader)
+
+    def _iter_cuda(self) -> Iterator[tuple[Any, ...]]:
+        side = torch.cuda.Stream(self.device)
+        main = torch.cuda.current_stream(self.device)
+        it = iter(self.loader)
+        try:
+            first = next(it)
+        except StopIteration:
+            return
+        with torch.cuda.stream(side):
+            nxt = to_device(first, self.device, self.non_blocking, self.nchw)
+        for batch in it:
+            main.wait_stream(side)
+            cur = nxt
+            _record(cur, main)
+            with torch.cuda.stream(side):  # next copy overlaps the loop's work on `cur`
+                nxt = to_device(batch, self.device, self.non_blocking, self.nchw)
+            yield cur
+        main.wait_stream(side)
+        _record(nxt, main)
+        yield nxt
+
+
+def device_loader(loader: Iterable[Any], device: torch.device | str = "cuda", non_blocking: bool = True,
+                  nchw: bool = True) -> DeviceLoader:
+    """Yield ``(x, y[, boxes])`` on ``device``: x uint8 NCHW (a channels_last view of the NHWC batch).
+
+    One batch of look-ahead on a side CUDA stream where there is CUDA; plain elsewhere. The result can be
+    iterated once per epoch and has ``len(loader)``. Pass ``pin_memory=True`` to the DataLoader (or
+    ``FastLoader``) so that ``non_blocking`` copies are truly asynchronous.
+    """
+    return DeviceLoader(loader, device, non_blocking, nchw)
+
+
+class _BufferPool:
+    """Reusable uint8 batch buffers; one is free when only the pool references it."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = shape
+        self.bufs: list[np.ndarray] = []
+        probe = [np.empty(0)]
+        self._base = self._refs(probe, 0)
+
+    @staticmethod
+    def _refs(bufs: list[np.ndarray], i: int) -> int:
+        return sys.getrefcount(bufs[i])
+
+    def acquire(self) -> np.ndarray:
+        for i in range(len(self.bufs)):
+            if self._refs(self.bufs, i) <= self._base:
+                return self.bufs[i]
+        buf = np.empty(self.shape, dtype=np.uint8)
+        self.bufs.append(buf)
+        return buf
+
+
+class FastLoader:
+    """Batches of a :class:`CachedImageDataset` gathered by background threads (no worker processes).
+
+    Yields ``(images uint8 (B, H, W, 3), labels int64 (B,)[, boxes int32 (B, 4)])`` like a DataLoader
+    with :func:`~loaders.dataset.collate_batch`; wrap it in :func:`device_loader` as a DataLoader.
+    ``sampler`` (e.g. :class:`~loaders.sampler.CacheSampler`, including its resume position) gives the
+    indices; without one, ``shuffle`` draws a permutation from ``seed`` and a counter of epochs.
+
+    A CPU batch's buffer is reused for a later batch only once no tensor references it any more, so
+    keeping a batch is safe. ``dataset.transform`` is not applied (this is the raw fast path).
+    """
+
+    def __init__(
+        self,
+        dataset: CachedImageDataset,
+        batch_size: int = 256,
+        *,
+        sampler: Iterable[int] | None = None,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+        num_threads: int = 2,
+        prefetch: int = 2,
+        pin_memory: bool = False,
+    ) -> None:
+        if batch_size < 1 or num_threads < 1 or prefetch < 0:
+            raise ValueError(f"need batch_size >= 1, num_threads >= 1, prefetch >= 0; got "
+                             f"{batch_size}, {num_threads}, {prefetch}")
+        if pin_memory and not torch.cuda.is_available():
+            raise ValueError("pin_memory=True needs CUDA; pass pin_memory=torch.cuda.is_available()")
+        self.dataset = dataset
+        self.batch_size = int(batch_size)
+        self.sampler = sampler
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.num_threads = int(num_threads)
+        self.prefetch = int(prefetch)
+        self.pin_memory = pin_memory
+        self._epochs = 0
+        self._pool = _BufferPool((self.batch_size, *dataset.shape))
+
+    def _indices(self) -> np.ndarray:
+        if self.sampler is not None:
+            return np.fromiter(iter(self.sampler), dtype=np.int64)
+        n = len(self.dataset)
+        if not self.shuffle:
+            return np.arange(n, dtype=np.int64)
+        g = torch.Generator()
+        g.manual_seed(self.seed + self._epochs)
+        self._epochs += 1
+        return torch.randperm(n, generator=g).numpy()
+
+    def __len__(self) -> int:
+        n = len(self.sampler) if self.sampler is not None else len(self.dataset)  # type: ignore[arg-type]
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def _out(self, b: int) -> torch.Tensor:
+        if self.pin_memory:
+            return torch.empty((b, *self.dataset.shape), dtype=torch.uint8, pin_memory=True)
+        if b == self.batch_size:
+            return torch.from_numpy(self._pool.acquire())
+        return torch.empty((b, *self.dataset.shape), dtype=torch.uint8)  # the short last batch
+
+    def _load(self, idx: np.ndarray, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ds = self.dataset
+        ds.gather(idx, out=images.numpy())
+        labels = torch.from_numpy(ds.labels[idx])
+        if ds.return_boxes:
+            return images, labels, torch.from_numpy(ds._boxes_at(idx))
+        return images, labels
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        indices = self._indices()
+        b = self.batch_size
+        stop = len(indices) - len(indices) % b if self.drop_last else len(indices)
+        starts = iter(range(0, stop, b))
+        depth = self.num_threads + self.prefetch
+        pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="FastLoader")
+        pending: deque[Future[tuple[torch.Tensor, ...]]] = deque()
+        try:
+            for lo in starts:
+                idx = indices[lo : min(lo + b, stop)]
+                pending.append(pool.submit(self._load, idx, self._out(len(idx))))
+                if len(pending) >= depth:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)

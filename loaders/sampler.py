@@ -1,0 +1,215 @@
+"""CacheSampler: shuffled or sequential, DDP-sharded, chunk-aware and resumable mid-epoch.
+
+Epoch order (``shuffle=True``):
+
+* default: a uniform permutation, ``torch.randperm(n, generator=seed + epoch)`` — the very order
+  ``torch.utils.data.DistributedSampler`` draws, split the same way (rank ``r`` takes every ``R``-th
+  index starting at ``r``), so swapping one for the other changes nothing;
+* ``chunked=True`` (zarr caches, caches larger than RAM): FFCV-style quasi-random order. Samples are
+  grouped in chunks of ``chunk_size`` consecutive indices (the zarr chunk, or ~8 MB of npy rows); the
+  chunk order is shuffled, then the samples of each window of ``window`` consecutive chunks are shuffled
+  together. Any stretch of the stream touches at most ~``window`` chunks, so reads stay sequential-ish and
+  a cache much larger than RAM streams through the page cache. Each rank takes a contiguous stretch of
+  this order, so ranks read disjoint chunks.
+
+Equal counts per rank (as DistributedSampler): ``num_samples = ceil(n / R)`` with ``drop_last=False``,
+``floor(n / R)`` with ``drop_last=True``. What "every sample exactly once" means:
+
+* ``drop_last=False``: the union over ranks is every index; the epoch's order is padded to
+  ``R * num_samples`` by repeating its first ``R * num_samples - n`` indices, so those (fewer than ``R``)
+  indices are seen twice and every other index exactly once;
+* ``drop_last=True``: no index is seen twice; the last ``n mod R`` indices of the epoch's order (different
+  ones each epoch when shuffling) are not seen this epoch.
+
+Resuming: ``position`` = samples of *this rank* already consumed this epoch. The sampler cannot know it
+by itself (a DataLoader draws indices ahead of the loop: prefetching), so the training loop reports it:
+``sampler.advance(len(y))`` after each step, or ``sampler.set_position(steps_done * batch_size)``.
+``state_dict()`` then saves ``{"epoch", "seed", "position", ...}``; after ``load_state_dict(d)`` the next
+``iter()`` yields exactly the rest of that epoch (and ``len()`` is what is left). Since every rank
+consumes the same count, rank 0's state resumes every rank. ``set_epoch(e)`` with a new ``e`` resets the
+position to 0; with the current epoch (the usual first call after resuming) it keeps it. Once a whole
+epoch was consumed (``position == num_samples``), a new ``iter()`` without ``set_epoch`` replays that
+epoch from its start, as DistributedSampler repeats its order when ``set_epoch`` is not called.
+
+Typical loop::
+
+    sampler.load_state_dict(ckpt["sampler"])            # optional resume
+    for epoch in range(sampler.epoch, epochs):
+        sampler.set_epoch(epoch)
+        for x, y in device_loader(dl, "cuda"):
+            step(x, y)
+            sampler.advance(len(y))
+            if time_to_save: save({"sampler": sampler.state_dict(), ...})
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sized
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import Sampler
+
+__all__ = ["CacheSampler"]
+
+_DEFAULT_CHUNK = 64
+
+
+class CacheSampler(Sampler[int]):
+    """Indices of one rank's share of an epoch; see the module docstring for the exact guarantees.
+
+    Args:
+        data_source: the dataset (anything with ``len``; ``chunk_size`` is read from it when it has one).
+        shuffle: random order per (seed, epoch); ``False`` gives ``0, 1, 2, ...`` split across ranks.
+        seed: base seed; the same (seed, epoch) gives the same order on every run and machine.
+        drop_last: drop the tail instead of padding with repeats, so no index repeats.
+        num_replicas, rank: default to ``torch.distributed``'s world size and rank when initialised, else 1, 0.
+        chunked: quasi-random, read-friendly order (shuffle chunks, then samples within windows of chunks).
+        chunk_size: samples per chunk (default: ``data_source.chunk_size``, else 64).
+        window: chunks shuffled together (larger = closer to uniform, more chunks in flight).
+    """
+
+    def __init__(
+        self,
+        data_source: Sized,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        chunked: bool = False,
+        chunk_size: int | None = None,
+        window: int = 16,
+    ) -> None:
+        if num_replicas is None:
+            num_replicas = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        if rank is None:
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        if num_replicas < 1:
+            raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank must be in [0, {num_replicas - 1}], got {rank}")
+        if chunk_size is None:
+            chunk_size = int(getattr(data_source, "chunk_size", _DEFAULT_CHUNK))
+        if chunk_size < 1 or window < 1:
+            raise ValueError(f"chunk_size and window must be >= 1, got {chunk_size} and {window}")
+        self.dataset_len = len(data_source)
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.drop_last = bool(drop_last)
+        self.num_replicas = int(num_replicas)
+        self.rank = int(rank)
+        self.chunked = bool(chunked)
+        self.chunk_size = int(chunk_size)
+        self.window = int(window)
+        n, r = self.dataset_len, self.num_replicas
+        self.num_samples = n // r if self.drop_last else math.ceil(n / r)
+        self.total_size = self.num_samples * r
+        self.epoch = 0
+        self.position = 0
+
+    # ------------------------------------------------------------------ order
+    def global_order(self, epoch: int | None = None) -> np.ndarray:
+        """The whole epoch's order over all ranks, before padding or dropping (int64, a permutation)."""
+        epoch = self.epoch if epoch is None else int(epoch)
+        n = self.dataset_len
+        if not self.shuffle:
+            return np.arange(n, dtype=np.int64)
+        if not self.chunked:
+            g = torch.Generator()
+            g.manual_seed(self.seed + epoch)  # DistributedSampler's seeding, so orders match
+            return torch.randperm(n, generator=g).numpy()
+        rng = np.random.default_rng([self.seed, epoch])
+        c = self.chunk_size
+        n_chunks = math.ceil(n / c)
+        chunks = rng.permutation(n_chunks)
+        order = np.empty(n, dtype=np.int64)
+        pos = 0
+        for w in range(0, n_chunks, self.window):
+            ids = np.concatenate([np.arange(k * c, min(n, (k + 1) * c)) for k in chunks[w : w + self.window]])
+            order[pos : pos + len(ids)] = rng.permutation(ids)
+            pos += len(ids)
+        return order
+
+    def rank_indices(self, epoch: int | None = None) -> np.ndarray:
+        """This rank's ``num_samples`` indices for ``epoch`` (default: the current one), from the start."""
+        order = self.global_order(epoch)
+        if self.drop_last:
+            order = order[: self.total_size]
+        elif self.total_size > len(order) and len(order):
+            pad = self.total_size - len(order)
+            order = np.concatenate([order, np.tile(order, math.ceil(pad / len(order)))[:pad]])
+        if self.chunked and self.shuffle:  # contiguous stretches: ranks read disjoint chunks
+            lo = self.rank * self.num_samples
+            return order[lo : lo + self.num_samples]
+        return order[self.rank : self.total_size : self.num_replicas]
+
+    def __iter__(self) -> Iterator[int]:
+        if self.position >= self.num_samples:
+            self.position = 0  # the epoch was consumed and no set_epoch came: replay it
+        return iter(self.rank_indices()[self.position :].tolist())
+
+    def __len__(self) -> int:
+        """Indices the next ``iter()`` yields: what is left of the epoch after ``position``."""
+        left = self.num_samples - self.position
+        return left if left > 0 else self.num_samples
+
+    # ------------------------------------------------------------------ epochs and resuming
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch's order; a different epoch starts at position 0, the current one keeps it."""
+        epoch = int(epoch)
+        if epoch != self.epoch:
+            self.position = 0
+        self.epoch = epoch
+
+    def advance(self, n: int) -> None:
+        """Record that the loop consumed ``n`` more samples of this rank (call once per step)."""
+        if n < 0:
+            raise ValueError(f"advance(n) needs n >= 0, got {n}")
+        self.position = min(self.num_samples, self.position + int(n))
+
+    def set_position(self, position: int) -> None:
+        """Set the samples of this rank consumed this epoch (e.g. ``steps_done * batch_size``)."""
+        if not 0 <= position <= self.num_samples:
+            raise ValueError(f"position must be in [0, {self.num_samples}], got {position}")
+        self.position = int(position)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "seed": self.seed,
+            "position": self.position,
+            "num_samples": self.num_samples,
+            "num_replicas": self.num_replicas,
+            "dataset_len": self.dataset_len,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "chunked": self.chunked,
+            "chunk_size": self.chunk_size,
+            "window": self.window,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore epoch, seed and position. The order-defining settings must match, or ValueError."""
+        for key in ("dataset_len", "num_replicas", "shuffle", "drop_last", "chunked", "chunk_size", "window"):
+            if key in state and state[key] != getattr(self, key):
+                raise ValueError(
+                    f"cannot resume: the saved sampler has {key}={state[key]!r}, this one has "
+                    f"{key}={getattr(self, key)!r}; the saved position would point into a different order"
+                )
+        try:
+            epoch, seed, position = int(state["epoch"]), int(state["seed"]), int(state["position"])
+        except KeyError as e:
+            raise ValueError(f"sampler state is missing {e.args[0]!r} (needs epoch, seed, position)") from None
+        self.seed = seed
+        self.epoch = epoch
+        self.set_position(position)
+
+    def __repr__(self) -> str:
+        return (f"CacheSampler(n={self.dataset_len}, shuffle={self.shuffle}, seed={self.seed}, "
+                f"rank={self.rank}/{self.num_replicas}, drop_last={self.drop_last}, chunked={self.chunked}, "
+                f"epoch={self.epoch}, position={self.position}/{self.num_samples})")

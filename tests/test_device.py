@@ -1,0 +1,104 @@
+"""device_loader and FastLoader: NCHW channels_last views, identity, re-iteration, safe buffer reuse."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from loaders.dataset import CachedImageDataset, collate_batch
+from loaders.device import FastLoader, device_loader
+from loaders.sampler import CacheSampler
+from tests.loaders_fixtures import decode_index, make_cache
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory):
+    return make_cache(tmp_path_factory.mktemp("c") / "c", n=37, boxes=True)
+
+
+def test_device_loader_cpu(cache) -> None:
+    root, images, _labels = cache
+    ds = CachedImageDataset(root)
+    dl = DataLoader(ds, batch_size=8, collate_fn=collate_batch)
+    loader = device_loader(dl, "cpu")
+    assert len(loader) == 5
+    for _ in range(2):  # re-iterates each epoch
+        xs = []
+        for x, _y in loader:
+            assert x.shape[1] == 3 and x.dtype == torch.uint8
+            assert x.is_contiguous(memory_format=torch.channels_last)  # NCHW view of NHWC storage
+            xs.append(x.permute(0, 2, 3, 1))
+        assert np.array_equal(torch.cat(xs).numpy(), images)
+
+
+def test_device_loader_boxes_and_default_collate(cache) -> None:
+    root, images, _ = cache
+    ds = CachedImageDataset(root, return_boxes=True)
+    x, _, b = next(iter(device_loader(DataLoader(ds, batch_size=4, collate_fn=collate_batch), "cpu")))
+    assert b.shape == (4, 4) and x.shape == (4, 3, 8, 6)
+    x, _y, b = next(iter(device_loader(DataLoader(ds, batch_size=4), "cpu")))  # default_collate list
+    assert np.array_equal(x.permute(0, 2, 3, 1).numpy(), images[:4])
+
+
+@pytest.mark.parametrize("storage", ["npy", "zarr"])
+def test_fast_loader_equals_sampler_order(tmp_path, storage: str) -> None:
+    root, images, labels = make_cache(tmp_path / "c", n=61, storage=storage)
+    ds = CachedImageDataset(root)
+    s = CacheSampler(ds, seed=2)
+    fl = FastLoader(ds, 16, sampler=s, num_threads=2)
+    assert len(fl) == 4
+    got = [(x.clone(), y) for x, y in fl]
+    order = s.rank_indices()
+    assert np.array_equal(torch.cat([g[0] for g in got]).numpy(), images[order])
+    assert np.array_equal(torch.cat([g[1] for g in got]).numpy(), labels[order])
+    dropping = FastLoader(ds, 16, drop_last=True)
+    assert len(dropping) == 3 and sum(len(y) for _, y in dropping) == 48
+
+
+def test_fast_loader_buffers_reused_only_when_free(tmp_path) -> None:
+    root, images, _ = make_cache(tmp_path / "c", n=200)
+    ds = CachedImageDataset(root)
+    fl = FastLoader(ds, 10, shuffle=True, seed=0, num_threads=2, prefetch=1)
+    kept = []
+    for i, (x, _) in enumerate(fl):
+        if i % 3 == 0:
+            kept.append((x, decode_index(x.numpy()).copy()))  # held: its buffer must not be reused
+    for x, idx in kept:
+        assert np.array_equal(decode_index(x.numpy()), idx)
+        assert np.array_equal(x.numpy(), images[idx])
+    n_bufs = len(fl._pool.bufs)
+    del kept, x
+    for _ in fl:
+        pass
+    assert len(fl._pool.bufs) == n_bufs  # freed buffers were recycled, none added
+    assert n_bufs < 20
+
+
+def test_fast_loader_early_break(cache) -> None:
+    root, _, _ = cache
+    ds = CachedImageDataset(root)
+    it = iter(FastLoader(ds, 4, num_threads=2))
+    x, _ = next(it)
+    it.close()  # stops the threads
+    assert x.shape == (4, 8, 6, 3)
+
+
+@pytest.mark.gpu
+def test_device_loader_cuda(cache) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    root, images, labels = cache
+    ds = CachedImageDataset(root)
+    s = CacheSampler(ds, seed=1)
+    for src in (DataLoader(ds, batch_size=8, sampler=s, collate_fn=collate_batch, pin_memory=True),
+                FastLoader(ds, 8, sampler=s, pin_memory=True)):
+        xs, ys = [], []
+        for x, y in device_loader(src, "cuda"):
+            assert x.is_cuda and x.is_contiguous(memory_format=torch.channels_last) and x.shape[1] == 3
+            xs.append(x.permute(0, 2, 3, 1).cpu())
+            ys.append(y.cpu())
+        order = s.rank_indices()
+        assert np.array_equal(torch.cat(xs).numpy(), images[order])
+        assert np.array_equal(torch.cat(ys).numpy(), labels[order])

@@ -1,0 +1,146 @@
+"""CacheSampler: coverage across ranks, determinism, chunk locality, resuming mid-epoch."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+from loaders.dataset import CachedImageDataset, collate_batch
+from loaders.sampler import CacheSampler
+from tests.loaders_fixtures import decode_index, make_cache
+
+MODES = [dict(shuffle=True), dict(shuffle=False), dict(shuffle=True, chunked=True, chunk_size=4, window=3)]
+IDS = ["shuffle", "sequential", "chunked"]
+
+
+def _epoch(n: int, world: int, epoch: int = 0, **kw) -> list[list[int]]:
+    out = []
+    for r in range(world):
+        s = CacheSampler(range(n), num_replicas=world, rank=r, **kw)
+        s.set_epoch(epoch)
+        out.append(list(s))
+    return out
+
+
+@pytest.mark.parametrize("mode", MODES, ids=IDS)
+@pytest.mark.parametrize(("n", "world"), [(10, 1), (10, 2), (11, 2), (10, 3), (13, 3), (2, 3)])
+def test_every_sample_once_padding(mode: dict, n: int, world: int) -> None:
+    per_rank = _epoch(n, world, **mode)
+    num = -(-n // world)
+    assert all(len(r) == num for r in per_rank)  # equal counts
+    counts = Counter(itertools.chain(*per_rank))
+    assert set(counts) == set(range(n))  # every sample seen
+    extra = num * world - n  # padding repeats the first `extra` indices of the epoch's order
+    order = CacheSampler(range(n), **mode).global_order(0)
+    assert sum(counts.values()) == n + extra
+    assert {i for i, c in counts.items() if c > 1} == set(np.tile(order, 2)[:extra].tolist()) or n < extra
+
+
+@pytest.mark.parametrize("mode", MODES, ids=IDS)
+@pytest.mark.parametrize(("n", "world"), [(10, 1), (11, 2), (10, 3), (13, 3)])
+def test_every_sample_at_most_once_drop_last(mode: dict, n: int, world: int) -> None:
+    per_rank = _epoch(n, world, drop_last=True, **mode)
+    assert all(len(r) == n // world for r in per_rank)
+    seen = list(itertools.chain(*per_rank))
+    assert len(seen) == len(set(seen)) == n - n % world  # no repeats; the n mod R tail is dropped
+
+
+def test_matches_distributed_sampler() -> None:
+    for world, rank, drop in itertools.product([1, 2, 3], [0, 1, 2], [False, True]):
+        if rank >= world:
+            continue
+        ours = CacheSampler(range(13), num_replicas=world, rank=rank, seed=5, drop_last=drop)
+        ref = DistributedSampler(range(13), num_replicas=world, rank=rank, seed=5, drop_last=drop)
+        for e in (0, 1):
+            ours.set_epoch(e)
+            ref.set_epoch(e)
+            assert list(ours) == list(ref) and len(ours) == len(ref)
+
+
+@pytest.mark.parametrize("mode", [MODES[0], MODES[2]], ids=["shuffle", "chunked"])
+def test_deterministic_and_differs_between_epochs(mode: dict) -> None:
+    a = _epoch(100, 2, epoch=0, seed=1, **mode)
+    assert a == _epoch(100, 2, epoch=0, seed=1, **mode)
+    assert a != _epoch(100, 2, epoch=1, seed=1, **mode)
+    assert a != _epoch(100, 2, epoch=0, seed=2, **mode)
+
+
+def test_chunked_order_is_local() -> None:
+    s = CacheSampler(range(1000), chunked=True, chunk_size=10, window=4, seed=0)
+    order = s.global_order(0)
+    assert sorted(order.tolist()) == list(range(1000))
+    for w in range(0, 1000, 40):  # each window of 4 chunks x 10 samples touches exactly 4 chunks
+        assert len(set((order[w : w + 40] // 10).tolist())) == 4
+    assert not np.array_equal(order, np.arange(1000))
+
+
+def test_chunk_size_from_dataset(tmp_path) -> None:
+    root, _, _ = make_cache(tmp_path / "z", n=40, storage="zarr", shard_size=8)
+    ds = CachedImageDataset(root)
+    assert CacheSampler(ds, chunked=True).chunk_size == ds.chunk_size == 8  # the zarr chunk
+
+
+@pytest.mark.parametrize("mode", MODES, ids=IDS)
+@pytest.mark.parametrize("consumed", [0, 3, 17, 24])
+def test_resume_yields_rest_of_epoch(mode: dict, consumed: int) -> None:
+    s = CacheSampler(range(50), num_replicas=2, rank=1, seed=7, **mode)
+    s.set_epoch(2)
+    full = list(s)
+    s.advance(consumed)
+    state = s.state_dict()
+    assert state["epoch"] == 2 and state["seed"] == 7 and state["position"] == consumed
+    t = CacheSampler(range(50), num_replicas=2, rank=0, seed=0, **mode)  # rank 0's state resumes rank 1
+    t2 = CacheSampler(range(50), num_replicas=2, rank=1, seed=0, **mode)
+    t2.load_state_dict(state)
+    t2.set_epoch(2)  # the loop's usual call after resuming keeps the position
+    assert list(t2) == full[consumed:] and len(t2) == 25 - consumed
+    t.load_state_dict(state)
+    assert len(list(t)) == 25 - consumed
+    t2.set_epoch(3)
+    assert t2.position == 0 and len(list(t2)) == 25
+
+
+def test_resume_through_dataloader(tmp_path) -> None:
+    root, _images, _ = make_cache(tmp_path / "c", n=45)
+    ds = CachedImageDataset(root)
+    s = CacheSampler(ds, seed=4)
+    s.set_epoch(1)
+    dl = DataLoader(ds, batch_size=4, sampler=s, collate_fn=collate_batch, num_workers=2)
+    seen = []
+    for step, (x, y) in enumerate(dl):
+        seen.append(decode_index(x.numpy()))
+        s.advance(len(y))
+        if step == 4:
+            state = s.state_dict()
+            break
+    s2 = CacheSampler(ds, seed=0)
+    s2.load_state_dict(state)
+    s2.set_epoch(1)
+    rest = [decode_index(x.numpy()) for x, _ in DataLoader(ds, batch_size=4, sampler=s2, collate_fn=collate_batch)]
+    assert np.concatenate(seen + rest).tolist() == s.rank_indices(1).tolist()
+
+
+def test_epoch_replays_after_completion_and_bad_state() -> None:
+    s = CacheSampler(range(9), seed=0)
+    first = list(s)
+    s.advance(9)
+    assert list(s) == first and s.position == 0  # consumed epoch without set_epoch: replayed
+    with pytest.raises(ValueError, match="dataset_len"):
+        CacheSampler(range(10)).load_state_dict(s.state_dict() | {"position": 3})
+    with pytest.raises(ValueError, match="position"):
+        s.set_position(10)
+    with pytest.raises(ValueError, match="rank"):
+        CacheSampler(range(9), num_replicas=2, rank=2)
+
+
+def test_uses_torch_distributed_world(monkeypatch) -> None:
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 3)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 2)
+    s = CacheSampler(range(10))
+    assert (s.num_replicas, s.rank, len(s)) == (3, 2, 4)
