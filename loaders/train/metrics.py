@@ -1,0 +1,88 @@
+"""Run metrics: one JSON object per line (append-only, survives a resume), and a PNG of loss and accuracy."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MetricsWriter", "plot_metrics", "read_metrics"]
+
+
+class MetricsWriter:
+    """Appends records to a JSON-lines file; disabled writers (ranks other than 0) drop everything.
+
+    Each record is flushed at once, so a killed run keeps what it logged, and a resumed run appends.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], enabled: bool = True) -> None:
+        self.path = Path(path)
+        self.enabled = enabled
+        if enabled:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, kind: str, **fields: Any) -> None:
+        if not self.enabled:
+            return
+        record = {"kind": kind, **{k: _jsonable(v) for k, v in fields.items()}}
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record, sort_keys=False) + "\n")
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None  # JSON has no NaN/inf
+    return v
+
+
+def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """All records of a metrics file (a torn last line from a hard kill is skipped)."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def plot_metrics(metrics: str | os.PathLike[str], png: str | os.PathLike[str]) -> Path:
+    """Training loss per logged step (left) and val top-1 / top-5 per epoch (right), as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on training nodes
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(metrics)
+    train = [r for r in records if r.get("kind") == "train" and r.get("loss") is not None]
+    epochs = [r for r in records if r.get("kind") == "epoch"]
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    if train:
+        ax_loss.plot([r["global_step"] for r in train], [r["loss"] for r in train], label="train loss")
+    val_loss = [(r["global_step"], r["val_loss"]) for r in epochs if r.get("val_loss") is not None]
+    if val_loss:  # at the optimizer step where each epoch ended
+        ax_loss.plot(*zip(*val_loss, strict=True), "o-", label="val loss")
+    ax_loss.set_xlabel("optimizer step")
+    ax_loss.set_ylabel("loss")
+    ax_loss.set_title("loss")
+    if ax_loss.lines:
+        ax_loss.legend(loc="upper right")
+    for key, label in (("val_top1", "val top-1"), ("val_top5", "val top-5"), ("train_top1", "train top-1")):
+        pts = [(r["epoch"] + 1, r[key]) for r in epochs if r.get(key) is not None]
+        if pts:
+            ax_acc.plot(*zip(*pts, strict=True), "o-", label=label)
+    ax_acc.set_xlabel("epoch")
+    ax_acc.set_ylabel("accuracy")
+    ax_acc.set_ylim(0, 1)
+    ax_acc.set_title("accuracy")
+    if ax_acc.lines:
+        ax_acc.legend(loc="lower right")
+    fig.tight_layout()
+    png = Path(png)
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return png
+

@@ -1,0 +1,233 @@
+"""The whole run through the CLI: it learns, resumes exactly after a hard kill, runs under torchrun,
+and refuses bad input with one line before training starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from cachebuild.format import write_cache
+from loaders.train.cli import train
+from loaders.train.run import STOP_EXIT_CODE
+
+CLASSES = ["red", "green", "blue", "yellow"]
+_COLOURS = np.array([[200, 40, 40], [40, 200, 40], [40, 40, 200], [200, 200, 40]], dtype=np.float32)
+
+
+def _colour_images(n: int, seed: int, size: int = 32) -> tuple[np.ndarray, np.ndarray]:
+    """Class k = a noisy image of colour k with a random darker square: separable, not trivial."""
+    rng = np.random.default_rng(seed)
+    labels = np.arange(n) % len(CLASSES)
+    img = _COLOURS[labels][:, None, None, :] + rng.normal(0, 40, size=(n, size, size, 3))
+    for i in range(n):
+        y, x = rng.integers(0, size // 2, size=2)
+        img[i, y : y + size // 2, x : x + size // 2] *= 0.5
+    return np.clip(img, 0, 255).astype(np.uint8), labels
+
+
+@pytest.fixture(scope="module")
+def caches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("caches")
+    tr, ytr = _colour_images(96, seed=0)
+    va, yva = _colour_images(40, seed=1)
+    out = {"train": root / "train", "val": root / "val", "val_other": root / "val_other"}
+    write_cache(out["train"], tr, ytr, CLASSES, shard_size=40)
+    write_cache(out["val"], va, yva, CLASSES, split="val")
+    write_cache(out["val_other"], va, yva, ["red", "green", "blue", "purple"], split="val")
+    return out
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    e = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "loaders.train", *args], capture_output=True, text=True,
+                          env=e, timeout=300)
+
+
+def _weights(out: Path) -> dict[str, torch.Tensor]:
+    return torch.load(out / "checkpoint.pt", weights_only=True)["model"]
+
+
+RESUME_ARGS = ["--model", "tiny_cnn", "--epochs", "2", "--batch-size", "8", "--accum", "2",
+               "--lr", "0.05", "--workers", "0", "--device", "cpu", "--amp", "off", "--seed", "3",
+               "--augment", "imagenet", "--deterministic", "--log-every", "2", "--ckpt-every", "2"]
+
+
+def test_resume_after_hard_kill_equals_uninterrupted_run(caches: dict[str, Path], tmp_path: Path) -> None:
+    # 96 images / 8 = 12 micro-batches = 6 optimizer steps per epoch; 12 steps in all.
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    r = _cli(str(caches["train"]), "--out", str(full), *RESUME_ARGS)
+    assert r.returncode == 0, r.stderr
+    # Killed at step 5 (last checkpoint: step 4, mid-epoch 1), resumed, killed at step 9 (checkpoint 8,
+    # mid-epoch 2), resumed to the end.
+    r = _cli(str(caches["train"]), "--out", str(cut), *RESUME_ARGS, "--stop-after-steps", "5")
+    assert r.returncode == STOP_EXIT_CODE, r.stderr
+    state = torch.load(cut / "checkpoint.pt", weights_only=True)
+    assert (state["epoch"], state["batch"], state["global_step"]) == (0, 8, 4)
+    assert state["sampler"]["position"] == 64
+    r = _cli(str(caches["train"]), "--out", str(cut), *RESUME_ARGS, "--resume", "--stop-after-steps", "9")
+    assert r.returncode == STOP_EXIT_CODE, r.stderr
+    assert "resumed from" in r.stdout
+    r = _cli(str(caches["train"]), "--out", str(cut), *RESUME_ARGS, "--resume")
+    assert r.returncode == 0, r.stderr
+    a, b = _weights(full), _weights(cut)
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)
+    fs, cs = (torch.load(p / "checkpoint.pt", weights_only=True) for p in (full, cut))
+    assert fs["global_step"] == cs["global_step"] == 12
+    for k in fs["optimizer"]["state"]:
+        torch.testing.assert_close(cs["optimizer"]["state"][k]["momentum_buffer"],
+                                   fs["optimizer"]["state"][k]["momentum_buffer"], rtol=0, atol=0)
+    assert cs["scheduler"]["last_epoch"] == fs["scheduler"]["last_epoch"] == 12
+
+
+def test_it_learns_and_writes_the_run(tmp_path: Path) -> None:
+    from cachebuild.samples.cifar_layout import cifar_images
+
+    n_classes = 5
+    ytr, yva = np.arange(300) % n_classes, np.arange(150) % n_classes
+    names = [f"class{k}" for k in range(n_classes)]
+    write_cache(tmp_path / "tr", cifar_images(ytr, 0, n_classes), ytr, names)
+    write_cache(tmp_path / "va", cifar_images(yva, 1, n_classes), yva, names, split="val")
+    out = tmp_path / "run"
+    res = CliRunner().invoke(train, [str(tmp_path / "tr"), "--val", str(tmp_path / "va"), "--out", str(out),
+                                     "--model", "tiny_cnn", "--epochs", "3", "--batch-size", "32",
+                                     "--lr", "0.05", "--workers", "0", "--device", "cpu", "--amp", "off",
+                                     "--warmup-epochs", "0.5", "--log-every", "5"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["val_top1"] > 0.6, summary  # chance is 0.2
+    assert summary["val_count"] == 150
+    for word in ("cache", "throughput", "data wait", "accuracy", "img/s"):
+        assert word in res.output
+    assert (out / "metrics.png").stat().st_size > 1000
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert {r["kind"] for r in records} == {"train", "epoch"}
+    assert sum(r["kind"] == "epoch" for r in records) == 3
+    assert all(0.0 <= r["data_wait"] <= 1.0 for r in records)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["resolved"]["steps_per_epoch"] == 10 and cfg["resolved"]["augment"] == "cifar"
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(train, list(args))
+
+
+def _assert_one_line_error(res, exit_code: int, *needles: str) -> None:
+    assert res.exit_code == exit_code, res.output
+    assert "Traceback" not in res.output
+    assert isinstance(res.exception, SystemExit)
+    for needle in needles:
+        assert needle in res.output, res.output
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--batch-size", "0"], ["--batch-size", "0 is not in the range x>=1"]),
+        (["--accum", "0"], ["--accum"]),
+        (["--amp", "fp16", "--device", "cpu"], ["--amp", "fp16 needs a CUDA device"]),
+        (["--model", "no_such_net"], ["--model", "unknown model"]),
+    ],
+)
+def test_bad_options_are_usage_errors(caches: dict[str, Path], tmp_path: Path, args: list[str],
+                                      needles: list[str]) -> None:
+    res = _invoke(str(caches["train"]), "--out", str(tmp_path), *args)
+    _assert_one_line_error(res, 2, *needles)
+    assert not (tmp_path / "checkpoint.pt").exists()
+
+
+def test_val_cache_with_other_classes_is_refused(caches: dict[str, Path], tmp_path: Path) -> None:
+    res = _invoke(str(caches["train"]), "--val", str(caches["val_other"]), "--out", str(tmp_path / "r"),
+                  "--device", "cpu", "--workers", "0")
+    _assert_one_line_error(res, 1, "Error: val cache", "only in train: ['yellow']", "only in val: ['purple']")
+    assert not (tmp_path / "r").exists()  # refused before anything was written
+
+
+def test_missing_cache_and_missing_checkpoint(caches: dict[str, Path], tmp_path: Path) -> None:
+    res = _invoke(str(tmp_path / "nope"), "--out", str(tmp_path / "r"), "--device", "cpu")
+    _assert_one_line_error(res, 1, "Error:", "nope")
+    res = _invoke(str(caches["train"]), "--out", str(tmp_path / "r"), "--device", "cpu", "--resume")
+    _assert_one_line_error(res, 1, "Error: --resume: no checkpoint")
+
+
+def test_checkpoint_of_another_model_is_refused(caches: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    common = ["--out", str(out), "--device", "cpu", "--workers", "0", "--batch-size", "48", "--amp", "off"]
+    res = _invoke(str(caches["train"]), "--model", "linear", *common)
+    assert res.exit_code == 0, res.output
+    before = (out / "checkpoint.pt").read_bytes()
+    res = _invoke(str(caches["train"]), "--model", "tiny_cnn", "--resume", *common)
+    _assert_one_line_error(res, 1, "Error:", "holds a 'linear' model", "'tiny_cnn'")
+    res = _invoke(str(caches["train"]), "--model", "linear", "--resume", *common[:-4], "--batch-size", "16")
+    _assert_one_line_error(res, 1, "batch_size: checkpoint 48 vs now 16")
+    assert (out / "checkpoint.pt").read_bytes() == before
+    garbage = tmp_path / "g"
+    garbage.mkdir()
+    (garbage / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    res = _invoke(str(caches["train"]), "--model", "linear", "--resume", "--out", str(garbage), "--device", "cpu")
+    _assert_one_line_error(res, 1, "is not a readable training checkpoint")
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None and not (Path(sys.executable).parent / "torchrun").exists(),
+                    reason="torchrun not installed")
+def test_torchrun_two_ranks_equals_single_process_on_the_global_batch(caches: dict[str, Path],
+                                                                      tmp_path: Path) -> None:
+    from loaders.dataset import CachedImageDataset
+    from loaders.sampler import CacheSampler
+    from loaders.train.loop import num_optimizer_steps, train_one_epoch
+    from loaders.train.models import build_model
+    from loaders.train.run import TrainConfig, build_optimizer, build_scheduler, transforms_for
+
+    out = tmp_path / "ddp"
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
+    bs, accum, seed = 8, 4, 5
+    args = [str(caches["train"]), "--val", str(caches["val"]), "--out", str(out), "--model", "tiny_cnn",
+            "--epochs", "1", "--batch-size", str(bs), "--accum", str(accum), "--lr", "0.05", "--workers", "0",
+            "--device", "cpu", "--amp", "off", "--augment", "none", "--seed", str(seed), "--log-every", "1"]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", "-m", "loaders.train", *args],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("accuracy    val top-1") == 1  # only rank 0 reports
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["resolved"]["world_size"] == 2 and cfg["resolved"]["global_batch"] == 2 * bs * accum
+    epoch_rec = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [x["kind"] for x in epoch_rec].count("epoch") == 1
+    assert epoch_rec[-1]["val_count"] == 40  # each val sample counted once over both ranks
+
+    # The same epoch in one process: global batch t = rank 0's batch t + rank 1's batch t.
+    ds = CachedImageDataset(caches["train"])
+    shards = []
+    for rank in (0, 1):
+        s = CacheSampler(ds, shuffle=True, seed=seed, num_replicas=2, rank=rank)
+        s.set_epoch(0)
+        shards.append(np.fromiter(iter(s), dtype=np.int64))
+    assert set(shards[0]).isdisjoint(shards[1]) and len(set(shards[0]) | set(shards[1])) == len(ds)
+    n_batches = len(shards[0]) // bs  # 6: windows of 4 and 2
+    batches = []
+    for t in range(n_batches):
+        idx = np.concatenate([sh[t * bs : (t + 1) * bs] for sh in shards])
+        x = torch.from_numpy(ds.gather(idx)).permute(0, 3, 1, 2)
+        batches.append((x, torch.from_numpy(ds.labels[idx])))
+    tcfg = TrainConfig(train=str(caches["train"]), out=str(tmp_path), model="tiny_cnn", batch_size=2 * bs,
+                       accum=accum, lr=0.05, seed=seed)
+    torch.manual_seed(seed)
+    model = build_model("tiny_cnn", len(CLASSES), image_size=32)
+    opt = build_optimizer(model, tcfg)
+    sched = build_scheduler(opt, num_optimizer_steps(n_batches, accum), tcfg)
+    train_tf, _ = transforms_for("none", 32)
+    res = train_one_epoch(model, batches, opt, accum=accum, scheduler=sched, transform=train_tf)
+    assert res.steps == 2
+    ddp = _weights(out)
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(ddp[k], v, rtol=1e-4, atol=1e-5, msg=k)
