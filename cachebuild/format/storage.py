@@ -32,6 +32,7 @@ __all__ = [
     "sha256_bytes",
     "shard_file_name",
     "shrink_npy_shard",
+    "write_npy_header",
 ]
 
 ZARR_NAME = "images.zarr"
@@ -44,7 +45,8 @@ def shard_file_name(index: int) -> str:
 
 def sha256_bytes(array: np.ndarray) -> str:
     """sha256 of an array's raw C-order bytes (hashlib releases the GIL on large buffers)."""
-    return hashlib.sha256(memoryview(np.ascontiguousarray(array)).cast("B")).hexdigest()
+    flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    return hashlib.sha256(flat if flat.size else b"").hexdigest()
 
 
 # ---------------------------------------------------------------- npy shards
@@ -52,6 +54,12 @@ def sha256_bytes(array: np.ndarray) -> str:
 def create_npy_shard(path: Path, capacity: int, sample_shape: tuple[int, int, int]) -> np.memmap:
     """A writable memmap of ``capacity`` samples; workers decode straight into its rows."""
     return np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(capacity, *sample_shape))
+
+
+def write_npy_header(f: Any, count: int, sample_shape: tuple[int, int, int]) -> None:
+    """The header of a uint8 (count, *sample_shape) ``.npy``; the rows are then appended by ``write``."""
+    header = {"descr": "|u1", "fortran_order": False, "shape": (count, *sample_shape)}
+    np.lib.format.write_array_header_1_0(f, header)
 
 
 def shrink_npy_shard(path: Path, count: int) -> None:
@@ -131,6 +139,9 @@ def create_zarr_images(
         fill_value=0,
         zarr_format=3,
         overwrite=True,
+        # Every chunk is written, even an all-zero one: readers may rely on the files being there, and
+        # zarr's emptiness check costs 10x the write itself (measured 0.12 vs 1.2 GB/s).
+        config={"write_empty_chunks": True},
     )
 
 
