@@ -27,12 +27,12 @@ test-all: $(STAMP)  ## slow tests too (GPU tests skip without CUDA)
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -m gpu
 
-demo: $(STAMP)
+demo: $(STAMP)  ## built-in photos -> cache -> a short CPU (or GPU) training run
 	$(BIN)/cachebuild sample $(DEMO)/photos
-	$(BIN)/cachebuild imagenet $(DEMO)/photos --size 64 --out $(DEMO)/cache
+	$(BIN)/cachebuild imagenet $(DEMO)/photos --size 96 --out $(DEMO)/cache
 	$(BIN)/cachebuild info $(DEMO)/cache/train
-	$(BIN)/cachebuild train $(DEMO)/cache/train --val $(DEMO)/cache/val --model small_cnn \
-		--epochs 8 --batch-size 32 --lr 0.05 --workers 0 --out $(DEMO)/run
+	$(BIN)/cachebuild train $(DEMO)/cache/train --val $(DEMO)/cache/val --model small_cnn --epochs 15 \
+		--batch-size 32 --lr 0.05 --warmup-epochs 1 --workers 2 --out $(DEMO)/run
 
 bench: $(STAMP)
 	mkdir -p $(BENCH_OUT)
