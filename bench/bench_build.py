@@ -28,6 +28,7 @@ from joblib import Parallel, delayed
 def _warm() -> int:
     import cv2
     import torch
+    import zarr  # noqa: F401  (imported by the zarr assembly tasks: start-up, not work)
 
     cv2.setNumThreads(1)
     torch.set_num_threads(1)
