@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from cachebuild.errors import SourceError
-from cachebuild.sources.plan import FileReader, Plan, fingerprint_files
+from cachebuild.sources.plan import Plan, file_plan
 
 __all__ = ["IMG_EXTENSIONS", "find_classes", "folder_plan", "list_class_folder"]
 
@@ -63,13 +63,4 @@ def folder_plan(root: str | os.PathLike[str], *, dataset: str = "folder", split:
         raise SourceError(
             f"{root} has class folders but no image files with extensions {', '.join(IMG_EXTENSIONS)}"
         )
-    return Plan(
-        dataset=dataset,
-        split=split,
-        root=str(root),
-        keys=keys,
-        labels=labels,
-        classes=classes,
-        fingerprint=fingerprint_files(root, keys, labels, {"classes": classes}),
-        reader=FileReader(str(root)),
-    )
+    return file_plan(dataset, split, root, keys, labels, classes)

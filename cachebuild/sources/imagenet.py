@@ -15,7 +15,7 @@ import numpy as np
 
 from cachebuild.errors import SourceError
 from cachebuild.sources.folder import IMG_EXTENSIONS, find_classes, folder_plan
-from cachebuild.sources.plan import FileReader, Plan, fingerprint_files
+from cachebuild.sources.plan import Plan, file_plan
 
 __all__ = ["SPLITS", "imagenet_plans"]
 
@@ -135,18 +135,8 @@ def _flat_val_plan(val_dir: Path, meta_root: Path, train_classes: list[str] | No
     index = {w: i for i, w in enumerate(classes)}
     labels = np.asarray([index[w] for w in wnids], dtype=np.int64)
     keys = [f"val/{f}" for f in files]
-    root = val_dir.parent
-    return Plan(
-        dataset="imagenet",
-        split="val",
-        root=str(root),
-        keys=keys,
-        labels=labels,
-        classes=classes,
-        fingerprint=fingerprint_files(root, keys, labels, {"classes": classes}),
-        reader=FileReader(str(root)),
-        extra={"class_descriptions": [words.get(c, "") for c in classes]} if words else {},
-    )
+    extra = {"class_descriptions": [words.get(c, "") for c in classes]} if words else None
+    return file_plan("imagenet", "val", val_dir.parent, keys, labels, classes, extra)
 
 
 def imagenet_plans(src: str | os.PathLike[str], split: str = "all") -> list[Plan]:

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["FileReader", "Plan", "SampleReader", "fingerprint_files"]
+__all__ = ["FileReader", "Plan", "SampleReader", "file_plan", "fingerprint_files"]
 
 
 class SampleReader(Protocol):
@@ -67,3 +67,19 @@ def fingerprint_files(root: Path, keys: Sequence[str], labels: np.ndarray, extra
             meta = "missing"
         h.update(f"{key}\0{label}\0{meta}\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
+
+
+def file_plan(dataset: str, split: str, root: Path, keys: list[str], labels: np.ndarray, classes: list[str],
+              extra: dict[str, Any] | None = None) -> Plan:
+    """A plan of encoded image files under ``root``, fingerprinted by path, label, size and mtime."""
+    return Plan(
+        dataset=dataset,
+        split=split,
+        root=str(root),
+        keys=keys,
+        labels=labels,
+        classes=classes,
+        fingerprint=fingerprint_files(root, keys, labels, {"classes": classes}),
+        reader=FileReader(str(root)),
+        extra=extra or {},
+    )
