@@ -13,6 +13,9 @@ Contenders (same process run, same files, page cache warm unless marked cold):
   DataLoader dflt    same with torch's default_collate (stacks per sample)
   ImageFolder+PIL    torchvision ImageFolder + RandomResizedCrop + ToTensor + Normalize, 2 workers, on
                      the JPEGs the cache images come from
+  ffcv (optional)    FFCV Loader on a raw .beton of the same images (bench/ffcv_contender.py), run with a
+                     separate venv's python given by --ffcv-python or $FFCV_PYTHON; FFCV is never a
+                     dependency of the project
 Cold figures drop the cache files from the page cache with posix_fadvise(DONTNEED) (no root needed;
 a VM's host may still cache the disk), and try /proc/sys/vm/drop_caches.
 """
@@ -24,6 +27,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -207,6 +211,23 @@ def bench_imagefolder(train_dir: Path, args: argparse.Namespace, results: dict[s
     print(f"  {'ImageFolder+PIL RandomResizedCrop':50s} {r['img_s']:9.0f} img/s  epochs {r['epochs']}", flush=True)
 
 
+def bench_ffcv(python: str, images: Path, labels: Path, args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """Run bench/ffcv_contender.py with the FFCV venv's python on the same images; add its rows."""
+    out = images.parent / "ffcv.json"
+    cmd = [python, str(Path(__file__).with_name("ffcv_contender.py")), "--images", str(images), "--labels",
+           str(labels), "--batch", str(args.batch), "--also-batch", "64", "--epochs", str(args.epochs),
+           "--workers", str(args.workers), "--beton", str(images.parent / "raw.beton"), "--json", str(out)]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        print(f"FFCV: contender failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}", flush=True)
+        return
+    rep = json.loads(out.read_text())
+    for r in rep["results"].values():
+        name = f"ffcv: Loader raw ({r['workers']} workers, batch {r['batch']})"
+        results[name] = {"img_s": r["img_s"], "epochs": r["epochs"], "versions": rep["versions"]}
+        print(f"  {name:50s} {r['img_s']:9.0f} img/s  epochs {r['epochs']}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=6000, help="samples per cache")
@@ -221,6 +242,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--no-cold", dest="cold", action="store_false")
     p.add_argument("--workdir", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--ffcv-python", default=os.environ.get("FFCV_PYTHON"),
+                   help="python of a venv with ffcv installed (default $FFCV_PYTHON); FFCV skipped when unset")
     args = p.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="bench_load-", dir=args.workdir))
@@ -232,6 +255,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for st in args.storage:
             write_cache(work / f"cache-{st}", images, labels, classes, storage=st, shard_size=args.shard_size)
         nbytes = images.nbytes
+        if args.ffcv_python:  # the same images and labels the caches were built from, for the FFCV contender
+            np.save(work / "ffcv-images.npy", images)
+            np.save(work / "ffcv-labels.npy", labels)
         del images
         print(f"setup {time.perf_counter() - t0:.1f}s: {args.n} samples at {args.size} = {nbytes / 1e9:.2f} GB "
               f"per cache; torch {torch.__version__}, {os.cpu_count()} CPUs, cuda={torch.cuda.is_available()}",
@@ -239,6 +265,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         bench_imagefolder(train_dir, args, results)
         for st in args.storage:
             bench_cache(work / f"cache-{st}", args, results, st)
+        if args.ffcv_python:
+            bench_ffcv(args.ffcv_python, work / "ffcv-images.npy", work / "ffcv-labels.npy", args, results)
+        else:
+            print("FFCV: not measured (set --ffcv-python)", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -253,7 +283,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         r["x_imagefolder"] = r["img_s"] / pil
         xr = f"{r['x_bare_gather']:6.2f}" if ref else "     -"
         print(f"{k:60s} {r['img_s']:9.0f} {r['GB_s']:6.2f} {xr} {r['x_imagefolder']:7.1f}")
+    fast = {k: r["img_s"] for k, r in results.items() if "FastLoader" in k and "cold" not in k}
+    ffcv = {k: r["img_s"] for k, r in results.items() if k.startswith("ffcv:")}
+    ratios = {f"{fk} batch {args.batch} / {k}": fv / v for fk, fv in fast.items() for k, v in ffcv.items()}
+    for k, v in ratios.items():
+        print(f"FastLoader / FFCV: {k} = {v:.2f}x")
     out = {"args": {k: str(v) for k, v in vars(args).items()}, "sample_bytes": per, "results": results}
+    if ratios:
+        out["fastloader_over_ffcv"] = ratios
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return out
