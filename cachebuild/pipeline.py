@@ -11,7 +11,9 @@ No joblib backend is fixed here: run under ``joblib.parallel_config(backend="das
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import fcntl
 import hashlib
 import json
 import logging
@@ -20,6 +22,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -251,15 +254,35 @@ def _progress(total: int, initial: int, desc: str, enabled: bool | None):
     return tqdm(total=total, initial=initial, desc=desc, unit="img", disable=not enabled, smoothing=0.1)
 
 
+@contextlib.contextmanager
+def _exclusive(out: Path) -> Iterator[None]:
+    """One build per output at a time: two would share one staging folder. ``flock`` is released by the
+    kernel when the process dies, so a killed build never leaves a stale lock behind."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock = out.with_name(out.name + ".lock")
+    with open(lock, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CacheBuildError(
+                f"another cachebuild process is building {out} (it holds {lock}); wait for it to finish"
+            ) from None
+        yield
+
+
 def build(plan: Plan, out: str | os.PathLike[str], opts: BuildOptions) -> BuildResult:
     """Build (or resume, or confirm up to date) the cache of ``plan`` at ``out``."""
     out = Path(out)
+    with _exclusive(out):
+        return _build_locked(plan, out, opts)
+
+
+def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
     t0 = time.perf_counter()
     key, params = _build_key(plan, opts)
     if _check_destination(out, key, opts.force):
         m = read_manifest(out)
         return BuildResult(out, "up to date", m.count, len(m.failures), 0.0, 0)
-    out.parent.mkdir(parents=True, exist_ok=True)
     staging = staging_path(out)
     done = _prepare_staging(staging, key)
 

@@ -211,3 +211,18 @@ def test_backend_is_the_callers_choice(imagenet_clean, tmp_path):
     with parallel_config(backend="threading", n_jobs=2):
         threaded = build(plan, tmp_path / "threads", BuildOptions(size=32, jobs=2, block_size=8))
     assert read_manifest(ref.path).shards == read_manifest(threaded.path).shards
+
+
+def test_a_second_concurrent_build_of_the_same_output_is_refused(imagenet_clean, tmp_path):
+    import fcntl
+
+    from cachebuild.errors import CacheBuildError
+
+    plan = _train_plan(imagenet_clean)
+    out = tmp_path / "c"
+    with open(tmp_path / "c.lock", "a") as held:  # what a running build holds
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(CacheBuildError, match="another cachebuild process is building"):
+            build(plan, out, BuildOptions(size=16, jobs=1))
+        assert not out.exists() and not (tmp_path / "c.partial").exists()
+    assert build(plan, out, BuildOptions(size=16, jobs=1)).status == "built"  # released: goes ahead
