@@ -12,7 +12,6 @@ No joblib backend is fixed here: run under ``joblib.parallel_config(backend="das
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import fcntl
 import hashlib
 import json
@@ -44,14 +43,12 @@ from cachebuild.format.manifest import (
 from cachebuild.format.storage import (
     ZARR_NAME,
     create_zarr_images,
-    save_array,
-    save_paths,
     sha256_bytes,
     shard_file_name,
     shrink_npy_shard,
     write_npy_header,
 )
-from cachebuild.format.writer import commit_cache, staging_path, tool_versions
+from cachebuild.format.writer import commit_cache, save_side_arrays, staging_path, tool_versions, utc_now
 from cachebuild.sources.plan import Plan
 
 __all__ = ["BuildOptions", "BuildResult", "build"]
@@ -196,29 +193,30 @@ def _build_key(plan: Plan, opts: BuildOptions) -> tuple[str, dict[str, Any]]:
     return hashlib.sha256(blob).hexdigest(), params
 
 
-def _check_destination(out: Path, key: str, force: bool) -> bool:
-    """True when ``out`` already holds this exact build. Raises rather than overwrite anything else."""
+def _check_destination(out: Path, key: str, force: bool) -> Manifest | None:
+    """The manifest of ``out`` when it already holds this exact build, else None (``out`` may be
+    replaced). Raises rather than overwrite anything else without ``force``."""
     if not out.exists():
-        return False
+        return None
     if (out / MANIFEST_NAME).is_file():
         try:
             existing = read_manifest(out)
         except CacheBuildError:
             existing = None
         if existing is not None and existing.build_key == key and not force:
-            return True
+            return existing
         if not force:
             raise CacheExistsError(
                 f"{out} holds a different cache (other source files or build parameters); "
                 f"pass --force to replace it, or choose another --out"
             )
-        return False
+        return None
     if out.is_dir() and not any(out.iterdir()):
         out.rmdir()
-        return False
+        return None
     if not force:
         raise CacheExistsError(f"{out} exists and is not a cachebuild cache; choose another --out")
-    return False
+    return None
 
 
 def _prepare_staging(staging: Path, key: str) -> dict[int, dict[str, Any]]:
@@ -280,8 +278,8 @@ def build(plan: Plan, out: str | os.PathLike[str], opts: BuildOptions) -> BuildR
 def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
     t0 = time.perf_counter()
     key, params = _build_key(plan, opts)
-    if _check_destination(out, key, opts.force):
-        m = read_manifest(out)
+    m = _check_destination(out, key, opts.force)
+    if m is not None:
         return BuildResult(out, "up to date", m.count, len(m.failures), 0.0, 0)
     staging = staging_path(out)
     done = _prepare_staging(staging, key)
@@ -290,7 +288,7 @@ def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
                       max_pixels=opts.max_pixels, reduced_decode=opts.reduced_decode)
     bs = opts.resolved_block()
     n = len(plan)
-    blocks = [(b, lo) for b, lo in enumerate(range(0, n, bs))]
+    blocks = list(enumerate(range(0, n, bs)))
     todo = [(b, lo) for b, lo in blocks if b not in done]
     if done:
         log.info("resuming %s: %d of %d blocks already built", out, len(done), len(blocks))
@@ -335,15 +333,14 @@ def _finish(plan: Plan, out: Path, staging: Path, records: dict[int, dict[str, A
     else:
         shards = _assemble_zarr(staging, ordered, count, sample_shape, opts)
 
-    arrays = {
-        "labels": save_array(staging, "labels", plan.labels[ok]),
-        "sizes": save_array(staging, "sizes", np.asarray([s for r in ordered for s in r["sizes"]], np.int32)),
-        "paths": save_paths(staging, [plan.keys[i] for i in ok.tolist()]),
-    }
-    if opts.fit == "pad":
-        arrays["boxes"] = save_array(staging, "boxes", np.asarray([b for r in ordered for b in r["boxes"]], np.int32))
-    for name, values in plan.extra_labels.items():
-        arrays[name] = save_array(staging, name, np.asarray(values, dtype=np.int64)[ok])
+    arrays = save_side_arrays(
+        staging,
+        labels=plan.labels[ok],
+        sizes=np.asarray([s for r in ordered for s in r["sizes"]], np.int32),
+        paths=[plan.keys[i] for i in ok.tolist()],
+        boxes=np.asarray([b for r in ordered for b in r["boxes"]], np.int32) if opts.fit == "pad" else None,
+        extra_labels={name: np.asarray(values)[ok] for name, values in plan.extra_labels.items()},
+    )
 
     manifest = Manifest(
         dataset=plan.dataset,
@@ -361,9 +358,8 @@ def _finish(plan: Plan, out: Path, staging: Path, records: dict[int, dict[str, A
         arrays=arrays,
         failures=failures,
         extra=plan.extra,
-        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        created=utc_now(),
     )
-    manifest.check_consistent()
     shutil.rmtree(staging / "blocks")
     (staging / "build.json").unlink()
     commit_cache(staging, out, manifest, replace=opts.force)

@@ -14,6 +14,7 @@ import numpy as np
 from cachebuild.errors import CacheExistsError
 from cachebuild.format.manifest import (
     MANIFEST_NAME,
+    ArrayInfo,
     Failure,
     Manifest,
     ShardInfo,
@@ -29,7 +30,7 @@ from cachebuild.format.storage import (
     shard_file_name,
 )
 
-__all__ = ["commit_cache", "staging_path", "tool_versions", "write_cache"]
+__all__ = ["commit_cache", "save_side_arrays", "staging_path", "tool_versions", "utc_now", "write_cache"]
 
 
 def staging_path(out: Path) -> Path:
@@ -51,12 +52,38 @@ def tool_versions() -> dict[str, Any]:
     }
 
 
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def save_side_arrays(
+    staging: Path,
+    labels: np.ndarray,
+    sizes: np.ndarray,
+    paths: list[str],
+    boxes: np.ndarray | None = None,
+    extra_labels: dict[str, np.ndarray] | None = None,
+) -> dict[str, ArrayInfo]:
+    """The per-sample arrays beside the images, in their on-disk dtypes; returns the manifest's ``arrays``."""
+    arrays = {
+        "labels": save_array(staging, "labels", np.asarray(labels, dtype=np.int64)),
+        "sizes": save_array(staging, "sizes", np.asarray(sizes, dtype=np.int32)),
+        "paths": save_paths(staging, paths),
+    }
+    if boxes is not None:
+        arrays["boxes"] = save_array(staging, "boxes", np.asarray(boxes, dtype=np.int32))
+    for name, values in (extra_labels or {}).items():
+        arrays[name] = save_array(staging, name, np.asarray(values, dtype=np.int64))
+    return arrays
+
+
 def commit_cache(staging: Path, out: Path, manifest: Manifest, *, replace: bool = False) -> None:
     """Write ``manifest.json`` into ``staging`` and rename it to ``out``.
 
     The manifest is the last file written, and the folder appears at ``out`` only complete. With
     ``replace``, an existing ``out`` is moved aside first and deleted only after the new one is in place.
     """
+    manifest.check_consistent()
     write_json_atomic(staging / MANIFEST_NAME, manifest.to_dict())
     old: Path | None = None
     if out.exists():
@@ -117,13 +144,8 @@ def write_cache(
         raise ValueError(f"unknown storage {storage!r}: expected npy or zarr")
     if sizes is None:
         sizes = np.tile(np.array(sample_shape[:2], dtype=np.int32), (n, 1))
-    arrays = {
-        "labels": save_array(staging, "labels", np.asarray(labels, dtype=np.int64)),
-        "sizes": save_array(staging, "sizes", np.asarray(sizes, dtype=np.int32)),
-        "paths": save_paths(staging, paths if paths is not None else [f"sample-{i}" for i in range(n)]),
-    }
-    if boxes is not None:
-        arrays["boxes"] = save_array(staging, "boxes", np.asarray(boxes, dtype=np.int32))
+    arrays = save_side_arrays(staging, labels, sizes,
+                              paths if paths is not None else [f"sample-{i}" for i in range(n)], boxes)
     manifest = Manifest(
         dataset=dataset,
         split=split,
@@ -139,8 +161,7 @@ def write_cache(
         shards=tuple(shards),
         arrays=arrays,
         failures=tuple[Failure, ...](),
-        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        created=utc_now(),
     )
-    manifest.check_consistent()
     commit_cache(staging, out, manifest, replace=replace)
     return manifest
