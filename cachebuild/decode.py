@@ -24,9 +24,12 @@ FITS = ("crop", "squash", "pad")
 INTERPOLATIONS = ("antialias", "area", "linear")
 DEFAULT_MAX_PIXELS = 178_956_970  # PIL's decompression-bomb error threshold (2 x MAX_IMAGE_PIXELS)
 
-_REDUCED = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
-# OpenCV >= 4.10 decodes straight to RGB; reduced modes are BGR-only, so those are swapped after resizing.
-_RGB = getattr(cv2, "IMREAD_COLOR_RGB", None)
+# imdecode flags that give RGB straight from libjpeg (no BGR->RGB pass), full or DCT-reduced by 1/r.
+_RGB_FLAGS = {
+    r: (flag & ~cv2.IMREAD_COLOR) | cv2.IMREAD_COLOR_RGB | cv2.IMREAD_IGNORE_ORIENTATION
+    for r, flag in {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
+                    8: cv2.IMREAD_REDUCED_COLOR_8}.items()
+}
 _PIL_LIMIT_LOCK = threading.Lock()
 
 
@@ -96,47 +99,45 @@ def _reduction(h: int, w: int, spec: ResizeSpec) -> int:
     return 1
 
 
-def _store(planes: list[np.ndarray], out: np.ndarray) -> None:
-    """Interleave three (h, w) planes into ``out`` (h, w, 3): ``cv2.merge`` is ~25x faster than numpy's
-    strided CHW -> HWC copy, and writes in place when ``out`` is contiguous."""
-    if out.flags.c_contiguous and cv2.merge(planes, dst=out) is out:
-        return
-    out[...] = cv2.merge(planes)
+def _antialias_into(src: np.ndarray, out: np.ndarray) -> None:
+    """Antialiased bilinear (PIL's resample=BILINEAR, torchvision's default) of HWC ``src`` into ``out``.
+
+    torch's uint8 AVX2 kernel is ~2x faster than cv2.INTER_AREA on fractional scales and closer to PIL.
+    Given NHWC (channels-last) views of both arrays it reads the crop view and writes the caller's slot in
+    place: measured 0.35 ms against 0.56 ms for the functional call, whose planar output must be
+    interleaved again.
+    """
+    import torch
+
+    h, w = out.shape[:2]
+    x = torch.from_numpy(src).permute(2, 0, 1).unsqueeze(0)
+    if out.flags.c_contiguous:
+        y = torch.from_numpy(out).permute(2, 0, 1).unsqueeze(0)
+        torch.ops.aten._upsample_bilinear2d_aa.out(x, [h, w], False, None, None, out=y)
+    else:  # a letterbox window inside the slot
+        out[...] = torch.ops.aten._upsample_bilinear2d_aa(x, [h, w], False)[0].permute(1, 2, 0).numpy()
 
 
-def _resize_into(src: np.ndarray, out: np.ndarray, interpolation: str, bgr: bool) -> None:
-    """Resize HWC ``src`` to ``out``'s (h, w), writing RGB (``bgr``: swap channels on the way)."""
+def _resize_into(src: np.ndarray, out: np.ndarray, interpolation: str) -> None:
+    """Resize HWC ``src`` to ``out``'s (h, w)."""
     out_h, out_w = out.shape[:2]
     if src.shape[0] == out_h and src.shape[1] == out_w:
-        res = src
+        out[...] = src
     elif interpolation == "antialias":
-        import torch
-        import torch.nn.functional as F
-
-        # Antialiased bilinear = PIL's resample=BILINEAR (torchvision's default). torch's uint8 kernel is
-        # ~2x faster than cv2.INTER_AREA on fractional scales and closer to PIL; a contiguous input takes
-        # its channels-last fast path. It returns planar CHW, interleaved by _store.
-        t = torch.from_numpy(np.ascontiguousarray(src)).permute(2, 0, 1).unsqueeze(0)
-        r = F.interpolate(t, size=(out_h, out_w), mode="bilinear", antialias=True, align_corners=False)[0].numpy()
-        _store([r[2], r[1], r[0]] if bgr else [r[0], r[1], r[2]], out)
-        return
+        _antialias_into(src, out)
     else:
         flag = cv2.INTER_AREA if interpolation == "area" else cv2.INTER_LINEAR
         if interpolation == "area" and (out_h > src.shape[0] or out_w > src.shape[1]):
             flag = cv2.INTER_LINEAR  # INTER_AREA upscales like nearest
-        res = cv2.resize(src, (out_w, out_h), interpolation=flag)
-    if bgr:
-        _store([res[..., 2], res[..., 1], res[..., 0]], out)
-    else:
-        out[...] = res
+        out[...] = cv2.resize(src, (out_w, out_h), interpolation=flag)
 
 
-def fit_into(img: np.ndarray, spec: ResizeSpec, out: np.ndarray, *, bgr: bool = False) -> tuple[int, int, int, int]:
+def fit_into(img: np.ndarray, spec: ResizeSpec, out: np.ndarray) -> tuple[int, int, int, int]:
     """Crop/squash/pad ``img`` (H, W, 3) into ``out`` (S, S, 3); returns the valid box in ``out``."""
     h, w = img.shape[:2]
     s = spec.size
     if spec.fit == "squash":
-        _resize_into(img, out, spec.interpolation, bgr)
+        _resize_into(img, out, spec.interpolation)
         return (0, 0, s, s)
     if spec.fit == "crop":
         # torchvision Resize(S) + CenterCrop(S), done as crop-then-resize so only kept pixels are resized.
@@ -147,14 +148,14 @@ def fit_into(img: np.ndarray, spec: ResizeSpec, out: np.ndarray, *, bgr: bool = 
         top, left = round((nh - s) / 2), round((nw - s) / 2)
         y0, x0 = round(top * h / nh), round(left * w / nw)
         y1, x1 = round((top + s) * h / nh), round((left + s) * w / nw)
-        _resize_into(img[y0:y1, x0:x1], out, spec.interpolation, bgr)
+        _resize_into(img[y0:y1, x0:x1], out, spec.interpolation)
         return (0, 0, s, s)
     # pad: letterbox, keep aspect, zeros around
     scale = s / max(h, w)
     nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
     y0, x0 = (s - nh) // 2, (s - nw) // 2
     out[...] = 0
-    _resize_into(img, out[y0 : y0 + nh, x0 : x0 + nw], spec.interpolation, bgr)
+    _resize_into(img, out[y0 : y0 + nh, x0 : x0 + nw], spec.interpolation)
     return (y0, x0, y0 + nh, x0 + nw)
 
 
@@ -167,16 +168,10 @@ def decode_into(data: bytes | np.ndarray, spec: ResizeSpec, out: np.ndarray, *, 
             return Placement(h, w, box)
         h, w, fmt = probe(data, spec.max_pixels)
         r = _reduction(h, w, spec) if spec.reduced_decode and fmt == "JPEG" else 1
-        buf = np.frombuffer(data, dtype=np.uint8)
-        if r > 1:
-            img, bgr = cv2.imdecode(buf, _REDUCED[r] | cv2.IMREAD_IGNORE_ORIENTATION), True
-        elif _RGB is not None:
-            img, bgr = cv2.imdecode(buf, _RGB | cv2.IMREAD_IGNORE_ORIENTATION), False
-        else:
-            img, bgr = cv2.imdecode(buf, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION), True
+        img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), _RGB_FLAGS[r])
         if img is None:
             raise ValueError(f"OpenCV could not decode this {fmt} file")
-        box = fit_into(img, spec, out, bgr=bgr)
+        box = fit_into(img, spec, out)
         return Placement(h, w, box)
     except DecodeError:
         raise
