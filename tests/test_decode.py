@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 import torchvision.transforms as T
 from PIL import Image
 
-from cachebuild.decode import ResizeSpec, decode_into
+from cachebuild.decode import ResizeSpec, _jpeg_or_png_size, _pil_size, decode_into, probe
 from cachebuild.errors import DecodeError
 from cachebuild.format import open_cache
 from cachebuild.pipeline import BuildOptions, build
@@ -100,3 +101,33 @@ def test_upscaling_small_sources(tmp_path):
     same = np.empty((20, 20, 3), np.uint8)
     decode_into(img[:, :20].copy(), ResizeSpec(20), same)
     assert np.array_equal(same, img[:, :20])  # native size: an exact copy
+
+
+def _jpeg(img: Image.Image, **kw) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", **kw)
+    return buf.getvalue()
+
+
+def test_header_shortcut_agrees_with_pil():
+    """The JPEG SOF / PNG IHDR shortcut reads the same size as PIL for every JPEG flavour, and skips a
+    frame header hidden in an APP segment (an EXIF thumbnail is a whole JPEG inside APP1)."""
+    photo = Image.fromarray(np.random.default_rng(0).integers(0, 255, (300, 451, 3), dtype=np.uint8))
+    cases = [_jpeg(photo.convert(mode), **kw) for mode in ("RGB", "L", "CMYK")
+             for kw in ({}, {"progressive": True}, {"optimize": True}, {"subsampling": 0},
+                        {"restart_marker_blocks": 1})]
+    thumb = _jpeg(photo.resize((40, 30)))
+    app1 = b"Exif\x00\x00" + thumb
+    cases.append(cases[0][:2] + b"\xff\xe1" + (len(app1) + 2).to_bytes(2, "big") + app1 + cases[0][2:])
+    png = io.BytesIO()
+    photo.save(png, "PNG")
+    cases.append(png.getvalue())
+    for data in cases:
+        assert _jpeg_or_png_size(data) is not None
+        assert _jpeg_or_png_size(data)[:2] == _pil_size(data)[:2] == (300, 451)
+    # what it does not know goes to PIL: other formats, no frame before the scan, garbage
+    gif = io.BytesIO()
+    photo.convert("P").save(gif, "GIF")
+    for data in (gif.getvalue(), b"\xff\xd8\xff\xda\x00\x02", b"\xff\xd8garbage", b"hello"):
+        assert _jpeg_or_png_size(data) is None
+    assert probe(gif.getvalue(), 10**9) == (300, 451, "GIF")
