@@ -50,7 +50,8 @@ def build_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--jobs", "-j", type=int, default=-1, show_default=True,
                      help="Worker processes (joblib); -1: all cores."),
         click.option("--shard-size", type=click.IntRange(min=1), default=None,
-                     help="Samples per block and npy shard. Default: about 64 MB of pixels."),
+                     help="Samples per block and npy shard (zarr: rounded down to whole chunks). "
+                          "Default: about 64 MB of pixels."),
         click.option("--chunk-size", type=click.IntRange(min=1), default=None,
                      help="zarr: samples per chunk. Default: about 4 MB of pixels."),
         click.option("--compression", type=click.Choice(["none", "zstd", "blosc"]), default="none",

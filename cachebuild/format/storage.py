@@ -26,6 +26,7 @@ __all__ = [
     "load_array",
     "load_paths",
     "open_npy_shards",
+    "open_zarr_for_writing",
     "open_zarr_images",
     "save_array",
     "save_paths",
@@ -143,6 +144,21 @@ def create_zarr_images(
         # zarr's emptiness check costs 10x the write itself (measured 0.12 vs 1.2 GB/s).
         config={"write_empty_chunks": True},
     )
+
+
+def open_zarr_for_writing(path: Path) -> Any:
+    """Reopen an array made by :func:`create_zarr_images` to write whole chunks into it.
+
+    ``write_empty_chunks`` is a runtime setting, not stored with the array: without it here, zarr scans
+    every chunk for emptiness before writing it (measured 0.16 GB/s against 1.0 GB/s).
+    """
+    import zarr
+
+    with zarr.config.set({"array.write_empty_chunks": True}):
+        arr = zarr.open_array(str(path), mode="r+")
+    if not arr.config.write_empty_chunks:  # the setting must have been taken when the array was opened
+        raise RuntimeError(f"zarr {zarr.__version__} ignored write_empty_chunks for {path}")
+    return arr
 
 
 def open_zarr_images(cache_dir: Path, manifest: Manifest) -> Any:
