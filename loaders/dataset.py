@@ -4,7 +4,9 @@ The hot path of every epoch. A batch is one sorted pass over the requested sampl
 once, straight into its slot of a single uint8 (B, H, W, 3) buffer (in shared memory when running in a
 ``DataLoader`` worker, so handing it to the main process copies nothing). No decode, no per-image
 tensor, no stacking: ``__getitems__`` returns a :class:`CacheBatch` and :func:`collate_batch` passes it
-through as ``(images, labels[, boxes])``.
+through as ``(images, labels[, boxes])``. In a worker that buffer is a slot of a per-worker ring of
+reused shared-memory batches (``loaders.batch_ring``): mapped once by both processes, so a batch costs
+no fresh page faults on either side.
 
 Why a per-row copy loop and not one vectorised gather: the rows of a batch live in different shard
 files (different memory maps), and numpy has no scatter-from-many-arrays primitive. A fancy read per
@@ -32,6 +34,7 @@ from torch.utils.data import Dataset, default_collate, get_worker_info
 from cachebuild.errors import CacheCorruptError
 from cachebuild.format import Manifest, open_cache
 from cachebuild.format.storage import ZARR_NAME, load_paths
+from loaders.batch_ring import MAX_SLOTS, InlineTensor, WorkerRing
 from loaders.shared_memory import load_shared, shared_uint8
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "CacheBatch", "CachedImageDataset", "collate_batch"]
@@ -39,6 +42,11 @@ __all__ = ["DEFAULT_CHUNK_BYTES", "CacheBatch", "CachedImageDataset", "collate_b
 # Chunk of consecutive samples that the chunk-aware sampler keeps together for npy caches (zarr caches
 # use their own chunk length): ~8 MB, the block size FFCV's quasi-random order uses.
 DEFAULT_CHUNK_BYTES = 8 << 20
+
+# Batch slots per DataLoader worker: the DataLoader keeps prefetch_factor (default 2) batches in flight
+# per worker, the loop holds the batch it works on and the one before (a `for x, y in dl` rebinds x only
+# after next() returns), and device_loader one more.
+DEFAULT_RING_SLOTS = 5
 
 
 class CacheBatch(Sequence):
@@ -116,6 +124,11 @@ class CachedImageDataset(Dataset):
             into shared memory that every DataLoader worker sees (fork or spawn, no per-worker copy);
             ``"auto"`` does so when the images fit ``memory_budget``.
         memory_budget: bytes allowed for ``in_memory="auto"``; default half of the available RAM.
+        ring_slots: reused batch slots per ``DataLoader`` worker (``loaders.batch_ring``); costs
+            ``ring_slots`` x batch bytes of shared memory per worker (5 x 38.5 MB for 256 x 224 x 224 x 3),
+            mapped by the worker and the main process. Use ``prefetch_factor + 3`` when raising the
+            DataLoader's ``prefetch_factor``; 0 allocates a fresh shared batch every time (the old path).
+            A batch that finds no free slot (e.g. the loop keeps every batch) gets a fresh one.
 
     Opening validates the manifest and every shard header (named errors from ``cachebuild.errors``:
     ``CacheNotFoundError``, ``UnsupportedFormatError``, ``CacheCorruptError``) and then closes the files.
@@ -129,14 +142,18 @@ class CachedImageDataset(Dataset):
         return_boxes: bool = False,
         in_memory: bool | str = False,
         memory_budget: int | None = None,
+        ring_slots: int = DEFAULT_RING_SLOTS,
     ) -> None:
         if in_memory not in (True, False, "auto"):
             raise ValueError(f"in_memory must be True, False or 'auto', got {in_memory!r}")
+        if not 0 <= ring_slots <= MAX_SLOTS:
+            raise ValueError(f"ring_slots must be in 0..{MAX_SLOTS}, got {ring_slots}")
         self.root = Path(root)
         reader = open_cache(self.root)  # validates manifest + every shard header, here in the caller
         self.manifest: Manifest = reader.manifest
         self.transform = transform
         self.return_boxes = bool(return_boxes)
+        self.ring_slots = int(ring_slots)
         self._labels: np.ndarray = np.ascontiguousarray(reader.labels, dtype=np.int64)
         self.sizes: np.ndarray = reader.sizes
         self._boxes: np.ndarray | None = reader.boxes
@@ -153,6 +170,8 @@ class CachedImageDataset(Dataset):
         self._zarr: Any = None
         self._pid = os.getpid()
         self._shared: torch.Tensor | None = None
+        self._ring: WorkerRing | None = None  # per worker process, made on its first batch
+        self._ring_failed = False  # shared memory refused (small /dev/shm): fresh batches in this process
         if in_memory == "auto":
             budget = _default_budget() if memory_budget is None else int(memory_budget)
             in_memory = self.nbytes <= budget
@@ -229,6 +248,8 @@ class CachedImageDataset(Dataset):
         state["_maps"] = None  # reopened lazily in the receiving process
         state["_zarr"] = None
         state["_paths"] = None
+        state["_ring"] = None
+        state["_ring_failed"] = False
         # _shared (a torch tensor in shared memory) travels by handle through torch's multiprocessing
         # reductions (DataLoader workers, fork or spawn); a plain pickle.dumps copies it, as for any tensor.
         return state
@@ -241,6 +262,8 @@ class CachedImageDataset(Dataset):
         if self._pid != os.getpid():  # forked or unpickled: maps of another process are not ours
             self._maps = None
             self._zarr = None
+            self._ring = None
+            self._ring_failed = False
             self._pid = os.getpid()
 
     def _shard(self, k: int) -> np.ndarray:
@@ -321,6 +344,22 @@ class CachedImageDataset(Dataset):
         h, w, _ = self.shape
         return np.tile(np.array([0, 0, h, w], dtype=np.int32), (len(idx), 1))
 
+    def _slot(self, shape: tuple[int, ...]) -> torch.Tensor | None:
+        """A free slot of this worker's batch ring (made, or remade larger, on demand), or None."""
+        self._check_process()
+        nbytes = int(np.prod(shape))
+        ring = self._ring
+        if self._ring_failed:
+            return None
+        if ring is None or ring.slot_bytes < nbytes or ring.slots != self.ring_slots:
+            self._ring = None  # the old ring lives on while its batches do
+            try:
+                ring = self._ring = WorkerRing(self.ring_slots, nbytes, retire=None if ring is None else ring.key)
+            except RuntimeError:  # e.g. /dev/shm too small for the ring: one fresh batch at a time may fit
+                self._ring_failed = True
+                return None
+        return ring.take(shape)
+
     def __getitem__(self, index: int) -> tuple[Any, ...]:
         i = int(index)
         if not -len(self) <= i < len(self):
@@ -342,10 +381,17 @@ class CachedImageDataset(Dataset):
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         self._check_indices(idx)
         idx = np.where(idx < 0, idx + len(self), idx)
-        images = _new_uint8((len(idx), *self.shape), shared=_in_worker())
+        shape = (len(idx), *self.shape)
+        worker = _in_worker()
+        images = self._slot(shape) if worker and self.transform is None and self.ring_slots else None
+        if images is None:
+            images = _new_uint8(shape, shared=worker)
         self.gather(idx, out=_as_writable_numpy(images))
         labels = torch.from_numpy(self._labels[idx])
         boxes = torch.from_numpy(self._boxes_at(idx)) if self.return_boxes else None
+        if worker and self.ring_slots:  # small tensors by value: no shared-memory segment per batch
+            labels = labels.as_subclass(InlineTensor)
+            boxes = None if boxes is None else boxes.as_subclass(InlineTensor)
         if self.transform is not None:
             batch = CacheBatch(images, labels, boxes)
             return [(self.transform(s[0]), *s[1:]) for s in batch]
