@@ -232,7 +232,9 @@ def _build_data(cfg: TrainConfig, info: DistInfo) -> _Data:
                               pin_memory=pin)
         kw: dict[str, Any] = {"num_workers": cfg.workers, "pin_memory": pin, "collate_fn": collate_batch}
         if cfg.workers > 0:
-            kw.update(persistent_workers=True, prefetch_factor=4)
+            prefetch = 4
+            kw.update(persistent_workers=True, prefetch_factor=prefetch)
+            ds.ring_slots = prefetch + 3  # batch-ring slots per worker to match (CachedImageDataset)
         # Its own generator: the DataLoader then never draws from the global RNG, which a resume restores.
         return DataLoader(ds, batch_size=cfg.batch_size, sampler=order,
                           generator=torch.Generator().manual_seed(cfg.seed), **kw)
