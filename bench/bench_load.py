@@ -9,8 +9,11 @@ Contenders (same process run, same files, page cache warm unless marked cold):
   reference gather   CacheReader.read(batch): the same plus a scatter back to the requested order
   gather 1 thread    CachedImageDataset.gather into a reused buffer, 1 thread
   FastLoader         background threads gathering into reused / pinned buffers (the fast path)
-  DataLoader         torch DataLoader, 2 workers, __getitems__ + collate_batch (the standard path)
-  DataLoader dflt    same with torch's default_collate (stacks per sample)
+  DataLoader         torch DataLoader, 2 workers, __getitems__ + collate_batch (the standard path):
+                     batches handed over through each worker's ring of reused shared-memory slots
+  DataLoader fresh   same with ring_slots=0: a fresh shared-memory batch per step (the path before the ring)
+  DataLoader dflt    same as DataLoader with torch's default_collate (stacks per sample)
+                     (the three DataLoader rows run interleaved, epoch by epoch, for a fair comparison)
   ImageFolder+PIL    torchvision ImageFolder + RandomResizedCrop + ToTensor + Normalize, 2 workers, on
                      the JPEGs the cache images come from
   ffcv (optional)    FFCV Loader on a raw .beton of the same images (bench/ffcv_contender.py), run with a
@@ -106,20 +109,36 @@ def drop_cache(path: Path) -> str:
         return "fadvise only (drop_caches not permitted)"
 
 
-def run_epochs(make_iter: Callable[[int], Iterable[Any]], n_items: int, epochs: int) -> dict[str, float]:
-    """img/s of each epoch; ``make_iter(epoch)`` returns the batches; the first element is the images."""
-    rates = []
-    for e in range(epochs):
-        t0 = time.perf_counter()
-        seen = 0
-        for batch in make_iter(e):
-            seen += len(batch[0])
-        dt = time.perf_counter() - t0
-        if seen != n_items:
-            raise RuntimeError(f"expected {n_items} samples, got {seen}")
-        rates.append(seen / dt)
+def epoch_rate(make_iter: Callable[[int], Iterable[Any]], n_items: int, e: int) -> float:
+    """img/s of epoch ``e``; ``make_iter(e)`` returns the batches; the first element is the images."""
+    t0 = time.perf_counter()
+    seen = 0
+    for batch in make_iter(e):
+        seen += len(batch[0])
+    dt = time.perf_counter() - t0
+    if seen != n_items:
+        raise RuntimeError(f"expected {n_items} samples, got {seen}")
+    return seen / dt
+
+
+def summarize(rates: list[float]) -> dict[str, Any]:
+    """Median img/s, leaving out the first (warm-up) epoch when there are 3 or more."""
     return {"img_s": statistics.median(rates) if len(rates) < 3 else statistics.median(rates[1:]),
             "epochs": [round(r) for r in rates]}
+
+
+def run_epochs(make_iter: Callable[[int], Iterable[Any]], n_items: int, epochs: int) -> dict[str, Any]:
+    return summarize([epoch_rate(make_iter, n_items, e) for e in range(epochs)])
+
+
+def run_interleaved(makes: dict[str, Callable[[int], Iterable[Any]]], n_items: int,
+                    epochs: int) -> dict[str, dict[str, Any]]:
+    """Like run_epochs for several contenders, alternating them epoch by epoch (same machine drift)."""
+    rates: dict[str, list[float]] = {k: [] for k in makes}
+    for e in range(epochs):
+        for name, make in makes.items():
+            rates[name].append(epoch_rate(make, n_items, e))
+    return {k: summarize(v) for k, v in rates.items()}
 
 
 def bench_cache(path: Path, args: argparse.Namespace, results: dict[str, Any], tag: str) -> None:
@@ -162,6 +181,9 @@ def bench_cache(path: Path, args: argparse.Namespace, results: dict[str, Any], t
 
     dl = torch.utils.data.DataLoader(ds, batch_size=b, sampler=sampler, num_workers=args.workers,
                                      collate_fn=collate_batch, pin_memory=pin, persistent_workers=True)
+    dl_fresh = torch.utils.data.DataLoader(CachedImageDataset(path, ring_slots=0), batch_size=b, sampler=sampler,
+                                           num_workers=args.workers, collate_fn=collate_batch, pin_memory=pin,
+                                           persistent_workers=True)
     dl_default = torch.utils.data.DataLoader(ds, batch_size=b, sampler=sampler, num_workers=args.workers,
                                              pin_memory=pin, persistent_workers=True)
 
@@ -177,16 +199,20 @@ def bench_cache(path: Path, args: argparse.Namespace, results: dict[str, Any], t
         ("gather 1 thread", gather1),
         (f"FastLoader ({args.threads} threads)", fast),
         (f"DataLoader {args.workers} workers", via(dl)),
+        (f"DataLoader {args.workers} workers, ring_slots=0 (fresh batches)", via(dl_fresh)),
         (f"DataLoader {args.workers} workers, default_collate", via(dl_default)),
     ]
     warm(path)
-    for name, make in contenders:
+    for name, make in contenders[:4]:
         # zarr's own API reads a whole chunk per random sample (~200 img/s): one epoch is enough.
         slow = tag == "zarr" and make in (reference, bare)
         r = run_epochs(make, n, 1 if slow else args.epochs)
         results[f"{tag}: {name}"] = r
         print(f"  {tag}: {name:42s} {r['img_s']:9.0f} img/s  epochs {r['epochs']}", flush=True)
-    del dl, dl_default
+    for name, r in run_interleaved(dict(contenders[4:]), n, args.epochs).items():
+        results[f"{tag}: {name}"] = r
+        print(f"  {tag}: {name:42s} {r['img_s']:9.0f} img/s  epochs {r['epochs']}", flush=True)
+    del dl, dl_fresh, dl_default
     if args.cold:
         for name, make in contenders[:1] + contenders[3:5]:
             how = drop_cache(path)
@@ -283,6 +309,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         r["x_imagefolder"] = r["img_s"] / pil
         xr = f"{r['x_bare_gather']:6.2f}" if ref else "     -"
         print(f"{k:60s} {r['img_s']:9.0f} {r['GB_s']:6.2f} {xr} {r['x_imagefolder']:7.1f}")
+    for st in args.storage:
+        dl_row = f"{st}: DataLoader {args.workers} workers"
+        ring, fresh = results.get(dl_row), results.get(f"{dl_row}, ring_slots=0 (fresh batches)")
+        if ring and fresh:
+            print(f"{st}: DataLoader batch ring / fresh batches = {ring['img_s'] / fresh['img_s']:.2f}x")
     fast = {k: r["img_s"] for k, r in results.items() if "FastLoader" in k and "cold" not in k}
     ffcv = {k: r["img_s"] for k, r in results.items() if k.startswith("ffcv:")}
     ratios = {f"{fk} batch {args.batch} / {k}": fv / v for fk, fv in fast.items() for k, v in ffcv.items()}
