@@ -302,6 +302,7 @@ def _prepare_staging(staging: Path, key: str) -> dict[int, dict[str, Any]]:
     (staging / "blocks").mkdir(parents=True, exist_ok=True)
     if not build_file.exists():
         write_json_atomic(build_file, {"key": key})
+    _undo_interrupted_compaction(staging)
     done = {}
     for rec_path in sorted((staging / "blocks").glob("block-*.json")):
         try:
@@ -451,9 +452,16 @@ def _create_staging_zarr(staging: Path, planned: int, sample_shape: tuple[int, i
     tmp.rename(final)
 
 
+_COMPACTING = "compacting.json"
+
+
 def _place_zarr_blocks(staging: Path, ordered: list[dict[str, Any]], count: int, planned: int) -> list[ShardInfo]:
     """Shard entries of a zarr cache: one range per block. Blocks after a failed file move down to their
-    output place in one worker task (nothing moves when every file decoded)."""
+    output place in one worker task (nothing moves when every file decoded).
+
+    Moving in place cannot be redone after a kill (a move overwrites samples a later one reads), so a
+    marker names the blocks involved first; a resumed build finding it decodes those blocks again.
+    """
     shards, moves, pos = [], [], 0
     for r in ordered:
         if r["count"]:
@@ -462,5 +470,24 @@ def _place_zarr_blocks(staging: Path, ordered: list[dict[str, Any]], count: int,
             shards.append(ShardInfo(ZARR_NAME, pos, r["count"], r["sha256"]))
             pos += r["count"]
     if count < planned:
+        first = next(r["block"] for r in ordered if r["count"] < r["planned"])
+        write_json_atomic(staging / _COMPACTING, {"planned": planned,
+                                                  "redo": [r["block"] for r in ordered if r["block"] > first]})
         Parallel(n_jobs=1)([delayed(_compact_zarr)(str(staging), moves, count, planned)])
+        (staging / _COMPACTING).unlink()
     return shards
+
+
+def _undo_interrupted_compaction(staging: Path) -> None:
+    """After a kill while zarr blocks were being moved: forget the blocks whose samples may be clobbered
+    (the blocks up to the first failed file are untouched) and restore the planned length."""
+    marker = staging / _COMPACTING
+    if not marker.exists():
+        return
+    info = json.loads(marker.read_text())
+    for b in info["redo"]:
+        (staging / "blocks" / f"block-{b:05d}.json").unlink(missing_ok=True)
+    arr = open_zarr_for_writing(staging / ZARR_NAME)
+    arr.resize((info["planned"], *arr.shape[1:]))
+    log.info("the last run was stopped while moving zarr blocks: %d blocks will be decoded again", len(info["redo"]))
+    marker.unlink()

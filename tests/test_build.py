@@ -58,10 +58,23 @@ def test_npy_and_zarr_hold_the_same_pixels(imagenet_tree, tmp_path):
     assert arr.shape == (zarr.count, 48, 48, 3) and arr.chunks == (3, 48, 48, 3)
 
 
+def _failures_in_the_middle(info, dst: Path):
+    """A copy of the train tree with its broken files moved into the second of four classes, so that
+    blocks after them must move down (in the original they all sort last)."""
+    shutil.copytree(info["train_dir"], dst, symlinks=True)
+    classes = sorted(p for p in dst.iterdir() if p.is_dir())
+    for f in sorted(dst.rglob("*_broken_*")):
+        f.rename(classes[1] / f.name)
+    plan = folder_plan(dst)
+    bad = [i for i, k in enumerate(plan.keys) if "_broken_" in k]
+    assert len(bad) == 6 and bad[0] > 0 and bad[-1] < len(plan) - 12
+    return plan
+
+
 def test_zarr_blocks_with_failures_move_into_place(imagenet_tree, tmp_path):
     """Workers write zarr chunks from each block's plan position; the bad files leave gaps that are
     closed afterwards: same pixels as npy whatever --jobs, checksums intact, nothing stale left over."""
-    plan = _train_plan(imagenet_tree)
+    plan = _failures_in_the_middle(imagenet_tree, tmp_path / "src")
     opts = {"size": 32, "block_size": 7, "storage": "zarr", "chunk_size": 2}  # blocks round down to 6
     assert BuildOptions(**opts).resolved_block() == 6
     npy = build(plan, tmp_path / "npy", BuildOptions(size=32, jobs=1, block_size=6))
@@ -254,3 +267,27 @@ def test_a_second_concurrent_build_of_the_same_output_is_refused(imagenet_clean,
             build(plan, out, BuildOptions(size=16, jobs=1))
         assert not out.exists() and not (tmp_path / "c.partial").exists()
     assert build(plan, out, BuildOptions(size=16, jobs=1)).status == "built"  # released: goes ahead
+
+
+def test_zarr_build_killed_while_moving_blocks_resumes_correctly(imagenet_tree, tmp_path, monkeypatch):
+    """Moving blocks down in place is not repeatable (a move overwrites samples a later one reads): a
+    build stopped part way through must decode the moved blocks again, not commit clobbered pixels."""
+    import cachebuild.pipeline as pipeline
+
+    plan = _failures_in_the_middle(imagenet_tree, tmp_path / "src")
+    opts = BuildOptions(size=32, jobs=1, block_size=4, storage="zarr", chunk_size=2)
+    real = pipeline._compact_zarr
+
+    def stopped_after_one_move(staging, moves, count, planned):
+        assert len(moves) > 2
+        real(staging, moves[:2], count, planned)  # clobbers sources of later moves, then "dies"
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "_compact_zarr", stopped_after_one_move)
+    with pytest.raises(KeyboardInterrupt):
+        build(plan, tmp_path / "z", opts)
+    monkeypatch.setattr(pipeline, "_compact_zarr", real)
+    resumed = build(plan, tmp_path / "z", opts)
+    npy = build(plan, tmp_path / "npy", BuildOptions(size=32, jobs=1, block_size=4))
+    assert np.array_equal(_pixels(resumed.path), _pixels(npy.path))
+    assert open_cache(resumed.path).verify() == []
