@@ -291,3 +291,14 @@ def test_zarr_build_killed_while_moving_blocks_resumes_correctly(imagenet_tree, 
     npy = build(plan, tmp_path / "npy", BuildOptions(size=32, jobs=1, block_size=4))
     assert np.array_equal(_pixels(resumed.path), _pixels(npy.path))
     assert open_cache(resumed.path).verify() == []
+
+
+def test_small_plans_make_enough_blocks_to_keep_every_worker_busy():
+    """The block size follows the plan length (never --jobs): ~64 MB shards for ImageNet, but at least
+    64 blocks for a small build, whose last block would otherwise run alone for a large share of it."""
+    assert BuildOptions(size=224).resolved_block(1_281_167) == 384
+    assert BuildOptions(size=224).resolved_block(8000) == 128
+    assert BuildOptions(size=96).resolved_block(410) == 64
+    assert BuildOptions(size=224, block_size=1000).resolved_block(8000) == 1000
+    zarr = BuildOptions(size=224, storage="zarr")
+    assert zarr.resolved_block(8000) % zarr.resolved_chunk() == 0

@@ -217,14 +217,16 @@ class Manifest:
                 raise CacheCorruptError(f"manifest lists no {required!r} array")
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON to a temporary name beside ``path``, fsync, then rename: readers see old or new, never half."""
+def write_json_atomic(path: Path, obj: Any, *, durable: bool = True) -> None:
+    """Write JSON to a temporary name beside ``path`` (fsync it when ``durable``), then rename: readers
+    see old or new, never half."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=1, ensure_ascii=False)
         f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     tmp.replace(path)
 
 
