@@ -4,7 +4,9 @@ Contenders, each with worker start-up excluded (pools are warmed first):
   naive      single process: cv2.imread, cvtColor, resize INTER_AREA, np.save of the stacked array
   decode     bare cv2.imdecode of the same bytes in --jobs processes: the decode limit
   cachebuild build() into npy shards (and zarr), --jobs processes
-Then peak resident memory of a whole `cachebuild` CLI build (process tree) at two dataset sizes.
+bare decode, cachebuild npy and the naive loop run in --rounds rounds; the issue's ratios are taken
+within each round and their median reported (the machine's speed drifts). Then peak resident memory
+of a whole `cachebuild` CLI build (process tree) at two dataset sizes.
 
     python bench/bench_build.py --n 8000 --jobs 2 --json bench-out/build.json
 """
@@ -123,6 +125,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8000, help="number of JPEGs (>= 8000 for the reported figures)")
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of bare decode / cachebuild / naive loop")
     ap.add_argument("--work", type=Path, default=Path("bench-out/build"))
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
@@ -149,42 +152,53 @@ def main() -> None:
     _decode_chunk(paths[:200])  # page cache warm for everyone
 
     results: dict[str, dict[str, float]] = {}
+    rates: dict[str, list[float]] = {}
 
-    def record(name: str, seconds: float, written: float = 0.0) -> None:
-        results[name] = {"seconds": seconds, "img_per_s": n / seconds, "mb_written_per_s": written / 1e6 / seconds}
-        print(f"  {name:<28} {seconds:7.2f} s  {n / seconds:8.0f} img/s  {written / 1e6 / seconds:6.0f} MB/s",
-              flush=True)
+    def record(name: str, seconds: float, written: float = 0.0) -> float:
+        rate = n / seconds
+        rates.setdefault(name, []).append(rate)
+        results[name] = {"seconds": seconds, "img_per_s": float(np.median(rates[name])),
+                         "mb_written_per_s": written / 1e6 / seconds, "rounds": rates[name]}
+        print(f"  {name:<28} {seconds:7.2f} s  {rate:8.0f} img/s  {written / 1e6 / seconds:6.0f} MB/s", flush=True)
+        return rate
 
     out = args.work / "out"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    record("decode (bare imdecode)", bare_decode(paths, args.jobs))
-    for name, opts in [
-        ("cachebuild npy", BuildOptions(size=args.size, jobs=args.jobs, progress=False)),
-        ("cachebuild npy linear", BuildOptions(size=args.size, jobs=args.jobs, interpolation="linear",
-                                               progress=False)),
-        ("cachebuild zarr", BuildOptions(size=args.size, jobs=args.jobs, storage="zarr", progress=False)),
-    ]:
+
+    def timed_build(name: str, opts: BuildOptions) -> float:
         dest = out / name.replace(" ", "-")
         os.sync()  # each contender starts with no dirty pages of the one before to write back
         t = time.perf_counter()
         r = build(plan, dest, opts)
-        record(name, time.perf_counter() - t, r.bytes_written)
+        rate = record(name, time.perf_counter() - t, r.bytes_written)
         assert open_cache(dest).manifest.count == n
         shutil.rmtree(dest)
-    record("decode (bare imdecode) again", bare_decode(paths, args.jobs))
-    naive_n = min(n, 2000)  # the slow loop on a subset; its rate is per image
-    t = naive_loop(paths[:naive_n], args.size, out / "naive.npy") * n / naive_n
-    record("naive loop (1 process)", t, n * args.size * args.size * 3)
+        return rate
 
-    decode_rate = max(results[k]["img_per_s"] for k in ("decode (bare imdecode)", "decode (bare imdecode) again"))
-    ratios = {
-        "cachebuild / naive": results["cachebuild npy"]["img_per_s"] / results["naive loop (1 process)"]["img_per_s"],
-        "cachebuild / bare decode": results["cachebuild npy"]["img_per_s"] / decode_rate,
-        "cachebuild zarr / bare decode": results["cachebuild zarr"]["img_per_s"] / decode_rate,
-    }
+    # The ratios the issue sets are taken within each round, between neighbours in time, and their
+    # median reported: this machine's speed drifts by up to 30% within minutes.
+    naive_n = min(n, 1000)  # the slow loop on a subset; its rate is per image
+    per_round: dict[str, list[float]] = {"cachebuild / naive": [], "cachebuild / bare decode": []}
+    for rnd in range(args.rounds):
+        print(f" round {rnd + 1} of {args.rounds}", flush=True)
+        bare = record("decode (bare imdecode)", bare_decode(paths, args.jobs))
+        ours = timed_build("cachebuild npy", BuildOptions(size=args.size, jobs=args.jobs, progress=False))
+        naive = record("naive loop (1 process)",
+                       naive_loop(paths[:naive_n], args.size, out / "naive.npy") * n / naive_n,
+                       n * args.size * args.size * 3)
+        per_round["cachebuild / naive"].append(ours / naive)
+        per_round["cachebuild / bare decode"].append(ours / bare)
+        if rnd == 0:
+            timed_build("cachebuild npy linear", BuildOptions(size=args.size, jobs=args.jobs, interpolation="linear",
+                                                              progress=False))
+            zarr_rate = timed_build("cachebuild zarr", BuildOptions(size=args.size, jobs=args.jobs, storage="zarr",
+                                                                    progress=False))
+            per_round["cachebuild zarr / bare decode"] = [zarr_rate / bare]
+
+    ratios = {k: float(np.median(v)) for k, v in per_round.items()}
     for k, v in ratios.items():
-        print(f"  {k:<28} {v:6.2f}x")
+        print(f"  {k:<28} {v:6.2f}x  (median; rounds: {', '.join(f'{r:.2f}' for r in per_round[k])})")
 
     # Peak memory of the whole CLI build (parent + workers) at two dataset sizes: it must stay flat.
     memory = {}
@@ -207,7 +221,7 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "processor": platform.processor()},
         "n": n, "size": args.size, "jobs": args.jobs, "mean_jpeg_kb": float(sizes.mean() / 1e3),
-        "results": results, "ratios": ratios, "memory": memory,
+        "results": results, "ratios": ratios, "ratios_per_round": per_round, "memory": memory,
     }
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
