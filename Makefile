@@ -8,7 +8,7 @@ DEMO   ?= demo-out
 BENCH_N ?= 8000
 BENCH_OUT ?= bench-out
 
-.PHONY: install test test-all test-gpu demo bench lint clean
+.PHONY: install test test-all test-gpu demo bench lint clean device-wheels
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,11 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_load.py --json $(BENCH_OUT)/load.json
 	$(BIN)/python bench/bench_transforms.py --json $(BENCH_OUT)/transforms.json
 	$(BIN)/python bench/bench_train.py --json $(BENCH_OUT)/train.json
+
+device-wheels: $(STAMP)  ## zarr for the GPU device image (Python 3.12, x86-64, no registry): see .ci/gpu-checks
+	$(BIN)/python -m pip download -q "zarr==$$($(BIN)/python -c 'import zarr; print(zarr.__version__)')" \
+		--python-version 3.12 --only-binary=:all: \
+		--platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d .device-wheels
 
 lint: $(STAMP)
 	$(BIN)/ruff check cachebuild loaders tests bench

@@ -24,9 +24,11 @@ FITS = ("crop", "squash", "pad")
 INTERPOLATIONS = ("antialias", "area", "linear")
 DEFAULT_MAX_PIXELS = 178_956_970  # PIL's decompression-bomb error threshold (2 x MAX_IMAGE_PIXELS)
 
-# imdecode flags that give RGB straight from libjpeg (no BGR->RGB pass), full or DCT-reduced by 1/r.
-_RGB_FLAGS = {
-    r: (flag & ~cv2.IMREAD_COLOR) | cv2.IMREAD_COLOR_RGB | cv2.IMREAD_IGNORE_ORIENTATION
+# imdecode flags, full or DCT-reduced by 1/r. OpenCV >= 4.11 gives RGB straight from libjpeg; older
+# versions (still found in prebuilt images) decode BGR, swapped with one cvtColor pass.
+_RGB_DIRECT = hasattr(cv2, "IMREAD_COLOR_RGB")
+_DECODE_FLAGS = {
+    r: ((flag & ~cv2.IMREAD_COLOR) | cv2.IMREAD_COLOR_RGB if _RGB_DIRECT else flag) | cv2.IMREAD_IGNORE_ORIENTATION
     for r, flag in {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
                     8: cv2.IMREAD_REDUCED_COLOR_8}.items()
 }
@@ -211,9 +213,11 @@ def decode_into(data: bytes | np.ndarray, spec: ResizeSpec, out: np.ndarray, *, 
             return Placement(h, w, box)
         h, w, fmt = probe(data, spec.max_pixels)
         r = _reduction(h, w, spec) if spec.reduced_decode and fmt == "JPEG" else 1
-        img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), _RGB_FLAGS[r])
+        img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), _DECODE_FLAGS[r])
         if img is None:
             raise ValueError(f"OpenCV could not decode this {fmt} file")
+        if not _RGB_DIRECT:
+            img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
         box = fit_into(img, spec, out)
         return Placement(h, w, box)
     except DecodeError:

@@ -131,3 +131,33 @@ def test_header_shortcut_agrees_with_pil():
     for data in (gif.getvalue(), b"\xff\xd8\xff\xda\x00\x02", b"\xff\xd8garbage", b"hello"):
         assert _jpeg_or_png_size(data) is None
     assert probe(gif.getvalue(), 10**9) == (300, 451, "GIF")
+
+
+def test_opencv_without_rgb_decoding_gives_the_same_pixels(imagenet_clean, monkeypatch):
+    """OpenCV < 4.11 has no IMREAD_COLOR_RGB: the BGR decode + swap must give the same cache, at full and
+    DCT-reduced scale."""
+    import cv2
+
+    from cachebuild import decode
+
+    paths = sorted(Path(imagenet_clean["train_dir"]).rglob("*.JPEG"))[:12]
+    specs = [ResizeSpec(size=64), ResizeSpec(size=160, fit="pad")]  # 64: most sources decode reduced
+
+    def decode_all() -> list[np.ndarray]:
+        outs = []
+        for spec in specs:
+            for p in paths:
+                out = np.empty((spec.size, spec.size, 3), np.uint8)
+                decode_into(p.read_bytes(), spec, out)
+                outs.append(out)
+        return outs
+
+    direct = decode_all()
+    bgr = {r: cv2.IMREAD_IGNORE_ORIENTATION | {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2,
+                                               4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}[r]
+           for r in decode._DECODE_FLAGS}
+    monkeypatch.setattr(decode, "_RGB_DIRECT", False)
+    monkeypatch.setattr(decode, "_DECODE_FLAGS", bgr)
+    assert any(decode._reduction(*cv2.imread(str(p)).shape[:2], specs[0]) > 1 for p in paths)
+    for a, b in zip(direct, decode_all(), strict=True):
+        assert np.array_equal(a, b)
