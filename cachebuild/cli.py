@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,9 @@ def build_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="antialias: bilinear with antialiasing (PIL/torchvision's default); area/linear: OpenCV."),
         click.option("--jobs", "-j", type=int, default=-1, show_default=True,
                      help="Worker processes (joblib); -1: all cores."),
+        click.option("--dask-scheduler", metavar="ADDRESS", default=None,
+                     help="Run the blocks on a Dask cluster (joblib's dask backend), e.g. tcp://host:8786; "
+                          "its workers must see SRC and --out at the same paths. Needs cachebuild[dask]."),
         click.option("--shard-size", type=click.IntRange(min=1), default=None,
                      help="Samples per block and npy shard (zarr: rounded down to whole chunks). "
                           "Default: about 64 MB of pixels."),
@@ -70,9 +74,50 @@ def build_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
+def _build_plans(plans: list[Any], root: Path, opts: Any) -> None:
+    from cachebuild.pipeline import build
+
+    for plan in plans:
+        dest = root / plan.split
+        log.info("%s/%s: %d files from %s -> %s", plan.dataset, plan.split, len(plan), plan.root, dest)
+        result = build(plan, dest, opts)
+        if result.status == "up to date":
+            click.echo(f"{dest}: up to date ({result.count} samples)")
+            continue
+        mb = result.bytes_written / 1e6
+        click.echo(
+            f"{dest}: {result.count} samples, {result.failures} skipped, {result.seconds:.1f} s, "
+            f"{result.images_per_second:.0f} img/s, {mb / result.seconds:.0f} MB/s written"
+        )
+        if result.failures:
+            click.echo(f"  skipped files are listed in {dest / 'manifest.json'} (cachebuild info {dest})")
+
+
+@contextlib.contextmanager
+def _parallel_backend(scheduler: str | None) -> Iterator[None]:
+    """joblib's default (loky processes), or its dask backend on the cluster at ``scheduler``."""
+    if scheduler is None:
+        yield
+        return
+    try:
+        from dask.distributed import Client
+    except ImportError:
+        raise click.UsageError("--dask-scheduler needs Dask: pip install 'cachebuild[dask]'") from None
+    from joblib import parallel_config
+
+    try:
+        client = Client(scheduler)  # waits up to Dask's distributed.comm.timeouts.connect (30 s)
+    except (OSError, TimeoutError) as e:
+        raise click.ClickException(f"cannot reach the Dask scheduler at {scheduler}: {e}") from None
+    with client, parallel_config(backend="dask"):
+        log.info("building on the Dask cluster at %s (%d workers)", scheduler,
+                 len(client.scheduler_info()["workers"]))
+        yield
+
+
 def _run_builds(plans_fn: Callable[[], list[Any]], dataset: str, size: int, out: Path | None,
                 **kw: Any) -> None:
-    from cachebuild.pipeline import BuildOptions, build
+    from cachebuild.pipeline import BuildOptions
 
     _setup_logging(kw.pop("quiet"), kw.pop("verbose"))
     if kw["jobs"] == 0:
@@ -84,20 +129,8 @@ def _run_builds(plans_fn: Callable[[], list[Any]], dataset: str, size: int, out:
     root = out if out is not None else default_out(dataset, size, opts.fit, opts.storage)
     try:
         plans = plans_fn()
-        for plan in plans:
-            dest = root / plan.split
-            log.info("%s/%s: %d files from %s -> %s", plan.dataset, plan.split, len(plan), plan.root, dest)
-            result = build(plan, dest, opts)
-            if result.status == "up to date":
-                click.echo(f"{dest}: up to date ({result.count} samples)")
-                continue
-            mb = result.bytes_written / 1e6
-            click.echo(
-                f"{dest}: {result.count} samples, {result.failures} skipped, {result.seconds:.1f} s, "
-                f"{result.images_per_second:.0f} img/s, {mb / result.seconds:.0f} MB/s written"
-            )
-            if result.failures:
-                click.echo(f"  skipped files are listed in {dest / 'manifest.json'} (cachebuild info {dest})")
+        with _parallel_backend(kw["dask_scheduler"]):
+            _build_plans(plans, root, opts)
     except DecodeError as e:
         raise click.ClickException(
             f"{e.path}: {e.reason}\n(--on-error fail stopped the build; finished blocks are kept and the same "

@@ -302,3 +302,30 @@ def test_small_plans_make_enough_blocks_to_keep_every_worker_busy():
     assert BuildOptions(size=224, block_size=1000).resolved_block(8000) == 1000
     zarr = BuildOptions(size=224, storage="zarr")
     assert zarr.resolved_block(8000) % zarr.resolved_chunk() == 0
+
+
+def test_cli_builds_on_a_dask_cluster(imagenet_tree, tmp_path):
+    """`--dask-scheduler` runs the blocks on the cluster's workers (joblib's dask backend) and gives the
+    same cache as a local build; an unreachable scheduler is a one-line error."""
+    from dask.distributed import Client, LocalCluster
+
+    src = imagenet_tree["root"]
+    common = ["--split", "train", "--size", "32", "--shard-size", "8", "--no-progress"]
+    local = _cli("imagenet", str(src), "--out", str(tmp_path / "local"), "-j", "1", *common)
+    assert local.returncode == 0, local.stderr
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        r = _cli("imagenet", str(src), "--out", str(tmp_path / "dask"), "--dask-scheduler", cluster.scheduler_address,
+                 *common, "-v")
+        assert r.returncode == 0, r.stderr
+        assert "building on the Dask cluster" in r.stderr
+        computed = client.run_on_scheduler(lambda dask_scheduler: {  # seconds of compute per task prefix
+            k: tp.all_durations.get("compute", 0.0) for k, tp in dask_scheduler.task_prefixes.items()})
+        assert any("run_block" in k and t > 0 for k, t in computed.items()), computed
+    ref, got = read_manifest(tmp_path / "local" / "train"), read_manifest(tmp_path / "dask" / "train")
+    assert ref.shards == got.shards and ref.failures == got.failures
+    assert np.array_equal(_pixels(tmp_path / "local" / "train"), _pixels(tmp_path / "dask" / "train"))
+    bad = _cli("imagenet", str(src), "--out", str(tmp_path / "x"), "--dask-scheduler", "tcp://127.0.0.1:9", *common,
+               env={**os.environ, "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "2s"})
+    assert bad.returncode != 0 and "cannot reach the Dask scheduler at tcp://127.0.0.1:9" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
