@@ -60,6 +60,7 @@ log = logging.getLogger("cachebuild")
 BLOCK_TARGET_BYTES = 64 << 20  # ~64 MB of pixels per block/shard: few files, tasks long enough to amortise
 ZARR_CHUNK_TARGET_BYTES = 4 << 20  # ~4 MB chunks: random reads stay cheap
 MIN_BLOCKS = 64  # a plan of n files makes at least min(64, n / 64) blocks
+ZARR_WRITE_BYTES = 16 << 20  # a zarr worker's write buffer (whole chunks)
 
 
 @dataclass(frozen=True)
@@ -163,12 +164,14 @@ class _NpyShardSink:
 
 
 class _ZarrChunkSink:
-    """Samples gathered into one chunk-sized buffer, written to the zarr array chunk by chunk from the
-    block's plan position (its first chunk), so every write covers whole chunks but the block's last."""
+    """Samples gathered into a buffer of whole chunks (~16 MB), written to the zarr array from the block's
+    plan position (its first chunk), so every write covers whole chunks but the block's last. One call
+    per several chunks: zarr's per-call cost is ~0.07 ms a sample at one 4 MB chunk per call."""
 
     def __init__(self, staging: Path, start: int, chunk: int, sample_shape: tuple[int, int, int]) -> None:
         self.array = open_zarr_for_writing(staging / ZARR_NAME)
-        self.buffer = np.empty((chunk, *sample_shape), dtype=np.uint8)
+        chunks = max(1, ZARR_WRITE_BYTES // (chunk * int(np.prod(sample_shape))))
+        self.buffer = np.empty((chunk * chunks, *sample_shape), dtype=np.uint8)
         self.pos, self.fill, self.count = start, 0, 0
 
     def next_slot(self) -> np.ndarray:
