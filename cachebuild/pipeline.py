@@ -446,7 +446,8 @@ def _finish(plan: Plan, out: Path, staging: Path, records: dict[int, dict[str, A
         created=utc_now(),
     )
     shutil.rmtree(staging / "blocks")
-    (staging / "build.json").unlink()
+    (staging / "build.json").unlink()  # from here a killed build starts afresh (safe: nothing is half-done)
+    (staging / _COMPACTING).unlink(missing_ok=True)
     commit_cache(staging, out, manifest, replace=opts.force)
     return manifest
 
@@ -472,7 +473,9 @@ def _place_zarr_blocks(staging: Path, ordered: list[dict[str, Any]], count: int,
     output place in one worker task (nothing moves when every file decoded).
 
     Moving in place cannot be redone after a kill (a move overwrites samples a later one reads), so a
-    marker names the blocks involved first; a resumed build finding it decodes those blocks again.
+    marker names the blocks involved first; a resumed build finding it unfinished decodes those blocks
+    again, and one finding it done (killed before the commit) does not move anything twice. The marker
+    goes with the staging folder's other bookkeeping just before the commit.
     """
     shards, moves, pos = [], [], 0
     for r in ordered:
@@ -481,12 +484,13 @@ def _place_zarr_blocks(staging: Path, ordered: list[dict[str, Any]], count: int,
                 moves.append((r["start"], pos, r["count"]))
             shards.append(ShardInfo(ZARR_NAME, pos, r["count"], r["sha256"]))
             pos += r["count"]
-    if count < planned:
+    marker = staging / _COMPACTING
+    if count < planned and not marker.exists():  # an existing marker here is a finished one
         first = next(r["block"] for r in ordered if r["count"] < r["planned"])
-        write_json_atomic(staging / _COMPACTING, {"planned": planned,
-                                                  "redo": [r["block"] for r in ordered if r["block"] > first]})
+        info = {"planned": planned, "redo": [r["block"] for r in ordered if r["block"] > first], "done": False}
+        write_json_atomic(marker, info)
         Parallel(n_jobs=1)([delayed(_compact_zarr)(str(staging), moves, count, planned)])
-        (staging / _COMPACTING).unlink()
+        write_json_atomic(marker, {**info, "done": True})
     return shards
 
 
@@ -497,6 +501,8 @@ def _undo_interrupted_compaction(staging: Path) -> None:
     if not marker.exists():
         return
     info = json.loads(marker.read_text())
+    if info.get("done"):
+        return  # every block is in place: the resumed build only has to commit
     for b in info["redo"]:
         (staging / "blocks" / f"block-{b:05d}.json").unlink(missing_ok=True)
     arr = open_zarr_for_writing(staging / ZARR_NAME)

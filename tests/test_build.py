@@ -329,3 +329,26 @@ def test_cli_builds_on_a_dask_cluster(imagenet_tree, tmp_path):
                env={**os.environ, "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "2s"})
     assert bad.returncode != 0 and "cannot reach the Dask scheduler at tcp://127.0.0.1:9" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_zarr_build_killed_after_moving_blocks_does_not_move_them_twice(imagenet_tree, tmp_path, monkeypatch):
+    """Killed after the blocks moved but before the commit: the resumed build must not move them again
+    (their sources are gone), only commit."""
+    import cachebuild.pipeline as pipeline
+
+    plan = _failures_in_the_middle(imagenet_tree, tmp_path / "src")
+    opts = BuildOptions(size=32, jobs=1, block_size=4, storage="zarr", chunk_size=2)
+    real = pipeline.save_side_arrays
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "save_side_arrays", killed)
+    with pytest.raises(KeyboardInterrupt):
+        build(plan, tmp_path / "z", opts)
+    monkeypatch.setattr(pipeline, "save_side_arrays", real)
+    resumed = build(plan, tmp_path / "z", opts)
+    npy = build(plan, tmp_path / "npy", BuildOptions(size=32, jobs=1, block_size=4))
+    assert np.array_equal(_pixels(resumed.path), _pixels(npy.path))
+    assert open_cache(resumed.path).verify() == []
+    assert not (resumed.path / "compacting.json").exists()
