@@ -231,3 +231,24 @@ def test_torchrun_two_ranks_equals_single_process_on_the_global_batch(caches: di
     ddp = _weights(out)
     for k, v in model.state_dict().items():
         torch.testing.assert_close(ddp[k], v, rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_fit_with_dataloader_workers_leaves_no_batch_rings_mapped(caches: dict[str, Path], tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """fit() through DataLoader worker processes: batches come through the workers' rings, and once it
+    returns the main process no longer maps them (they would hold slots x batch bytes each)."""
+    from loaders.batch_ring import drop_dead_rings, ring_stats
+    from loaders.train import TrainConfig, fit, run
+
+    drop_dead_rings()
+    seen: dict[str, int] = {}
+
+    def spy() -> int:  # what fit() is about to drop
+        seen.update(ring_stats())
+        return drop_dead_rings()
+
+    monkeypatch.setattr(run, "drop_dead_rings", spy)
+    fit(TrainConfig(train=str(caches["train"]), out=str(tmp_path), model="tiny_cnn", epochs=2, batch_size=16,
+                    lr=0.05, workers=2, loader="dataloader", device="cpu", amp="off"), echo=lambda _msg: None)
+    assert seen["rings"] == 2 and seen["slot_batches"] >= 2 * 96 // 16  # both workers' rings carried batches
+    assert ring_stats()["rings"] == 0

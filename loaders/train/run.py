@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -20,6 +21,7 @@ import torch
 from torch import nn
 
 from cachebuild.errors import CacheBuildError
+from loaders.batch_ring import drop_dead_rings
 from loaders.train.amp import make_scaler, resolve_amp
 from loaders.train.checkpoint import (
     CheckpointError,
@@ -270,6 +272,10 @@ def fit(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[str
     finally:
         torch.use_deterministic_algorithms(was_deterministic)  # fit() may run inside a larger program
         cleanup_distributed()
+        # The DataLoader's workers are shut down once it is collected; then unmap their batch rings,
+        # which the main process would otherwise keep until another DataLoader's workers register.
+        gc.collect()
+        drop_dead_rings()
 
 
 def _default_echo(msg: str) -> None:
