@@ -42,16 +42,10 @@ from cachebuild.format.manifest import (
     read_manifest,
     write_json_atomic,
 )
-from cachebuild.format.storage import (
-    ZARR_NAME,
-    create_zarr_images,
-    open_zarr_for_writing,
-    shard_file_name,
-    shrink_npy_shard,
-    write_npy_header,
-)
 from cachebuild.format.writer import commit_cache, save_side_arrays, staging_path, tool_versions, utc_now
+from cachebuild.sinks import NpyShardSink, ZarrChunkSink
 from cachebuild.sources.plan import Plan
+from cachebuild.zarr_staging import COMPACTING, create_staging_zarr, place_zarr_blocks, undo_interrupted_compaction
 
 __all__ = ["BuildOptions", "BuildResult", "build"]
 
@@ -60,7 +54,6 @@ log = logging.getLogger("cachebuild")
 BLOCK_TARGET_BYTES = 64 << 20  # ~64 MB of pixels per block/shard: few files, tasks long enough to amortise
 ZARR_CHUNK_TARGET_BYTES = 4 << 20  # ~4 MB chunks: random reads stay cheap
 MIN_BLOCKS = 64  # a plan of n files makes at least min(64, n / 64) blocks
-ZARR_WRITE_BYTES = 16 << 20  # a zarr worker's write buffer (whole chunks)
 
 
 @dataclass(frozen=True)
@@ -133,70 +126,6 @@ def _init_worker() -> None:
     _WORKER_READY = True
 
 
-class _NpyShardSink:
-    """Samples appended to ``images-<block>.npy`` with plain ``write`` calls from one reused buffer:
-    measured 0.09 ms/sample against 0.15-0.25 ms for page-faulting a fresh memmap."""
-
-    def __init__(self, staging: Path, block: int, planned: int, sample_shape: tuple[int, int, int]) -> None:
-        self.final = staging / shard_file_name(block)
-        self.tmp = self.final.with_name(self.final.name + ".tmp")
-        self.file = open(self.tmp, "wb")  # noqa: SIM115  (closed by close() or abort())
-        write_npy_header(self.file, planned, sample_shape)
-        self.slot = np.empty(sample_shape, dtype=np.uint8)
-        self.count = 0
-
-    def next_slot(self) -> np.ndarray:
-        return self.slot
-
-    def commit(self) -> None:
-        self.file.write(self.slot)
-        self.count += 1
-
-    def abort(self) -> None:
-        self.file.close()
-
-    def close(self, planned: int) -> str:
-        self.file.close()
-        if self.count < planned:
-            shrink_npy_shard(self.tmp, self.count)
-        self.tmp.replace(self.final)
-        return self.final.name
-
-
-class _ZarrChunkSink:
-    """Samples gathered into a buffer of whole chunks (~16 MB), written to the zarr array from the block's
-    plan position (its first chunk), so every write covers whole chunks but the block's last. One call
-    per several chunks: zarr's per-call cost is ~0.07 ms a sample at one 4 MB chunk per call."""
-
-    def __init__(self, staging: Path, start: int, chunk: int, sample_shape: tuple[int, int, int]) -> None:
-        self.array = open_zarr_for_writing(staging / ZARR_NAME)
-        chunks = max(1, ZARR_WRITE_BYTES // (chunk * int(np.prod(sample_shape))))
-        self.buffer = np.empty((chunk * chunks, *sample_shape), dtype=np.uint8)
-        self.pos, self.fill, self.count = start, 0, 0
-
-    def next_slot(self) -> np.ndarray:
-        return self.buffer[self.fill]
-
-    def commit(self) -> None:
-        self.fill += 1
-        self.count += 1
-        if self.fill == len(self.buffer):
-            self._flush()
-
-    def _flush(self) -> None:
-        if self.fill:
-            self.array[self.pos : self.pos + self.fill] = self.buffer[: self.fill]
-            self.pos += self.fill
-            self.fill = 0
-
-    def abort(self) -> None:
-        pass  # the block's chunks are rewritten by whichever run finishes it
-
-    def close(self, planned: int) -> str:
-        self._flush()
-        return ZARR_NAME
-
-
 def _run_block(plan_reader: Any, keys: list[str], start: int, block: int, spec: ResizeSpec,
                staging: str, on_error: str, storage: str = "npy", chunk: int = 0) -> dict[str, Any]:
     """Decode one block into its npy shard or zarr chunks and write its record; returns the record.
@@ -208,8 +137,8 @@ def _run_block(plan_reader: Any, keys: list[str], start: int, block: int, spec: 
     _init_worker()
     folder = Path(staging)
     shape = (spec.size, spec.size, 3)
-    sink = _ZarrChunkSink(folder, start, chunk, shape) if storage == "zarr" else \
-        _NpyShardSink(folder, block, len(keys), shape)
+    sink = ZarrChunkSink(folder, start, chunk, shape) if storage == "zarr" else \
+        NpyShardSink(folder, block, len(keys), shape)
     digest = hashlib.sha256()
     ok, sizes, boxes, failures = [], [], [], []
     try:
@@ -239,20 +168,6 @@ def _run_block(plan_reader: Any, keys: list[str], start: int, block: int, spec: 
     # shard out while the worker waited (~0.15 s a block, 10-20% of the build).
     write_json_atomic(folder / "blocks" / f"block-{block:05d}.json", record, durable=False)
     return record
-
-
-def _compact_zarr(staging: str, moves: list[tuple[int, int, int]], count: int, planned: int) -> None:
-    """Move each (plan start, output start, n) run of samples down to its output place, in order (a
-    run only ever moves down, onto samples already moved), zero what follows the last sample in its
-    chunk, and cut the array to ``count`` samples. One block in memory at a time."""
-    arr = open_zarr_for_writing(Path(staging) / ZARR_NAME)
-    for src, dst, n in moves:
-        arr[dst : dst + n] = arr[src : src + n]
-    chunk = arr.chunks[0]
-    tail_end = min(planned, -(-count // chunk) * chunk)
-    if tail_end > count:
-        arr[count:tail_end] = 0
-    arr.resize((count, *arr.shape[1:]))
 
 
 # ---------------------------------------------------------------- parent
@@ -314,7 +229,7 @@ def _prepare_staging(staging: Path, key: str) -> dict[int, dict[str, Any]]:
     (staging / "blocks").mkdir(parents=True, exist_ok=True)
     if not build_file.exists():
         write_json_atomic(build_file, {"key": key})
-    _undo_interrupted_compaction(staging)
+    undo_interrupted_compaction(staging)
     done = {}
     for rec_path in sorted((staging / "blocks").glob("block-*.json")):
         try:
@@ -371,7 +286,7 @@ def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
     bs = opts.resolved_block(len(plan))
     n = len(plan)
     if opts.storage == "zarr":
-        _create_staging_zarr(staging, n, (spec.size, spec.size, 3), opts)
+        create_staging_zarr(staging, n, (spec.size, spec.size, 3), opts.resolved_chunk(), opts.compression)
     blocks = list(enumerate(range(0, n, bs)))
     todo = [(b, lo) for b, lo in blocks if b not in done]
     if done:
@@ -416,7 +331,7 @@ def _finish(plan: Plan, out: Path, staging: Path, records: dict[int, dict[str, A
             else:
                 (staging / r["file"]).unlink(missing_ok=True)
     else:
-        shards = _place_zarr_blocks(staging, ordered, count, len(plan))
+        shards = place_zarr_blocks(staging, ordered, count, len(plan))
 
     arrays = save_side_arrays(
         staging,
@@ -447,65 +362,6 @@ def _finish(plan: Plan, out: Path, staging: Path, records: dict[int, dict[str, A
     )
     shutil.rmtree(staging / "blocks")
     (staging / "build.json").unlink()  # from here a killed build starts afresh (safe: nothing is half-done)
-    (staging / _COMPACTING).unlink(missing_ok=True)
+    (staging / COMPACTING).unlink(missing_ok=True)
     commit_cache(staging, out, manifest, replace=opts.force)
     return manifest
-
-
-def _create_staging_zarr(staging: Path, planned: int, sample_shape: tuple[int, int, int],
-                         opts: BuildOptions) -> None:
-    """The zarr array every block writes into, one row per planned file (cut to the readable ones at the
-    end); made under a temporary name and renamed, so a resumed build never finds half an array."""
-    final = staging / ZARR_NAME
-    if final.exists():
-        return
-    tmp = staging / (ZARR_NAME + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    create_zarr_images(tmp, planned, sample_shape, opts.resolved_chunk(), opts.compression)
-    tmp.rename(final)
-
-
-_COMPACTING = "compacting.json"
-
-
-def _place_zarr_blocks(staging: Path, ordered: list[dict[str, Any]], count: int, planned: int) -> list[ShardInfo]:
-    """Shard entries of a zarr cache: one range per block. Blocks after a failed file move down to their
-    output place in one worker task (nothing moves when every file decoded).
-
-    Moving in place cannot be redone after a kill (a move overwrites samples a later one reads), so a
-    marker names the blocks involved first; a resumed build finding it unfinished decodes those blocks
-    again, and one finding it done (killed before the commit) does not move anything twice. The marker
-    goes with the staging folder's other bookkeeping just before the commit.
-    """
-    shards, moves, pos = [], [], 0
-    for r in ordered:
-        if r["count"]:
-            if r["start"] != pos:
-                moves.append((r["start"], pos, r["count"]))
-            shards.append(ShardInfo(ZARR_NAME, pos, r["count"], r["sha256"]))
-            pos += r["count"]
-    marker = staging / _COMPACTING
-    if count < planned and not marker.exists():  # an existing marker here is a finished one
-        first = next(r["block"] for r in ordered if r["count"] < r["planned"])
-        info = {"planned": planned, "redo": [r["block"] for r in ordered if r["block"] > first], "done": False}
-        write_json_atomic(marker, info)
-        Parallel(n_jobs=1)([delayed(_compact_zarr)(str(staging), moves, count, planned)])
-        write_json_atomic(marker, {**info, "done": True})
-    return shards
-
-
-def _undo_interrupted_compaction(staging: Path) -> None:
-    """After a kill while zarr blocks were being moved: forget the blocks whose samples may be clobbered
-    (the blocks up to the first failed file are untouched) and restore the planned length."""
-    marker = staging / _COMPACTING
-    if not marker.exists():
-        return
-    info = json.loads(marker.read_text())
-    if info.get("done"):
-        return  # every block is in place: the resumed build only has to commit
-    for b in info["redo"]:
-        (staging / "blocks" / f"block-{b:05d}.json").unlink(missing_ok=True)
-    arr = open_zarr_for_writing(staging / ZARR_NAME)
-    arr.resize((info["planned"], *arr.shape[1:]))
-    log.info("the last run was stopped while moving zarr blocks: %d blocks will be decoded again", len(info["redo"]))
-    marker.unlink()

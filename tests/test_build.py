@@ -272,21 +272,21 @@ def test_a_second_concurrent_build_of_the_same_output_is_refused(imagenet_clean,
 def test_zarr_build_killed_while_moving_blocks_resumes_correctly(imagenet_tree, tmp_path, monkeypatch):
     """Moving blocks down in place is not repeatable (a move overwrites samples a later one reads): a
     build stopped part way through must decode the moved blocks again, not commit clobbered pixels."""
-    import cachebuild.pipeline as pipeline
+    import cachebuild.zarr_staging as zarr_staging
 
     plan = _failures_in_the_middle(imagenet_tree, tmp_path / "src")
     opts = BuildOptions(size=32, jobs=1, block_size=4, storage="zarr", chunk_size=2)
-    real = pipeline._compact_zarr
+    real = zarr_staging.compact_zarr
 
     def stopped_after_one_move(staging, moves, count, planned):
         assert len(moves) > 2
         real(staging, moves[:2], count, planned)  # clobbers sources of later moves, then "dies"
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pipeline, "_compact_zarr", stopped_after_one_move)
+    monkeypatch.setattr(zarr_staging, "compact_zarr", stopped_after_one_move)
     with pytest.raises(KeyboardInterrupt):
         build(plan, tmp_path / "z", opts)
-    monkeypatch.setattr(pipeline, "_compact_zarr", real)
+    monkeypatch.setattr(zarr_staging, "compact_zarr", real)
     resumed = build(plan, tmp_path / "z", opts)
     npy = build(plan, tmp_path / "npy", BuildOptions(size=32, jobs=1, block_size=4))
     assert np.array_equal(_pixels(resumed.path), _pixels(npy.path))
