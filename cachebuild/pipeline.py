@@ -126,8 +126,12 @@ def _init_worker() -> None:
     _WORKER_READY = True
 
 
+def _record_path(staging: Path, block: int) -> Path:
+    return staging / "blocks" / f"block-{block:05d}.json"
+
+
 def _run_block(plan_reader: Any, keys: list[str], start: int, block: int, spec: ResizeSpec,
-               staging: str, on_error: str, storage: str = "npy", chunk: int = 0) -> dict[str, Any]:
+               staging: str, on_error: str, storage: str = "npy") -> dict[str, Any]:
     """Decode one block into its npy shard or zarr chunks and write its record; returns the record.
 
     Each sample is decoded into a reused buffer and hashed while it is hot in cache. No fsync: a finished
@@ -137,7 +141,7 @@ def _run_block(plan_reader: Any, keys: list[str], start: int, block: int, spec: 
     _init_worker()
     folder = Path(staging)
     shape = (spec.size, spec.size, 3)
-    sink = ZarrChunkSink(folder, start, chunk, shape) if storage == "zarr" else \
+    sink = ZarrChunkSink(folder, start, shape) if storage == "zarr" else \
         NpyShardSink(folder, block, len(keys), shape)
     digest = hashlib.sha256()
     ok, sizes, boxes, failures = [], [], [], []
@@ -161,12 +165,12 @@ def _run_block(plan_reader: Any, keys: list[str], start: int, block: int, spec: 
     except BaseException:
         sink.abort()
         raise
-    file = sink.close(len(keys))
+    file = sink.close()
     record = {"block": block, "start": start, "planned": len(keys), "count": len(ok), "file": file,
               "sha256": digest.hexdigest(), "ok": ok, "sizes": sizes, "boxes": boxes, "failures": failures}
     # Not fsynced: the shard it vouches for is not either, and an fsync here made ext4 write the whole
     # shard out while the worker waited (~0.15 s a block, 10-20% of the build).
-    write_json_atomic(folder / "blocks" / f"block-{block:05d}.json", record, durable=False)
+    write_json_atomic(_record_path(folder, block), record, durable=False)
     return record
 
 
@@ -229,7 +233,7 @@ def _prepare_staging(staging: Path, key: str) -> dict[int, dict[str, Any]]:
     (staging / "blocks").mkdir(parents=True, exist_ok=True)
     if not build_file.exists():
         write_json_atomic(build_file, {"key": key})
-    undo_interrupted_compaction(staging)
+    undo_interrupted_compaction(staging, lambda block: _record_path(staging, block).unlink(missing_ok=True))
     done = {}
     for rec_path in sorted((staging / "blocks").glob("block-*.json")):
         try:
@@ -294,7 +298,7 @@ def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
     records = dict(done)
     tasks = (
         delayed(_run_block)(plan.reader, list(plan.keys[lo : lo + bs]), lo, b, spec, str(staging), opts.on_error,
-                            opts.storage, opts.resolved_chunk())
+                            opts.storage)
         for b, lo in todo
     )
     with _progress(n, sum(r["planned"] for r in done.values()), f"{plan.dataset}/{plan.split}",

@@ -33,7 +33,7 @@ class NpyShardSink:
         self.file = open(self.tmp, "wb")  # noqa: SIM115  (closed by close() or abort())
         write_npy_header(self.file, planned, sample_shape)
         self.slot = np.empty(sample_shape, dtype=np.uint8)
-        self.count = 0
+        self.planned, self.count = planned, 0
 
     def next_slot(self) -> np.ndarray:
         return self.slot
@@ -45,9 +45,9 @@ class NpyShardSink:
     def abort(self) -> None:
         self.file.close()
 
-    def close(self, planned: int) -> str:
+    def close(self) -> str:
         self.file.close()
-        if self.count < planned:
+        if self.count < self.planned:
             shrink_npy_shard(self.tmp, self.count)
         self.tmp.replace(self.final)
         return self.final.name
@@ -58,18 +58,18 @@ class ZarrChunkSink:
     plan position (its first chunk), so every write covers whole chunks but the block's last. One call
     per several chunks: zarr's per-call cost is ~0.07 ms a sample at one 4 MB chunk per call."""
 
-    def __init__(self, staging: Path, start: int, chunk: int, sample_shape: tuple[int, int, int]) -> None:
+    def __init__(self, staging: Path, start: int, sample_shape: tuple[int, int, int]) -> None:
         self.array = open_zarr_for_writing(staging / ZARR_NAME)
+        chunk = self.array.chunks[0]
         chunks = max(1, ZARR_WRITE_BYTES // (chunk * int(np.prod(sample_shape))))
         self.buffer = np.empty((chunk * chunks, *sample_shape), dtype=np.uint8)
-        self.pos, self.fill, self.count = start, 0, 0
+        self.pos, self.fill = start, 0
 
     def next_slot(self) -> np.ndarray:
         return self.buffer[self.fill]
 
     def commit(self) -> None:
         self.fill += 1
-        self.count += 1
         if self.fill == len(self.buffer):
             self._flush()
 
@@ -82,6 +82,6 @@ class ZarrChunkSink:
     def abort(self) -> None:
         pass  # the block's chunks are rewritten by whichever run finishes it
 
-    def close(self, planned: int) -> str:
+    def close(self) -> str:
         self._flush()
         return ZARR_NAME

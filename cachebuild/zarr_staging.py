@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,33 +58,36 @@ def place_zarr_blocks(staging: Path, ordered: list[dict[str, Any]], count: int, 
         first = next(r["block"] for r in ordered if r["count"] < r["planned"])
         info = {"planned": planned, "redo": [r["block"] for r in ordered if r["block"] > first], "done": False}
         write_json_atomic(marker, info)
-        Parallel(n_jobs=1)([delayed(compact_zarr)(str(staging), moves, count, planned)])
+        Parallel(n_jobs=1)([delayed(compact_zarr)(str(staging), moves, count)])
         write_json_atomic(marker, {**info, "done": True})
     return shards
 
 
-def undo_interrupted_compaction(staging: Path) -> None:
-    """After a kill while zarr blocks were being moved: forget the blocks whose samples may be clobbered
-    (the blocks up to the first failed file are untouched) and restore the planned length."""
+def undo_interrupted_compaction(staging: Path, forget_block: Callable[[int], None]) -> None:
+    """After a kill while zarr blocks were being moved: ``forget_block`` each block whose samples may be
+    clobbered, so it is decoded again (those up to the first failed file are untouched), and restore the
+    planned length. The marker goes last: a kill in between repeats all of this."""
     marker = staging / COMPACTING
     if not marker.exists():
         return
     info = json.loads(marker.read_text())
     if info.get("done"):
         return  # every block is in place: the resumed build only has to commit
-    for b in info["redo"]:
-        (staging / "blocks" / f"block-{b:05d}.json").unlink(missing_ok=True)
+    for block in info["redo"]:
+        forget_block(block)
     arr = open_zarr_for_writing(staging / ZARR_NAME)
     arr.resize((info["planned"], *arr.shape[1:]))
     log.info("the last run was stopped while moving zarr blocks: %d blocks will be decoded again", len(info["redo"]))
     marker.unlink()
 
 
-def compact_zarr(staging: str, moves: list[tuple[int, int, int]], count: int, planned: int) -> None:
+def compact_zarr(staging: str, moves: list[tuple[int, int, int]], count: int) -> None:
     """Move each (plan start, output start, n) run of samples down to its output place, in order (a
     run only ever moves down, onto samples already moved), zero what follows the last sample in its
-    chunk, and cut the array to ``count`` samples. One block in memory at a time."""
+    chunk, and cut the array (one row per planned file) to ``count`` samples. One block in memory at
+    a time."""
     arr = open_zarr_for_writing(Path(staging) / ZARR_NAME)
+    planned = arr.shape[0]
     for src, dst, n in moves:
         arr[dst : dst + n] = arr[src : src + n]
     chunk = arr.chunks[0]

@@ -269,28 +269,36 @@ def test_a_second_concurrent_build_of_the_same_output_is_refused(imagenet_clean,
     assert build(plan, out, BuildOptions(size=16, jobs=1)).status == "built"  # released: goes ahead
 
 
+def _zarr_build_killed_then_resumed(info, tmp_path, monkeypatch, module, name, dying) -> Path:
+    """Build a zarr cache of a plan with failures mid-plan while ``module.name`` is ``dying`` (which raises
+    KeyboardInterrupt, a stand-in for a kill); resume it normally; it must equal the npy build, intact."""
+    plan = _failures_in_the_middle(info, tmp_path / "src")
+    opts = BuildOptions(size=32, jobs=1, block_size=4, storage="zarr", chunk_size=2)
+    monkeypatch.setattr(module, name, dying)
+    with pytest.raises(KeyboardInterrupt):
+        build(plan, tmp_path / "z", opts)
+    monkeypatch.undo()
+    resumed = build(plan, tmp_path / "z", opts)
+    npy = build(plan, tmp_path / "npy", BuildOptions(size=32, jobs=1, block_size=4))
+    assert np.array_equal(_pixels(resumed.path), _pixels(npy.path))
+    assert open_cache(resumed.path).verify() == []
+    return resumed.path
+
+
 def test_zarr_build_killed_while_moving_blocks_resumes_correctly(imagenet_tree, tmp_path, monkeypatch):
     """Moving blocks down in place is not repeatable (a move overwrites samples a later one reads): a
     build stopped part way through must decode the moved blocks again, not commit clobbered pixels."""
     import cachebuild.zarr_staging as zarr_staging
 
-    plan = _failures_in_the_middle(imagenet_tree, tmp_path / "src")
-    opts = BuildOptions(size=32, jobs=1, block_size=4, storage="zarr", chunk_size=2)
     real = zarr_staging.compact_zarr
 
-    def stopped_after_one_move(staging, moves, count, planned):
+    def stopped_after_two_moves(staging, moves, count):
         assert len(moves) > 2
-        real(staging, moves[:2], count, planned)  # clobbers sources of later moves, then "dies"
+        real(staging, moves[:2], count)  # clobbers sources of later moves, then "dies"
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(zarr_staging, "compact_zarr", stopped_after_one_move)
-    with pytest.raises(KeyboardInterrupt):
-        build(plan, tmp_path / "z", opts)
-    monkeypatch.setattr(zarr_staging, "compact_zarr", real)
-    resumed = build(plan, tmp_path / "z", opts)
-    npy = build(plan, tmp_path / "npy", BuildOptions(size=32, jobs=1, block_size=4))
-    assert np.array_equal(_pixels(resumed.path), _pixels(npy.path))
-    assert open_cache(resumed.path).verify() == []
+    _zarr_build_killed_then_resumed(imagenet_tree, tmp_path, monkeypatch, zarr_staging, "compact_zarr",
+                                    stopped_after_two_moves)
 
 
 def test_small_plans_make_enough_blocks_to_keep_every_worker_busy():
@@ -336,19 +344,8 @@ def test_zarr_build_killed_after_moving_blocks_does_not_move_them_twice(imagenet
     (their sources are gone), only commit."""
     import cachebuild.pipeline as pipeline
 
-    plan = _failures_in_the_middle(imagenet_tree, tmp_path / "src")
-    opts = BuildOptions(size=32, jobs=1, block_size=4, storage="zarr", chunk_size=2)
-    real = pipeline.save_side_arrays
-
     def killed(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pipeline, "save_side_arrays", killed)
-    with pytest.raises(KeyboardInterrupt):
-        build(plan, tmp_path / "z", opts)
-    monkeypatch.setattr(pipeline, "save_side_arrays", real)
-    resumed = build(plan, tmp_path / "z", opts)
-    npy = build(plan, tmp_path / "npy", BuildOptions(size=32, jobs=1, block_size=4))
-    assert np.array_equal(_pixels(resumed.path), _pixels(npy.path))
-    assert open_cache(resumed.path).verify() == []
-    assert not (resumed.path / "compacting.json").exists()
+    path = _zarr_build_killed_then_resumed(imagenet_tree, tmp_path, monkeypatch, pipeline, "save_side_arrays", killed)
+    assert not (path / "compacting.json").exists()
