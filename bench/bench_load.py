@@ -202,16 +202,17 @@ def bench_cache(path: Path, args: argparse.Namespace, results: dict[str, Any], t
         (f"DataLoader {args.workers} workers, ring_slots=0 (fresh batches)", via(dl_fresh)),
         (f"DataLoader {args.workers} workers, default_collate", via(dl_default)),
     ]
+    def record(name: str, r: dict[str, Any]) -> None:
+        results[f"{tag}: {name}"] = r
+        print(f"  {tag}: {name:42s} {r['img_s']:9.0f} img/s  epochs {r['epochs']}", flush=True)
+
     warm(path)
     for name, make in contenders[:4]:
         # zarr's own API reads a whole chunk per random sample (~200 img/s): one epoch is enough.
         slow = tag == "zarr" and make in (reference, bare)
-        r = run_epochs(make, n, 1 if slow else args.epochs)
-        results[f"{tag}: {name}"] = r
-        print(f"  {tag}: {name:42s} {r['img_s']:9.0f} img/s  epochs {r['epochs']}", flush=True)
+        record(name, run_epochs(make, n, 1 if slow else args.epochs))
     for name, r in run_interleaved(dict(contenders[4:]), n, args.epochs).items():
-        results[f"{tag}: {name}"] = r
-        print(f"  {tag}: {name:42s} {r['img_s']:9.0f} img/s  epochs {r['epochs']}", flush=True)
+        record(name, r)
     del dl, dl_fresh, dl_default
     if args.cold:
         for name, make in contenders[:1] + contenders[3:5]:
