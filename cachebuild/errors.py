@@ -4,10 +4,12 @@ from __future__ import annotations
 
 __all__ = [
     "CacheBuildError",
+    "CacheChangedError",
     "CacheCorruptError",
     "CacheExistsError",
     "CacheNotFoundError",
     "DecodeError",
+    "RemoteError",
     "SourceError",
     "UnsupportedFormatError",
 ]
@@ -31,6 +33,15 @@ class CacheCorruptError(CacheBuildError, ValueError):
 
 class CacheExistsError(CacheBuildError, FileExistsError):
     """A different complete cache is already at the output path and --force was not given."""
+
+
+class CacheChangedError(CacheBuildError, RuntimeError):
+    """The cache an open reader was serving was replaced or changed on disk; it stops rather than mix caches."""
+
+
+class RemoteError(CacheBuildError, OSError):
+    """A URL that cannot be read: not found, access denied, unreachable, or failing after retries.
+    The message names the URL without credentials."""
 
 
 class SourceError(CacheBuildError, ValueError):

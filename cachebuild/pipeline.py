@@ -1,12 +1,11 @@
-"""The build: a plan -> blocks of images -> joblib workers -> shards -> manifest -> rename into place.
+"""The build: a plan -> blocks of images -> joblib workers -> storage sinks -> manifest -> rename into place.
 
-Workers decode a block straight into its own npy shard, or into its own whole chunks of the zarr array
-(blocks are a whole number of chunks, so no two workers touch one chunk), so the parent never holds
-pixels and memory stays flat. A block is finished when its record (``blocks/block-NNNNN.json``) exists;
-a killed build resumes by skipping those. Block boundaries depend only on the plan, so the arrays are
-byte-identical whatever ``--jobs`` is. A zarr block writes its samples from its plan position; when
-files failed, one task afterwards moves the later blocks down so that sample i stays the i-th readable
-file (no copy at all when every file decoded).
+Workers decode a block straight into the sink their storage backend gives them (``cachebuild.storage``:
+an npy shard of its own, or whole chunks of the zarr array), so the parent never holds pixels and memory
+stays flat. A block is finished when its record (``blocks/block-NNNNN.json``) exists; a killed build
+resumes by skipping those. Block boundaries depend only on the plan, so the arrays are byte-identical
+whatever ``--jobs`` is. After the last block the backend puts samples in their final places
+(``Backend.finish``), then the manifest is written and the staging folder renamed into place.
 
 No joblib backend is fixed here: run under ``joblib.parallel_config(backend="dask")`` to use a cluster.
 """
@@ -31,28 +30,19 @@ from typing import Any
 import numpy as np
 from joblib import Parallel, delayed
 
+from cachebuild.atomic import write_json_atomic
 from cachebuild.decode import DEFAULT_MAX_PIXELS, ResizeSpec, decode_into
 from cachebuild.errors import CacheBuildError, CacheExistsError, DecodeError
-from cachebuild.format.manifest import (
-    FORMAT_VERSION,
-    MANIFEST_NAME,
-    Failure,
-    Manifest,
-    ShardInfo,
-    read_manifest,
-    write_json_atomic,
-)
+from cachebuild.format.manifest import FORMAT_VERSION, MANIFEST_NAME, Failure, Manifest, read_manifest
 from cachebuild.format.writer import commit_cache, save_side_arrays, staging_path, tool_versions, utc_now
-from cachebuild.sinks import NpyShardSink, ZarrChunkSink
 from cachebuild.sources.plan import Plan
-from cachebuild.zarr_staging import COMPACTING, create_staging_zarr, place_zarr_blocks, undo_interrupted_compaction
+from cachebuild.storage import get_backend
 
 __all__ = ["BuildOptions", "BuildResult", "build"]
 
 log = logging.getLogger("cachebuild")
 
 BLOCK_TARGET_BYTES = 64 << 20  # ~64 MB of pixels per block/shard: few files, tasks long enough to amortise
-ZARR_CHUNK_TARGET_BYTES = 4 << 20  # ~4 MB chunks: random reads stay cheap
 MIN_BLOCKS = 64  # a plan of n files makes at least min(64, n / 64) blocks
 
 
@@ -64,7 +54,7 @@ class BuildOptions:
     storage: str = "npy"
     jobs: int = -1
     block_size: int | None = None  # samples per block (= per npy shard); default from BLOCK_TARGET_BYTES
-    chunk_size: int | None = None  # zarr samples per chunk
+    chunk_size: int | None = None  # samples per chunk, for storage kinds that chunk (zarr)
     compression: str = "none"
     on_error: str = "skip"  # or "fail"
     max_pixels: int = DEFAULT_MAX_PIXELS
@@ -81,16 +71,11 @@ class BuildOptions:
         block = self.block_size or int(min(8192, max(64, BLOCK_TARGET_BYTES // per // 64 * 64)))
         if not self.block_size and planned:
             block = min(block, max(64, -(-planned // MIN_BLOCKS // 64) * 64))
-        if self.storage == "zarr":  # whole chunks per block: workers never share a chunk
-            chunk = self.resolved_chunk()
-            block = max(chunk, block // chunk * chunk)
-        return block
+        return get_backend(self.storage).align_block(block, self)
 
-    def resolved_chunk(self) -> int:
-        if self.chunk_size:
-            return self.chunk_size
-        per = self.size * self.size * 3
-        return int(min(1024, max(1, ZARR_CHUNK_TARGET_BYTES // per)))
+    def resolved_chunk(self) -> int | None:
+        """Samples per chunk of the storage kind (None for kinds without chunks)."""
+        return get_backend(self.storage).build_params(self).get("chunk_size")
 
 
 @dataclass(frozen=True)
@@ -132,7 +117,7 @@ def _record_path(staging: Path, block: int) -> Path:
 
 def _run_block(plan_reader: Any, keys: list[str], start: int, block: int, spec: ResizeSpec,
                staging: str, on_error: str, storage: str = "npy") -> dict[str, Any]:
-    """Decode one block into its npy shard or zarr chunks and write its record; returns the record.
+    """Decode one block into its storage backend's sink and write its record; returns the record.
 
     Each sample is decoded into a reused buffer and hashed while it is hot in cache. No fsync: a finished
     block survives any kill of the build (the kernel holds the pages); after a machine crash,
@@ -141,8 +126,7 @@ def _run_block(plan_reader: Any, keys: list[str], start: int, block: int, spec: 
     _init_worker()
     folder = Path(staging)
     shape = (spec.size, spec.size, 3)
-    sink = ZarrChunkSink(folder, start, shape) if storage == "zarr" else \
-        NpyShardSink(folder, block, len(keys), shape)
+    sink = get_backend(storage).sink(folder, block, start, len(keys), shape)
     digest = hashlib.sha256()
     ok, sizes, boxes, failures = [], [], [], []
     try:
@@ -184,8 +168,7 @@ def _build_key(plan: Plan, opts: BuildOptions) -> tuple[str, dict[str, Any]]:
         "interpolation": opts.interpolation,
         "storage": opts.storage,
         "block_size": opts.resolved_block(len(plan)),
-        "chunk_size": opts.resolved_chunk() if opts.storage == "zarr" else None,
-        "compression": opts.compression if opts.storage == "zarr" else "none",
+        **get_backend(opts.storage).build_params(opts),  # chunk_size, compression
         "max_pixels": opts.max_pixels,
         "reduced_decode": opts.reduced_decode,
     }
@@ -219,7 +202,7 @@ def _check_destination(out: Path, key: str, force: bool) -> Manifest | None:
     return None
 
 
-def _prepare_staging(staging: Path, key: str) -> dict[int, dict[str, Any]]:
+def _prepare_staging(staging: Path, key: str, storage: str) -> dict[int, dict[str, Any]]:
     """Create or reopen the staging folder; return the records of blocks finished by an earlier run."""
     build_file = staging / "build.json"
     if staging.exists():
@@ -233,7 +216,7 @@ def _prepare_staging(staging: Path, key: str) -> dict[int, dict[str, Any]]:
     (staging / "blocks").mkdir(parents=True, exist_ok=True)
     if not build_file.exists():
         write_json_atomic(build_file, {"key": key})
-    undo_interrupted_compaction(staging, lambda block: _record_path(staging, block).unlink(missing_ok=True))
+    get_backend(storage).resume(staging, lambda block: _record_path(staging, block).unlink(missing_ok=True))
     done = {}
     for rec_path in sorted((staging / "blocks").glob("block-*.json")):
         try:
@@ -283,14 +266,13 @@ def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
     if m is not None:
         return BuildResult(out, "up to date", m.count, len(m.failures), 0.0, 0)
     staging = staging_path(out)
-    done = _prepare_staging(staging, key)
+    done = _prepare_staging(staging, key, opts.storage)
 
     spec = ResizeSpec(size=opts.size, fit=opts.fit, interpolation=opts.interpolation,
                       max_pixels=opts.max_pixels, reduced_decode=opts.reduced_decode)
     bs = opts.resolved_block(len(plan))
     n = len(plan)
-    if opts.storage == "zarr":
-        create_staging_zarr(staging, n, (spec.size, spec.size, 3), opts.resolved_chunk(), opts.compression)
+    get_backend(opts.storage).prepare(staging, n, (spec.size, spec.size, 3), opts)
     blocks = list(enumerate(range(0, n, bs)))
     todo = [(b, lo) for b, lo in blocks if b not in done]
     if done:
@@ -325,17 +307,8 @@ def _finish(plan: Plan, out: Path, staging: Path, records: dict[int, dict[str, A
             f"{failures[0].path}: {failures[0].reason}" if failures else f"{plan.root} has no samples"
         )
     sample_shape = (spec.size, spec.size, 3)
-    shards: list[ShardInfo] = []
-    if opts.storage == "npy":
-        pos = 0
-        for r in ordered:
-            if r["count"]:
-                shards.append(ShardInfo(r["file"], pos, r["count"], r["sha256"]))
-                pos += r["count"]
-            else:
-                (staging / r["file"]).unlink(missing_ok=True)
-    else:
-        shards = place_zarr_blocks(staging, ordered, count, len(plan))
+    backend = get_backend(opts.storage)
+    shards = backend.finish(staging, ordered, count, len(plan))
 
     arrays = save_side_arrays(
         staging,
@@ -366,6 +339,6 @@ def _finish(plan: Plan, out: Path, staging: Path, records: dict[int, dict[str, A
     )
     shutil.rmtree(staging / "blocks")
     (staging / "build.json").unlink()  # from here a killed build starts afresh (safe: nothing is half-done)
-    (staging / COMPACTING).unlink(missing_ok=True)
+    backend.cleanup(staging)
     commit_cache(staging, out, manifest, replace=opts.force)
     return manifest

@@ -1,4 +1,4 @@
-"""CachedImageDataset: a map-style torch Dataset over a cachebuild cache (npy shards or zarr).
+"""CachedImageDataset: a map-style torch Dataset over a cachebuild cache, from a local folder or a URL.
 
 The hot path of every epoch. A batch is one sorted pass over the requested samples, each row copied
 once, straight into its slot of a single uint8 (B, H, W, 3) buffer (in shared memory when running in a
@@ -8,16 +8,15 @@ through as ``(images, labels[, boxes])``. In a worker that buffer is a slot of a
 reused shared-memory batches (``loaders.batch_ring``): mapped once by both processes, so a batch costs
 no fresh page faults on either side.
 
-Why a per-row copy loop and not one vectorised gather: the rows of a batch live in different shard
-files (different memory maps), and numpy has no scatter-from-many-arrays primitive. A fancy read per
-shard followed by a scatter into place (``CacheReader.read``) moves every byte twice and measured
-~0.6x the speed of a loop that copies each row once (the loop's Python cost is ~1 us per 150 kB row).
-When all rows come from one array (in-RAM mode, single-shard caches) a single ``np.take`` is used.
+How the pixels are read is the cache's storage backend's business (``cachebuild.storage``: memory maps
+of npy shards or raw zarr chunks locally, byte ranges through fsspec for URLs, zarr-python for
+compressed chunks); this module only asks its image store to gather a batch into a buffer.
 
 Process model: the constructor validates the whole cache in the calling process (so a missing,
-truncated or mis-shaped shard is a named error there, never inside a worker), then closes every file.
-Each process maps the shards it touches lazily on first use; the pickled state holds only the path,
-the manifest and the small per-sample arrays.
+truncated or mis-shaped shard is a named error there, never inside a worker) and keeps nothing open
+but a shared lock on a local cache folder (a ``--force`` rebuild then leaves this dataset reading the
+old cache whole). Each process maps or fetches what it touches lazily on first use; the pickled state
+holds only the location, the manifest and the small per-sample arrays.
 """
 
 from __future__ import annotations
@@ -31,17 +30,13 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
-from cachebuild.errors import CacheCorruptError
 from cachebuild.format import Manifest, open_cache
-from cachebuild.format.storage import ZARR_NAME, load_paths
+from cachebuild.format.side_arrays import load_paths
+from cachebuild.storage import ImageStore
 from loaders.batch_ring import MAX_SLOTS, InlineTensor, WorkerRing
 from loaders.shared_memory import load_shared, shared_uint8
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "CacheBatch", "CachedImageDataset", "collate_batch"]
-
-# Chunk of consecutive samples that the chunk-aware sampler keeps together for npy caches (zarr caches
-# use their own chunk length): ~8 MB, the block size FFCV's quasi-random order uses.
-DEFAULT_CHUNK_BYTES = 8 << 20
+__all__ = ["CacheBatch", "CachedImageDataset", "collate_batch"]
 
 # Batch slots per DataLoader worker: the DataLoader keeps prefetch_factor (default 2) batches in flight
 # per worker, the loop holds the batch it works on and the one before (a `for x, y in dl` rebinds x only
@@ -113,7 +108,8 @@ class CachedImageDataset(Dataset):
     """A cachebuild cache as a map-style dataset: ``ds[i] -> (uint8 HWC tensor, int label[, box])``.
 
     Args:
-        root: the cache folder (holding ``manifest.json``); npy or zarr storage is read from the manifest.
+        root: the cache folder (holding ``manifest.json``), or its URL (``s3://``, ``gs://``, ``https://``,
+            ``file://``); the storage kind is read from the manifest.
         transform: optional per-sample CPU callable applied to the uint8 HWC tensor. With it, batches
             are collated sample by sample (slower); the fast path is ``transform=None`` plus device-side
             transforms on the batch.
@@ -129,6 +125,9 @@ class CachedImageDataset(Dataset):
             mapped by the worker and the main process. Use ``prefetch_factor + 3`` when raising the
             DataLoader's ``prefetch_factor``; 0 allocates a fresh shared batch every time (the old path).
             A batch that finds no free slot (e.g. the loop keeps every batch) gets a fresh one.
+        local_cache: for a URL, a local folder where fetched blocks are kept (bounded by
+            ``local_cache_bytes``, shared safely by workers and jobs), so later epochs read local disk.
+        storage_options: fsspec options for a URL (credentials normally come from the store's config).
 
     Opening validates the manifest and every shard header (named errors from ``cachebuild.errors``:
     ``CacheNotFoundError``, ``UnsupportedFormatError``, ``CacheCorruptError``) and then closes the files.
@@ -143,31 +142,30 @@ class CachedImageDataset(Dataset):
         in_memory: bool | str = False,
         memory_budget: int | None = None,
         ring_slots: int = DEFAULT_RING_SLOTS,
+        local_cache: str | os.PathLike[str] | None = None,
+        local_cache_bytes: int | None = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         if in_memory not in (True, False, "auto"):
             raise ValueError(f"in_memory must be True, False or 'auto', got {in_memory!r}")
         if not 0 <= ring_slots <= MAX_SLOTS:
             raise ValueError(f"ring_slots must be in 0..{MAX_SLOTS}, got {ring_slots}")
-        self.root = Path(root)
-        reader = open_cache(self.root)  # validates manifest + every shard header, here in the caller
+        # Validates the manifest and every shard/chunk header, here in the caller, never in a worker.
+        reader = open_cache(root, local_cache=local_cache, local_cache_bytes=local_cache_bytes,
+                            storage_options=storage_options)
+        self.root: Path | str = reader.root
+        self.location = reader.location
         self.manifest: Manifest = reader.manifest
+        self._images: ImageStore = reader.images
+        self._reader_lock = reader._lock  # held while this dataset lives in this process (never pickled)
         self.transform = transform
         self.return_boxes = bool(return_boxes)
         self.ring_slots = int(ring_slots)
         self._labels: np.ndarray = np.ascontiguousarray(reader.labels, dtype=np.int64)
         self.sizes: np.ndarray = reader.sizes
         self._boxes: np.ndarray | None = reader.boxes
-        self._starts: np.ndarray = reader.shard_starts
-        self._raw_zarr = False
-        if self.manifest.storage == "zarr":
-            self._zarr_chunk = int(reader.images.chunks[0])
-            self._raw_zarr = _check_raw_zarr(self.root, self.manifest, self._zarr_chunk)
-            if self._raw_zarr:  # uncompressed chunks are read like npy shards: chunk k = "shard" k
-                self._starts = np.r_[np.arange(0, len(self._labels), self._zarr_chunk), len(self._labels)]
-        del reader  # drop the validation maps: nothing open is inherited by forked workers
+        del reader
         self._paths: list[str] | None = None
-        self._maps: list[np.ndarray | None] | None = None  # per-process lazy maps (npy)
-        self._zarr: Any = None
         self._pid = os.getpid()
         self._shared: torch.Tensor | None = None
         self._ring: WorkerRing | None = None  # per worker process, made on its first batch
@@ -219,7 +217,7 @@ class CachedImageDataset(Dataset):
     def paths(self) -> list[str]:
         """Provenance: the source path of every sample (loaded on first use, never pickled)."""
         if self._paths is None:
-            self._paths = load_paths(self.root, self.manifest)
+            self._paths = load_paths(self.location, self.manifest)
         return self._paths
 
     @property
@@ -233,9 +231,12 @@ class CachedImageDataset(Dataset):
     @property
     def chunk_size(self) -> int:
         """Samples per read chunk for :class:`~loaders.sampler.CacheSampler`'s chunk-aware order."""
-        if self.manifest.storage == "zarr":
-            return self._zarr_chunk
-        return max(1, DEFAULT_CHUNK_BYTES // self.manifest.sample_nbytes)
+        return self._images.chunk_size
+
+    @property
+    def bytes_fetched(self) -> int:
+        """Bytes this process has fetched from a remote cache (0 for local caches)."""
+        return self._images.bytes_fetched
 
     def __repr__(self) -> str:
         m = self.manifest
@@ -245,8 +246,7 @@ class CachedImageDataset(Dataset):
     # ------------------------------------------------------------------ processes
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_maps"] = None  # reopened lazily in the receiving process
-        state["_zarr"] = None
+        state["_reader_lock"] = None  # the opening process holds it; its workers die before it does
         state["_paths"] = None
         state["_ring"] = None
         state["_ring_failed"] = False
@@ -259,32 +259,10 @@ class CachedImageDataset(Dataset):
         self._pid = -1
 
     def _check_process(self) -> None:
-        if self._pid != os.getpid():  # forked or unpickled: maps of another process are not ours
-            self._maps = None
-            self._zarr = None
+        if self._pid != os.getpid():  # forked or unpickled: another process's ring is not ours
             self._ring = None
             self._ring_failed = False
             self._pid = os.getpid()
-
-    def _shard(self, k: int) -> np.ndarray:
-        maps = self._maps
-        if maps is None:
-            maps = self._maps = [None] * (len(self._starts) - 1)
-        arr = maps[k]
-        if arr is None:
-            if self._raw_zarr:
-                arr = maps[k] = _raw_zarr_chunk(self.root, k, self._zarr_chunk, self.shape)
-            else:
-                mm = np.load(self.root / self.manifest.shards[k].file, mmap_mode="r", allow_pickle=False)
-                arr = maps[k] = mm.view(np.ndarray)  # plain ndarray view: np.memmap slicing is slower
-        return arr
-
-    def _zarr_array(self) -> Any:
-        if self._zarr is None:
-            import zarr
-
-            self._zarr = zarr.open_array(str(self.root / ZARR_NAME), mode="r")
-        return self._zarr
 
     # ------------------------------------------------------------------ reading
     def _check_indices(self, idx: np.ndarray) -> None:
@@ -314,28 +292,9 @@ class CachedImageDataset(Dataset):
             # mode="clip": indices are checked above; the default mode="raise" buffers `out` (a 2nd copy).
             np.take(self._shared.numpy(), idx, axis=0, out=out, mode="clip")
             return out
-        order = np.argsort(idx, kind="stable")
-        sorted_idx = idx[order]
-        if self.manifest.storage == "zarr" and not self._raw_zarr:
-            # zarr reads each touched chunk once for the whole sorted selection.
-            block = self._zarr_array().get_orthogonal_selection((sorted_idx,))
-            inv = np.empty_like(order)
-            inv[order] = np.arange(len(order))
-            np.take(block, inv, axis=0, out=out, mode="clip")
-            return out
-        starts = self._starts
-        shard_of = np.searchsorted(starts, sorted_idx, side="right") - 1
-        if shard_of[0] == shard_of[-1]:  # one shard: a single C-level gather in the requested order
-            k = int(shard_of[0])
-            np.take(self._shard(k), idx - starts[k], axis=0, out=out, mode="clip")
-            return out
-        local = (sorted_idx - starts[shard_of]).tolist()
-        shards = shard_of.tolist()
-        current, arr = -1, None
-        for pos, k, i in zip(order.tolist(), shards, local, strict=True):
-            if k != current:
-                current, arr = k, self._shard(k)
-            out[pos] = arr[i]  # type: ignore[index]
+        if not out.flags.c_contiguous:
+            raise ValueError("out must be C-contiguous")
+        self._images.gather(idx, out)
         return out
 
     def _boxes_at(self, idx: np.ndarray) -> np.ndarray:
@@ -396,46 +355,6 @@ class CachedImageDataset(Dataset):
             batch = CacheBatch(images, labels, boxes)
             return [(self.transform(s[0]), *s[1:]) for s in batch]
         return CacheBatch(images, labels, boxes)
-
-
-def _zarr_chunk_path(root: Path, k: int, ndim: int, sep: str) -> Path:
-    return root / ZARR_NAME / sep.join(["c", str(k), *["0"] * (ndim - 1)])
-
-
-def _check_raw_zarr(root: Path, manifest: Manifest, chunk: int) -> bool:
-    """True when the zarr images are uncompressed local chunk files that can be memory-mapped directly.
-
-    zarr decodes whole chunks, so a random sample costs a whole chunk read through the zarr API (64x
-    the bytes for 64-sample chunks). With only the ``bytes`` codec a chunk file *is* the C-order rows,
-    so it is mapped like an npy shard. Truncated chunk files are reported here, in the constructor.
-    """
-    import json
-
-    try:
-        meta = json.loads((root / ZARR_NAME / "zarr.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    codecs = meta.get("codecs", [])
-    if meta.get("fill_value", 0) != 0:
-        return False
-    enc = meta.get("chunk_key_encoding", {})
-    if (len(codecs) != 1 or codecs[0].get("name") != "bytes" or meta.get("storage_transformers")
-            or enc.get("name") != "default" or enc.get("configuration", {}).get("separator", "/") != "/"
-            or meta.get("chunk_grid", {}).get("configuration", {}).get("chunk_shape") != [chunk, *manifest.shape]):
-        return False
-    row = manifest.sample_nbytes
-    for k in range(-(-manifest.count // chunk)):
-        path = _zarr_chunk_path(root, k, 4, "/")
-        if path.is_file() and path.stat().st_size != chunk * row:
-            raise CacheCorruptError(f"zarr chunk {path} holds {path.stat().st_size} bytes, expected {chunk * row}")
-    return True
-
-
-def _raw_zarr_chunk(root: Path, k: int, chunk: int, shape: tuple[int, int, int]) -> np.ndarray:
-    path = _zarr_chunk_path(root, k, 4, "/")
-    if not path.is_file():  # zarr leaves all-fill chunks unwritten; fill_value is 0
-        return np.broadcast_to(np.uint8(0), (chunk, *shape))
-    return np.memmap(path, dtype=np.uint8, mode="r", shape=(chunk, *shape)).view(np.ndarray)
 
 
 def _default_budget() -> int:

@@ -288,7 +288,7 @@ def _zarr_build_killed_then_resumed(info, tmp_path, monkeypatch, module, name, d
 def test_zarr_build_killed_while_moving_blocks_resumes_correctly(imagenet_tree, tmp_path, monkeypatch):
     """Moving blocks down in place is not repeatable (a move overwrites samples a later one reads): a
     build stopped part way through must decode the moved blocks again, not commit clobbered pixels."""
-    import cachebuild.zarr_staging as zarr_staging
+    import cachebuild.storage.zarr_write as zarr_staging
 
     real = zarr_staging.compact_zarr
 

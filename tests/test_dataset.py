@@ -71,7 +71,7 @@ def test_default_collate_still_correct(cache) -> None:
 def test_raw_zarr_chunks_differ_from_shards(tmp_path: Path) -> None:
     root, images, _ = make_cache(tmp_path / "z", n=150, storage="zarr", shard_size=100)  # zarr chunk 64
     ds = CachedImageDataset(root)
-    assert ds._raw_zarr and ds.chunk_size == 64
+    assert ds._images.layout.raw and ds.chunk_size == 64  # uncompressed chunks: read as memory-mapped rows
     idx = np.random.default_rng(0).permutation(150)
     assert np.array_equal(ds.gather(idx), images[idx])
 
@@ -106,12 +106,12 @@ def test_transform_per_sample(tmp_path: Path) -> None:
 def test_pickles_cheaply_without_open_files(tmp_path: Path) -> None:
     root, images, _ = make_cache(tmp_path / "c", n=40)
     ds = CachedImageDataset(root)
-    assert ds._maps is None  # the constructor leaves nothing open
+    assert ds._images.rows._maps is None  # the constructor leaves no shard mapped
     ds[0]
     blob = pickle.dumps(ds)
     assert len(blob) < 20_000
     clone = pickle.loads(blob)
-    assert clone._maps is None and np.array_equal(clone[7][0].numpy(), images[7])
+    assert clone._images.rows._maps is None and np.array_equal(clone[7][0].numpy(), images[7])
 
 
 # ---------------------------------------------------------------- bad input: named errors at open

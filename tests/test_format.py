@@ -9,7 +9,7 @@ import pytest
 
 from cachebuild.errors import CacheCorruptError, CacheNotFoundError, UnsupportedFormatError
 from cachebuild.format import FORMAT_VERSION, Manifest, open_cache, read_manifest, write_cache
-from cachebuild.format.storage import create_npy_shard, shrink_npy_shard
+from cachebuild.storage.npy_backend import shrink_npy_shard
 
 
 def _images(n: int, side: int = 8) -> np.ndarray:
@@ -97,7 +97,7 @@ def test_manifest_fields_are_validated(cache):
 @pytest.mark.parametrize("capacity,count", [(1024, 1021), (1000, 999), (10, 3), (100000, 9), (5, 0)])
 def test_shrinking_a_shard_keeps_its_rows(tmp_path, capacity, count):
     path = tmp_path / "s.npy"
-    mm = create_npy_shard(path, capacity, (2, 2, 3))
+    mm = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(capacity, 2, 2, 3))
     mm[:] = (np.arange(capacity) % 251).astype(np.uint8)[:, None, None, None]
     mm.flush()
     del mm

@@ -1,4 +1,5 @@
-"""The on-disk cache format: spec in ``docs/FORMAT.md``, code here (manifest, storage, reader, writer)."""
+"""The on-disk cache format: spec in ``docs/FORMAT.md``, code here (manifest, side arrays, reader, writer).
+How pixels are stored is each storage backend's business (``cachebuild.storage``)."""
 
 from cachebuild.format.manifest import (
     FORMAT_NAME,

@@ -11,10 +11,11 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-from cachebuild.errors import CacheCorruptError, CacheNotFoundError, UnsupportedFormatError
+from cachebuild.atomic import write_json_atomic
+from cachebuild.errors import CacheCorruptError, CacheNotFoundError, RemoteError, UnsupportedFormatError
+from cachebuild.storage import Location, backend_names, check_name, open_location
 
 __all__ = [
     "FORMAT_NAME",
@@ -33,7 +34,6 @@ FORMAT_NAME = "cachebuild"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 
-STORAGES = ("npy", "zarr")
 FITS = ("crop", "squash", "pad")
 
 
@@ -159,7 +159,7 @@ class Manifest:
                 )
             shards = tuple(
                 ShardInfo(
-                    file=_parse_str("shards.file", s["file"]),
+                    file=check_name(s["file"], "shards.file"),
                     start=_parse_int("shards.start", s["start"]),
                     count=_parse_int("shards.count", s["count"]),
                     sha256=_parse_str("shards.sha256", s["sha256"]),
@@ -168,7 +168,7 @@ class Manifest:
             )
             arrays = {
                 _parse_str("arrays key", k): ArrayInfo(
-                    file=_parse_str("arrays.file", a["file"]),
+                    file=check_name(a["file"], "arrays.file"),
                     dtype=_parse_str("arrays.dtype", a["dtype"]),
                     shape=_parse_shape("arrays.shape", a["shape"]),
                     sha256=_parse_str("arrays.sha256", a["sha256"]),
@@ -180,7 +180,7 @@ class Manifest:
                 split=_parse_str("split", d["split"]),
                 count=_parse_int("count", d["count"]),
                 shape=(shape[0], shape[1], shape[2]),
-                storage=_parse_str("storage", d["storage"], STORAGES),
+                storage=_parse_str("storage", d["storage"], backend_names()),
                 classes=_parse_str_list("classes", d["classes"]),
                 fit=_parse_str("fit", d["fit"], FITS),
                 interpolation=_parse_str("interpolation", d["interpolation"]),
@@ -217,34 +217,30 @@ class Manifest:
                 raise CacheCorruptError(f"manifest lists no {required!r} array")
 
 
-def write_json_atomic(path: Path, obj: Any, *, durable: bool = True) -> None:
-    """Write JSON to a temporary name beside ``path`` (fsync it when ``durable``), then rename: readers
-    see old or new, never half."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, ensure_ascii=False)
-        f.write("\n")
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    tmp.replace(path)
-
-
-def read_manifest(cache_dir: str | os.PathLike[str]) -> Manifest:
-    """Parse and validate ``cache_dir/manifest.json``; raises a named error for anything that is not a cache."""
-    root = Path(cache_dir)
-    path = root / MANIFEST_NAME
-    if not path.is_file():
-        hint = ""
-        if root.is_dir():
-            subs = sorted(p.name for p in root.iterdir() if (p / MANIFEST_NAME).is_file())
-            if subs:
-                hint = f"; it holds the caches {subs}: pass one of them, e.g. {root / subs[0]}"
-            elif any(root.glob("*.partial")) or root.name.endswith(".partial"):
-                hint = "; a build into it is unfinished: rerun the same cachebuild command to resume it"
-        raise CacheNotFoundError(f"{root} is not a cachebuild cache (no {MANIFEST_NAME}){hint}")
+def read_manifest(where: str | os.PathLike[str] | Location) -> Manifest:
+    """Parse and validate ``<where>/manifest.json`` (a folder or a URL); a named error for anything that is
+    not a cache."""
+    location = open_location(where)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        raw = location.read_bytes(MANIFEST_NAME)
+    except (FileNotFoundError, NotADirectoryError, RemoteError) as e:
+        hint = ""
+        if location.is_local:
+            root = location.local_path()
+            if root.is_dir():
+                subs = sorted(p.name for p in root.iterdir()
+                              if (p / MANIFEST_NAME).is_file() and ".replaced-" not in p.name)
+                if subs:
+                    hint = f"; it holds the caches {subs}: pass one of them, e.g. {root / subs[0]}"
+                elif any(root.glob("*.partial")) or root.name.endswith(".partial"):
+                    hint = "; a build into it is unfinished: rerun the same cachebuild command to resume it"
+        elif isinstance(e, RemoteError) and "not found" not in str(e):
+            raise  # access denied, unreachable...: that, not "not a cache", is the news
+        raise CacheNotFoundError(
+            f"{location.describe()} is not a cachebuild cache (no {MANIFEST_NAME}){hint}") from None
+    path = location.describe(MANIFEST_NAME)
+    try:
+        data = json.loads(raw.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CacheCorruptError(f"{path} is not valid JSON: {e}") from None
     if not isinstance(data, dict):

@@ -1,4 +1,7 @@
-"""Open a finished cache: validated manifest, memory-mapped images, side arrays, verification."""
+"""Open a finished cache, local or at a URL: validated manifest, the backend's image store, side arrays,
+verification. Every reader of a cache (``info``, ``verify``, ``CachedImageDataset``, the benches) goes
+through :class:`CacheReader`; the storage kind is the backend's business.
+"""
 
 from __future__ import annotations
 
@@ -9,45 +12,64 @@ from typing import Any
 
 import numpy as np
 
-from cachebuild.errors import CacheCorruptError
+from cachebuild.errors import CacheCorruptError, RemoteError
 from cachebuild.format.manifest import Manifest, read_manifest
-from cachebuild.format.storage import (
-    load_array,
-    load_paths,
-    open_npy_shards,
-    open_zarr_images,
-    sha256_bytes,
-)
+from cachebuild.format.side_arrays import load_array, load_paths, sha256_bytes
+from cachebuild.storage import BlockCache, ImageStore, Location, get_backend, open_location
+from cachebuild.storage.replacement import ReaderLock
 
 __all__ = ["CacheReader", "open_cache"]
 
-_VERIFY_ROWS = 256  # hash in slices so verifying a 150 GB cache never holds more than ~40 MB
-
 
 class CacheReader:
-    """A read-only view of one cache folder.
+    """A read-only view of one cache.
 
-    Opening validates the manifest and checks every shard's header against it (no pixel is read), so a
-    missing, truncated or mis-shaped file is a named error here, not a crash later in a DataLoader worker.
+    Opening validates the manifest and checks every shard or chunk against it (headers, sizes, a listing:
+    no pixel is read), so a missing, truncated or mis-shaped file is a named error here, not a crash later
+    in a DataLoader worker. A local cache is pinned to the folder it opened and holds a shared lock on it
+    while this object lives: a ``--force`` rebuild of the same path leaves it reading the old cache whole.
+
+    Args:
+        where: a cache folder, or a URL (``s3://``, ``gs://``, ``https://``, ``file://``...).
+        local_cache: a local folder for the block cache of remote reads (so a second epoch reads local disk);
+            ignored for local caches.
+        local_cache_bytes: the block cache's size bound.
+        storage_options: passed to fsspec for URLs (credentials normally come from the store's own config).
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.root = Path(path)
-        self.manifest: Manifest = read_manifest(self.root)
-        self.images: list[np.ndarray] | Any = self._open_images()
-        self.labels: np.ndarray = load_array(self.root, self.manifest, "labels")
-        self.sizes: np.ndarray = load_array(self.root, self.manifest, "sizes")
+    def __init__(self, where: str | os.PathLike[str] | Location, *, local_cache: str | os.PathLike[str] | None = None,
+                 local_cache_bytes: int | None = None, storage_options: dict[str, Any] | None = None) -> None:
+        location = open_location(where, storage_options)
+        self._lock: ReaderLock | None = None
+        if location.is_local:
+            location = location.pinned() if location.local_path().is_dir() else location  # type: ignore[attr-defined]
+            if getattr(location, "identity", None) is not None:
+                self._lock = ReaderLock(location.local_path())
+        self.location = location
+        self.manifest: Manifest = read_manifest(location)
+        self.backend = get_backend(self.manifest.storage)
+        self.block_cache: BlockCache | None = None
+        if local_cache is not None and not location.is_local:
+            kw = {"max_bytes": int(local_cache_bytes)} if local_cache_bytes else {}
+            self.block_cache = BlockCache(local_cache, **kw)
+        self.images: ImageStore = self.backend.open(location, self.manifest, block_cache=self.block_cache)
+        self.labels: np.ndarray = load_array(location, self.manifest, "labels")
+        self.sizes: np.ndarray = load_array(location, self.manifest, "sizes")
         self.boxes: np.ndarray | None = (
-            load_array(self.root, self.manifest, "boxes") if "boxes" in self.manifest.arrays else None
+            load_array(location, self.manifest, "boxes") if "boxes" in self.manifest.arrays else None
         )
 
-    def _open_images(self) -> list[np.ndarray] | Any:
-        if self.manifest.storage == "npy":
-            return open_npy_shards(self.root, self.manifest)
-        return open_zarr_images(self.root, self.manifest)
+    @property
+    def root(self) -> Path | str:
+        """The folder (local caches) or URL (remote ones) this reader opened."""
+        return self.location.local_path() if self.location.is_local else self.location.url
 
     def __len__(self) -> int:
         return self.manifest.count
+
+    @property
+    def chunk_size(self) -> int:
+        return self.images.chunk_size
 
     @property
     def shard_starts(self) -> np.ndarray:
@@ -55,55 +77,34 @@ class CacheReader:
         return np.array([s.start for s in self.manifest.shards] + [self.manifest.count], dtype=np.int64)
 
     def array(self, name: str) -> np.ndarray:
-        return load_array(self.root, self.manifest, name)
+        return load_array(self.location, self.manifest, name)
 
     def paths(self) -> list[str]:
         """Provenance: the source path (relative to the source root) of every sample."""
-        return load_paths(self.root, self.manifest)
+        return load_paths(self.location, self.manifest)
 
-    def read(self, indices: np.ndarray | list[int]) -> np.ndarray:
-        """Gather samples ``indices`` into one (N, H, W, C) array, one sorted read per shard."""
-        idx = np.asarray(indices, dtype=np.int64)
-        out = np.empty((len(idx), *self.manifest.shape), dtype=np.uint8)
-        if len(idx) == 0:
-            return out
-        if idx.min() < 0 or idx.max() >= self.manifest.count:
+    def read(self, indices: np.ndarray | list[int], out: np.ndarray | None = None) -> np.ndarray:
+        """Samples ``indices`` (in that order) as one uint8 (N, H, W, 3) array."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if out is None:
+            out = np.empty((len(idx), *self.manifest.shape), dtype=np.uint8)
+        if len(idx) and (idx.min() < 0 or idx.max() >= self.manifest.count):
             raise IndexError(f"sample index out of range [0, {self.manifest.count})")
-        order = np.argsort(idx, kind="stable")
-        sorted_idx = idx[order]
-        if self.manifest.storage == "zarr":
-            out[order] = self.images.get_orthogonal_selection((sorted_idx,))
-            return out
-        starts = self.shard_starts
-        shard_of = np.searchsorted(starts, sorted_idx, side="right") - 1
-        bounds = np.flatnonzero(np.diff(shard_of)) + 1
-        for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(sorted_idx)], strict=True):
-            s = int(shard_of[lo])
-            out[order[lo:hi]] = self.images[s][sorted_idx[lo:hi] - starts[s]]
+        self.images.gather(idx, out)
         return out
 
     def verify(self) -> list[str]:
-        """Re-hash every shard and side array; return one line per mismatch (empty: intact)."""
-        problems = []
-        for i, s in enumerate(self.manifest.shards):
-            h = hashlib.sha256()
-            for lo in range(s.start, s.start + s.count, _VERIFY_ROWS):
-                hi = min(lo + _VERIFY_ROWS, s.start + s.count)
-                if self.manifest.storage == "npy":
-                    block = self.images[i][lo - s.start : hi - s.start]
-                else:
-                    block = self.images[lo:hi]
-                h.update(memoryview(np.ascontiguousarray(block)).cast("B"))
-            if h.hexdigest() != s.sha256:
-                problems.append(f"{s.file} samples [{s.start}, {s.start + s.count}): checksum mismatch")
+        """Re-hash every shard and side array; return one line per mismatch (empty: intact). Remote caches
+        are verified against the remote bytes, never against a local block cache."""
+        images = self.images if self.block_cache is None else self.backend.open(self.location, self.manifest)
+        problems = images.verify()
         for name, info in self.manifest.arrays.items():
-            path = self.root / info.file
             try:
                 if info.dtype == "str":
-                    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                    digest = hashlib.sha256(self.location.read_bytes(info.file)).hexdigest()
                 else:
-                    digest = sha256_bytes(load_array(self.root, self.manifest, name))
-            except (OSError, CacheCorruptError) as e:
+                    digest = sha256_bytes(load_array(self.location, self.manifest, name))
+            except (OSError, RemoteError, CacheCorruptError) as e:
                 problems.append(f"{info.file}: {e}")
                 continue
             if digest != info.sha256:
@@ -111,6 +112,6 @@ class CacheReader:
         return problems
 
 
-def open_cache(path: str | os.PathLike[str]) -> CacheReader:
-    """Open and validate the cache at ``path`` (a folder holding ``manifest.json``)."""
-    return CacheReader(path)
+def open_cache(where: str | os.PathLike[str] | Location, **kw: Any) -> CacheReader:
+    """Open and validate the cache at ``where`` (a folder holding ``manifest.json``, or its URL)."""
+    return CacheReader(where, **kw)

@@ -11,24 +11,12 @@ from typing import Any
 
 import numpy as np
 
+from cachebuild.atomic import fsync_dir, write_json_atomic
 from cachebuild.errors import CacheExistsError
-from cachebuild.format.manifest import (
-    MANIFEST_NAME,
-    ArrayInfo,
-    Failure,
-    Manifest,
-    ShardInfo,
-    write_json_atomic,
-)
-from cachebuild.format.storage import (
-    ZARR_NAME,
-    create_npy_shard,
-    create_zarr_images,
-    save_array,
-    save_paths,
-    sha256_bytes,
-    shard_file_name,
-)
+from cachebuild.format.manifest import MANIFEST_NAME, ArrayInfo, Failure, Manifest
+from cachebuild.format.side_arrays import save_array, save_paths, sha256_bytes
+from cachebuild.storage import get_backend
+from cachebuild.storage.replacement import set_aside, sweep_replaced
 
 __all__ = ["commit_cache", "save_side_arrays", "staging_path", "tool_versions", "utc_now", "write_cache"]
 
@@ -81,19 +69,23 @@ def commit_cache(staging: Path, out: Path, manifest: Manifest, *, replace: bool 
     """Write ``manifest.json`` into ``staging`` and rename it to ``out``.
 
     The manifest is the last file written, and the folder appears at ``out`` only complete. With
-    ``replace``, an existing ``out`` is moved aside first and deleted only after the new one is in place.
+    ``replace``, an existing cache at ``out`` is renamed aside first and kept until no job reads it any
+    more (``cachebuild.storage.replacement``): readers of the old cache keep reading it whole.
     """
     manifest.check_consistent()
+    get_backend(manifest.storage).finalize_folder(staging, manifest)
     write_json_atomic(staging / MANIFEST_NAME, manifest.to_dict())
-    old: Path | None = None
-    if out.exists():
+    if out.exists() or out.is_symlink():
         if not replace:
             raise CacheExistsError(f"{out} already exists; pass --force to replace it")
-        old = out.with_name(f"{out.name}.old-{os.getpid()}")
-        out.rename(old)
+        if out.is_symlink() or not (out / MANIFEST_NAME).is_file():
+            # --force replaces caches, never anything else (a source tree, a user's folder).
+            raise CacheExistsError(f"{out} is not a cachebuild cache (no {MANIFEST_NAME}); refusing to replace it: "
+                                   f"choose another output folder")
+        set_aside(out)
     staging.rename(out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    fsync_dir(out.parent)
+    sweep_replaced(out)
 
 
 def write_cache(
@@ -123,25 +115,7 @@ def write_cache(
     staging = staging_path(out)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    shards = []
-    if storage == "npy":
-        for i, lo in enumerate(range(0, n, shard_size)):
-            block = images[lo : lo + shard_size]
-            mm = create_npy_shard(staging / shard_file_name(i), len(block), sample_shape)
-            mm[:] = block
-            mm.flush()
-            del mm
-            shards.append(ShardInfo(shard_file_name(i), lo, len(block), sha256_bytes(block)))
-    elif storage == "zarr":
-        arr = create_zarr_images(staging / ZARR_NAME, n, sample_shape, chunk=min(shard_size, 64),
-                                 compression=compression)
-        arr[:] = images
-        shards = [
-            ShardInfo(ZARR_NAME, lo, len(images[lo : lo + shard_size]), sha256_bytes(images[lo : lo + shard_size]))
-            for lo in range(0, n, shard_size)
-        ]
-    else:
-        raise ValueError(f"unknown storage {storage!r}: expected npy or zarr")
+    shards = get_backend(storage).write_arrays(staging, images, shard_size, compression)
     if sizes is None:
         sizes = np.tile(np.array(sample_shape[:2], dtype=np.int32), (n, 1))
     arrays = save_side_arrays(staging, labels, sizes,

@@ -1,0 +1,81 @@
+"""The per-sample arrays beside the images, the same for every storage kind: ``labels.npy``, ``sizes.npy``,
+optional ``boxes.npy`` / ``coarse_labels.npy`` (plain ``.npy``, read with ``allow_pickle=False``) and
+``paths.json`` (provenance). Small: read whole, from a local folder or a URL alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+
+from cachebuild.atomic import AtomicFile, write_bytes_atomic
+from cachebuild.errors import CacheCorruptError, RemoteError
+from cachebuild.format.manifest import ArrayInfo, Manifest
+from cachebuild.storage.location import Location
+
+__all__ = ["PATHS_FILE", "load_array", "load_paths", "save_array", "save_paths", "sha256_bytes"]
+
+PATHS_FILE = "paths.json"
+
+
+def sha256_bytes(array: np.ndarray) -> str:
+    """sha256 of an array's raw C-order bytes (hashlib releases the GIL on large buffers)."""
+    flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    return hashlib.sha256(flat if flat.size else b"").hexdigest()
+
+
+def save_array(folder: Path, name: str, array: np.ndarray) -> ArrayInfo:
+    file = f"{name}.npy"
+    with AtomicFile(folder / file) as f:
+        np.save(f.file, array, allow_pickle=False)
+    return ArrayInfo(file=file, dtype=str(array.dtype), shape=tuple(array.shape), sha256=sha256_bytes(array))
+
+
+def _read(location: Location, file: str, what: str) -> bytes:
+    try:
+        return location.read_bytes(file)
+    except (FileNotFoundError, RemoteError) as e:
+        raise CacheCorruptError(f"{what} {location.describe(file)}, listed in the manifest, cannot be read: "
+                                f"{e.strerror if isinstance(e, FileNotFoundError) else e}") from None
+
+
+def load_array(location: Location, manifest: Manifest, name: str) -> np.ndarray:
+    info = manifest.arrays.get(name)
+    if info is None:
+        raise CacheCorruptError(f"{location.describe()} has no {name!r} array (it has {sorted(manifest.arrays)})")
+    if info.dtype == "str":
+        return np.asarray(load_paths(location, manifest), dtype=object)
+    data = _read(location, info.file, "array file")
+    where = location.describe(info.file)
+    try:
+        arr = np.load(io.BytesIO(data), allow_pickle=False)
+    except ValueError as e:
+        raise CacheCorruptError(f"array file {where} is truncated or unreadable: {e}") from None
+    if str(arr.dtype) != info.dtype or tuple(arr.shape) != info.shape:
+        raise CacheCorruptError(
+            f"{where} holds {arr.dtype}{list(arr.shape)}, the manifest says {info.dtype}{list(info.shape)}"
+        )
+    return arr
+
+
+def save_paths(folder: Path, paths: list[str]) -> ArrayInfo:
+    """Provenance: the source path of every sample, as a JSON list (any character survives)."""
+    data = json.dumps(paths, ensure_ascii=False).encode("utf-8")
+    write_bytes_atomic(folder / PATHS_FILE, data, durable=False)
+    return ArrayInfo(file=PATHS_FILE, dtype="str", shape=(len(paths),), sha256=hashlib.sha256(data).hexdigest())
+
+
+def load_paths(location: Location, manifest: Manifest) -> list[str]:
+    info = manifest.arrays["paths"]
+    where = location.describe(info.file)
+    try:
+        paths = json.loads(_read(location, info.file, "provenance file").decode("utf-8"))
+    except ValueError as e:
+        raise CacheCorruptError(f"provenance file {where} is damaged: {e}") from None
+    if not isinstance(paths, list) or len(paths) != manifest.count:
+        raise CacheCorruptError(f"{where} must list {manifest.count} paths")
+    return paths

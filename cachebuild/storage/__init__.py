@@ -1,0 +1,68 @@
+"""Storage: how a cache's pixels are laid out (one backend per kind) and where a cache lives (a location).
+
+The one registry of storage kinds. A manifest's ``storage`` field names its backend; adding a kind is one
+module with a :class:`~cachebuild.storage.base.Backend` subclass and one line in ``_BACKENDS`` (or a call
+to :func:`register_backend`). Backends are imported on first use, so reading an npy cache never imports zarr.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from cachebuild.errors import UnsupportedFormatError
+from cachebuild.storage.base import Backend, ImageStore, Sink
+from cachebuild.storage.block_cache import BlockCache
+from cachebuild.storage.location import FsspecLocation, LocalLocation, Location, open_location
+from cachebuild.storage.names import check_name, is_url, redact
+
+__all__ = [
+    "Backend",
+    "BlockCache",
+    "FsspecLocation",
+    "ImageStore",
+    "LocalLocation",
+    "Location",
+    "Sink",
+    "backend_names",
+    "check_name",
+    "get_backend",
+    "is_url",
+    "open_location",
+    "redact",
+    "register_backend",
+]
+
+# kind -> "module:Class"
+_BACKENDS: dict[str, str] = {
+    "npy": "cachebuild.storage.npy_backend:NpyBackend",
+    "zarr": "cachebuild.storage.zarr_backend:ZarrBackend",
+}
+_LOADED: dict[str, Backend] = {}
+
+
+def register_backend(name: str, target: str | Backend) -> None:
+    """Add a storage kind: ``target`` is a Backend instance or a ``"module:Class"`` string."""
+    if isinstance(target, Backend):
+        _LOADED[name] = target
+        _BACKENDS[name] = f"{type(target).__module__}:{type(target).__qualname__}"
+    else:
+        _BACKENDS[name] = target
+        _LOADED.pop(name, None)
+
+
+def backend_names() -> tuple[str, ...]:
+    return tuple(_BACKENDS)
+
+
+def get_backend(name: str) -> Backend:
+    """The backend of storage kind ``name`` (a named error for a kind this release does not know)."""
+    backend = _LOADED.get(name)
+    if backend is None:
+        if name not in _BACKENDS:
+            raise UnsupportedFormatError(
+                f"storage kind {name!r} is not known to this cachebuild (it knows {', '.join(_BACKENDS)}); "
+                f"upgrade cachebuild or rebuild the cache"
+            )
+        module, cls = _BACKENDS[name].split(":")
+        backend = _LOADED[name] = getattr(importlib.import_module(module), cls)()
+    return backend

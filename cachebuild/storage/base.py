@@ -1,0 +1,116 @@
+"""What a storage backend is: one class per way of laying out a cache's pixels, owning both sides.
+
+Write side (the build): ``prepare`` the staging folder, give each worker a :class:`Sink` for its block,
+``resume`` after a kill, ``finish`` into the manifest's shard list; ``write_arrays`` for in-memory images.
+Read side: ``open`` a location + manifest into an :class:`ImageStore` that gathers samples into a caller's
+buffer, tells its read geometry and verifies itself. Nothing outside the backends asks which kind a cache is.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import numpy as np
+
+from cachebuild.storage.block_cache import BlockCache
+from cachebuild.storage.location import Location
+
+if TYPE_CHECKING:
+    from cachebuild.format.manifest import Manifest, ShardInfo
+
+__all__ = ["Backend", "BlockRecord", "ImageStore", "Sink", "StorageParams"]
+
+BlockRecord = dict[str, Any]  # a finished block: {"block", "start", "planned", "count", "file", "sha256", ...}
+
+
+class Sink(Protocol):
+    """Where one worker's block of decoded samples goes: a reused slot per sample, kept or dropped."""
+
+    def next_slot(self) -> np.ndarray: ...
+
+    def commit(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+    def close(self) -> str:
+        """Finish the block; returns the file name its record names."""
+        ...
+
+
+class StorageParams(Protocol):
+    """The build options a backend reads (``cachebuild.pipeline.BuildOptions`` has them all)."""
+
+    size: int
+    chunk_size: int | None
+    compression: str
+
+
+class ImageStore(ABC):
+    """The read side of one cache's images: picklable, reopened lazily in each process."""
+
+    #: samples per natural read unit (a zarr chunk, ~8 MB of npy rows): CacheSampler keeps them together
+    chunk_size: int
+
+    @abstractmethod
+    def gather(self, idx: np.ndarray, out: np.ndarray) -> None:
+        """Copy samples ``idx`` (int64, any order, already checked in range) into ``out`` (uint8 (B, H, W, 3))."""
+
+    @abstractmethod
+    def verify(self) -> list[str]:
+        """Re-hash every shard range against the manifest; one line per problem, naming the file or chunk."""
+
+    @property
+    def bytes_fetched(self) -> int:
+        """Bytes read from a remote location by this process (0 for local caches)."""
+        return 0
+
+
+class Backend(ABC):
+    """One storage kind. Registered once in :mod:`cachebuild.storage` under ``name`` (= ``manifest.storage``)."""
+
+    name: ClassVar[str]
+
+    # ------------------------------------------------------------ write side
+    def align_block(self, block: int, opts: StorageParams) -> int:
+        """Samples per build block, adjusted to the layout (zarr: whole chunks, so workers never share one)."""
+        return block
+
+    @abstractmethod
+    def build_params(self, opts: StorageParams) -> dict[str, Any]:
+        """The layout parameters that shape the bytes: they go into the build key and the manifest."""
+
+    def prepare(self, staging: Path, planned: int, sample_shape: tuple[int, int, int], opts: StorageParams) -> None:
+        """Make whatever the workers write into (before any block runs; idempotent on resume)."""
+        return None  # nothing to do for kinds without such a step
+
+    def resume(self, staging: Path, forget_block: Callable[[int], None]) -> None:
+        """After a kill: undo what a half-done :meth:`finish` left, ``forget_block`` blocks to decode again."""
+        return None  # nothing to do for kinds without such a step
+
+    @abstractmethod
+    def sink(self, staging: Path, block: int, start: int, planned: int, sample_shape: tuple[int, int, int]) -> Sink:
+        """In a worker: where block ``block`` (plan positions ``[start, start + planned)``) writes."""
+
+    @abstractmethod
+    def finish(self, staging: Path, ordered: list[BlockRecord], count: int, planned: int) -> list[ShardInfo]:
+        """After every block: put samples in their final places; returns the manifest's shards."""
+
+    def cleanup(self, staging: Path) -> None:
+        """Remove the backend's build bookkeeping from the staging folder (just before the commit)."""
+        return None  # nothing to do for kinds without such a step
+
+    @abstractmethod
+    def write_arrays(self, staging: Path, images: np.ndarray, shard_size: int, compression: str) -> list[ShardInfo]:
+        """Write in-memory uint8 (N, H, W, 3) images (``cachebuild.format.write_cache``)."""
+
+    def finalize_folder(self, staging: Path, manifest: Manifest) -> None:
+        """Last touches with the manifest known (e.g. metadata other readers need), before it is written."""
+        return None  # nothing to do for kinds without such a step
+
+    # ------------------------------------------------------------ read side
+    @abstractmethod
+    def open(self, location: Location, manifest: Manifest, *, block_cache: BlockCache | None = None) -> ImageStore:
+        """Check the images against ``manifest`` (cheap: headers, a listing; no pixel read) and return a store."""

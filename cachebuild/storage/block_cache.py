@@ -1,0 +1,212 @@
+"""A local on-disk cache of remote cache files, so that epoch 2 of a job reading a URL reads local disk.
+
+Why not a library: fsspec's ``blockcache``/``filecache`` keep one metadata file that every process rewrites
+(unsafe with several DataLoader workers and jobs), have no size bound and no checksums; ``diskcache``
+stores one value per key, so a shuffled batch would read a whole block file per sample. Here each remote
+file is mirrored by a sparse local file of the same size plus a table of per-block checksums:
+
+* ``<key>.data``: the remote bytes at their own offsets; only fetched blocks take disk space.
+* ``<key>.crc``: one uint64 per block: 0 = not fetched, else ``1 << 32 | crc32c(block)``.
+
+A block is written (``pwrite``) before its table entry, so a reader never trusts a block that is not
+there; concurrent fetches of one block write identical bytes. Each process checks a block's checksum the
+first time it uses it (a damaged or half-written block is fetched again), then reads rows straight from
+the page cache through a memory map. Whole remote objects (compressed zarr chunks) are kept as
+``<key>.obj`` files with a checksum trailer, written atomically.
+
+Keys name immutable content: the reader derives them from the cache's build key and the file name, so
+a rebuilt cache never meets another cache's blocks. The folder is bounded: when it holds more than
+``max_bytes`` one process at a time (``flock``) deletes the least recently opened files. A file deleted
+while another process has it mapped stays valid for that process (POSIX keeps the inode).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import mmap
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import google_crc32c
+import numpy as np
+
+from cachebuild.atomic import AtomicFile
+
+__all__ = ["DEFAULT_BLOCK_BYTES", "DEFAULT_MAX_BYTES", "BlockCache", "CachedFile"]
+
+DEFAULT_BLOCK_BYTES = 1 << 20  # 1 MiB: ~7 rows at 224; a shuffled cold epoch fetches each block once
+DEFAULT_MAX_BYTES = 64 << 30
+_PRESENT = np.uint64(1 << 32)
+_EVICT_EVERY = 1 / 16  # check the bound after fetching this fraction of it
+
+Fetch = Callable[[Sequence[tuple[int, int]]], list[bytes]]
+
+
+def _crc(data: bytes | memoryview | np.ndarray) -> int:
+    return int(google_crc32c.value(bytes(data) if isinstance(data, np.ndarray) else data))
+
+
+class CachedFile:
+    """One remote file of known size, mirrored block by block (see the module doc)."""
+
+    def __init__(self, cache: BlockCache, key: str, size: int) -> None:
+        self.cache = cache
+        self.size = size
+        self.block = cache.block_bytes
+        self.nblocks = max(1, -(-size // self.block))
+        base = cache.folder / key[:2] / key
+        base.parent.mkdir(parents=True, exist_ok=True)
+        self.data_path = base.with_suffix(".data")
+        self.crc_path = base.with_suffix(".crc")
+        self._fd = os.open(self.data_path, os.O_RDWR | os.O_CREAT, 0o664)
+        if os.fstat(self._fd).st_size != size:
+            os.ftruncate(self._fd, size)  # sparse: no disk used until blocks are written
+        crc_fd = os.open(self.crc_path, os.O_RDWR | os.O_CREAT, 0o664)
+        try:
+            if os.fstat(crc_fd).st_size != self.nblocks * 8:
+                os.ftruncate(crc_fd, self.nblocks * 8)
+            self._crc_map = mmap.mmap(crc_fd, self.nblocks * 8)
+        finally:
+            os.close(crc_fd)
+        self.table = np.frombuffer(self._crc_map, dtype=np.uint64)
+        self._data_map = mmap.mmap(self._fd, size, prot=mmap.PROT_READ) if size else None
+        self.data = np.frombuffer(self._data_map, dtype=np.uint8) if size else np.empty(0, np.uint8)
+        self.checked = np.zeros(self.nblocks, dtype=bool)  # verified by this process
+        os.utime(self.crc_path)  # "recently used", for eviction
+
+    def read(self, ranges: Sequence[tuple[int, int]], fetch: Fetch) -> list[np.ndarray]:
+        """The bytes of each ``[start, end)`` range as read-only arrays over the local copy."""
+        need = np.zeros(self.nblocks, dtype=bool)
+        for start, end in ranges:
+            if start < 0 or end > self.size or start > end:
+                raise ValueError(f"range [{start}, {end}) is outside a file of {self.size} bytes")
+            if end > start:
+                need[start // self.block : (end - 1) // self.block + 1] = True
+        for _ in range(2):  # a block that fails its check is fetched once more
+            self._fetch(np.flatnonzero(need & (self.table == 0)), fetch)
+            bad = [b for b in np.flatnonzero(need & ~self.checked) if not self._check(int(b))]
+            if not bad:
+                break
+            self.table[bad] = 0
+        else:
+            raise OSError(f"block cache {self.data_path}: blocks {bad[:5]} fail their checksum after a re-fetch")
+        return [self.data[start:end] for start, end in ranges]
+
+    def _check(self, b: int) -> bool:
+        lo, hi = b * self.block, min(self.size, (b + 1) * self.block)
+        ok = int(self.table[b]) == int(_PRESENT) | _crc(self.data[lo:hi])
+        self.checked[b] = ok
+        return ok
+
+    def _fetch(self, blocks: np.ndarray, fetch: Fetch) -> None:
+        if not len(blocks):
+            return
+        runs = np.split(blocks, np.flatnonzero(np.diff(blocks) != 1) + 1)  # consecutive blocks: one request
+        spans = [(int(r[0]) * self.block, min(self.size, (int(r[-1]) + 1) * self.block)) for r in runs]
+        for (lo, hi), data in zip(spans, fetch(spans), strict=True):
+            os.pwrite(self._fd, data, lo)
+            view = memoryview(data)
+            for b in range(lo // self.block, -(-hi // self.block)):
+                a, z = b * self.block - lo, min(hi, (b + 1) * self.block) - lo
+                self.table[b] = _PRESENT | np.uint64(_crc(view[a:z]))  # after the data: never trusted early
+                self.checked[b] = True
+        self.cache.fetched(sum(hi - lo for lo, hi in spans))
+
+    def close(self) -> None:
+        self.table = self.data = None  # type: ignore[assignment]
+        for m in (self._crc_map, self._data_map):
+            if m is not None:
+                with contextlib.suppress(BufferError):  # a caller still holds a view: the map goes with it
+                    m.close()
+        os.close(self._fd)
+
+
+class BlockCache:
+    """A bounded folder of :class:`CachedFile` mirrors and whole objects, shared by processes and jobs."""
+
+    def __init__(self, folder: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_BYTES,
+                 block_bytes: int = DEFAULT_BLOCK_BYTES) -> None:
+        if max_bytes < block_bytes or block_bytes < 4096:
+            raise ValueError(f"block cache needs max_bytes >= block_bytes >= 4096, got {max_bytes}, {block_bytes}")
+        self.folder = Path(folder)
+        self.max_bytes = int(max_bytes)
+        self.block_bytes = int(block_bytes)
+        self._since_check = 0
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "_since_check": 0}
+
+    @staticmethod
+    def key(*parts: str) -> str:
+        return hashlib.sha256("\0".join(parts).encode("utf-8", "surrogateescape")).hexdigest()[:40]
+
+    def file(self, key: str, size: int) -> CachedFile:
+        return CachedFile(self, key, size)
+
+    def _object_path(self, key: str) -> Path:
+        return self.folder / key[:2] / f"{key}.obj"
+
+    def lookup_object(self, key: str) -> bytes | None:
+        """A whole object kept by :meth:`store_object`, when it is there and passes its checksum."""
+        path = self._object_path(key)
+        try:
+            blob = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        if len(blob) >= 4 and _crc(memoryview(blob)[:-4]) == int.from_bytes(blob[-4:], "little"):
+            os.utime(path)
+            return blob[:-4]
+        path.unlink(missing_ok=True)  # damaged: fetch again
+        return None
+
+    def store_object(self, key: str, data: bytes) -> None:
+        path = self._object_path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with AtomicFile(path) as f:
+            f.file.write(data)
+            f.file.write(_crc(data).to_bytes(4, "little"))
+        self.fetched(len(data))
+
+    def fetched(self, nbytes: int) -> None:
+        self._since_check += nbytes
+        if self._since_check >= self.max_bytes * _EVICT_EVERY:
+            self._since_check = 0
+            self.evict()
+
+    def usage(self) -> int:
+        """Bytes of disk the cache takes (allocated blocks, not the sparse files' apparent sizes)."""
+        return sum(p.stat().st_blocks * 512 for p in self.folder.glob("*/*") if p.is_file())
+
+    def evict(self, target: float = 0.9) -> int:
+        """Delete least recently opened entries until under ``target * max_bytes``; one process at a time."""
+        with open(self.folder / ".lock", "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return 0  # another process is evicting
+            entries: dict[Path, list[float]] = {}
+            for p in self.folder.glob("*/*"):
+                try:
+                    st = p.stat()
+                except FileNotFoundError:
+                    continue
+                stem = p.with_suffix("")
+                e = entries.setdefault(stem, [0.0, time.time()])
+                e[0] += st.st_blocks * 512
+                if p.suffix in (".crc", ".obj"):
+                    e[1] = st.st_mtime
+            total = sum(e[0] for e in entries.values())
+            removed = 0
+            for stem, (nbytes, _) in sorted(entries.items(), key=lambda kv: kv[1][1]):
+                if total <= self.max_bytes * target:
+                    break
+                for suffix in (".crc", ".data", ".obj"):  # table first: a reader never sees data without it
+                    stem.with_suffix(suffix).unlink(missing_ok=True)
+                total -= nbytes
+                removed += int(nbytes)
+            return removed

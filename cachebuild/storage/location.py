@@ -1,0 +1,351 @@
+"""Where a cache lives, apart from how its pixels are laid out: a local folder or any fsspec URL.
+
+A :class:`Location` hands out the bytes of the files a manifest names, and nothing else: every name goes
+through :func:`~cachebuild.storage.names.check_name` first. A local folder is read through plain files and
+memory maps (zero copy); ``s3://``, ``gs://``, ``http(s)://`` and every other fsspec protocol go through
+fsspec, with range reads, retries with backoff for transient failures (connection reset, 5xx, timeouts),
+and one-line errors that name the URL without its credentials. Credentials come from each store's own
+standard environment and config files (``AWS_*``, ``~/.aws``, ``GOOGLE_APPLICATION_CREDENTIALS``...), or
+``storage_options``.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from cachebuild.errors import CacheCorruptError, RemoteError
+from cachebuild.storage.names import check_name, is_url, redact
+
+__all__ = ["FsspecLocation", "LocalLocation", "Location", "is_transient", "open_location"]
+
+T = TypeVar("T")
+
+RETRY_ATTEMPTS = int(os.environ.get("CACHEBUILD_RETRIES", "5"))
+HTTP_READ_TIMEOUT_S = float(os.environ.get("CACHEBUILD_HTTP_TIMEOUT", "60"))
+
+
+class Location(ABC):
+    """A folder of files, local or remote, addressed by plain relative names."""
+
+    url: str
+
+    @property
+    def is_local(self) -> bool:
+        return False
+
+    def describe(self, name: str = "") -> str:
+        """How this location (or one of its files) is shown in messages: never with credentials."""
+        return redact(self.url + ("/" + name if name else ""))
+
+    @abstractmethod
+    def child(self, name: str) -> Location: ...
+
+    @abstractmethod
+    def exists(self, name: str) -> bool: ...
+
+    @abstractmethod
+    def size(self, name: str) -> int: ...
+
+    @abstractmethod
+    def read_bytes(self, name: str) -> bytes: ...
+
+    @abstractmethod
+    def read_ranges(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """The bytes ``[start, end)`` of each range; a range past the end of the file is an error."""
+
+    @abstractmethod
+    def read_heads(self, names: Sequence[str], nbytes: int) -> list[bytes]:
+        """The first (up to) ``nbytes`` of each file, fetched concurrently where that helps."""
+
+    @abstractmethod
+    def list_files(self) -> dict[str, int]:
+        """Every file below this location, recursively: relative name -> size in bytes."""
+
+    def local_path(self, name: str = "") -> Path:
+        raise TypeError(f"{self.describe()} is not a local folder")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.describe()!r})"
+
+
+class LocalLocation(Location):
+    """A local (or NFS-mounted) folder.
+
+    :meth:`pinned` ties the location to the folder it names now, by identity: if the folder is later
+    renamed aside by a rebuild (``cachebuild.storage.replacement``), every file is still opened from it.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], identity: tuple[int, int] | None = None) -> None:
+        self.root = Path(root)
+        self.url = str(self.root)
+        self.identity = identity
+        self._folder = self.root
+
+    @property
+    def is_local(self) -> bool:
+        return True
+
+    def pinned(self) -> LocalLocation:
+        from cachebuild.storage.replacement import folder_identity
+
+        return LocalLocation(self.root, folder_identity(self.root))
+
+    def folder(self) -> Path:
+        """The folder to open files in: ``root``, or where a rebuild moved the pinned folder."""
+        if self.identity is None:
+            return self.root
+        from cachebuild.storage.replacement import find_pinned, folder_identity
+
+        try:
+            if folder_identity(self._folder) == self.identity:
+                return self._folder
+        except OSError:
+            pass
+        found = find_pinned(self.root, self.identity)
+        if found is None:
+            from cachebuild.errors import CacheChangedError
+
+            raise CacheChangedError(
+                f"the cache at {self.root} was replaced while this job read it, and the copy it was reading is "
+                f"gone (a filesystem without working locks, or deleted by hand); restart the job to read the new cache"
+            )
+        self._folder = found
+        return found
+
+    def describe(self, name: str = "") -> str:
+        return str(self.root / name) if name else str(self.root)
+
+    def local_path(self, name: str = "") -> Path:
+        return self.folder() / check_name(name) if name else self.folder()
+
+    def child(self, name: str) -> LocalLocation:
+        return LocalLocation(self.local_path(name))
+
+    def exists(self, name: str) -> bool:
+        return self.local_path(name).exists()
+
+    def size(self, name: str) -> int:
+        return self.local_path(name).stat().st_size
+
+    def read_bytes(self, name: str) -> bytes:
+        return self.local_path(name).read_bytes()
+
+    def read_ranges(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        out = []
+        with open(self.local_path(name), "rb") as f:
+            for start, end in ranges:
+                data = os.pread(f.fileno(), end - start, start)
+                if len(data) != end - start:
+                    raise CacheCorruptError(f"{self.describe(name)} is truncated: bytes [{start}, {end}) "
+                                            f"requested, the file ends at {os.fstat(f.fileno()).st_size}")
+                out.append(data)
+        return out
+
+    def read_heads(self, names: Sequence[str], nbytes: int) -> list[bytes]:
+        heads = []
+        for name in names:
+            with open(self.local_path(name), "rb") as f:
+                heads.append(f.read(nbytes))
+        return heads
+
+    def list_files(self) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for dirpath, _, files in os.walk(self.root):
+            rel = os.path.relpath(dirpath, self.root)
+            for fname in files:
+                st = os.stat(os.path.join(dirpath, fname))
+                if stat.S_ISREG(st.st_mode):
+                    found[fname if rel == "." else f"{rel}/{fname}"] = st.st_size
+        return found
+
+
+# ---------------------------------------------------------------- fsspec
+
+def is_transient(exc: BaseException) -> bool:
+    """Worth another try: dropped connections, timeouts, 5xx/429. Not: 404, 403, bad requests."""
+    try:
+        import aiohttp
+    except ImportError:  # pragma: no cover - only without the http extra
+        aiohttp = None  # type: ignore[assignment]
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    if aiohttp is not None:
+        if isinstance(exc, aiohttp.ClientResponseError):
+            return exc.status in (408, 429) or exc.status >= 500
+        if isinstance(exc, (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)):
+            return True
+    from fsspec.exceptions import FSTimeoutError
+
+    return isinstance(exc, (TimeoutError, ConnectionError, FSTimeoutError, _ShortRead))
+
+
+class _ShortRead(OSError):
+    """A range read that came back shorter than asked (a connection that closed early)."""
+
+
+def _status(exc: BaseException) -> int | None:
+    return getattr(exc, "status", None) or getattr(exc, "code", None)
+
+
+class FsspecLocation(Location):
+    """A folder behind any fsspec URL. The filesystem object is made lazily in each process (so the
+    location pickles into DataLoader workers, fork or spawn, without an event loop or sockets)."""
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.protocol = url.split("://", 1)[0].lower()
+        self.storage_options = dict(storage_options or {})
+        self._fs: Any = None
+        self._pid = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_fs": None, "_pid": -1}
+
+    def fs_options(self) -> dict[str, Any]:
+        """``storage_options`` plus our defaults (an HTTP read timeout) for fsspec filesystems of this URL."""
+        opts = dict(self.storage_options)
+        if self.protocol in ("http", "https"):
+            import aiohttp
+
+            # aiohttp's default is a 5-minute total timeout: a stalled server would hang a worker.
+            opts["client_kwargs"] = {"timeout": aiohttp.ClientTimeout(
+                total=None, sock_connect=10, sock_read=HTTP_READ_TIMEOUT_S), **opts.get("client_kwargs", {})}
+        return opts
+
+    @property
+    def fs(self) -> Any:
+        if self._fs is None or self._pid != os.getpid():
+            import fsspec
+
+            opts = self.fs_options()
+            try:
+                self._fs = fsspec.filesystem(self.protocol, skip_instance_cache=True, **opts)
+            except ImportError as e:
+                raise RemoteError(f"reading {self.protocol}:// URLs needs an extra package ({e}); "
+                                  f"pip install 'cachebuild[remote]'") from None
+            self._pid = os.getpid()
+        return self._fs
+
+    def _path(self, name: str) -> str:
+        return f"{self.url}/{check_name(name)}" if name else self.url
+
+    def _call(self, name: str, what: str, fn: Callable[[], T]) -> T:
+        """Run ``fn`` with retries for transient failures; turn the final failure into a named error."""
+        from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+        try:
+            for attempt in Retrying(stop=stop_after_attempt(max(1, RETRY_ATTEMPTS)),
+                                    wait=wait_exponential(multiplier=0.1, max=2.0),
+                                    retry=retry_if_exception(is_transient), reraise=True):
+                with attempt:
+                    return fn()
+        except Exception as e:
+            raise self._error(name, what, e) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _error(self, name: str, what: str, exc: BaseException) -> RemoteError:
+        where = self.describe(name)
+        status = _status(exc)
+        missing = getattr(exc, "filename", None) or (exc.args[0] if exc.args else None)
+        if isinstance(exc, FileNotFoundError) and isinstance(missing, str) and is_url(missing):
+            where = redact(missing)  # the file of a multi-file call that was not there
+        if isinstance(exc, FileNotFoundError) or status == 404:
+            return RemoteError(f"{where}: not found (cannot {what})")
+        if isinstance(exc, PermissionError) or status in (401, 403):
+            return RemoteError(f"{where}: access denied{f' (HTTP {status})' if status else ''}; check the "
+                               f"credentials for this store (its standard environment variables or config files)")
+        kind = type(exc).__name__
+        detail = str(exc).replace(self.url, redact(self.url))
+        if len(detail) > 200:
+            detail = detail[:200] + "..."
+        if is_transient(exc):
+            return RemoteError(f"{where}: cannot {what} after {RETRY_ATTEMPTS} attempts: {kind}: {detail}")
+        return RemoteError(f"{where}: cannot {what}: {kind}: {detail}")
+
+    def child(self, name: str) -> FsspecLocation:
+        return FsspecLocation(self._path(name), self.storage_options)
+
+    def exists(self, name: str) -> bool:
+        path = self._path(name)
+        return self._call(name, "check it", lambda: bool(self.fs.exists(path)))
+
+    def size(self, name: str) -> int:
+        path = self._path(name)
+        info = self._call(name, "get its size", lambda: self.fs.info(path))
+        if info.get("size") is None:
+            raise RemoteError(f"{self.describe(name)}: the server does not report the size")
+        return int(info["size"])
+
+    def read_bytes(self, name: str) -> bytes:
+        path = self._path(name)
+        return self._call(name, "read it", lambda: bytes(self.fs.cat_file(path)))
+
+    def read_ranges(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        if not ranges:
+            return []
+        path = self._path(name)
+
+        def fetch() -> list[bytes]:
+            got = self.fs.cat_ranges([path] * len(ranges), [r[0] for r in ranges], [r[1] for r in ranges],
+                                     on_error="return")
+            out = []
+            for (start, end), data in zip(ranges, got, strict=True):
+                if isinstance(data, BaseException):
+                    raise data
+                if len(data) != end - start:
+                    raise _ShortRead(f"bytes [{start}, {end}) came back as {len(data)} bytes")
+                out.append(bytes(data))
+            return out
+
+        try:
+            return self._call(name, "read byte ranges of it", fetch)
+        except RemoteError as e:
+            if "_ShortRead" in str(e):
+                raise CacheCorruptError(f"{self.describe(name)} is shorter than its manifest says (truncated "
+                                        f"upload?): {str(e).split(': ', 2)[-1]}") from None
+            raise
+
+    def read_heads(self, names: Sequence[str], nbytes: int) -> list[bytes]:
+        if not names:
+            return []
+        paths = [self._path(n) for n in names]
+
+        def fetch() -> list[bytes]:
+            got = self.fs.cat_ranges(paths, [0] * len(paths), [nbytes] * len(paths), on_error="return")
+            for data in got:
+                if isinstance(data, BaseException):
+                    raise data
+            return [bytes(d) for d in got]
+
+        return self._call(names[0] if len(names) == 1 else "", f"read the headers of {len(names)} file(s)", fetch)
+
+    def list_files(self) -> dict[str, int]:
+        def find() -> dict[str, Any]:
+            return self.fs.find(self.url, detail=True)
+
+        found = self._call("", "list it", find)
+        base = self.fs._strip_protocol(self.url).rstrip("/")
+        out: dict[str, int] = {}
+        for full, info in found.items():
+            rel = self.fs._strip_protocol(full)[len(base):].lstrip("/")
+            if rel and info.get("type", "file") == "file":
+                out[rel] = int(info.get("size") or 0)
+        return out
+
+
+def open_location(where: str | os.PathLike[str] | Location,
+                  storage_options: dict[str, Any] | None = None) -> Location:
+    """A local path (or ``file://`` URL: memory maps, zero copy) or any other fsspec URL."""
+    if isinstance(where, Location):
+        return where
+    s = os.fspath(where)
+    if s.startswith("file://"):
+        return LocalLocation(s[len("file://"):])
+    if is_url(s):
+        return FsspecLocation(s, storage_options)
+    return LocalLocation(s)

@@ -1,0 +1,192 @@
+"""The ``npy`` storage kind: plain ``.npy`` shards of uint8 (n_k, H, W, 3), one per build block.
+
+Write side: a worker appends its block's samples to ``images-NNNNN.npy`` (under a temporary name, renamed
+when the block is done) with plain ``write`` calls from one reused buffer (measured 0.09 ms/sample against
+0.15-0.25 ms for page-faulting a fresh memmap); a block that lost samples to bad files is shrunk in place.
+Read side: :class:`~cachebuild.storage.rows.RowFiles` (memory maps locally, byte ranges remotely).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from cachebuild.atomic import AtomicFile
+from cachebuild.errors import CacheCorruptError
+from cachebuild.storage.base import Backend, BlockRecord, ImageStore, StorageParams
+from cachebuild.storage.block_cache import BlockCache
+from cachebuild.storage.location import Location
+from cachebuild.storage.rows import RowFiles, Segment, npy_header
+
+if TYPE_CHECKING:
+    from cachebuild.format.manifest import Manifest, ShardInfo
+
+__all__ = ["DEFAULT_CHUNK_BYTES", "NpyBackend", "NpyImages", "NpyShardSink", "shard_file_name", "shrink_npy_shard"]
+
+# Samples the chunk-aware sampler keeps together for npy caches: ~8 MB, the block size FFCV's
+# quasi-random order uses.
+DEFAULT_CHUNK_BYTES = 8 << 20
+_VERIFY_ROWS = 256  # hash in slices: verifying a 150 GB cache never holds more than ~40 MB
+_HEAD_BYTES = 4096  # every .npy header cachebuild writes is 128 bytes; numpy's are < 4 kB for our shapes
+
+
+def shard_file_name(index: int) -> str:
+    return f"images-{index:05d}.npy"
+
+
+def _header(count: int, sample_shape: tuple[int, ...]) -> bytes:
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "|u1", "fortran_order": False,
+                                               "shape": (count, *sample_shape)})
+    return buf.getvalue()
+
+
+def shrink_npy_shard(path: Path, count: int) -> None:
+    """Drop the unused tail rows of a shard in place: rewrite its header for ``count`` rows and truncate.
+
+    Rows are fixed-size and C-ordered, so the first ``count`` rows are already where a shard of ``count``
+    rows keeps them; only the header's shape changes (numpy pads headers to 64 bytes, so its length
+    normally stays the same; when it does not, the data is rewritten behind the new header).
+    """
+    with open(path, "r+b") as f:
+        offset, shape, _ = npy_header(f.read(_HEAD_BYTES), str(path))
+        head = _header(count, shape[1:])
+        row = int(np.prod(shape[1:]))
+        if len(head) == offset:
+            f.seek(0)
+            f.write(head)
+            f.truncate(offset + count * row)
+            return
+    src = np.load(path, mmap_mode="r")[:count]  # header length changed (rare): rewrite behind it
+    with AtomicFile(path) as out:
+        np.save(out.file, np.asarray(src))
+
+
+class NpyShardSink:
+    """A worker's block appended to its shard file (see the module doc)."""
+
+    def __init__(self, staging: Path, block: int, planned: int, sample_shape: tuple[int, int, int]) -> None:
+        self.out = AtomicFile(staging / shard_file_name(block))
+        self.out.file.write(_header(planned, sample_shape))
+        self.slot = np.empty(sample_shape, dtype=np.uint8)
+        self.planned, self.count = planned, 0
+
+    def next_slot(self) -> np.ndarray:
+        return self.slot
+
+    def commit(self) -> None:
+        self.out.file.write(self.slot)
+        self.count += 1
+
+    def abort(self) -> None:
+        self.out.discard()
+
+    def close(self) -> str:
+        self.out.file.close()
+        if self.count < self.planned:
+            shrink_npy_shard(self.out.tmp, self.count)
+        self.out.commit()
+        return self.out.path.name
+
+
+class NpyImages(ImageStore):
+    """Read side of an npy cache: one row file per shard."""
+
+    def __init__(self, location: Location, manifest: Manifest, offsets: list[int],
+                 block_cache: BlockCache | None) -> None:
+        self.manifest = manifest
+        segments = [Segment(s.file, s.start, s.count, off) for s, off in zip(manifest.shards, offsets, strict=True)]
+        self.rows = RowFiles(location, segments, manifest.shape, block_cache=block_cache, cache_id=manifest.build_key)
+        self.chunk_size = max(1, DEFAULT_CHUNK_BYTES // manifest.sample_nbytes)
+
+    @property
+    def bytes_fetched(self) -> int:
+        return self.rows.bytes_fetched
+
+    def gather(self, idx: np.ndarray, out: np.ndarray) -> None:
+        self.rows.gather(idx, out)
+
+    def verify(self) -> list[str]:
+        problems = []
+        buf = np.empty((_VERIFY_ROWS, *self.manifest.shape), dtype=np.uint8)
+        for s in self.manifest.shards:
+            h = hashlib.sha256()
+            try:
+                for lo in range(s.start, s.start + s.count, _VERIFY_ROWS):
+                    hi = min(lo + _VERIFY_ROWS, s.start + s.count)
+                    self.rows.gather(np.arange(lo, hi), buf[: hi - lo])
+                    h.update(memoryview(buf[: hi - lo]).cast("B"))
+            except (OSError, CacheCorruptError) as e:
+                problems.append(f"{s.file}: {e}")
+                continue
+            if h.hexdigest() != s.sha256:
+                problems.append(f"{s.file} samples [{s.start}, {s.start + s.count}): checksum mismatch")
+        return problems
+
+
+class NpyBackend(Backend):
+    name = "npy"
+
+    def build_params(self, opts: StorageParams) -> dict[str, Any]:
+        return {"chunk_size": None, "compression": "none"}
+
+    def sink(self, staging: Path, block: int, start: int, planned: int,
+             sample_shape: tuple[int, int, int]) -> NpyShardSink:
+        return NpyShardSink(staging, block, planned, sample_shape)
+
+    def finish(self, staging: Path, ordered: list[BlockRecord], count: int, planned: int) -> list[ShardInfo]:
+        from cachebuild.format.manifest import ShardInfo
+
+        shards, pos = [], 0
+        for r in ordered:
+            if r["count"]:
+                shards.append(ShardInfo(r["file"], pos, r["count"], r["sha256"]))
+                pos += r["count"]
+            else:  # every file of the block failed: no shard
+                (staging / r["file"]).unlink(missing_ok=True)
+        return shards
+
+    def write_arrays(self, staging: Path, images: np.ndarray, shard_size: int, compression: str) -> list[ShardInfo]:
+        from cachebuild.format.manifest import ShardInfo
+
+        if compression != "none":
+            raise ValueError(f"npy shards are not compressed; got compression={compression!r}")
+        shards = []
+        for i, lo in enumerate(range(0, len(images), shard_size)):
+            block = np.ascontiguousarray(images[lo : lo + shard_size])
+            with AtomicFile(staging / shard_file_name(i)) as f:
+                f.file.write(_header(len(block), block.shape[1:]))
+                f.file.write(memoryview(block).cast("B"))
+            shards.append(ShardInfo(shard_file_name(i), lo, len(block), hashlib.sha256(block).hexdigest()))
+        return shards
+
+    def open(self, location: Location, manifest: Manifest, *, block_cache: BlockCache | None = None) -> NpyImages:
+        """Check every shard's header against the manifest (and, locally, its size); no pixel is read."""
+        h, w, c = manifest.shape
+        offsets = []
+        heads = _read_heads(location, [s.file for s in manifest.shards])
+        for s, head in zip(manifest.shards, heads, strict=True):
+            where = location.describe(s.file)
+            offset, shape, dtype = npy_header(head, where)
+            if dtype != np.uint8 or shape != (s.count, h, w, c):
+                raise CacheCorruptError(
+                    f"shard {where} holds {dtype}{list(shape)}, the manifest says uint8{[s.count, h, w, c]}")
+            if location.is_local:
+                size = location.local_path(s.file).stat().st_size
+                if size < offset + s.count * manifest.sample_nbytes:
+                    raise CacheCorruptError(f"shard {where} is truncated: {size} bytes, expected "
+                                            f"{offset + s.count * manifest.sample_nbytes}")
+            offsets.append(offset)
+        return NpyImages(location, manifest, offsets, block_cache)
+
+
+def _read_heads(location: Location, names: list[str]) -> list[bytes]:
+    """The first bytes of every shard: locally one small read each, remotely one concurrent batch of ranges."""
+    try:
+        return location.read_heads(names, _HEAD_BYTES)
+    except FileNotFoundError as e:
+        raise CacheCorruptError(f"shard {e.filename}, listed in the manifest, is missing") from None

@@ -1,0 +1,151 @@
+"""Samples stored as fixed-size C-order rows in a sequence of files (npy shards, uncompressed zarr chunks).
+
+The read path every row-file backend shares. Locally each file is memory-mapped once per process and a
+batch is one sorted pass copying each row once into the caller's buffer. Remotely the rows a batch needs
+become byte ranges (adjacent rows coalesced into one range), fetched concurrently through the location,
+optionally through a local :class:`~cachebuild.storage.block_cache.BlockCache`.
+
+Why a per-row copy loop and not one vectorised gather: the rows of a batch live in different files
+(different maps), and numpy has no scatter-from-many-arrays primitive. A fancy read per file followed by
+a scatter moves every byte twice and measured ~0.6x the speed of a loop that copies each row once (the
+loop's Python cost is ~1 us per 150 kB row). When all rows come from one file a single ``np.take`` is used.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cachebuild.errors import CacheCorruptError
+from cachebuild.storage.block_cache import BlockCache, CachedFile
+from cachebuild.storage.location import Location
+
+__all__ = ["RowFiles", "Segment", "npy_header"]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Samples ``[start, start + rows)`` in file ``name``, row 0 at byte ``offset``."""
+
+    name: str
+    start: int
+    rows: int
+    offset: int
+
+
+def npy_header(head: bytes, where: str) -> tuple[int, tuple[int, ...], np.dtype]:
+    """(data offset, shape, dtype) of a ``.npy`` from its first bytes; a named error for anything else."""
+    import io
+
+    fmt = np.lib.format
+    f = io.BytesIO(head)
+    try:
+        version = fmt.read_magic(f)
+        read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+        shape, fortran, dtype = read(f)
+    except (ValueError, EOFError) as e:
+        raise CacheCorruptError(f"{where} is not a readable .npy file: {e}") from None
+    if fortran:
+        raise CacheCorruptError(f"{where} is stored in Fortran order; cache shards are C-ordered")
+    return f.tell(), tuple(shape), dtype
+
+
+class RowFiles:
+    """Gather rows of ``row_shape`` uint8 from ``segments`` under ``location`` (picklable; lazy per process)."""
+
+    def __init__(self, location: Location, segments: Sequence[Segment], row_shape: tuple[int, ...], *,
+                 block_cache: BlockCache | None = None, cache_id: str = "") -> None:
+        self.location = location
+        self.segments = tuple(segments)
+        self.row_shape = tuple(row_shape)
+        self.row_bytes = int(np.prod(row_shape))
+        self.block_cache = None if location.is_local else block_cache
+        self.cache_id = cache_id
+        self.starts = np.array([s.start for s in self.segments] + [self.segments[-1].start + self.segments[-1].rows
+                                                                   if self.segments else 0], dtype=np.int64)
+        self._maps: list[Any] | None = None
+        self._pid = os.getpid()
+        self.bytes_fetched = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_maps": None, "_pid": -1, "bytes_fetched": 0}
+
+    def _segment(self, k: int) -> Any:
+        """Segment ``k`` as a (rows, *row_shape) array (local) or a CachedFile / None (remote), made once."""
+        if self._pid != os.getpid():  # forked or unpickled: another process's maps are not ours
+            self._maps, self._pid = None, os.getpid()
+        maps = self._maps
+        if maps is None:
+            maps = self._maps = [None] * len(self.segments)
+        got = maps[k]
+        if got is None:
+            seg = self.segments[k]
+            if self.location.is_local:
+                path = self.location.local_path(seg.name)
+                try:
+                    mm = np.memmap(path, dtype=np.uint8, mode="r", offset=seg.offset,
+                                   shape=(seg.rows, *self.row_shape))
+                except FileNotFoundError:
+                    raise CacheCorruptError(f"{path}, listed in the manifest, is missing") from None
+                except ValueError as e:  # mmap length larger than the file
+                    raise CacheCorruptError(f"{path} is truncated: {e}") from None
+                got = maps[k] = mm.view(np.ndarray)  # plain ndarray view: np.memmap slicing is slower
+            elif self.block_cache is not None:
+                size = seg.offset + seg.rows * self.row_bytes
+                key = BlockCache.key(self.cache_id, seg.name)
+                got = maps[k] = self.block_cache.file(key, size)
+            else:
+                got = maps[k] = False  # remote without a local cache: plain range reads
+        return got
+
+    def gather(self, idx: np.ndarray, out: np.ndarray) -> None:
+        """Copy samples ``idx`` (any order, in range) into ``out`` (len(idx), *row_shape), one sorted pass."""
+        if not len(idx):
+            return
+        order = np.argsort(idx, kind="stable")
+        sorted_idx = idx[order]
+        seg_of = np.searchsorted(self.starts, sorted_idx, side="right") - 1
+        if not self.location.is_local:
+            self._gather_remote(sorted_idx, order, seg_of, out)
+            return
+        if seg_of[0] == seg_of[-1]:  # one file: a single C-level gather in the requested order
+            k = int(seg_of[0])
+            np.take(self._segment(k), idx - self.starts[k], axis=0, out=out, mode="clip")
+            return
+        local = (sorted_idx - self.starts[seg_of]).tolist()
+        current, arr = -1, None
+        for pos, k, i in zip(order.tolist(), seg_of.tolist(), local, strict=True):
+            if k != current:
+                current, arr = k, self._segment(k)
+            out[pos] = arr[i]  # type: ignore[index]
+
+    def _gather_remote(self, sorted_idx: np.ndarray, order: np.ndarray, seg_of: np.ndarray, out: np.ndarray) -> None:
+        bounds = np.flatnonzero(np.diff(seg_of)) + 1
+        flat = out.reshape(len(out), -1)
+        for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(sorted_idx)], strict=True):
+            k = int(seg_of[lo])
+            seg = self.segments[k]
+            rows = sorted_idx[lo:hi] - seg.start
+            # Runs of consecutive rows become one byte range each: the bytes fetched are the bytes needed.
+            cut = np.flatnonzero(np.diff(rows) != 1) + 1
+            runs = list(zip(np.r_[0, cut].tolist(), np.r_[cut, len(rows)].tolist(), strict=True))
+            ranges = [(seg.offset + int(rows[a]) * self.row_bytes, seg.offset + (int(rows[z - 1]) + 1) * self.row_bytes)
+                      for a, z in runs]
+            cached = self._segment(k)
+            if isinstance(cached, CachedFile):
+                datas: list[Any] = cached.read(ranges, lambda rs, name=seg.name: self._fetch(name, rs))
+            else:
+                datas = self._fetch(seg.name, ranges)
+            dest = order[lo:hi]
+            for (a, z), data in zip(runs, datas, strict=True):
+                block = np.frombuffer(data, dtype=np.uint8).reshape(z - a, self.row_bytes)
+                flat[dest[a:z]] = block
+
+    def _fetch(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        got = self.location.read_ranges(name, ranges)
+        self.bytes_fetched += sum(len(g) for g in got)
+        return got
