@@ -196,31 +196,44 @@ def folder(src: Path, size: int, split: str, name: str | None, out: Path | None,
     _run_builds(lambda: [folder_plan(src, dataset=dataset, split=split)], dataset, size, out, **kw)
 
 
-def _open(path: Path):
+def _open(where: str):
     from cachebuild.format import open_cache
 
     try:
-        return open_cache(path)
+        return open_cache(where)
     except CacheBuildError as e:
         raise click.ClickException(str(e)) from None
 
 
+def _disk_bytes(cache: Any) -> int | None:
+    """Bytes the cache's files take (None when a server lists no sizes)."""
+    from cachebuild.errors import RemoteError
+
+    try:
+        sizes = cache.location.list_files().values()
+    except RemoteError:
+        return None
+    return None if any(v < 0 for v in sizes) else sum(sizes)
+
+
 @main.command()
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("where", metavar="PATH|URL")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole manifest as JSON.")
-def info(path: Path, as_json: bool) -> None:
-    """Describe the cache at PATH."""
-    cache = _open(path)
+def info(where: str, as_json: bool) -> None:
+    """Describe the cache at PATH or URL (s3://, gs://, https://...)."""
+    cache = _open(where)
     m = cache.manifest
     if as_json:
         click.echo(json.dumps(m.to_dict(), indent=1))
         return
-    disk = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    disk = _disk_bytes(cache)
     classes = ", ".join(m.classes[:5]) + (", ..." if len(m.classes) > 5 else "")
     lines = [
-        f"{path}",
+        f"{cache.location.describe()}",
         f"  {m.dataset}/{m.split}: {m.count} samples, {m.shape[0]}x{m.shape[1]}x{m.shape[2]} {m.dtype} {m.layout}",
-        f"  storage: {m.storage}, {len(m.shards)} shard(s), {disk / 1e6:.1f} MB on disk",
+        f"  storage: {m.storage}, {len(m.shards)} shard(s), "
+        + (f"{disk / 1e6:.1f} MB" if disk is not None else "size not listed by the server")
+        + (" on disk" if cache.location.is_local else ""),
         f"  classes: {len(m.classes)} ({classes})",
         f"  fit: {m.fit}, interpolation: {m.interpolation}",
         f"  source: {m.source.get('root')} ({m.source.get('files')} files, "
@@ -235,16 +248,20 @@ def info(path: Path, as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("path", type=click.Path(path_type=Path))
-def verify(path: Path) -> None:
-    """Re-hash every shard and array of the cache at PATH against its manifest."""
-    cache = _open(path)
-    problems = cache.verify()
+@click.argument("where", metavar="PATH|URL")
+def verify(where: str) -> None:
+    """Re-hash every shard and array of the cache at PATH or URL against its manifest."""
+    cache = _open(where)
+    shown = cache.location.describe()
+    try:
+        problems = cache.verify()
+    except CacheBuildError as e:
+        raise click.ClickException(str(e)) from None
     if problems:
         for p in problems:
-            click.echo(f"{path}: {p}", err=True)
+            click.echo(f"{shown}: {p}", err=True)
         raise SystemExit(1)
-    click.echo(f"{path}: ok ({cache.manifest.count} samples in {len(cache.manifest.shards)} shard(s) verified)")
+    click.echo(f"{shown}: ok ({cache.manifest.count} samples in {len(cache.manifest.shards)} shard(s) verified)")
 
 
 @main.command()

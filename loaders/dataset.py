@@ -32,7 +32,7 @@ from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from cachebuild.format import Manifest, open_cache
 from cachebuild.format.side_arrays import load_paths
-from cachebuild.storage import ImageStore
+from cachebuild.storage import BlockCache, ImageStore
 from loaders.batch_ring import MAX_SLOTS, InlineTensor, WorkerRing
 from loaders.shared_memory import load_shared, shared_uint8
 
@@ -142,7 +142,7 @@ class CachedImageDataset(Dataset):
         in_memory: bool | str = False,
         memory_budget: int | None = None,
         ring_slots: int = DEFAULT_RING_SLOTS,
-        local_cache: str | os.PathLike[str] | None = None,
+        local_cache: str | os.PathLike[str] | BlockCache | None = None,
         local_cache_bytes: int | None = None,
         storage_options: dict[str, Any] | None = None,
     ) -> None:

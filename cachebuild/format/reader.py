@@ -31,13 +31,14 @@ class CacheReader:
 
     Args:
         where: a cache folder, or a URL (``s3://``, ``gs://``, ``https://``, ``file://``...).
-        local_cache: a local folder for the block cache of remote reads (so a second epoch reads local disk);
-            ignored for local caches.
+        local_cache: a local folder (or a :class:`~cachebuild.storage.BlockCache`) for the block cache of remote
+            reads, so a second epoch reads local disk; ignored for local caches.
         local_cache_bytes: the block cache's size bound.
         storage_options: passed to fsspec for URLs (credentials normally come from the store's own config).
     """
 
-    def __init__(self, where: str | os.PathLike[str] | Location, *, local_cache: str | os.PathLike[str] | None = None,
+    def __init__(self, where: str | os.PathLike[str] | Location, *,
+                 local_cache: str | os.PathLike[str] | BlockCache | None = None,
                  local_cache_bytes: int | None = None, storage_options: dict[str, Any] | None = None) -> None:
         location = open_location(where, storage_options)
         self._lock: ReaderLock | None = None
@@ -49,7 +50,9 @@ class CacheReader:
         self.manifest: Manifest = read_manifest(location)
         self.backend = get_backend(self.manifest.storage)
         self.block_cache: BlockCache | None = None
-        if local_cache is not None and not location.is_local:
+        if isinstance(local_cache, BlockCache):
+            self.block_cache = local_cache
+        elif local_cache is not None and not location.is_local:
             kw = {"max_bytes": int(local_cache_bytes)} if local_cache_bytes else {}
             self.block_cache = BlockCache(local_cache, **kw)
         self.images: ImageStore = self.backend.open(location, self.manifest, block_cache=self.block_cache)

@@ -6,7 +6,7 @@ stores one value per key, so a shuffled batch would read a whole block file per 
 file is mirrored by a sparse local file of the same size plus a table of per-block checksums:
 
 * ``<key>.data``: the remote bytes at their own offsets; only fetched blocks take disk space.
-* ``<key>.crc``: one uint64 per block: 0 = not fetched, else ``1 << 32 | crc32c(block)``.
+* ``<key>.crc``: one uint64 per block: 0 = not fetched, else ``1 << 32 | crc32(block)``.
 
 A block is written (``pwrite``) before its table entry, so a reader never trusts a block that is not
 there; concurrent fetches of one block write identical bytes. Each process checks a block's checksum the
@@ -28,10 +28,10 @@ import hashlib
 import mmap
 import os
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import google_crc32c
 import numpy as np
 
 from cachebuild.atomic import AtomicFile
@@ -47,7 +47,7 @@ Fetch = Callable[[Sequence[tuple[int, int]]], list[bytes]]
 
 
 def _crc(data: bytes | memoryview | np.ndarray) -> int:
-    return int(google_crc32c.value(bytes(data) if isinstance(data, np.ndarray) else data))
+    return zlib.crc32(data)  # any buffer, no copy (~4 GB/s here)
 
 
 class CachedFile:

@@ -64,7 +64,7 @@ class Location(ABC):
 
     @abstractmethod
     def list_files(self) -> dict[str, int]:
-        """Every file below this location, recursively: relative name -> size in bytes."""
+        """Every file below this location, recursively: relative name -> size in bytes (-1: not listed)."""
 
     def local_path(self, name: str = "") -> Path:
         raise TypeError(f"{self.describe()} is not a local folder")
@@ -334,7 +334,8 @@ class FsspecLocation(Location):
         for full, info in found.items():
             rel = self.fs._strip_protocol(full)[len(base):].lstrip("/")
             if rel and info.get("type", "file") == "file":
-                out[rel] = int(info.get("size") or 0)
+                size = info.get("size")
+                out[rel] = -1 if size is None else int(size)  # -1: a listing without sizes (HTTP index pages)
         return out
 
 

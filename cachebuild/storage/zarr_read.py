@@ -103,7 +103,7 @@ def check_chunks(location: Location, manifest: Manifest, layout: ZarrLayout) -> 
                                 f"(zarr would read it as black images); rebuild or re-fetch it")
     if layout.raw:
         for name in names:
-            if sizes[name] != full:
+            if sizes[name] not in (full, -1):
                 raise CacheCorruptError(f"zarr chunk {location.describe(name)} holds {sizes[name]} bytes, "
                                         f"expected {full}: truncated; rebuild or re-fetch the cache")
 
@@ -230,5 +230,8 @@ class ZarrImages(ImageStore):
             if bad is not None:
                 problems.append(bad)
             elif h.hexdigest() != s.sha256:
-                problems.append(f"{s.file} samples [{s.start}, {s.start + s.count}): checksum mismatch")
+                first, last = chunk_name(s.start // c), chunk_name((s.start + s.count - 1) // c)
+                chunks = first if first == last else f"{first} .. {last}"
+                problems.append(f"{s.file} samples [{s.start}, {s.start + s.count}) (chunks {chunks}): "
+                                "checksum mismatch")
         return problems

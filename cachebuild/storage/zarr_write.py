@@ -56,7 +56,7 @@ def create_zarr_images(path: Path, count: int, sample_shape: tuple[int, int, int
 
     compressors: Any = None
     if compression == "zstd":
-        compressors = ZstdCodec(level=3)
+        compressors = ZstdCodec(level=3, checksum=True)  # a damaged chunk fails to decode, named by verify
     elif compression == "blosc":
         compressors = BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle")
     elif compression != "none":
