@@ -15,6 +15,7 @@ import click
 
 from cachebuild.decode import DEFAULT_MAX_PIXELS, FITS, INTERPOLATIONS
 from cachebuild.errors import CacheBuildError, DecodeError
+from cachebuild.storage import DEFAULT_STORAGE, backend_names
 
 __all__ = ["default_out", "main"]
 
@@ -22,9 +23,10 @@ log = logging.getLogger("cachebuild")
 
 
 def default_out(dataset: str, size: int, fit: str, storage: str) -> Path:
-    """``$CACHEBUILD_HOME`` (default ``~/.cache/cachebuild``) / ``<dataset>-<size>[-<fit>][-zarr]``."""
+    """``$CACHEBUILD_HOME`` (default ``~/.cache/cachebuild``) / ``<dataset>-<size>[-<fit>][-<storage>]``."""
     home = Path(os.environ.get("CACHEBUILD_HOME", Path.home() / ".cache" / "cachebuild"))
-    name = f"{dataset}-{size}" + ("" if fit == "crop" else f"-{fit}") + ("-zarr" if storage == "zarr" else "")
+    name = f"{dataset}-{size}" + ("" if fit == "crop" else f"-{fit}")
+    name += "" if storage == DEFAULT_STORAGE else f"-{storage}"
     return home / name
 
 
@@ -42,7 +44,8 @@ def build_options(f: Callable[..., Any]) -> Callable[..., Any]:
     opts = [
         click.option("--out", type=click.Path(path_type=Path), default=None,
                      help="Output folder; one sub-folder per split. Default: $CACHEBUILD_HOME/<dataset>-<size>."),
-        click.option("--format", "storage", type=click.Choice(["npy", "zarr"]), default="npy", show_default=True,
+        click.option("--format", "storage", type=click.Choice(list(backend_names())), default=DEFAULT_STORAGE,
+                     show_default=True,
                      help="npy: fixed-shape shards to memory-map; zarr: one v3 array chunked along samples."),
         click.option("--fit", type=click.Choice(FITS), default="crop", show_default=True,
                      help="crop: short side to S then centre crop; squash: to SxS; pad: letterbox, boxes recorded."),

@@ -16,6 +16,7 @@ from cachebuild.storage.location import FsspecLocation, LocalLocation, Location,
 from cachebuild.storage.names import check_name, is_url, redact
 
 __all__ = [
+    "DEFAULT_STORAGE",
     "Backend",
     "BlockCache",
     "FsspecLocation",
@@ -31,6 +32,8 @@ __all__ = [
     "redact",
     "register_backend",
 ]
+
+DEFAULT_STORAGE = "npy"
 
 # kind -> "module:Class"
 _BACKENDS: dict[str, str] = {

@@ -18,6 +18,7 @@ import datetime as _dt
 import fcntl
 import logging
 import os
+import secrets
 import shutil
 from pathlib import Path
 
@@ -76,7 +77,7 @@ class ReaderLock:
 def set_aside(out: Path) -> Path:
     """Rename the cache at ``out`` to a ``.replaced-`` name beside it (readers keep it); returns the new path."""
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
-    aside = out.with_name(f"{out.name}{MARK}{stamp}-{os.getpid()}")
+    aside = out.with_name(f"{out.name}{MARK}{stamp}-{os.getpid()}-{secrets.token_hex(3)}")
     out.rename(aside)
     return aside
 

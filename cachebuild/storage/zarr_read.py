@@ -203,10 +203,26 @@ class ZarrImages(ImageStore):
             return
         order = np.argsort(idx, kind="stable")
         # zarr reads each touched chunk once for the whole sorted selection.
-        block = self.array().get_orthogonal_selection((idx[order],))
+        try:
+            block = self.array().get_orthogonal_selection((idx[order],))
+        except CacheCorruptError:
+            raise
+        except Exception as e:  # a codec's own error (zstd, blosc...): find and name the chunk
+            raise self._damaged(idx, e) from None
         inv = np.empty_like(order)
         inv[order] = np.arange(len(order))
         np.take(block, inv, axis=0, out=out, mode="clip")
+
+    def _damaged(self, idx: np.ndarray, exc: Exception) -> CacheCorruptError:
+        c = self.layout.chunk
+        for k in np.unique(idx // c).tolist():
+            try:
+                self.array()[k * c : k * c + 1]
+            except Exception:
+                return CacheCorruptError(f"zarr chunk {self.location.describe(chunk_name(k))} cannot be decoded "
+                                         f"({type(exc).__name__}: {exc}): the cache is damaged; rebuild or re-fetch it")
+        where = self.location.describe(ZARR_NAME)
+        return CacheCorruptError(f"zarr read of {where} failed: {type(exc).__name__}: {exc}")
 
     def verify(self) -> list[str]:
         """Re-hash each shard range, reading chunk by chunk so a damaged chunk is named."""

@@ -1,0 +1,38 @@
+"""The "reading a cache without cachebuild" snippets of docs/FORMAT.md, run as written on real caches."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.loaders_fixtures import make_cache
+
+FORMAT_MD = Path(__file__).resolve().parents[1] / "docs" / "FORMAT.md"
+
+
+def _snippets() -> dict[str, str]:
+    text = FORMAT_MD.read_text(encoding="utf-8")
+    section = text.split("## Reading a cache without cachebuild", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    return {b.splitlines()[0].lstrip("# ").split(":")[0]: b for b in blocks}
+
+
+def test_the_doc_has_the_four_readers():
+    assert sorted(_snippets()) == ["numpy", "tensorstore", "xarray", "zarr-python"]
+
+
+@pytest.mark.parametrize("reader", ["numpy", "zarr-python", "tensorstore", "xarray"])
+def test_snippet_reads_the_cache_as_written(tmp_path, reader):
+    npy, images, labels = make_cache(tmp_path / "npy", n=30, storage="npy", shard_size=8)
+    zarr_cache, _, _ = make_cache(tmp_path / "zarr", n=30, storage="zarr", shard_size=8)
+    scope = {"cache": str(npy), "zarr_cache": str(zarr_cache)}
+    exec(compile(_snippets()[reader], f"FORMAT.md:{reader}", "exec"), scope)
+    if reader == "numpy":
+        assert np.array_equal(scope["images"], images) and np.array_equal(scope["labels"], labels)
+    elif reader == "xarray":
+        assert np.array_equal(scope["images"].values, images)
+    else:
+        assert np.array_equal(np.asarray(scope["first"]), images[:8])

@@ -1,0 +1,220 @@
+"""The storage seam: the registry takes a new kind as one class + one line, and the reliability rules
+every backend keeps (names inside the cache, no fill values for missing chunks, replaced caches kept
+for their readers)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from torch.utils.data import DataLoader
+
+from cachebuild.errors import CacheCorruptError, CacheExistsError, UnsupportedFormatError
+from cachebuild.format import open_cache, write_cache
+from cachebuild.format.manifest import ShardInfo
+from cachebuild.storage import Backend, ImageStore, get_backend, register_backend
+from cachebuild.storage.replacement import replaced_folders
+from cachebuild.storage.rows import RowFiles, Segment
+from loaders.dataset import CachedImageDataset, collate_batch
+from tests.loaders_fixtures import decode_index, make_cache, make_images
+
+# ---------------------------------------------------------------- a new kind: one class, one registry line
+
+
+class _RawImages(ImageStore):
+    def __init__(self, location, manifest):
+        self.manifest = manifest
+        self.rows = RowFiles(location, [Segment(s.file, s.start, s.count, 0) for s in manifest.shards], manifest.shape)
+        self.chunk_size = 4
+
+    def gather(self, idx, out):
+        self.rows.gather(idx, out)
+
+    def verify(self):
+        bad = []
+        for s in self.manifest.shards:
+            buf = np.empty((s.count, *self.manifest.shape), np.uint8)
+            self.rows.gather(np.arange(s.start, s.start + s.count), buf)
+            if hashlib.sha256(buf).hexdigest() != s.sha256:
+                bad.append(s.file)
+        return bad
+
+
+class _RawBackend(Backend):
+    """Headerless ``.raw`` files of C-order rows: the smallest backend there is."""
+
+    name = "raw-test"
+
+    def build_params(self, opts):
+        return {"chunk_size": None, "compression": "none"}
+
+    def sink(self, staging, block, start, planned, sample_shape):
+        raise NotImplementedError
+
+    def finish(self, staging, ordered, count, planned):
+        raise NotImplementedError
+
+    def write_arrays(self, staging, images, shard_size, compression):
+        shards = []
+        for i, lo in enumerate(range(0, len(images), shard_size)):
+            block = np.ascontiguousarray(images[lo : lo + shard_size])
+            (staging / f"part-{i}.raw").write_bytes(block.tobytes())
+            shards.append(ShardInfo(f"part-{i}.raw", lo, len(block), hashlib.sha256(block).hexdigest()))
+        return shards
+
+    def open(self, location, manifest, *, block_cache=None):
+        return _RawImages(location, manifest)
+
+
+def test_a_new_storage_kind_is_one_class_and_one_registry_line(tmp_path):
+    register_backend("raw-test", _RawBackend())
+    images = make_images(23, 8, 6)
+    write_cache(tmp_path / "c", images, np.arange(23) % 3, ["a", "b", "c"], storage="raw-test", shard_size=5)
+    assert sorted(p.name for p in (tmp_path / "c").glob("*.raw")) == [f"part-{i}.raw" for i in range(5)]
+    ds = CachedImageDataset(tmp_path / "c")
+    idx = np.random.default_rng(0).permutation(23)
+    assert np.array_equal(ds.gather(idx), images[idx]) and ds.chunk_size == 4
+    assert open_cache(tmp_path / "c").verify() == []
+    dl = DataLoader(ds, batch_size=6, num_workers=2, collate_fn=collate_batch)
+    assert np.array_equal(np.concatenate([x.numpy() for x, _ in dl]), images)
+
+
+def test_an_unknown_storage_kind_is_a_named_error(tmp_path):
+    with pytest.raises(UnsupportedFormatError, match="storage kind 'tar' is not known"):
+        get_backend("tar")
+
+
+def test_nothing_outside_the_backends_asks_which_kind_a_cache_is():
+    """The seam's rule, checked on the source: only cachebuild/storage names the kinds."""
+    root = Path(__file__).resolve().parents[1]
+    offenders = []
+    for path in [*root.glob("cachebuild/**/*.py"), *root.glob("loaders/**/*.py")]:
+        if "storage" in path.relative_to(root).parts[:2]:
+            continue
+        text = path.read_text(encoding="utf-8")
+        for m in re.finditer(r"""storage\s*[!=]=\s*["'](npy|zarr)["']|["'](npy|zarr)["']\s*[!=]=""", text):
+            offenders.append(f"{path.relative_to(root)}: {m.group(0)}")
+    assert offenders == []
+
+
+# ---------------------------------------------------------------- names inside the cache
+
+
+@pytest.mark.parametrize("field", ["shards", "labels", "paths"])
+@pytest.mark.parametrize("bad", ["../elsewhere.npy", "/etc/passwd", "s3://bucket/x.npy", "sub/./x.npy"])
+def test_manifest_names_outside_the_cache_are_refused(tmp_path, field, bad):
+    """Even pointing at a valid file with a matching checksum: refused when the manifest is parsed."""
+    root, _, _ = make_cache(tmp_path / "c")
+    shutil.copy(root / "labels.npy", tmp_path / "elsewhere.npy")
+    m = json.loads((root / "manifest.json").read_text())
+    if field == "shards":
+        m["shards"][0]["file"] = bad
+    else:
+        m["arrays"][field]["file"] = bad
+    (root / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(CacheCorruptError, match="not a plain relative name inside the cache"):
+        open_cache(root)
+
+
+# ---------------------------------------------------------------- zarr never serves fill values
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_a_missing_zarr_chunk_is_named_at_open_and_at_read(tmp_path, compression):
+    root, _images, _ = make_cache(tmp_path / "c", n=50, storage="zarr", compression=compression)
+    ds = CachedImageDataset(root)  # opened while every chunk was there
+    chunk = root / "images.zarr" / "c" / "0" / "0" / "0" / "0"
+    chunk.unlink()
+    with pytest.raises(CacheCorruptError, match=r"c/0/0/0/0.*missing"):
+        ds.gather(np.arange(3))
+    with pytest.raises(CacheCorruptError, match=r"c/0/0/0/0.*missing"):
+        CachedImageDataset(root)
+
+
+def test_a_damaged_compressed_chunk_is_named_by_verify_and_by_the_reader(tmp_path):
+    root, images, _ = make_cache(tmp_path / "c", n=50, storage="zarr", compression="zstd", h=16, w=16)
+    chunk = root / "images.zarr" / "c" / "1" / "0" / "0" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:40])  # truncated
+    problems = open_cache(root).verify()
+    assert len(problems) == 1 and "c/1/0/0/0" in problems[0]
+    ds = CachedImageDataset(root)
+    assert np.array_equal(ds.gather(np.arange(16)), images[:16])  # chunk 0 is fine
+    with pytest.raises(CacheCorruptError, match=r"c/1/0/0/0"):
+        ds.gather(np.arange(14, 20))
+
+
+def test_xarray_opens_a_zarr_cache(tmp_path):
+    import xarray as xr
+
+    root, images, _ = make_cache(tmp_path / "c", n=30, storage="zarr")
+    ds = xr.open_zarr(root)
+    assert ds["images.zarr"].dims == ("sample", "y", "x", "channel")
+    assert np.array_equal(ds["images.zarr"].values, images)
+
+
+# ---------------------------------------------------------------- a rebuild never changes what a reader returns
+
+
+@pytest.mark.parametrize("storage", ["npy", "zarr"])
+def test_force_rebuild_leaves_an_open_dataset_reading_the_old_cache_whole(tmp_path, storage):
+    root, old, _ = make_cache(tmp_path / "c", n=48, storage=storage, shard_size=8)
+    ds = CachedImageDataset(root)
+    dl = DataLoader(ds, batch_size=8, shuffle=True, num_workers=2, collate_fn=collate_batch)
+    first = next(iter(dl))[0].numpy()
+    assert np.array_equal(first, old[decode_index(first)])
+    new = make_images(40, 12, 10)[::-1].copy()  # another size, other pixels
+    write_cache(root, new, np.zeros(40, int), ["x"], storage=storage, shard_size=8, replace=True)
+    assert np.array_equal(open_cache(root).read(np.arange(40)), new)  # the path now holds the new cache
+    for _ in range(2):  # new worker processes each epoch open the shards they touch after the swap
+        got = np.concatenate([x.numpy() for x, _ in dl])
+        assert got.shape == old.shape and np.array_equal(np.sort(decode_index(got)), np.arange(48))
+        assert np.array_equal(got, old[decode_index(got)])
+    assert len(replaced_folders(root)) == 1  # kept while the dataset lives
+    del ds, dl
+    write_cache(root, old, np.zeros(48, int), ["x"], storage=storage, shard_size=8, replace=True)
+    assert replaced_folders(root) == []  # no reader left: both old versions are gone
+
+
+def test_force_only_ever_replaces_a_cache(tmp_path):
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "me.jpg").write_bytes(b"not ours")
+    with pytest.raises(CacheExistsError, match="not a cachebuild cache"):
+        write_cache(tmp_path / "photos", make_images(4), np.zeros(4, int), ["a"], replace=True)
+    assert (tmp_path / "photos" / "me.jpg").read_bytes() == b"not ours"
+
+
+def test_readers_never_mix_caches_while_rebuilds_run_concurrently(tmp_path):
+    """Rebuilds with other parameters run in a thread while a DataLoader (2 workers, new ones every epoch)
+    reads: every batch is whole and from the cache the dataset opened."""
+    import threading
+
+    root, old, _ = make_cache(tmp_path / "c", n=64, storage="npy", shard_size=8)
+    ds = CachedImageDataset(root)
+    stop = threading.Event()
+    rebuilt = []
+
+    def rebuild() -> None:
+        k = 0
+        while not stop.is_set():
+            k += 1
+            imgs = make_images(32 + k % 3 * 8, 8 + k % 2 * 4, 6)[::-1].copy()
+            write_cache(root, imgs, np.zeros(len(imgs), int), ["x"], shard_size=8, replace=True)
+            rebuilt.append(k)
+
+    t = threading.Thread(target=rebuild)
+    t.start()
+    try:
+        dl = DataLoader(ds, batch_size=8, shuffle=True, num_workers=2, collate_fn=collate_batch)
+        for _ in range(3):
+            for x, _ in dl:
+                b = x.numpy()
+                assert b.shape[1:] == old.shape[1:] and np.array_equal(b, old[decode_index(b)])
+    finally:
+        stop.set()
+        t.join()
+    assert len(rebuilt) >= 2
