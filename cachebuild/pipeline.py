@@ -116,7 +116,7 @@ def _record_path(staging: Path, block: int) -> Path:
 
 
 def _run_block(plan_reader: Any, keys: list[str], start: int, block: int, spec: ResizeSpec,
-               staging: str, on_error: str, storage: str = "npy") -> dict[str, Any]:
+               staging: str, on_error: str, storage: str, params: dict[str, Any]) -> dict[str, Any]:
     """Decode one block into its storage backend's sink and write its record; returns the record.
 
     Each sample is decoded into a reused buffer and hashed while it is hot in cache. No fsync: a finished
@@ -126,7 +126,7 @@ def _run_block(plan_reader: Any, keys: list[str], start: int, block: int, spec: 
     _init_worker()
     folder = Path(staging)
     shape = (spec.size, spec.size, 3)
-    sink = get_backend(storage).sink(folder, block, start, len(keys), shape)
+    sink = get_backend(storage).sink(folder, block, start, len(keys), shape, params)
     digest = hashlib.sha256()
     ok, sizes, boxes, failures = [], [], [], []
     try:
@@ -273,6 +273,7 @@ def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
     bs = opts.resolved_block(len(plan))
     n = len(plan)
     get_backend(opts.storage).prepare(staging, n, (spec.size, spec.size, 3), opts)
+    storage_params = get_backend(opts.storage).build_params(opts)
     blocks = list(enumerate(range(0, n, bs)))
     todo = [(b, lo) for b, lo in blocks if b not in done]
     if done:
@@ -280,7 +281,7 @@ def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
     records = dict(done)
     tasks = (
         delayed(_run_block)(plan.reader, list(plan.keys[lo : lo + bs]), lo, b, spec, str(staging), opts.on_error,
-                            opts.storage)
+                            opts.storage, storage_params)
         for b, lo in todo
     )
     with _progress(n, sum(r["planned"] for r in done.values()), f"{plan.dataset}/{plan.split}",

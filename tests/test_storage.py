@@ -53,7 +53,7 @@ class _RawBackend(Backend):
     def build_params(self, opts):
         return {"chunk_size": None, "compression": "none"}
 
-    def sink(self, staging, block, start, planned, sample_shape):
+    def sink(self, staging, block, start, planned, sample_shape, params):
         raise NotImplementedError
 
     def finish(self, staging, ordered, count, planned):

@@ -91,8 +91,10 @@ class Backend(ABC):
         return None  # nothing to do for kinds without such a step
 
     @abstractmethod
-    def sink(self, staging: Path, block: int, start: int, planned: int, sample_shape: tuple[int, int, int]) -> Sink:
-        """In a worker: where block ``block`` (plan positions ``[start, start + planned)``) writes."""
+    def sink(self, staging: Path, block: int, start: int, planned: int, sample_shape: tuple[int, int, int],
+             params: dict[str, Any]) -> Sink:
+        """In a worker: where block ``block`` (plan positions ``[start, start + planned)``) writes; ``params``
+        are this backend's :meth:`build_params` for the build."""
 
     @abstractmethod
     def finish(self, staging: Path, ordered: list[BlockRecord], count: int, planned: int) -> list[ShardInfo]:

@@ -135,7 +135,7 @@ class NpyBackend(Backend):
         return {"chunk_size": None, "compression": "none"}
 
     def sink(self, staging: Path, block: int, start: int, planned: int,
-             sample_shape: tuple[int, int, int]) -> NpyShardSink:
+             sample_shape: tuple[int, int, int], params: dict[str, Any]) -> NpyShardSink:
         return NpyShardSink(staging, block, planned, sample_shape)
 
     def finish(self, staging: Path, ordered: list[BlockRecord], count: int, planned: int) -> list[ShardInfo]:

@@ -65,7 +65,7 @@ class ZarrBackend(Backend):
         undo_interrupted_compaction(staging, forget_block)
 
     def sink(self, staging: Path, block: int, start: int, planned: int,
-             sample_shape: tuple[int, int, int]) -> ZarrChunkSink:
+             sample_shape: tuple[int, int, int], params: dict[str, Any]) -> ZarrChunkSink:
         return ZarrChunkSink(staging, start, sample_shape)
 
     def finish(self, staging: Path, ordered: list[BlockRecord], count: int, planned: int) -> list[ShardInfo]:

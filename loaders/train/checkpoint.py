@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cachebuild.atomic import AtomicFile
 from cachebuild.errors import CacheBuildError
 
 __all__ = [
@@ -99,15 +100,8 @@ def save_checkpoint(
         "rng": rng if rng is not None else [capture_rng()],
         "extra": extra or {},
     }
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with AtomicFile(path, durable=True) as f:  # a crash leaves the previous checkpoint whole
+        torch.save(state, f.file)
     return path
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cachebuild.atomic import write_bytes_atomic
 from cachebuild.errors import CacheBuildError
 from loaders.batch_ring import drop_dead_rings
 from loaders.train.amp import make_scaler, resolve_amp
@@ -481,6 +482,4 @@ def _plain(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_bytes_atomic(path, (json.dumps(obj, indent=2, default=str) + "\n").encode("utf-8"), durable=False)
