@@ -65,13 +65,10 @@ class CachedFile:
         self._fd = os.open(self.data_path, os.O_RDWR | os.O_CREAT, 0o664)
         if os.fstat(self._fd).st_size != size:
             os.ftruncate(self._fd, size)  # sparse: no disk used until blocks are written
-        crc_fd = os.open(self.crc_path, os.O_RDWR | os.O_CREAT, 0o664)
-        try:
-            if os.fstat(crc_fd).st_size != self.nblocks * 8:
-                os.ftruncate(crc_fd, self.nblocks * 8)
-            self._crc_map = mmap.mmap(crc_fd, self.nblocks * 8)
-        finally:
-            os.close(crc_fd)
+        self._crc_fd = os.open(self.crc_path, os.O_RDWR | os.O_CREAT, 0o664)
+        if os.fstat(self._crc_fd).st_size != self.nblocks * 8:
+            os.ftruncate(self._crc_fd, self.nblocks * 8)
+        self._crc_map = mmap.mmap(self._crc_fd, self.nblocks * 8)
         self.table = np.frombuffer(self._crc_map, dtype=np.uint64)
         self._data_map = mmap.mmap(self._fd, size, prot=mmap.PROT_READ) if size else None
         self.data = np.frombuffer(self._data_map, dtype=np.uint8) if size else np.empty(0, np.uint8)
@@ -106,15 +103,28 @@ class CachedFile:
         if not len(blocks):
             return
         runs = np.split(blocks, np.flatnonzero(np.diff(blocks) != 1) + 1)  # consecutive blocks: one request
-        spans = [(int(r[0]) * self.block, min(self.size, (int(r[-1]) + 1) * self.block)) for r in runs]
-        for (lo, hi), data in zip(spans, fetch(spans), strict=True):
-            os.pwrite(self._fd, data, lo)
-            view = memoryview(data)
-            for b in range(lo // self.block, -(-hi // self.block)):
-                a, z = b * self.block - lo, min(hi, (b + 1) * self.block) - lo
-                self.table[b] = _PRESENT | np.uint64(_crc(view[a:z]))  # after the data: never trusted early
-                self.checked[b] = True
-        self.cache.fetched(sum(hi - lo for lo, hi in spans))
+        # Lock the runs' table entries (POSIX byte-range locks, always in ascending order: no deadlock), so
+        # that DataLoader workers wanting the same blocks wait for one fetch instead of each fetching them.
+        locked = [(int(r[0]) * 8, len(r) * 8) for r in runs]
+        for start, length in locked:
+            fcntl.lockf(self._crc_fd, fcntl.LOCK_EX, length, start)
+        try:
+            todo = blocks[self.table[blocks] == 0]  # what no other process fetched while we waited
+            if not len(todo):
+                return
+            runs = np.split(todo, np.flatnonzero(np.diff(todo) != 1) + 1)
+            spans = [(int(r[0]) * self.block, min(self.size, (int(r[-1]) + 1) * self.block)) for r in runs]
+            for (lo, hi), data in zip(spans, fetch(spans), strict=True):
+                os.pwrite(self._fd, data, lo)
+                view = memoryview(data)
+                for b in range(lo // self.block, -(-hi // self.block)):
+                    a, z = b * self.block - lo, min(hi, (b + 1) * self.block) - lo
+                    self.table[b] = _PRESENT | np.uint64(_crc(view[a:z]))  # after the data: never trusted early
+                    self.checked[b] = True
+            self.cache.fetched(sum(hi - lo for lo, hi in spans))
+        finally:
+            for start, length in locked:
+                fcntl.lockf(self._crc_fd, fcntl.LOCK_UN, length, start)
 
     def close(self) -> None:
         self.table = self.data = None  # type: ignore[assignment]
@@ -123,6 +133,7 @@ class CachedFile:
                 with contextlib.suppress(BufferError):  # a caller still holds a view: the map goes with it
                     m.close()
         os.close(self._fd)
+        os.close(self._crc_fd)
 
 
 class BlockCache:

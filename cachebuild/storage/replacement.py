@@ -20,6 +20,7 @@ import logging
 import os
 import secrets
 import shutil
+import weakref
 from pathlib import Path
 
 __all__ = ["ReaderLock", "find_pinned", "folder_identity", "replaced_folders", "set_aside", "sweep_replaced"]
@@ -58,20 +59,20 @@ class ReaderLock:
     """A shared lock on a cache folder for as long as this object lives (readers keep it while open)."""
 
     def __init__(self, folder: Path) -> None:
-        self.fd: int | None = None
+        self._release: weakref.finalize | None = None
         try:
-            self.fd = os.open(folder / MANIFEST, os.O_RDONLY | os.O_CLOEXEC)
-            fcntl.flock(self.fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:  # no manifest (not a cache: the reader says so) or no locks on this filesystem
+            fd = os.open(folder / MANIFEST, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:  # no manifest: not a cache, which the reader reports
+            return
+        self._release = weakref.finalize(self, os.close, fd)  # also at interpreter exit
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:  # no locks on this filesystem
             self.close()
 
     def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-    def __del__(self) -> None:
-        self.close()
+        if self._release is not None:
+            self._release()
 
 
 def set_aside(out: Path) -> Path:

@@ -136,14 +136,17 @@ class RowFiles:
             ranges = [(seg.offset + int(rows[a]) * self.row_bytes, seg.offset + (int(rows[z - 1]) + 1) * self.row_bytes)
                       for a, z in runs]
             cached = self._segment(k)
-            if isinstance(cached, CachedFile):
-                datas: list[Any] = cached.read(ranges, lambda rs, name=seg.name: self._fetch(name, rs))
-            else:
-                datas = self._fetch(seg.name, ranges)
             dest = order[lo:hi]
+            if isinstance(cached, CachedFile):
+                # Make sure the blocks are local and intact, then copy rows straight out of the local mirror.
+                cached.read(ranges, lambda rs, name=seg.name: self._fetch(name, rs))
+                mirror = cached.data[seg.offset : seg.offset + seg.rows * self.row_bytes].reshape(seg.rows, -1)
+                for pos, r in zip(dest.tolist(), rows.tolist(), strict=True):
+                    flat[pos] = mirror[r]
+                continue
+            datas = self._fetch(seg.name, ranges)
             for (a, z), data in zip(runs, datas, strict=True):
-                block = np.frombuffer(data, dtype=np.uint8).reshape(z - a, self.row_bytes)
-                flat[dest[a:z]] = block
+                flat[dest[a:z]] = np.frombuffer(data, dtype=np.uint8).reshape(z - a, self.row_bytes)
 
     def _fetch(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         got = self.location.read_ranges(name, ranges)
