@@ -1,4 +1,5 @@
-"""Shared fixtures: real-photo datasets written in the real ImageNet and CIFAR layouts (made once)."""
+"""Shared fixtures: real-photo datasets written in the real ImageNet and CIFAR layouts (made once); loopback
+HTTP and S3 servers (tests/servers.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import pytest
 
 from cachebuild.samples.imagenet_layout import write_imagenet
+from tests.servers import _http_loop, http_server, s3, s3_server  # noqa: F401  (loopback HTTP and S3 fixtures)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,402 @@
+"""Real loopback servers for URL tests: an HTTP file server (aiohttp) and moto's S3 server, both on 127.0.0.1.
+
+Fixtures (registered for every module through ``tests/conftest.py``):
+
+- ``http_server(root, writable=False) -> HttpServer``: serves the folder ``root`` at ``.url`` until the test ends.
+  GET/HEAD with one ``Range`` (206 + ``Content-Range``, 416 past the end), ``Content-Length``, ``ETag`` and
+  ``Last-Modified``; a folder URL answers an HTML page of links that fsspec's ``HTTPFileSystem.ls`` reads.
+  Every request is logged in ``.log`` (method, path, Range, status, body bytes sent);
+  ``.fail(path, kind, times)`` injects faults: ``"drop"`` (headers and half the body, then the connection is
+  cut), or a status code such as 403, 500, 503. With ``writable=True`` a PUT stores the body under ``root``.
+- ``s3_server`` (session): moto's ``ThreadedMotoServer`` on 127.0.0.1, every request logged in ``.log``.
+- ``s3``: a fresh bucket on it, an ``s3fs.S3FileSystem`` for it, and the AWS environment that makes a plain
+  ``fsspec.open("s3://...")`` (also in a subprocess) reach that server with dummy credentials. The variables
+  are set with ``monkeypatch``, so they vanish when the test ends; instance metadata lookups are disabled
+  and the user's ~/.aws files are hidden, so no test reaches any address but 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import html
+import os
+import threading
+import urllib.parse
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+__all__ = ["HttpServer", "LoggedRequest", "S3Bucket", "S3Server", "http_server", "s3", "s3_server"]
+
+HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class LoggedRequest:
+    method: str
+    path: str  # URL path, decoded, without the query
+    range: str | None  # the Range header as sent
+    status: int
+    bytes_sent: int  # body bytes written (a dropped response counts what went out before the cut)
+
+
+class _RequestLog(list):
+    """A list of :class:`LoggedRequest` with the counts tests ask for."""
+
+    def matching(self, method: str | None = None, path: str | None = None) -> list[LoggedRequest]:
+        return [r for r in self if (method is None or r.method == method) and (path is None or r.path == path)]
+
+    def bytes(self, path: str | None = None) -> int:
+        return sum(r.bytes_sent for r in self if path is None or r.path == path)
+
+    def paths(self, method: str = "GET") -> list[str]:
+        return [r.path for r in self if r.method == method]
+
+
+# ---------------------------------------------------------------- HTTP
+
+class _Loop:
+    """One asyncio loop in a daemon thread for every HTTP server of the session."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="test-http-loop", daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Any, timeout: float = 30) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@dataclass
+class _Fault:
+    kind: str | int
+    times: int | None  # None: every request
+    methods: tuple[str, ...]
+
+
+@dataclass
+class HttpServer:
+    """A folder served over HTTP on 127.0.0.1; see the module docstring."""
+
+    root: Path
+    writable: bool = False
+    url: str = ""
+    log: _RequestLog = field(default_factory=_RequestLog)
+    _faults: dict[str, _Fault] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _runner: Any = None
+
+    def url_for(self, rel: str | os.PathLike[str]) -> str:
+        """URL of ``root / rel`` (quoted)."""
+        return f"{self.url}/{urllib.parse.quote(Path(rel).as_posix())}"
+
+    def fail(self, path: str, kind: str | int, times: int | None = 1,
+             methods: tuple[str, ...] = ("GET",)) -> None:
+        """The next ``times`` (None: all) ``methods`` requests of ``path`` (URL path relative to the root, e.g.
+        ``"a/b.tar"``) fail: ``"drop"`` cuts the connection after half the body; an int is answered as that
+        status code."""
+        if kind != "drop" and not isinstance(kind, int):
+            raise ValueError(f"fault kind must be 'drop' or an HTTP status code, not {kind!r}")
+        with self._lock:
+            self._faults["/" + path.lstrip("/")] = _Fault(kind, times, methods)
+
+    def clear(self) -> None:
+        """Forget the log and every pending fault."""
+        with self._lock:
+            self.log.clear()
+            self._faults.clear()
+
+    def _take_fault(self, method: str, path: str) -> str | int | None:
+        with self._lock:
+            fault = self._faults.get(path)
+            if fault is None or method not in fault.methods:
+                return None
+            if fault.times is not None:
+                fault.times -= 1
+                if fault.times <= 0:
+                    del self._faults[path]
+            return fault.kind
+
+    def _local(self, path: str) -> Path | None:
+        """The file or folder under root that a URL path names; None when it would leave root."""
+        target = (self.root / path.lstrip("/")).resolve()
+        root = self.root.resolve()
+        return target if target == root or root in target.parents else None
+
+    # -- the handler
+
+    async def _handle(self, request: Any) -> Any:
+        """Each request is logged before its last byte goes out, so a client that has its answer finds it
+        in the log."""
+        from aiohttp import web
+
+        method, path = request.method, request.path
+        rng = request.headers.get("Range")
+
+        def answer(status: int, body: bytes | None = None, headers: dict[str, str] | None = None) -> Any:
+            self.log.append(LoggedRequest(method, path, rng, status, len(body or b"")))
+            return web.Response(status=status, body=body, headers=headers)
+
+        fault = self._take_fault(method, path)
+        if isinstance(fault, int):
+            return answer(fault, f"injected {fault}\n".encode())
+        target = self._local(path)
+        if target is None:
+            return answer(403, b"outside the served folder\n")
+        if method == "PUT":
+            if not self.writable:
+                return answer(405, b"read-only server\n")
+            body = await request.read()
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(body)
+            return answer(201)
+        if method not in ("GET", "HEAD"):
+            return answer(405)
+        if target.is_dir():
+            page = self._listing(target, path).encode()
+            return answer(200, page if method == "GET" else None,
+                          {"Content-Type": "text/html; charset=utf-8", "Content-Length": str(len(page))})
+        if not target.is_file():
+            return answer(404, b"not found\n")
+        st = target.stat()
+        size = st.st_size
+        headers = {
+            "Accept-Ranges": "bytes",
+            "Content-Type": "application/octet-stream",
+            "ETag": f'"{st.st_mtime_ns:x}-{size:x}"',
+            "Last-Modified": email.utils.formatdate(st.st_mtime, usegmt=True),
+        }
+        lo, hi, status = 0, size, 200
+        if rng is not None:
+            try:
+                sl = request.http_range
+            except ValueError:  # several ranges or a malformed one: the whole file, as RFC 9110 allows
+                sl = slice(None, None)
+            start, stop = sl.start, sl.stop
+            if start is not None and start < 0:  # "bytes=-n": the last n bytes
+                start = max(0, size + start)
+            lo = 0 if start is None else start
+            hi = size if stop is None else min(stop, size)
+            if lo >= size or lo >= hi:
+                return answer(416, None, {"Content-Range": f"bytes */{size}"})
+            status = 206
+            headers["Content-Range"] = f"bytes {lo}-{hi - 1}/{size}"
+        headers["Content-Length"] = str(hi - lo)
+        if method == "HEAD":
+            return answer(status, None, headers)
+        with open(target, "rb") as f:
+            f.seek(lo)
+            body = f.read(hi - lo)
+        if fault != "drop":
+            return answer(status, body, headers)
+        half = body[: len(body) // 2]
+        resp = web.StreamResponse(status=status, headers=headers)
+        await resp.prepare(request)
+        self.log.append(LoggedRequest(method, path, rng, status, len(half)))
+        await resp.write(half)
+        await resp.drain()
+        if request.transport is not None:
+            request.transport.abort()
+        return resp
+
+    def _listing(self, folder: Path, path: str) -> str:
+        base = "/" + path.strip("/")
+        base = "" if base == "/" else base
+        links = []
+        for entry in sorted(folder.iterdir()):
+            name = entry.name + ("/" if entry.is_dir() else "")
+            href = html.escape(urllib.parse.quote(f"{base}/{name}"), quote=True)
+            links.append(f'<li><a href="{href}">{html.escape(name)}</a></li>')
+        return (f"<!DOCTYPE html><html><head><title>Index of {html.escape(base or '/')}</title></head>"
+                f"<body><ul>\n" + "\n".join(links) + "\n</ul></body></html>\n")
+
+    async def _start(self) -> None:
+        from aiohttp import web
+
+        app = web.Application(client_max_size=1 << 34)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, HOST, 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.url = f"http://{HOST}:{port}"
+
+    async def _stop(self) -> None:
+        await self._runner.cleanup()
+
+
+@pytest.fixture(scope="session")
+def _http_loop() -> Iterator[_Loop]:
+    loop = _Loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture
+def http_server(_http_loop: _Loop) -> Iterator[Callable[..., HttpServer]]:
+    """Factory: ``http_server(root, writable=False)`` starts a server of ``root``; it stops when the test ends."""
+    started: list[HttpServer] = []
+
+    def start(root: str | os.PathLike[str], writable: bool = False) -> HttpServer:
+        server = HttpServer(Path(root), writable)
+        _http_loop.run(server._start())
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        _http_loop.run(server._stop())
+
+
+# ---------------------------------------------------------------- S3 (moto)
+
+class S3Server:
+    """moto's ThreadedMotoServer on 127.0.0.1 (a free port), with every request logged in ``.log``."""
+
+    def __init__(self) -> None:
+        from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+
+        log = self.log = _RequestLog()
+
+        class LoggingMotoServer(ThreadedMotoServer):
+            def _server_entry(self) -> None:
+                from moto.moto_server.werkzeug_app import (
+                    DomainDispatcherApplication,
+                    MotoRequestHandler,
+                    create_backend_app,
+                )
+                from werkzeug.serving import make_server
+
+                app = _logged_wsgi(DomainDispatcherApplication(create_backend_app), log)
+                self._server = make_server(self._ip_address, self._port, app, True,
+                                           request_handler=MotoRequestHandler)
+                self._server_ready_event.set()
+                self._server.serve_forever()
+
+        self._server = LoggingMotoServer(ip_address=HOST, port=0, verbose=False)
+        self._server.start()
+        host, port = self._server.get_host_and_port()
+        self.endpoint_url = f"http://{host}:{port}"
+
+    def stop(self) -> None:
+        self._server.stop()
+
+
+def _logged_wsgi(app: Callable[..., Any], log: _RequestLog) -> Callable[..., Any]:
+    """WSGI middleware: one :class:`LoggedRequest` per request, appended before the body's last chunk goes
+    out (so a client that has its answer finds it in the log)."""
+
+    def wrapped(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterator[bytes]:
+        status = [0]
+
+        def start(st: str, headers: Any, exc_info: Any = None) -> Any:
+            status[0] = int(st.split()[0])
+            return start_response(st, headers, exc_info)
+
+        body = app(environ, start)
+        chunks = iter(body)
+        sent = 0
+        logged = False
+
+        def record() -> None:
+            nonlocal logged
+            if not logged:
+                logged = True
+                log.append(LoggedRequest(environ["REQUEST_METHOD"],
+                                         urllib.parse.unquote(environ.get("PATH_INFO", "")),
+                                         environ.get("HTTP_RANGE"), status[0], sent))
+
+        try:
+            held = next(chunks, None)
+            while held is not None:
+                following = next(chunks, None)
+                sent += len(held)
+                if following is None:
+                    record()
+                yield held
+                held = following
+            record()
+        finally:
+            record()
+            if hasattr(body, "close"):
+                body.close()
+
+    return wrapped
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    server = S3Server()
+    yield server
+    server.stop()
+
+
+@dataclass
+class S3Bucket:
+    """A fresh bucket on the session's moto server."""
+
+    name: str
+    endpoint_url: str
+    fs: Any  # s3fs.S3FileSystem bound to the server, no instance or listing cache
+    log: _RequestLog  # the server's log, emptied when the fixture starts
+    env: dict[str, str]  # the AWS variables set for the test: pass them on to a subprocess
+
+    def url(self, key: str = "") -> str:
+        return f"s3://{self.name}/{key.lstrip('/')}"
+
+    def storage_options(self) -> dict[str, Any]:
+        """What to pass to fsspec for this server when the environment is not enough."""
+        return {"endpoint_url": self.endpoint_url, "key": _DUMMY_KEY, "secret": _DUMMY_SECRET}
+
+
+_DUMMY_KEY = "testing"
+_DUMMY_SECRET = "testing"  # moto accepts any credentials
+
+
+def aws_test_env(endpoint_url: str, home: Path) -> dict[str, str]:
+    """The environment for a test (or a subprocess of it) that talks to the loopback S3 server only."""
+    return {
+        "AWS_ACCESS_KEY_ID": _DUMMY_KEY,
+        "AWS_SECRET_ACCESS_KEY": _DUMMY_SECRET,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint_url,
+        "AWS_ENDPOINT_URL_S3": endpoint_url,
+        "AWS_EC2_METADATA_DISABLED": "true",  # never ask 169.254.169.254 for credentials
+        "AWS_CONFIG_FILE": str(home / "aws-config"),  # absent files: the user's profiles stay out
+        "AWS_SHARED_CREDENTIALS_FILE": str(home / "aws-credentials"),
+    }
+
+
+_AWS_CLEARED = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_ROLE_ARN",
+                "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")
+
+
+@pytest.fixture
+def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> S3Bucket:
+    """A fresh bucket, an s3fs filesystem for it, and an AWS environment pointing at the loopback server
+    (restored when the test ends)."""
+    import s3fs
+
+    for name in _AWS_CLEARED:
+        monkeypatch.delenv(name, raising=False)
+    env = aws_test_env(s3_server.endpoint_url, tmp_path_factory.mktemp("aws"))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    fs = s3fs.S3FileSystem(endpoint_url=s3_server.endpoint_url, key=_DUMMY_KEY, secret=_DUMMY_SECRET,
+                           skip_instance_cache=True, use_listings_cache=False)
+    bucket = f"test-{uuid.uuid4().hex[:12]}"
+    fs.mkdir(bucket)
+    s3_server.log.clear()
+    return S3Bucket(bucket, s3_server.endpoint_url, fs, s3_server.log, env)
