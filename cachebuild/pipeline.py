@@ -44,7 +44,7 @@ from cachebuild.format.manifest import (
 )
 from cachebuild.format.writer import commit_cache, save_side_arrays, staging_path, tool_versions, utc_now
 from cachebuild.sinks import NpyShardSink, ZarrChunkSink
-from cachebuild.sources.plan import Plan
+from cachebuild.sources.plan import Plan, block_reader
 from cachebuild.zarr_staging import COMPACTING, create_staging_zarr, place_zarr_blocks, undo_interrupted_compaction
 
 __all__ = ["BuildOptions", "BuildResult", "build"]
@@ -297,8 +297,8 @@ def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
         log.info("resuming %s: %d of %d blocks already built", out, len(done), len(blocks))
     records = dict(done)
     tasks = (
-        delayed(_run_block)(plan.reader, list(plan.keys[lo : lo + bs]), lo, b, spec, str(staging), opts.on_error,
-                            opts.storage)
+        delayed(_run_block)(block_reader(plan.reader, lo, lo + bs), list(plan.keys[lo : lo + bs]), lo, b, spec,
+                            str(staging), opts.on_error, opts.storage)
         for b, lo in todo
     )
     with _progress(n, sum(r["planned"] for r in done.values()), f"{plan.dataset}/{plan.split}",
@@ -355,7 +355,8 @@ def _finish(plan: Plan, out: Path, staging: Path, records: dict[int, dict[str, A
         classes=tuple(plan.classes),
         fit=opts.fit,
         interpolation=f"{opts.interpolation}" + ("+jpeg-dct-reduce" if opts.reduced_decode else ""),
-        source={"root": str(Path(plan.root).resolve()), "fingerprint": plan.fingerprint, "files": len(plan)},
+        source={"root": plan.root if "://" in plan.root else str(Path(plan.root).resolve()),
+                "fingerprint": plan.fingerprint, "files": len(plan)},
         build={"key": key, **params, "on_error": opts.on_error, "exif_orientation": "ignored"},
         tool=tool_versions(),
         shards=tuple(shards),
