@@ -149,8 +149,11 @@ def test_a_touched_shard_makes_the_cache_stale(wds_set, tmp_path):
 def test_a_task_ships_only_its_block_and_a_worker_opens_each_shard_once(wds_set, monkeypatch):
     plan = wds_plan(wds_set["pattern"])
     whole = len(pickle.dumps(plan.reader))
-    part = block_reader(plan.reader, 8, 16)
-    assert len(pickle.dumps(part)) < whole and len(part.table) == 8
+    part = block_reader(plan.reader, 8, 16)  # samples 8..15: the end of shard 0 and the start of shard 1
+    assert len(pickle.dumps(part)) < whole / 2 and len(part.table) == 8
+    assert [s.name for s in part.shards] == [s.name for s in plan.reader.shards[:2]]
+    assert [part(i, plan.keys[i]) for i in range(8, 16) if i not in plan.reader.table.problems] == \
+        [plan.reader(i, plan.keys[i]) for i in range(8, 16) if i not in plan.reader.table.problems]
     with pytest.raises(IndexError):
         part(0, plan.keys[0])
     import cachebuild.sources.remote as remote

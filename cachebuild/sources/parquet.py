@@ -173,7 +173,10 @@ class ParquetRowReader:
     table: SampleTable  # columns: file (int32), group (int32), row (int32, within the row group)
 
     def for_block(self, start: int, stop: int) -> ParquetRowReader:
-        return ParquetRowReader(self.files, self.image_fields, self.table.slice(start, stop))
+        table = self.table.slice(start, stop)
+        fields, _ = table.only_used("file", self.image_fields)
+        files, table = table.only_used("file", self.files)
+        return ParquetRowReader(files, fields, table)
 
     def _group(self, f: int, group: int) -> Any:
         shard = self.files[f]

@@ -12,12 +12,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TypeVar
 
 import numpy as np
 
 from cachebuild.errors import DecodeError
 
 __all__ = ["SampleTable"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,13 @@ class SampleTable:
             columns={k: np.ascontiguousarray(v[lo:hi]) for k, v in self.columns.items()},
             problems={i: self.problems[i] for i in bad[first:last].tolist()},
         )
+
+    def only_used(self, column: str, items: tuple[T, ...]) -> tuple[tuple[T, ...], SampleTable]:
+        """``items`` cut to those this table's ``column`` indexes (e.g. the shards a block reads), and the table
+        with that column renumbered to match: a block's task ships its few shards, not all 1024."""
+        used, renumbered = np.unique(self.columns[column], return_inverse=True)
+        columns = {**self.columns, column: renumbered.astype(self.columns[column].dtype).reshape(-1)}
+        return tuple(items[i] for i in used.tolist()), SampleTable(self.start, columns, self.problems)
 
     @cached_property
     def _problem_indices(self) -> np.ndarray:

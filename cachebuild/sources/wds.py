@@ -152,7 +152,8 @@ class TarSampleReader:
     table: SampleTable  # columns: shard (int32), offset (int64), size (int64)
 
     def for_block(self, start: int, stop: int) -> TarSampleReader:
-        return TarSampleReader(self.shards, self.table.slice(start, stop))
+        shards, table = self.table.slice(start, stop).only_used("shard", self.shards)
+        return TarSampleReader(shards, table)
 
     def __call__(self, index: int, key: str) -> bytes:
         row = self.table.row(index, key)
