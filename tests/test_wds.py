@@ -144,6 +144,13 @@ def test_a_touched_shard_makes_the_cache_stale(wds_set, tmp_path):
     os.utime(sorted(src.glob("*.tar"))[2], ns=(time.time_ns() + 10**9,) * 2)
     with pytest.raises(CacheExistsError):
         build(wds_plan(src), tmp_path / "c", BuildOptions(size=SIZE, jobs=1))
+    # a shard rewritten between planning and reading stops the build rather than read the wrong bytes
+    plan = wds_plan(src)
+    with open(sorted(src.glob("*.tar"))[1], "ab") as f:
+        f.write(b"\0" * 10240)
+    close_handles()
+    with pytest.raises(SourceError, match=r"imagenet1k-train-0001\.tar changed since it was planned"):
+        build(plan, tmp_path / "d", BuildOptions(size=SIZE, jobs=1))
 
 
 def test_a_task_ships_only_its_block_and_a_worker_opens_each_shard_once(wds_set, monkeypatch):
@@ -339,6 +346,22 @@ def test_http_faults_retry_then_stop_and_resume(wds_set, http_server, tmp_path):
     assert r.exit_code == 0, r.output
     assert "resuming" in r.output
     assert [s.sha256 for s in read_manifest(out / "train").shards] == ref_shards
+
+
+def test_url_errors_are_one_line(wds_set, http_server, tmp_path):
+    server = http_server(wds_set["shards"][0].parent)
+    with pytest.raises(SourceError, match=r"nope-1\.tar does not exist"):
+        wds_plan(f"{server.url}/nope-{{1..2}}.tar")
+    server.fail("imagenet1k-train-0001.tar", 403, times=None, methods=("GET", "HEAD"))
+    r = CliRunner().invoke(main, ["wds", f"{server.url}/imagenet1k-train-{{0000..0002}}.tar", "-j", "1", "--out",
+                                  str(tmp_path / "o")])
+    assert r.exit_code != 0 and len(r.output.strip().splitlines()) == 1, r.output
+    assert "imagenet1k-train-0001.tar does not exist (or cannot be listed)" in r.output  # fsspec: 403 on HEAD+GET
+    server.fail("imagenet1k-train-0001.tar", 403, times=None, methods=("GET",))  # listed, then refused
+    r = CliRunner().invoke(main, ["wds", f"{server.url}/imagenet1k-train-{{0000..0002}}.tar", "-j", "1", "--out",
+                                  str(tmp_path / "o")])
+    assert r.exit_code != 0 and len(r.output.strip().splitlines()) == 1, r.output
+    assert "imagenet1k-train-0001.tar: reading failed 3 times" in r.output
 
 
 def test_s3_prefix_gives_the_local_cache(wds_set, s3, tmp_path):

@@ -24,6 +24,7 @@ import posixpath
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,29 +112,45 @@ def _local_shards(src: str, suffixes: tuple[str, ...]) -> tuple[str, list[str]]:
     return _root(os.path.abspath(src), paths, folder, os.path), paths
 
 
+def _infos(fs: Any, paths: list[str]) -> list[dict[str, Any]]:
+    """``fs.info`` of many files at once (one HEAD each over HTTP or S3: 1024 in sequence would take minutes)."""
+    if len(paths) <= 1:
+        return [fs.info(p) for p in paths]
+    with ThreadPoolExecutor(max_workers=min(16, len(paths))) as pool:
+        return list(pool.map(fs.info, paths))
+
+
 def _url_shards(src: str, suffixes: tuple[str, ...]) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
     fs, _ = filesystem(src)
     protocol = src.split("://", 1)[0]
     found: dict[str, dict[str, Any]] = {}
     expanded = _brace_expand(src)
     folder = False
-    for pattern in expanded:
-        _, path = filesystem(pattern)
-        try:
+    try:
+        named = []
+        for pattern in expanded:
+            _, path = filesystem(pattern)
             if _has_glob(pattern):
                 found.update(fs.glob(path, detail=True))
-                continue
-            if len(expanded) == 1:  # a prefix ends in '/'; s3 and friends also say "directory"
-                folder = pattern.endswith("/") or fs.info(path).get("type") == "directory"
-            if folder:
+            elif len(expanded) == 1 and (pattern.endswith("/") or fs.info(path).get("type") == "directory"):
+                folder = True  # a prefix ends in '/'; s3 and friends also say "directory"
                 found.update({p: i for p, i in fs.find(path, detail=True).items() if p.lower().endswith(suffixes)})
             else:
-                found[path] = fs.info(path)
-        except FileNotFoundError:
-            raise SourceError(f"{pattern} does not exist (or cannot be listed)") from None
-        except PermissionError as e:
-            raise SourceError(f"{pattern}: access denied ({e}); check the credentials for {protocol}://") from None
-    files = sorted(p for p, i in found.items() if i.get("type", "file") != "directory")
+                named.append(path)
+        found.update(zip(named, _infos(fs, named), strict=True))
+        found = {p: i for p, i in found.items() if i.get("type", "file") != "directory"}
+        unsized = [p for p, i in found.items() if i.get("size") is None]  # HTTP index pages give no sizes
+        found.update(zip(unsized, _infos(fs, unsized), strict=True))
+    except FileNotFoundError as e:
+        missing = e.filename or next((a for a in e.args if isinstance(a, str)), src)
+        raise SourceError(f"{missing} does not exist (or cannot be listed)") from None
+    except PermissionError as e:
+        raise SourceError(f"{src}: access denied ({e}); check the credentials for {protocol}://") from None
+    except (OSError, ValueError, RuntimeError) as e:  # what fsspec backends raise for a failed request
+        raise SourceError(f"{src} cannot be listed ({type(e).__name__}: {e})") from None
+    except Exception as e:  # aiohttp's ClientResponseError (e.g. a 403) is none of the above
+        raise SourceError(f"{src} cannot be listed ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    files = sorted(found)
     urls = [p if is_url(p) else fs.unstrip_protocol(p) for p in files]
     bare = [u.split("://", 1)[1] for u in urls]
     root = _root(src.split("://", 1)[1], bare, folder, posixpath)
@@ -148,16 +165,10 @@ def list_shards(src: str | os.PathLike[str], suffixes: tuple[str, ...], what: st
     if is_url(src):
         root, listed = _url_shards(src, suffixes)
         for url, info in listed:
-            rel = url[len(root):].lstrip("/")
-            size = info.get("size")
-            if size is None:  # some HTTP listings give no size: ask the file
-                fs, path = filesystem(url)
-                info = fs.info(path)
-                size = info.get("size")
-            if size is None:
+            if info.get("size") is None:
                 raise SourceError(f"{url}: the server does not tell its size (no Content-Length), so it cannot "
                                   f"be read by range")
-            shards.append(Shard(rel, url, int(size), _version(info)))
+            shards.append(Shard(url[len(root):].lstrip("/"), url, int(info["size"]), _version(info)))
     else:
         root, paths = _local_shards(src, suffixes)
         for p in paths:
