@@ -147,6 +147,10 @@ def _parquet_file(shard: Shard) -> Any:
             pf = pq.ParquetFile(fs.open(path, "rb", block_size=_ROW_GROUP_READ, cache_type="readahead",
                                         size=shard.size))
         else:
+            size = os.stat(shard.url).st_size
+            if size != shard.size:
+                raise SourceError(f"{shard.url} changed since it was planned ({shard.size} -> {size} bytes); "
+                                  f"run the command again to plan it afresh")
             pf = pq.ParquetFile(shard.url, memory_map=False)
         _files.open[key] = pf
         while len(_files.open) > _OPEN_FILES:

@@ -74,7 +74,7 @@ def _groups(members: list[tuple[TarMember, bool]]) -> list[tuple[str, list[tuple
     return out
 
 
-def _label(f: Any, parts: dict[str, tuple[TarMember, bool]], key: str, layout: WdsLayout) -> int | str:
+def _label(f: Any, parts: dict[str, tuple[TarMember, bool]], layout: WdsLayout) -> int | str:
     """The label, or the reason there is none."""
     ext = layout.json_key if layout.label_key is not None else layout.cls_key
     if ext not in parts:
@@ -120,7 +120,7 @@ def index_wds_shard(shard: Shard, layout: WdsLayout) -> ShardSamples:
                     dupes.append(ext)
                 parts.setdefault(ext, (m, cut))
             image = next((k for k in layout.image_keys if k in parts), None)
-            label = _label(f, parts, key, layout)
+            label = _label(f, parts, layout)
             member, cut = parts[image] if image is not None else (None, False)
             out.offsets.append(member.offset if member is not None else -1)
             out.sizes.append(member.size if member is not None else 0)
