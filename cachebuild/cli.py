@@ -199,6 +199,80 @@ def folder(src: Path, size: int, split: str, name: str | None, out: Path | None,
     _run_builds(lambda: [folder_plan(src, dataset=dataset, split=split)], dataset, size, out, **kw)
 
 
+_SHARD_SPLIT = click.option(
+    "--split", default=None,
+    help="Split to build: picks the shards whose names carry it (train-*, *-validation-*, test/...) and names the "
+         "output sub-folder. Default: the one split the names carry, else train.")
+_SHARD_CLASSES = click.option(
+    "--classes", "classes_file", default=None, metavar="FILE",
+    help="Class names, one per line (line number = class index); a path or URL.")
+
+
+def _classes(classes_file: str | None) -> list[str] | None:
+    from cachebuild.sources.shard_plan import read_classes
+
+    return read_classes(classes_file) if classes_file is not None else None
+
+
+@main.command()
+@click.argument("src")
+@_SHARD_SPLIT
+@click.option("--size", type=_SIZE, default=224, show_default=True, help="Output side S.")
+@_SHARD_CLASSES
+@click.option("--label-key", default=None, metavar="FIELD",
+              help="Take each label from this field of the sample's .json member instead of its .cls member.")
+@click.option("--cls-key", default="cls", show_default=True, metavar="EXT",
+              help="Extension of the member holding the class index (ASCII digits).")
+@click.option("--image-keys", default="jpg,jpeg,png,webp", show_default=True, metavar="EXT,...",
+              help="Extensions of the image member; the first one a sample has is used (content is sniffed).")
+@click.option("--name", default=None, help="Dataset name (default: from the shard names).")
+@build_options
+def wds(src: str, split: str | None, size: int, classes_file: str | None, label_key: str | None, cls_key: str,
+        image_keys: str, name: str | None, out: Path | None, **kw: Any) -> None:
+    """WebDataset tar shards at SRC: a brace pattern (x-{0000..1023}.tar), a glob, a folder or prefix of .tar
+    files, or one file; local or a URL (s3://, https://...). Shards in name order, samples in archive order."""
+    from cachebuild.sources.shard_plan import dataset_name
+    from cachebuild.sources.wds import WdsLayout, wds_plan
+
+    keys = tuple(k.strip().lower().lstrip(".") for k in image_keys.split(",") if k.strip())
+    if not keys:
+        raise click.BadParameter("name at least one extension", param_hint="--image-keys")
+    layout = WdsLayout(image_keys=keys, cls_key=cls_key.lower().lstrip("."), label_key=label_key)
+    dataset = name or dataset_name(src)
+    _run_builds(lambda: [wds_plan(src, split=split, classes=_classes(classes_file), layout=layout, dataset=dataset,
+                                  jobs=kw["jobs"])], dataset, size, out, **kw)
+
+
+@main.command()
+@click.argument("src")
+@_SHARD_SPLIT
+@click.option("--size", type=_SIZE, default=224, show_default=True, help="Output side S.")
+@_SHARD_CLASSES
+@click.option("--image-column", default=None, metavar="NAME",
+              help="Column of image bytes (binary, or Hugging Face's struct<bytes, path>). Default: image, "
+                   "else the column the metadata calls an Image.")
+@click.option("--label-column", default=None, metavar="NAME",
+              help="Column of class indices. Default: label, else the column the metadata calls a ClassLabel.")
+@click.option("--name", default=None, help="Dataset name (default: from SRC).")
+@build_options
+def parquet(src: str, split: str | None, size: int, classes_file: str | None, image_column: str | None,
+            label_column: str | None, name: str | None, out: Path | None, **kw: Any) -> None:
+    """Parquet files at SRC in the Hugging Face layout (data/train-00000-of-00004.parquet): a folder or prefix, a
+    glob, a brace pattern or one file; local or a URL. Class names come from the ClassLabel in the files'
+    metadata unless --classes is given. Needs pyarrow (cachebuild[parquet])."""
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        raise click.UsageError("reading Parquet needs pyarrow: pip install 'cachebuild[parquet]'") from None
+    from cachebuild.sources.parquet import ParquetColumns, parquet_plan
+    from cachebuild.sources.shard_plan import dataset_name
+
+    columns = ParquetColumns(image=image_column, label=label_column)
+    dataset = name or dataset_name(src)
+    _run_builds(lambda: [parquet_plan(src, split=split, classes=_classes(classes_file), columns=columns,
+                                      dataset=dataset, jobs=kw["jobs"])], dataset, size, out, **kw)
+
+
 def _open(where: str):
     from cachebuild.format import open_cache
 

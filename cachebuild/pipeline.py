@@ -35,7 +35,7 @@ from cachebuild.decode import DEFAULT_MAX_PIXELS, ResizeSpec, decode_into
 from cachebuild.errors import CacheBuildError, CacheExistsError, DecodeError
 from cachebuild.format.manifest import FORMAT_VERSION, MANIFEST_NAME, Failure, Manifest, read_manifest
 from cachebuild.format.writer import commit_cache, save_side_arrays, staging_path, tool_versions, utc_now
-from cachebuild.sources.plan import Plan
+from cachebuild.sources.plan import Plan, block_reader
 from cachebuild.storage import get_backend
 
 __all__ = ["BuildOptions", "BuildResult", "build"]
@@ -280,8 +280,8 @@ def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
         log.info("resuming %s: %d of %d blocks already built", out, len(done), len(blocks))
     records = dict(done)
     tasks = (
-        delayed(_run_block)(plan.reader, list(plan.keys[lo : lo + bs]), lo, b, spec, str(staging), opts.on_error,
-                            opts.storage, storage_params)
+        delayed(_run_block)(block_reader(plan.reader, lo, lo + bs), list(plan.keys[lo : lo + bs]), lo, b, spec,
+                            str(staging), opts.on_error, opts.storage, storage_params)
         for b, lo in todo
     )
     with _progress(n, sum(r["planned"] for r in done.values()), f"{plan.dataset}/{plan.split}",
@@ -329,7 +329,8 @@ def _finish(plan: Plan, out: Path, staging: Path, records: dict[int, dict[str, A
         classes=tuple(plan.classes),
         fit=opts.fit,
         interpolation=f"{opts.interpolation}" + ("+jpeg-dct-reduce" if opts.reduced_decode else ""),
-        source={"root": str(Path(plan.root).resolve()), "fingerprint": plan.fingerprint, "files": len(plan)},
+        source={"root": plan.root if "://" in plan.root else str(Path(plan.root).resolve()),
+                "fingerprint": plan.fingerprint, "files": len(plan)},
         build={"key": key, **params, "on_error": opts.on_error, "exif_orientation": "ignored"},
         tool=tool_versions(),
         shards=tuple(shards),

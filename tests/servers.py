@@ -204,9 +204,11 @@ class HttpServer:
         await resp.prepare(request)
         self.log.append(LoggedRequest(method, path, rng, status, len(half)))
         await resp.write(half)
-        await resp.drain()
-        if request.transport is not None:
-            request.transport.abort()
+        transport = request.transport
+        while transport is not None and transport.get_write_buffer_size() > 0:  # the half goes out, then the cut
+            await asyncio.sleep(0.001)
+        if transport is not None:
+            transport.abort()
         return resp
 
     def _listing(self, folder: Path, path: str) -> str:

@@ -16,13 +16,24 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["FileReader", "Plan", "SampleReader", "file_plan", "fingerprint_files"]
+__all__ = ["FileReader", "Plan", "SampleReader", "block_reader", "file_plan", "fingerprint_files"]
 
 
 class SampleReader(Protocol):
-    """Picklable; called in workers. Returns encoded bytes (to decode) or an RGB HWC uint8 array."""
+    """Picklable; called in workers. Returns encoded bytes (to decode) or an RGB HWC uint8 array.
+
+    A reader may also define ``for_block(start, stop)``, returning a reader of plan indices [start, stop)
+    only: see :func:`block_reader`."""
 
     def __call__(self, index: int, key: str) -> bytes | np.ndarray: ...
+
+
+def block_reader(reader: Callable[[int, str], Any], start: int, stop: int) -> Callable[[int, str], Any]:
+    """The reader a block's task ships to its worker. Readers holding a table per sample (tar member offsets,
+    Parquet row positions: tens of MB for ImageNet) hand over just the block's rows, so each task pickles
+    KBs instead of the whole table."""
+    narrow = getattr(reader, "for_block", None)
+    return reader if narrow is None else narrow(start, stop)
 
 
 @dataclass(frozen=True)
@@ -40,7 +51,7 @@ class FileReader:
 class Plan:
     dataset: str  # "imagenet", "cifar10", "cifar100", "folder"
     split: str
-    root: str  # source root; keys are relative to it
+    root: str  # source root (a folder, or a URL for shard sources); keys are relative to it
     keys: Sequence[str]  # one per planned sample, in cache order (provenance)
     labels: np.ndarray  # int64, one per key
     classes: list[str]

@@ -1,0 +1,267 @@
+"""Parquet shards in the Hugging Face layout (``data/train-00000-of-00004.parquet``: an ``image`` column
+``struct<bytes, path>`` or plain binary, an integer ``label`` column, class names in the schema's
+``huggingface`` metadata as a ``ClassLabel``).
+
+Planning reads each file's footer and its label column only. Workers read the image bytes of one row group
+at a time (only that column: ``image.bytes``), keep it while the block's samples in it are decoded, and
+move on: a row group is read once per block that touches it, never per sample.
+
+Order: files by name, then rows in file order. Provenance: ``file.parquet#ROW`` (the row within its file).
+A null label, a negative one (unlabelled, as Hugging Face test splits are) or one outside the classes, and a
+row whose image has no bytes, are failures with their reason.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cachebuild.errors import DecodeError, SourceError
+from cachebuild.sources.plan import Plan
+from cachebuild.sources.remote import Shard, filesystem, is_url, list_shards, open_shard, retrying
+from cachebuild.sources.sample_table import SampleTable
+from cachebuild.sources.shard_plan import check_labels, dataset_name, fingerprint_shards, select_split
+
+__all__ = ["ParquetColumns", "ParquetRowReader", "hf_features", "parquet_plan"]
+
+log = logging.getLogger("cachebuild")
+
+_OPEN_FILES = 4  # per thread
+_ROW_GROUP_READ = 8 << 20  # URL readahead while reading a row group's image column
+
+
+@dataclass(frozen=True)
+class ParquetColumns:
+    image: str | None = None  # None: "image", else the one column the metadata calls an Image
+    label: str | None = None  # None: "label", else the one column the metadata calls a ClassLabel
+
+
+def hf_features(schema: Any) -> dict[str, Any]:
+    """The ``datasets`` features recorded in a Parquet schema's ``huggingface`` metadata ({} when absent)."""
+    raw = (schema.metadata or {}).get(b"huggingface")
+    if not raw:
+        return {}
+    try:
+        features = json.loads(raw)["info"]["features"]
+    except (ValueError, KeyError, TypeError):
+        return {}
+    return features if isinstance(features, dict) else {}
+
+
+def _pick(kind: str, wanted: str | None, default: str, names: list[str], features: dict[str, Any],
+          url: str) -> str:
+    if wanted is not None:
+        if wanted not in names:
+            raise SourceError(f"{url} has no column {wanted!r} (its columns: {', '.join(names)}); "
+                              f"pass --{kind}-column with one of them")
+        return wanted
+    if default in names:
+        return default
+    hf_type = "Image" if kind == "image" else "ClassLabel"
+    typed = [n for n in names if isinstance(features.get(n), dict) and features[n].get("_type") == hf_type]
+    if len(typed) == 1:
+        return typed[0]
+    raise SourceError(f"{url} has no {kind} column: no column {default!r}"
+                      + (f" nor one {hf_type} feature in its metadata" if len(typed) != 1 else "")
+                      + f" (its columns: {', '.join(names)}); pass --{kind}-column NAME")
+
+
+def _image_field(schema: Any, column: str, url: str) -> str:
+    """The leaf to read: ``column.bytes`` for the Hugging Face struct, ``column`` for plain binary."""
+    import pyarrow as pa
+
+    t = schema.field(column).type
+    if pa.types.is_struct(t):
+        if t.get_field_index("bytes") >= 0 and (pa.types.is_binary(t.field("bytes").type)
+                                                or pa.types.is_large_binary(t.field("bytes").type)):
+            return f"{column}.bytes"
+    elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return column
+    raise SourceError(f"{url}: column {column!r} is {t}, not image bytes (binary, or a struct with a binary "
+                      f"'bytes' field as Hugging Face writes images)")
+
+
+@dataclass
+class _FilePlan:
+    row_groups: list[int]  # rows per row group
+    labels: np.ndarray  # int64, -1 where null
+    null_labels: np.ndarray  # bool
+    image_field: str
+    class_names: list[str] | None
+
+
+def _plan_file(shard: Shard, columns: ParquetColumns) -> _FilePlan:
+    import pyarrow.parquet as pq
+
+    with open_shard(shard, block_size=1 << 20) as f:
+        try:
+            pf = pq.ParquetFile(f)
+        except Exception as e:  # pyarrow raises ArrowInvalid/OSError for a damaged or non-Parquet file
+            raise SourceError(f"{shard.url} is not a readable Parquet file ({e})") from None
+        schema = pf.schema_arrow
+        names = list(schema.names)
+        features = hf_features(schema)
+        image = _pick("image", columns.image, "image", names, features, shard.url)
+        label = _pick("label", columns.label, "label", names, features, shard.url)
+        import pyarrow as pa
+
+        if not pa.types.is_integer(schema.field(label).type):
+            raise SourceError(f"{shard.url}: label column {label!r} is {schema.field(label).type}, not integers "
+                              f"(class indices)")
+        image_field = _image_field(schema, image, shard.url)
+        meta = pf.metadata
+        groups = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        col = pf.read(columns=[label]).column(label)
+    names_ = features.get(label, {}).get("names") if isinstance(features.get(label), dict) else None
+    nulls = np.asarray(col.is_null().to_numpy(zero_copy_only=False), bool)
+    values = np.asarray(col.fill_null(-1).to_numpy(zero_copy_only=False), np.int64)
+    return _FilePlan(groups, values, nulls, image_field,
+                     [str(n) for n in names_] if isinstance(names_, list) else None)
+
+
+class _Files(threading.local):
+    def __init__(self) -> None:
+        self.open: collections.OrderedDict[tuple[str, int, str], Any] = collections.OrderedDict()
+        self.group: tuple[tuple[str, int, str, int], Any] | None = None  # ((url, size, version, group), column)
+
+
+_files = _Files()
+
+
+def _parquet_file(shard: Shard) -> Any:
+    import pyarrow.parquet as pq
+
+    key = (shard.url, shard.size, shard.version)
+    pf = _files.open.get(key)
+    if pf is None:
+        if is_url(shard.url):
+            fs, path = filesystem(shard.url)
+            pf = pq.ParquetFile(fs.open(path, "rb", block_size=_ROW_GROUP_READ, cache_type="readahead",
+                                        size=shard.size))
+        else:
+            size = os.stat(shard.url).st_size
+            if size != shard.size:
+                raise SourceError(f"{shard.url} changed since it was planned ({shard.size} -> {size} bytes); "
+                                  f"run the command again to plan it afresh")
+            pf = pq.ParquetFile(shard.url, memory_map=False)
+        _files.open[key] = pf
+        while len(_files.open) > _OPEN_FILES:
+            _files.open.popitem(last=False)[1].close()
+    else:
+        _files.open.move_to_end(key)
+    return pf
+
+
+def _forget(shard: Shard) -> None:
+    pf = _files.open.pop((shard.url, shard.size, shard.version), None)
+    if pf is not None:
+        with contextlib.suppress(Exception):  # its connection may be gone already
+            pf.close()
+    _files.group = None
+
+
+@dataclass(frozen=True)
+class ParquetRowReader:
+    """Reads a planned sample's image bytes from its row group (picklable; runs in the build's workers)."""
+
+    files: tuple[Shard, ...]
+    image_fields: tuple[str, ...]  # per file: "image.bytes" or a binary column
+    table: SampleTable  # columns: file (int32), group (int32), row (int32, within the row group)
+
+    def for_block(self, start: int, stop: int) -> ParquetRowReader:
+        table = self.table.slice(start, stop)
+        fields, _ = table.only_used("file", self.image_fields)
+        files, table = table.only_used("file", self.files)
+        return ParquetRowReader(files, fields, table)
+
+    def _group(self, f: int, group: int) -> Any:
+        shard = self.files[f]
+        key = (shard.url, shard.size, shard.version, group)
+        if _files.group is not None and _files.group[0] == key:
+            return _files.group[1]
+        _files.group = None  # let the previous row group go before reading the next
+        field = self.image_fields[f]
+
+        def read() -> Any:
+            t = _parquet_file(shard).read_row_group(group, columns=[field])
+            col = t.column(0)
+            if col.type.num_fields:  # struct<bytes>: its one child, null where the struct is
+                col = col.combine_chunks().flatten()[0]
+            return col
+
+        column = retrying(shard, read, lambda: _forget(shard))
+        _files.group = (key, column)
+        return column
+
+    def __call__(self, index: int, key: str) -> bytes:
+        row = self.table.row(index, key)
+        c = self.table.columns
+        f = int(c["file"][row])
+        data = self._group(f, int(c["group"][row]))[int(c["row"][row])].as_py()
+        if data is None:
+            raise DecodeError(key, "the row has no image bytes (null: an image stored only by path?)")
+        return data
+
+
+def _plan_all(files: list[Shard], columns: ParquetColumns, jobs: int) -> list[_FilePlan]:
+    def plan(shard: Shard) -> _FilePlan:
+        return retrying(shard, lambda: _plan_file(shard, columns), lambda: None)
+
+    if jobs == 1 or len(files) == 1:
+        return [plan(s) for s in files]
+    from joblib import Parallel, delayed
+
+    return Parallel(n_jobs=jobs, prefer="threads")(delayed(plan)(s) for s in files)
+
+
+def parquet_plan(src: str | os.PathLike[str], *, split: str | None = None, classes: list[str] | None = None,
+                 columns: ParquetColumns = ParquetColumns(), dataset: str | None = None, jobs: int = 1) -> Plan:
+    """Plan the Parquet files at ``src`` (a folder, prefix, glob, brace pattern or file; local or URL)."""
+    src = os.fspath(src)
+    root, files = list_shards(src, (".parquet",), "Parquet files")
+    split, files = select_split(files, split, src)
+    planned = _plan_all(files, columns, jobs)
+    keys: list[str] = []
+    file_col, group_col, row_col, label_parts = [], [], [], []
+    problems: dict[int, str] = {}
+    for i, (shard, fp) in enumerate(zip(files, planned, strict=True)):
+        n = int(sum(fp.row_groups))
+        base = len(keys)
+        keys += [f"{shard.name}#{r}" for r in range(n)]
+        file_col.append(np.full(n, i, np.int32))
+        group_col.append(np.repeat(np.arange(len(fp.row_groups), dtype=np.int32), fp.row_groups))
+        row_col.append(np.concatenate([np.arange(g, dtype=np.int32) for g in fp.row_groups]) if n else
+                       np.zeros(0, np.int32))
+        label_parts.append(fp.labels)
+        problems.update({base + int(r): "no label (null)" for r in np.flatnonzero(fp.null_labels)})
+    if not keys:
+        raise SourceError(f"{src}: its {len(files)} Parquet file(s) hold no rows")
+    if classes is None:
+        named = [fp.class_names for fp in planned if fp.class_names is not None]
+        if named and any(n != named[0] for n in named):
+            raise SourceError(f"{src}: its files name different classes in their metadata; pass --classes FILE")
+        classes = named[0] if named else None
+    labels = np.concatenate(label_parts)
+    classes = check_labels(labels, classes, problems, src)
+    table = SampleTable(0, {"file": np.concatenate(file_col), "group": np.concatenate(group_col),
+                            "row": np.concatenate(row_col)}, problems)
+    extra = {"columns": columns.__dict__, "fields": [fp.image_field for fp in planned], "classes": classes}
+    return Plan(
+        dataset=dataset or dataset_name(src),
+        split=split,
+        root=root,
+        keys=keys,
+        labels=labels,
+        classes=classes,
+        fingerprint=fingerprint_shards(files, keys, labels, extra),
+        reader=ParquetRowReader(tuple(files), tuple(fp.image_field for fp in planned), table),
+        extra={"source_format": "parquet", "shards": len(files)},
+    )
