@@ -186,16 +186,19 @@ _cifar_command("cifar100")
 
 
 @main.command()
-@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("src", metavar="SRC")
 @click.option("--size", type=_SIZE, default=224, show_default=True, help="Output side S.")
 @click.option("--split", default="train", show_default=True, help="Name of the split this tree is.")
 @click.option("--name", default=None, help="Dataset name (default: the folder's name).")
 @build_options
-def folder(src: Path, size: int, split: str, name: str | None, out: Path | None, **kw: Any) -> None:
-    """Any class-folder tree at SRC (ImageFolder's rules: one sub-folder per class)."""
+def folder(src: str, size: int, split: str, name: str | None, out: Path | None, **kw: Any) -> None:
+    """Any class-folder tree at SRC, a path or a URL (s3://bucket/images, https://...): ImageFolder's rules,
+    one sub-folder per class."""
     from cachebuild.sources.folder import folder_plan
+    from cachebuild.storage import is_url
 
-    dataset = name or src.resolve().name or "folder"
+    last = src.rstrip("/").rsplit("/", 1)[-1] if is_url(src) else Path(src).resolve().name
+    dataset = name or last or "folder"
     _run_builds(lambda: [folder_plan(src, dataset=dataset, split=split)], dataset, size, out, **kw)
 
 

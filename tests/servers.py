@@ -385,8 +385,15 @@ _AWS_CLEARED = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_R
                 "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")
 
 
+def _restart_joblib_workers() -> None:
+    from joblib.externals.loky import get_reusable_executor
+
+    get_reusable_executor().shutdown(wait=True)
+
+
 @pytest.fixture
-def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> S3Bucket:
+def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch,
+       tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Bucket]:
     """A fresh bucket, an s3fs filesystem for it, and an AWS environment pointing at the loopback server
     (restored when the test ends)."""
     import s3fs
@@ -396,9 +403,11 @@ def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path_factory: p
     env = aws_test_env(s3_server.endpoint_url, tmp_path_factory.mktemp("aws"))
     for name, value in env.items():
         monkeypatch.setenv(name, value)
+    _restart_joblib_workers()  # loky reuses its worker processes: they must see this environment
     fs = s3fs.S3FileSystem(endpoint_url=s3_server.endpoint_url, key=_DUMMY_KEY, secret=_DUMMY_SECRET,
                            skip_instance_cache=True, use_listings_cache=False)
     bucket = f"test-{uuid.uuid4().hex[:12]}"
     fs.mkdir(bucket)
     s3_server.log.clear()
-    return S3Bucket(bucket, s3_server.endpoint_url, fs, s3_server.log, env)
+    yield S3Bucket(bucket, s3_server.endpoint_url, fs, s3_server.log, env)
+    _restart_joblib_workers()  # and later tests' workers must not keep it

@@ -225,3 +225,29 @@ def test_open_cache_reports_remote_reads(tmp_path, s3):
     s3.fs.put(str(root), s3.url("x"), recursive=True)
     reader = open_cache(s3.url("x"))
     assert reader.verify() == [] and np.array_equal(reader.read([3, 1, 29]), images[[3, 1, 29]])
+
+
+@pytest.mark.parametrize("where", ["http", "s3"])
+def test_a_class_folder_tree_at_a_url_builds_the_same_cache_as_its_local_copy(tmp_path, imagenet_clean, where,
+                                                                              request):
+    train = Path(imagenet_clean["train_dir"])
+    local = tmp_path / "local"
+    r = CliRunner().invoke(main, ["folder", str(train), "--size", "32", "--jobs", "1", "--out", str(local)])
+    assert r.exit_code == 0, r.output
+    if where == "http":
+        site = tmp_path / "site"
+        shutil.copytree(train, site / "train")
+        url = request.getfixturevalue("http_server")(site).url_for("train")
+    else:
+        s3 = request.getfixturevalue("s3")
+        s3.fs.put(str(train), s3.url("data/train"), recursive=True)
+        url = s3.url("data/train")
+    remote = tmp_path / "remote"
+    r = CliRunner().invoke(main, ["folder", url, "--size", "32", "--jobs", "2", "--out", str(remote)])
+    assert r.exit_code == 0, r.output
+    a, b = open_cache(local / "train"), open_cache(remote / "train")
+    assert b.manifest.source["root"].startswith(("http://", "s3://"))
+    assert a.paths() == b.paths() and np.array_equal(a.labels, b.labels) and a.manifest.classes == b.manifest.classes
+    assert np.array_equal(a.read(np.arange(len(a))), b.read(np.arange(len(b))))
+    r = CliRunner().invoke(main, ["folder", url, "--size", "32", "--jobs", "1", "--out", str(remote)])
+    assert "up to date" in r.output  # the listing's sizes and ETags/mtimes fingerprint the source

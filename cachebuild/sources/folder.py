@@ -9,6 +9,7 @@ import numpy as np
 
 from cachebuild.errors import SourceError
 from cachebuild.sources.plan import Plan, file_plan
+from cachebuild.storage import is_url
 
 __all__ = ["IMG_EXTENSIONS", "find_classes", "folder_plan", "list_class_folder"]
 
@@ -46,7 +47,12 @@ def list_class_folder(root: Path, classes: list[str]) -> tuple[list[str], np.nda
 
 def folder_plan(root: str | os.PathLike[str], *, dataset: str = "folder", split: str = "train",
                 classes: list[str] | None = None) -> Plan:
-    """Plan a class-folder tree. ``classes`` pins the class list (e.g. a val split labelled like train)."""
+    """Plan a class-folder tree, local or at a URL. ``classes`` pins the class list (e.g. a val split labelled
+    like train)."""
+    if is_url(os.fspath(root)):
+        from cachebuild.sources.url_folder import url_folder_plan
+
+        return url_folder_plan(os.fspath(root), dataset=dataset, split=split, classes=classes)
     root = Path(root)
     found = find_classes(root)
     if classes is None:
