@@ -22,7 +22,6 @@ import logging
 import os
 import posixpath
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 from cachebuild.errors import DecodeError, SourceError
+from cachebuild.storage.names import redact
 
 __all__ = ["Shard", "close_handles", "filesystem", "is_url", "list_shards", "open_shard", "read_range", "retrying"]
 
@@ -253,21 +253,23 @@ def retrying(shard: Shard, read: Callable[[], T], forget: Callable[[], None]) ->
     shards are read once, as they are."""
     if not is_url(shard.url):
         return read()
-    attempt = 0
-    while True:
-        attempt += 1
-        try:
-            return read()
-        except (FileNotFoundError, PermissionError, SourceError, DecodeError):
-            forget()
-            raise
-        except Exception as e:  # network faults come as aiohttp / botocore / OSError types
-            forget()
-            if attempt >= RETRIES:
-                raise SourceError(f"{shard.url}: reading failed {RETRIES} times ({type(e).__name__}: {e}); run the "
-                                  f"same command again to resume (finished blocks are kept)") from None
-            log.debug("%s: read failed (%s), retrying", shard.url, e)
-            time.sleep(0.2 * attempt)
+    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+    def worth_retrying(e: BaseException) -> bool:
+        forget()  # whatever happened, the next attempt (or the next sample) opens a fresh handle
+        return not isinstance(e, (FileNotFoundError, PermissionError, SourceError, DecodeError))
+
+    try:
+        for attempt in Retrying(stop=stop_after_attempt(RETRIES), wait=wait_exponential(multiplier=0.2, max=2.0),
+                                retry=retry_if_exception(worth_retrying), reraise=True):
+            with attempt:
+                return read()
+    except (FileNotFoundError, PermissionError, SourceError, DecodeError):
+        raise
+    except Exception as e:  # network faults come as aiohttp / botocore / OSError types
+        raise SourceError(f"{redact(shard.url)}: reading failed {RETRIES} times ({type(e).__name__}: {e}); run the "
+                          f"same command again to resume (finished blocks are kept)") from None
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def read_range(shard: Shard, offset: int, size: int) -> bytes:
