@@ -82,8 +82,8 @@ class Location(ABC):
         """Write ``name`` whole (replacing what was there)."""
 
     @abstractmethod
-    def remove(self, name: str) -> None:
-        """Delete the file ``name``; one already gone is fine."""
+    def remove(self, *names: str) -> None:
+        """Delete the files ``names`` (in bulk where the store can); files already gone are fine."""
 
     def local_path(self, name: str = "") -> Path:
         raise TypeError(f"{self.describe()} is not a local folder")
@@ -197,8 +197,9 @@ class LocalLocation(Location):
         target.parent.mkdir(parents=True, exist_ok=True)
         write_bytes_atomic(target, data)
 
-    def remove(self, name: str) -> None:
-        self.local_path(name).unlink(missing_ok=True)
+    def remove(self, *names: str) -> None:
+        for name in names:
+            self.local_path(name).unlink(missing_ok=True)
 
     def list_files(self) -> dict[str, int]:
         found: dict[str, int] = {}
@@ -411,14 +412,16 @@ class FsspecLocation(Location):
         path = self._path(name)
         self._call(name, "write it", lambda: self.fs.pipe_file(path, bytes(data)))
 
-    def remove(self, name: str) -> None:
-        path = self._path(name)
+    def remove(self, *names: str) -> None:
+        if not names:
+            return
+        paths = [self._path(n) for n in names]
 
         def rm() -> None:
             with contextlib.suppress(FileNotFoundError):
-                self.fs.rm_file(path)
+                self.fs.rm(paths if len(paths) > 1 else paths[0])  # s3fs/gcsfs: bulk deletes
 
-        self._call(name, "delete it", rm)
+        self._call(names[0] if len(names) == 1 else "", f"delete {len(names)} file(s)", rm)
 
 
 def open_location(where: str | os.PathLike[str] | Location,
