@@ -158,7 +158,7 @@ def test_push_never_writes_into_a_prefix_holding_something_else(tmp_path, s3):
 
 def test_a_cache_without_a_file_table_is_verified_whole(tmp_path, s3):
     """Caches built before files.json: pushed after a full verify, pulled by listing, verified whole on arrival."""
-    root, images, _ = make_cache(tmp_path / "c", n=70, storage="npy", shard_size=16, h=16, w=12)
+    root, _images, _ = make_cache(tmp_path / "c", n=70, storage="npy", shard_size=16, h=16, w=12)
     m = json.loads((root / "manifest.json").read_text())
     del m["files"]
     (root / "manifest.json").write_text(json.dumps(m))
@@ -179,7 +179,7 @@ def test_a_cache_without_a_file_table_is_verified_whole(tmp_path, s3):
 
 
 def _served(tmp_path: Path, http_server, n: int = 200):
-    root, images, _ = make_cache(tmp_path / "site" / "c", n=n, storage="npy", shard_size=16, h=32, w=32)
+    root, _images, _ = make_cache(tmp_path / "site" / "c", n=n, storage="npy", shard_size=16, h=32, w=32)
     server = http_server(tmp_path / "site")
     return server, server.url_for("c"), root
 
@@ -214,7 +214,7 @@ def test_http_pull_killed_half_way_resumes_fetching_only_what_was_missing(tmp_pa
 
 
 def test_http_pull_checks_every_file(tmp_path, http_server):
-    server, url, root = _served(tmp_path, http_server, n=60)
+    _server, url, root = _served(tmp_path, http_server, n=60)
     shard = root / "images-00001.npy"
     shard.write_bytes(_flip(shard.read_bytes()))  # damaged at the source, same size
     r = _cli("pull", url, tmp_path / "out")
@@ -249,7 +249,7 @@ def test_pull_of_something_that_is_not_a_cache_writes_nothing(tmp_path, http_ser
 @pytest.mark.parametrize("where", ["manifest", "table"])
 @pytest.mark.parametrize("bad", ["../x.npy", "/etc/passwd", "http://127.0.0.1:1/x.npy", "a/../../x.npy"])
 def test_pull_refuses_names_outside_the_cache_before_writing_anything(tmp_path, http_server, where, bad):
-    server, url, root = _served(tmp_path, http_server, n=40)
+    _server, url, root = _served(tmp_path, http_server, n=40)
     m = json.loads((root / "manifest.json").read_text())
     if where == "manifest":
         m["shards"][0]["file"] = bad
@@ -268,7 +268,7 @@ def test_pull_refuses_names_outside_the_cache_before_writing_anything(tmp_path, 
 
 def test_pull_replaces_a_different_local_cache_only_with_force_and_readers_keep_the_old_one(tmp_path):
     old_root, old, _ = make_cache(tmp_path / "dest", n=40, storage="npy", shard_size=8)
-    new_root, new, _ = make_cache(tmp_path / "shared" / "c", n=24, storage="zarr", shard_size=8, h=10, w=10)
+    new_root, _new, _ = make_cache(tmp_path / "shared" / "c", n=24, storage="zarr", shard_size=8, h=10, w=10)
     reading = CachedImageDataset(old_root)
     r = _cli("pull", new_root, old_root)
     assert r.exit_code == 1 and "different cache" in r.output and "--force" in r.output
