@@ -75,7 +75,7 @@ def _bar(total: int, files: int, desc: str, enabled: bool | None) -> Any:
 
     if enabled is None:
         enabled = sys.stderr.isatty()
-    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, disable=not enabled,
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1000, disable=not enabled,
                 smoothing=0.1, postfix=f"0/{files} files")
 
 
