@@ -7,17 +7,26 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-__all__ = ["AtomicFile", "fsync_dir", "write_bytes_atomic", "write_json_atomic"]
+__all__ = ["AtomicFile", "fsync_dir", "is_temporary_name", "write_bytes_atomic", "write_json_atomic"]
 
 
 def _tmp_name(path: Path) -> Path:
     # Random part: two processes writing the same target never share a temporary file.
     return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+
+
+_TMP_NAME = re.compile(r"^\..+\.\d+\.[0-9a-f]{8}\.tmp$")
+
+
+def is_temporary_name(name: str) -> bool:
+    """True for the temporary name of a write that never committed (a killed writer's leftover)."""
+    return bool(_TMP_NAME.match(name))
 
 
 def fsync_dir(folder: Path) -> None:

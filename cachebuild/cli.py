@@ -15,6 +15,7 @@ import click
 
 from cachebuild.decode import DEFAULT_MAX_PIXELS, FITS, INTERPOLATIONS
 from cachebuild.errors import CacheBuildError, DecodeError
+from cachebuild.share.cli import WAIT_OPTION, quick_verify, register
 from cachebuild.storage import DEFAULT_STORAGE, backend_names
 
 __all__ = ["default_out", "main"]
@@ -68,6 +69,7 @@ def build_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--max-pixels", type=click.IntRange(min=1), default=DEFAULT_MAX_PIXELS, show_default=True,
                      help="Refuse, before decoding, any image whose header declares more pixels."),
         click.option("--force", is_flag=True, help="Replace a different cache already at --out."),
+        WAIT_OPTION,
         click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal)."),
         click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors."),
         click.option("--verbose", "-v", is_flag=True, help="Debug logging."),
@@ -128,7 +130,7 @@ def _run_builds(plans_fn: Callable[[], list[Any]], dataset: str, size: int, out:
     opts = BuildOptions(size=size, fit=kw["fit"], interpolation=kw["interpolation"], storage=kw["storage"],
                         jobs=kw["jobs"], block_size=kw["shard_size"], chunk_size=kw["chunk_size"],
                         compression=kw["compression"], on_error=kw["on_error"], max_pixels=kw["max_pixels"],
-                        force=kw["force"], progress=kw["progress"])
+                        force=kw["force"], progress=kw["progress"], lock_wait=kw["wait"])
     root = out if out is not None else default_out(dataset, size, opts.fit, opts.storage)
     try:
         plans = plans_fn()
@@ -318,7 +320,9 @@ def info(where: str, as_json: bool) -> None:
         f"  fit: {m.fit}, interpolation: {m.interpolation}",
         f"  source: {m.source.get('root')} ({m.source.get('files')} files, "
         f"fingerprint {str(m.source.get('fingerprint'))[:12]})",
-        f"  built: {m.created} by cachebuild {m.tool.get('version')} (format {m.format} v{m.format_version})",
+        f"  built: {m.created} by cachebuild {m.tool.get('version')} (format {m.format} v{m.format_version})"
+        + (f", {m.built_by.get('user')}@{m.built_by.get('host')}" if m.built_by else ""),
+        f"  fingerprint: {m.build_key[:12]} (build key: source + parameters; CachedImageDataset(expect_fingerprint=))",
         f"  skipped: {len(m.failures)}",
     ]
     lines += [f"    {f.path}: {f.reason}" for f in m.failures[:20]]
@@ -329,8 +333,13 @@ def info(where: str, as_json: bool) -> None:
 
 @main.command()
 @click.argument("where", metavar="PATH|URL")
-def verify(where: str) -> None:
+@click.option("--quick", is_flag=True,
+              help="Only sizes, headers and manifest consistency (seconds; no pixel is re-hashed).")
+def verify(where: str, quick: bool) -> None:
     """Re-hash every shard and array of the cache at PATH or URL against its manifest."""
+    if quick:
+        quick_verify(where)
+        return
     cache = _open(where)
     shown = cache.location.describe()
     try:
@@ -374,3 +383,4 @@ def _register_train() -> None:
 
 
 _register_train()
+register(main)  # pull, push, status, ls

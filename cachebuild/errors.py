@@ -9,8 +9,11 @@ __all__ = [
     "CacheExistsError",
     "CacheNotFoundError",
     "DecodeError",
+    "FingerprintMismatchError",
+    "LockHeldError",
     "RemoteError",
     "SourceError",
+    "TransferError",
     "UnsupportedFormatError",
 ]
 
@@ -42,6 +45,19 @@ class CacheChangedError(CacheBuildError, RuntimeError):
 class RemoteError(CacheBuildError, OSError):
     """A URL that cannot be read: not found, access denied, unreachable, or failing after retries.
     The message names the URL without credentials."""
+
+
+class LockHeldError(CacheBuildError, BlockingIOError):
+    """Another process builds or pulls the same output; the message names it (host, pid, user, since, command)."""
+
+
+class FingerprintMismatchError(CacheBuildError, ValueError):
+    """A cache whose fingerprint (build key) is not the one the caller expected: rebuilt, or another cache."""
+
+
+class TransferError(CacheBuildError, OSError):
+    """A pull or push that could not move every file intact; the message names the files and why.
+    What arrived whole and verified is kept, so the same command resumes."""
 
 
 class SourceError(CacheBuildError, ValueError):

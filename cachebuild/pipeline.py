@@ -13,7 +13,6 @@ No joblib backend is fixed here: run under ``joblib.parallel_config(backend="das
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -34,9 +33,11 @@ from cachebuild.atomic import write_json_atomic
 from cachebuild.decode import DEFAULT_MAX_PIXELS, ResizeSpec, decode_into
 from cachebuild.errors import CacheBuildError, CacheExistsError, DecodeError
 from cachebuild.format.manifest import FORMAT_VERSION, MANIFEST_NAME, Failure, Manifest, read_manifest
+from cachebuild.format.source_inputs import save_source_inputs
 from cachebuild.format.writer import commit_cache, save_side_arrays, staging_path, tool_versions, utc_now
+from cachebuild.locks import exclusive_lock
 from cachebuild.sources.plan import Plan, block_reader
-from cachebuild.storage import get_backend
+from cachebuild.storage import get_backend, is_url
 
 __all__ = ["BuildOptions", "BuildResult", "build"]
 
@@ -61,6 +62,7 @@ class BuildOptions:
     reduced_decode: bool = True
     force: bool = False
     progress: bool | None = None  # None: a bar when stderr is a terminal
+    lock_wait: float | None = None  # another build of the same output: None fail at once, N s, math.inf
 
     def resolved_block(self, planned: int | None = None) -> int:
         """Samples per block: ``block_size``, else ~64 MB of pixels, but small enough that a plan of
@@ -237,25 +239,18 @@ def _progress(total: int, initial: int, desc: str, enabled: bool | None):
 
 
 @contextlib.contextmanager
-def _exclusive(out: Path) -> Iterator[None]:
-    """One build per output at a time: two would share one staging folder. ``flock`` is released by the
-    kernel when the process dies, so a killed build never leaves a stale lock behind."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    lock = out.with_name(out.name + ".lock")
-    with open(lock, "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise CacheBuildError(
-                f"another cachebuild process is building {out} (it holds {lock}); wait for it to finish"
-            ) from None
+def _exclusive(out: Path, wait: float | None = None) -> Iterator[None]:
+    """One build per output at a time: two would share one staging folder. The lock names its holder and
+    the kernel drops it when the process dies, so a killed build never leaves a stale lock behind
+    (``cachebuild.locks``)."""
+    with exclusive_lock(out, wait=wait):
         yield
 
 
 def build(plan: Plan, out: str | os.PathLike[str], opts: BuildOptions) -> BuildResult:
     """Build (or resume, or confirm up to date) the cache of ``plan`` at ``out``."""
     out = Path(out)
-    with _exclusive(out):
+    with _exclusive(out, opts.lock_wait):
         return _build_locked(plan, out, opts)
 
 
@@ -320,6 +315,10 @@ def _finish(plan: Plan, out: Path, staging: Path, records: dict[int, dict[str, A
         extra_labels={name: np.asarray(values)[ok] for name, values in plan.extra_labels.items()},
     )
 
+    root = plan.root if is_url(plan.root) else str(Path(plan.root).resolve())
+    source: dict[str, Any] = {"root": root, "fingerprint": plan.fingerprint, "files": len(plan)}
+    if plan.file_stats is not None:  # what `cachebuild status` compares a source against, file by file
+        source["inputs"] = save_source_inputs(staging, plan.keys, plan.labels, plan.file_stats)
     manifest = Manifest(
         dataset=plan.dataset,
         split=plan.split,
@@ -329,8 +328,7 @@ def _finish(plan: Plan, out: Path, staging: Path, records: dict[int, dict[str, A
         classes=tuple(plan.classes),
         fit=opts.fit,
         interpolation=f"{opts.interpolation}" + ("+jpeg-dct-reduce" if opts.reduced_decode else ""),
-        source={"root": plan.root if "://" in plan.root else str(Path(plan.root).resolve()),
-                "fingerprint": plan.fingerprint, "files": len(plan)},
+        source=source,
         build={"key": key, **params, "on_error": opts.on_error, "exif_orientation": "ignored"},
         tool=tool_versions(),
         shards=tuple(shards),
@@ -342,5 +340,4 @@ def _finish(plan: Plan, out: Path, staging: Path, records: dict[int, dict[str, A
     shutil.rmtree(staging / "blocks")
     (staging / "build.json").unlink()  # from here a killed build starts afresh (safe: nothing is half-done)
     backend.cleanup(staging)
-    commit_cache(staging, out, manifest, replace=opts.force)
-    return manifest
+    return commit_cache(staging, out, manifest, replace=opts.force)

@@ -31,6 +31,7 @@ import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from cachebuild.format import Manifest, open_cache
+from cachebuild.format.identity import check_fingerprint
 from cachebuild.format.side_arrays import load_paths
 from cachebuild.storage import BlockCache, ImageStore
 from loaders.batch_ring import MAX_SLOTS, InlineTensor, WorkerRing
@@ -128,6 +129,9 @@ class CachedImageDataset(Dataset):
         local_cache: for a URL, a local folder where fetched blocks are kept (bounded by
             ``local_cache_bytes``, shared safely by workers and jobs), so later epochs read local disk.
         storage_options: fsspec options for a URL (credentials normally come from the store's config).
+        expect_fingerprint: a prefix (8+ hex digits) of the cache's fingerprint, i.e. its build key, as
+            ``cachebuild info`` / ``ls`` show it: opening a rebuilt or different cache then raises
+            ``FingerprintMismatchError`` naming both, instead of training on other data.
 
     Opening validates the manifest and every shard header (named errors from ``cachebuild.errors``:
     ``CacheNotFoundError``, ``UnsupportedFormatError``, ``CacheCorruptError``) and then closes the files.
@@ -145,6 +149,7 @@ class CachedImageDataset(Dataset):
         local_cache: str | os.PathLike[str] | BlockCache | None = None,
         local_cache_bytes: int | None = None,
         storage_options: dict[str, Any] | None = None,
+        expect_fingerprint: str | None = None,
     ) -> None:
         if in_memory not in (True, False, "auto"):
             raise ValueError(f"in_memory must be True, False or 'auto', got {in_memory!r}")
@@ -153,6 +158,8 @@ class CachedImageDataset(Dataset):
         # Validates the manifest and every shard/chunk header, here in the caller, never in a worker.
         reader = open_cache(root, local_cache=local_cache, local_cache_bytes=local_cache_bytes,
                             storage_options=storage_options)
+        if expect_fingerprint is not None:
+            check_fingerprint(reader.manifest, expect_fingerprint, reader.location.describe())
         self.root: Path | str = reader.root
         self.location = reader.location
         self.manifest: Manifest = reader.manifest

@@ -7,7 +7,8 @@ Fixtures (registered for every module through ``tests/conftest.py``):
   ``Last-Modified``; a folder URL answers an HTML page of links that fsspec's ``HTTPFileSystem.ls`` reads.
   Every request is logged in ``.log`` (method, path, Range, status, body bytes sent);
   ``.fail(path, kind, times)`` injects faults: ``"drop"`` (headers and half the body, then the connection is
-  cut), or a status code such as 403, 500, 503. With ``writable=True`` a PUT stores the body under ``root``.
+  cut), ``"stall"`` (no answer until ``.clear()``, then a 503), or a status code such as 403, 500, 503.
+  With ``writable=True`` a PUT stores the body under ``root``.
 - ``s3_server`` (session): moto's ``ThreadedMotoServer`` on 127.0.0.1, every request logged in ``.log``.
 - ``s3``: a fresh bucket on it, an ``s3fs.S3FileSystem`` for it, and the AWS environment that makes a plain
   ``fsspec.open("s3://...")`` (also in a subprocess) reach that server with dummy credentials. The variables
@@ -93,6 +94,7 @@ class HttpServer:
     url: str = ""
     log: _RequestLog = field(default_factory=_RequestLog)
     _faults: dict[str, _Fault] = field(default_factory=dict)
+    _stalled: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _runner: Any = None
 
@@ -103,10 +105,15 @@ class HttpServer:
     def fail(self, path: str, kind: str | int, times: int | None = 1,
              methods: tuple[str, ...] = ("GET",)) -> None:
         """The next ``times`` (None: all) ``methods`` requests of ``path`` (URL path relative to the root, e.g.
-        ``"a/b.tar"``) fail: ``"drop"`` cuts the connection after half the body; an int is answered as that
-        status code."""
-        if kind != "drop" and not isinstance(kind, int):
-            raise ValueError(f"fault kind must be 'drop' or an HTTP status code, not {kind!r}")
+        ``"a/b.tar"``) fail: ``"drop"`` cuts the connection after half the body; ``"stall"`` leaves every
+        request of ``path`` unanswered until :meth:`clear` (at most a minute), then answers 503 (``times``
+        ignored); an int is answered as that status code."""
+        if kind not in ("drop", "stall") and not isinstance(kind, int):
+            raise ValueError(f"fault kind must be 'drop', 'stall' or an HTTP status code, not {kind!r}")
+        if kind == "stall":
+            with self._lock:
+                self._stalled.add("/" + path.lstrip("/"))
+            return
         with self._lock:
             self._faults["/" + path.lstrip("/")] = _Fault(kind, times, methods)
 
@@ -115,6 +122,7 @@ class HttpServer:
         with self._lock:
             self.log.clear()
             self._faults.clear()
+            self._stalled.clear()
 
     def _take_fault(self, method: str, path: str) -> str | int | None:
         with self._lock:
@@ -147,6 +155,12 @@ class HttpServer:
             self.log.append(LoggedRequest(method, path, rng, status, len(body or b"")))
             return web.Response(status=status, body=body, headers=headers)
 
+        if path in self._stalled:  # a request in flight for as long as the test needs (e.g. to kill the client)
+            for _ in range(3000):
+                if path not in self._stalled:
+                    break
+                await asyncio.sleep(0.02)
+            return answer(503, b"stalled\n")
         fault = self._take_fault(method, path)
         if isinstance(fault, int):
             return answer(fault, f"injected {fault}\n".encode())

@@ -96,6 +96,16 @@ def _parse_mapping(name: str, value: Any) -> dict[str, Any]:
     return dict(value)
 
 
+def _parse_files(value: Any) -> dict[str, Any]:
+    files = _parse_mapping("files", value)
+    if files:
+        files["table"] = check_name(files.get("table"), "files.table")
+        files["sha256"] = _parse_str("files.sha256", files.get("sha256"))
+        files["count"] = _parse_int("files.count", files.get("count"))
+        files["bytes"] = _parse_int("files.bytes", files.get("bytes"))
+    return files
+
+
 @dataclass(frozen=True)
 class Manifest:
     """Everything a reader needs to know about a cache, and everything needed to tell if it is stale."""
@@ -116,6 +126,10 @@ class Manifest:
     failures: tuple[Failure, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. coarse class names, class descriptions
     created: str = ""
+    # Optional (older caches lack them; older readers ignore them): the whole-file checksum table that
+    # pull/push check every file against ({"table", "sha256", "count", "bytes"}), and who built the cache.
+    files: dict[str, Any] = field(default_factory=dict)
+    built_by: dict[str, Any] = field(default_factory=dict)  # {"user", "host"}
     dtype: str = "uint8"
     layout: str = "NHWC"
     format: str = FORMAT_NAME
@@ -192,6 +206,8 @@ class Manifest:
                 failures=tuple(Failure(path=str(f["path"]), reason=str(f["reason"])) for f in d.get("failures", [])),
                 extra=_parse_mapping("extra", d.get("extra", {})),
                 created=str(d.get("created", "")),
+                files=_parse_files(d.get("files", {})),
+                built_by=_parse_mapping("built_by", d.get("built_by", {})),
             )
         except KeyError as e:
             raise CacheCorruptError(f"manifest is missing the field {e.args[0]!r}") from None

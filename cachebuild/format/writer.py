@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import os
 import platform
@@ -13,12 +14,15 @@ import numpy as np
 
 from cachebuild.atomic import fsync_dir, write_json_atomic
 from cachebuild.errors import CacheExistsError
+from cachebuild.format.file_table import is_unfinished_write, with_file_table
 from cachebuild.format.manifest import MANIFEST_NAME, ArrayInfo, Failure, Manifest
 from cachebuild.format.side_arrays import save_array, save_paths, sha256_bytes
+from cachebuild.provenance import built_by
 from cachebuild.storage import get_backend
 from cachebuild.storage.replacement import set_aside, sweep_replaced
 
-__all__ = ["commit_cache", "save_side_arrays", "staging_path", "tool_versions", "utc_now", "write_cache"]
+__all__ = ["commit_cache", "install_staged", "remove_unfinished_writes", "save_side_arrays", "staging_path",
+           "tool_versions", "utc_now", "write_cache"]
 
 
 def staging_path(out: Path) -> Path:
@@ -65,8 +69,9 @@ def save_side_arrays(
     return arrays
 
 
-def commit_cache(staging: Path, out: Path, manifest: Manifest, *, replace: bool = False) -> None:
-    """Write ``manifest.json`` into ``staging`` and rename it to ``out``.
+def commit_cache(staging: Path, out: Path, manifest: Manifest, *, replace: bool = False) -> Manifest:
+    """Write ``files.json`` and ``manifest.json`` into ``staging`` and rename it to ``out``; returns the
+    manifest as written (with its file table and who built it).
 
     The manifest is the last file written, and the folder appears at ``out`` only complete. With
     ``replace``, an existing cache at ``out`` is renamed aside first and kept until no job reads it any
@@ -74,7 +79,25 @@ def commit_cache(staging: Path, out: Path, manifest: Manifest, *, replace: bool 
     """
     manifest.check_consistent()
     get_backend(manifest.storage).finalize_folder(staging, manifest)
+    remove_unfinished_writes(staging)
+    if not manifest.built_by:
+        manifest = dataclasses.replace(manifest, built_by=built_by())
+    manifest = with_file_table(staging, manifest)
     write_json_atomic(staging / MANIFEST_NAME, manifest.to_dict())
+    install_staged(staging, out, replace=replace)
+    return manifest
+
+
+def remove_unfinished_writes(staging: Path) -> None:
+    """Leftovers of writers killed in an earlier run (ours and zarr's temporary files): never part of a cache."""
+    for dirpath, _, names in os.walk(staging):
+        for name in names:
+            if is_unfinished_write(name):
+                os.unlink(os.path.join(dirpath, name))
+
+
+def install_staged(staging: Path, out: Path, *, replace: bool = False) -> None:
+    """Rename the complete cache in ``staging`` (its manifest written) to ``out``; see :func:`commit_cache`."""
     if out.exists() or out.is_symlink():
         if not replace:
             raise CacheExistsError(f"{out} already exists; pass --force to replace it")
@@ -137,5 +160,4 @@ def write_cache(
         failures=tuple[Failure, ...](),
         created=utc_now(),
     )
-    commit_cache(staging, out, manifest, replace=replace)
-    return manifest
+    return commit_cache(staging, out, manifest, replace=replace)

@@ -16,7 +16,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["FileReader", "Plan", "SampleReader", "block_reader", "file_plan", "fingerprint_files"]
+__all__ = ["FileReader", "Plan", "SampleReader", "block_reader", "file_plan", "fingerprint_files", "fingerprint_stats",
+           "stat_files"]
 
 
 class SampleReader(Protocol):
@@ -60,29 +61,47 @@ class Plan:
     native_size: int | None = None  # CIFAR: the arrays are already SxS
     extra_labels: dict[str, np.ndarray] = field(default_factory=dict)  # e.g. CIFAR-100 coarse_labels
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. class descriptions, coarse class names
+    # (size, mtime_ns) per key as fingerprinted, for plans of files: kept in the cache so that `cachebuild
+    # status` can say which files changed (None for sources fingerprinted otherwise, e.g. CIFAR pixels)
+    file_stats: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
 
 
+def stat_files(root: Path, keys: Sequence[str]) -> np.ndarray:
+    """int64 (n, 2): (size, mtime_ns) of every key under ``root``; (-1, -1) for an entry that cannot be
+    stat'ed (a dangling link). The per-file inputs of :func:`fingerprint_files`."""
+    out = np.full((len(keys), 2), -1, dtype=np.int64)
+    for i, key in enumerate(keys):
+        try:
+            st = os.stat(root / key)
+        except OSError:
+            continue
+        out[i] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def fingerprint_stats(keys: Sequence[str], labels: np.ndarray, stats: np.ndarray, extra: Any = None) -> str:
+    """The fingerprint of (relative path, label, size, mtime) rows, ``stats`` from :func:`stat_files`."""
+    h = hashlib.sha256()
+    h.update(json.dumps(extra, sort_keys=True, default=str).encode())
+    for key, label, (size, mtime) in zip(keys, labels.tolist(), stats.tolist(), strict=True):
+        meta = "missing" if size < 0 else f"{size}:{mtime}"
+        h.update(f"{key}\0{label}\0{meta}\n".encode("utf-8", "surrogateescape"))
+    return h.hexdigest()
+
+
 def fingerprint_files(root: Path, keys: Sequence[str], labels: np.ndarray, extra: Any = None) -> str:
     """sha256 over every (relative path, label, size, mtime): a file added, removed, relabelled or
     rewritten changes it. A missing entry (dangling link) still fingerprints, as 'missing'."""
-    h = hashlib.sha256()
-    h.update(json.dumps(extra, sort_keys=True, default=str).encode())
-    for key, label in zip(keys, labels.tolist(), strict=True):
-        try:
-            st = os.stat(root / key)
-            meta = f"{st.st_size}:{st.st_mtime_ns}"
-        except OSError:
-            meta = "missing"
-        h.update(f"{key}\0{label}\0{meta}\n".encode("utf-8", "surrogateescape"))
-    return h.hexdigest()
+    return fingerprint_stats(keys, labels, stat_files(root, keys), extra)
 
 
 def file_plan(dataset: str, split: str, root: Path, keys: list[str], labels: np.ndarray, classes: list[str],
               extra: dict[str, Any] | None = None) -> Plan:
     """A plan of encoded image files under ``root``, fingerprinted by path, label, size and mtime."""
+    stats = stat_files(root, keys)
     return Plan(
         dataset=dataset,
         split=split,
@@ -90,7 +109,8 @@ def file_plan(dataset: str, split: str, root: Path, keys: list[str], labels: np.
         keys=keys,
         labels=labels,
         classes=classes,
-        fingerprint=fingerprint_files(root, keys, labels, {"classes": classes}),
+        fingerprint=fingerprint_stats(keys, labels, stats, {"classes": classes}),
         reader=FileReader(str(root)),
         extra=extra or {},
+        file_stats=stats,
     )

@@ -11,7 +11,9 @@ standard environment and config files (``AWS_*``, ``~/.aws``, ``GOOGLE_APPLICATI
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import stat
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -65,6 +67,23 @@ class Location(ABC):
     @abstractmethod
     def list_files(self) -> dict[str, int]:
         """Every file below this location, recursively: relative name -> size in bytes (-1: not listed)."""
+
+    @abstractmethod
+    def list_dir(self, name: str = "") -> list[tuple[str, bool, int]]:
+        """The entries directly in folder ``name``: (name, is a folder, size in bytes or -1)."""
+
+    # ---------------------------------------------------------------- write side (push, pull)
+    @abstractmethod
+    def put_file(self, name: str, local: str | os.PathLike[str]) -> None:
+        """Copy the local file ``local`` to ``name``, whole (replacing what was there)."""
+
+    @abstractmethod
+    def write_bytes(self, name: str, data: bytes) -> None:
+        """Write ``name`` whole (replacing what was there)."""
+
+    @abstractmethod
+    def remove(self, *names: str) -> None:
+        """Delete the files ``names`` (in bulk where the store can); files already gone are fine."""
 
     def local_path(self, name: str = "") -> Path:
         raise TypeError(f"{self.describe()} is not a local folder")
@@ -152,6 +171,35 @@ class LocalLocation(Location):
             with open(self.local_path(name), "rb") as f:
                 heads.append(f.read(nbytes))
         return heads
+
+    def list_dir(self, name: str = "") -> list[tuple[str, bool, int]]:
+        out = []
+        with os.scandir(self.local_path(name)) as entries:
+            for e in entries:
+                if e.is_dir(follow_symlinks=False):
+                    out.append((e.name, True, -1))
+                elif e.is_file(follow_symlinks=False):
+                    out.append((e.name, False, e.stat().st_size))
+        return sorted(out)
+
+    def put_file(self, name: str, local: str | os.PathLike[str]) -> None:
+        from cachebuild.atomic import AtomicFile
+
+        target = self.local_path(name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(local, "rb") as src, AtomicFile(target, durable=True) as dst:
+            shutil.copyfileobj(src, dst.file, 8 << 20)
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        from cachebuild.atomic import write_bytes_atomic
+
+        target = self.local_path(name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(target, data)
+
+    def remove(self, *names: str) -> None:
+        for name in names:
+            self.local_path(name).unlink(missing_ok=True)
 
     def list_files(self) -> dict[str, int]:
         found: dict[str, int] = {}
@@ -337,6 +385,43 @@ class FsspecLocation(Location):
                 size = info.get("size")
                 out[rel] = -1 if size is None else int(size)  # -1: a listing without sizes (HTTP index pages)
         return out
+
+
+    def list_dir(self, name: str = "") -> list[tuple[str, bool, int]]:
+        path = self._path(name)
+        found = self._call(name, "list it", lambda: self.fs.ls(path, detail=True))
+        base = self.fs._strip_protocol(path).rstrip("/")
+        out = []
+        for info in found:
+            rel = self.fs._strip_protocol(info["name"])[len(base):].strip("/")
+            if not rel or "/" in rel:
+                continue  # the folder itself (some stores list it), or a deeper name
+            size = info.get("size")
+            out.append((rel, info.get("type") == "directory", -1 if size is None else int(size)))
+        return sorted(set(out))
+
+    def _write_options(self) -> dict[str, Any]:
+        # fsspec's HTTP filesystem POSTs by default; a writable HTTP store (WebDAV, our test server) takes PUT.
+        return {"method": "put"} if self.protocol in ("http", "https") else {}
+
+    def put_file(self, name: str, local: str | os.PathLike[str]) -> None:
+        path = self._path(name)
+        self._call(name, "upload it", lambda: self.fs.put_file(os.fspath(local), path, **self._write_options()))
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        path = self._path(name)
+        self._call(name, "write it", lambda: self.fs.pipe_file(path, bytes(data)))
+
+    def remove(self, *names: str) -> None:
+        if not names:
+            return
+        paths = [self._path(n) for n in names]
+
+        def rm() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm(paths if len(paths) > 1 else paths[0])  # s3fs/gcsfs: bulk deletes
+
+        self._call(names[0] if len(names) == 1 else "", f"delete {len(names)} file(s)", rm)
 
 
 def open_location(where: str | os.PathLike[str] | Location,

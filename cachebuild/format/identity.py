@@ -1,0 +1,35 @@
+"""Which cache is this? The fingerprint a job can pin: the manifest's build key (sha256 of the source
+fingerprint and every build parameter that shapes the bytes), shown by ``cachebuild info`` and ``ls`` as
+its first 12 hex digits. The same key means the same bytes; a rebuild from a changed source or with other
+parameters gets another one, while the same build repeated (or pulled elsewhere) keeps it."""
+
+from __future__ import annotations
+
+import re
+
+from cachebuild.errors import FingerprintMismatchError
+from cachebuild.format.manifest import Manifest
+
+__all__ = ["SHOWN_DIGITS", "check_fingerprint", "fingerprint"]
+
+SHOWN_DIGITS = 12
+_PREFIX = re.compile(r"[0-9a-f]{8,64}")
+
+
+def fingerprint(manifest: Manifest) -> str:
+    """The fingerprint as shown: the build key's first 12 hex digits."""
+    return manifest.build_key[:SHOWN_DIGITS]
+
+
+def check_fingerprint(manifest: Manifest, expected: str, where: str) -> None:
+    """Raise unless the cache's build key starts with ``expected`` (8 to 64 hex digits)."""
+    want = str(expected).strip().lower()
+    if not _PREFIX.fullmatch(want):
+        raise ValueError(f"expect_fingerprint must be 8 to 64 hex digits (a prefix of the fingerprint `cachebuild "
+                         f"info` or `cachebuild ls` shows), got {expected!r}")
+    key = manifest.build_key.lower()
+    if not key.startswith(want):
+        shown = key[: max(len(want), SHOWN_DIGITS)] or "(none)"
+        raise FingerprintMismatchError(
+            f"{where} has fingerprint {shown}, expected {want}: the cache was rebuilt (other source files or "
+            f"build parameters) or is another cache; check the path, or expect the new fingerprint")

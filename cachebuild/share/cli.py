@@ -1,0 +1,162 @@
+"""The sharing commands of the ``cachebuild`` CLI: ``pull``, ``push``, ``status``, ``ls``. Parse, call the
+library, print; registered on the main group by ``cachebuild.cli``."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import click
+
+from cachebuild.errors import CacheBuildError, TransferError
+
+__all__ = ["WAIT_OPTION", "register"]
+
+WAIT_OPTION = click.option(
+    "--wait", type=click.FloatRange(min=0), is_flag=False, flag_value=math.inf, default=None, metavar="[SECONDS]",
+    help="If another cachebuild process builds or pulls the same output: wait for it (up to SECONDS; forever "
+         "without a value) instead of exiting with its name.")
+
+_JOBS = click.option("--jobs", "-j", type=click.IntRange(min=1), default=8, show_default=True,
+                     help="Files moved at once.")
+_PROGRESS = click.option("--progress/--no-progress", default=None,
+                         help="Progress bar: bytes, files, rate (default: on a terminal).")
+_QUIET = click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors.")
+
+
+def _logging(quiet: bool) -> None:
+    from cachebuild.cli import _setup_logging
+
+    _setup_logging(quiet, False)
+
+
+def _fail(e: CacheBuildError) -> None:
+    if isinstance(e, TransferError):  # several lines: the files and what to do
+        click.echo(f"Error: {e}", err=True)
+        raise SystemExit(1)
+    raise click.ClickException(str(e)) from None
+
+
+@click.command()
+@click.argument("src", metavar="URL|PATH")
+@click.argument("dest", metavar="DEST")
+@click.option("--force", is_flag=True, help="Replace a different cache at DEST (jobs reading it keep the old one).")
+@_JOBS
+@WAIT_OPTION
+@_PROGRESS
+@_QUIET
+def pull(src: str, dest: str, force: bool, jobs: int, wait: float | None, progress: bool | None,
+         quiet: bool) -> None:
+    """Copy the cache at URL (or a folder of caches: train/, val/...) to the local folder DEST.
+
+    Every file is checked against the cache's file table (size and sha256) as it arrives; the manifest is
+    written last and the folder renamed into place, so an interrupted pull never looks complete. Rerun the
+    same command to resume: files already arrived and checked are not fetched again.
+    """
+    from cachebuild.share.pull import pull as run
+
+    _logging(quiet)
+    try:
+        results = run(src, dest, force=force, jobs=jobs, progress=progress, wait=wait)
+    except CacheBuildError as e:
+        _fail(e)
+        return
+    for r in results:
+        click.echo(r.describe())
+
+
+@click.command()
+@click.argument("src", metavar="PATH")
+@click.argument("dest", metavar="URL")
+@click.option("--force", is_flag=True,
+              help="Replace a different cache at URL. Its manifest goes first, so new readers see no cache until "
+                   "the push completes; jobs already reading it from the URL get errors: push to a new prefix "
+                   "to replace a cache in use.")
+@_JOBS
+@WAIT_OPTION
+@_PROGRESS
+@_QUIET
+def push(src: str, dest: str, force: bool, jobs: int, wait: float | None, progress: bool | None,
+         quiet: bool) -> None:
+    """Copy the local cache at PATH (or a folder of caches) to URL: data files first, each checked against
+    the file table before it leaves, the manifest last. Rerun to resume."""
+    from cachebuild.share.push import push as run
+
+    _logging(quiet)
+    try:
+        results = run(src, dest, force=force, jobs=jobs, progress=progress, wait=wait)
+    except CacheBuildError as e:
+        _fail(e)
+        return
+    for r in results:
+        click.echo(r.describe())
+
+
+@click.command()
+@click.argument("cache", metavar="CACHE")
+@click.option("--source", "src", default=None, metavar="SRC",
+              help="The source the cache was built from (default: the root its manifest records).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def status(cache: str, src: str | None, as_json: bool) -> None:
+    """Is CACHE up to date with its source? Exit 0: up to date; 1: stale (files added, removed, modified:
+    same inputs as the build's fingerprint, nothing decoded); 2: not a cache, or the source cannot be read."""
+    from cachebuild.share.status import cache_status
+
+    try:
+        result = cache_status(cache, src)
+    except CacheBuildError as e:
+        if as_json:
+            click.echo(json.dumps({"cache": cache, "source": src, "status": "error", "message": str(e)}, indent=1))
+        else:
+            click.echo(f"Error: {e}", err=True)
+        raise SystemExit(2) from None
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=1))
+    else:
+        click.echo(result.describe(), err=result.status == "not a cache")
+    raise SystemExit(result.exit_code)
+
+
+@click.command(name="ls")
+@click.argument("where", metavar="FOLDER|URL")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per cache, in a list.")
+@click.option("--depth", type=click.IntRange(min=0, max=16), default=4, show_default=True,
+              help="How many folder levels to look down.")
+def ls(where: str, as_json: bool, depth: int) -> None:
+    """The caches under FOLDER or URL prefix: dataset/split, shape, fit, storage, count, size, built when,
+    by which cachebuild version, fingerprint. Unfinished and replaced ones are marked."""
+    from cachebuild.share.listing import format_table, list_caches
+
+    try:
+        rows = list_caches(where, depth)
+    except (CacheBuildError, OSError) as e:
+        raise click.ClickException(f"{where}: {e}") from None
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+    elif rows:
+        click.echo(format_table(rows))
+    else:
+        click.echo(f"{where}: no caches found (looked {depth} level(s) down)", err=True)
+
+
+def quick_verify(where: str) -> None:
+    """``cachebuild verify --quick``."""
+    from cachebuild.format.quick_check import quick_check
+
+    try:
+        report = quick_check(where)
+    except CacheBuildError as e:
+        raise click.ClickException(str(e)) from None
+    shown = report.location.describe()
+    if report.problems:
+        for p in report.problems:
+            click.echo(f"{shown}: {p}", err=True)
+        raise SystemExit(1)
+    sizes = f", {report.sizes_checked} file sizes" if report.sizes_checked else " (no file table: sizes of shards only)"
+    click.echo(f"{shown}: ok (quick: manifest, {report.headers_checked} headers{sizes}; pixels not re-hashed)")
+
+
+def register(group: Any) -> None:
+    for command in (pull, push, status, ls):
+        group.add_command(command)

@@ -1,0 +1,202 @@
+"""``cachebuild push SRC URL``: copy a local cache (or a folder of splits) to a URL prefix, manifest last.
+
+Object stores have no rename, so the order is the guarantee: while a push runs, the prefix holds a marker
+(``push-in-progress.json``, naming the manifest being pushed) and no ``manifest.json``; the data files go
+first (each checked against the file table before it leaves: a damaged local cache is not spread), then
+the file table, then the manifest, then the marker is removed. A reader of the URL sees either no cache
+or the complete one. Rerun after an interruption, a push trusts the files the marker vouches for when
+their size matches (an object store creates an object only when its upload completes) and sends the rest.
+
+Replacing a different cache at the URL needs ``force``. Its manifest is removed first (new readers then
+see no cache until the new one is complete), then the old files that the new cache does not hold
+identically (same name, size and sha256 in both file tables) are deleted, then the push proceeds as above.
+Jobs that opened the old cache from the URL *before* get errors naming the files that vanished (or, for
+files replaced under the same name, may read new bytes): a remote cache has no ``.replaced-*`` copy to keep
+reading. To replace a cache that jobs are reading, push to a new prefix and point the jobs there.
+
+A local destination is a pull from ``SRC`` (same checks, atomic rename).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cachebuild.errors import CacheBuildError, CacheCorruptError, CacheExistsError, RemoteError, TransferError
+from cachebuild.format.file_table import read_file_table
+from cachebuild.format.manifest import MANIFEST_NAME
+from cachebuild.format.reader import CacheReader
+from cachebuild.share.contents import PUSH_MARKER, CacheContents, parse_manifest, read_contents, split_caches
+from cachebuild.share.transfer import DEFAULT_JOBS, upload
+from cachebuild.storage import LocalLocation, Location, open_location
+from cachebuild.storage.replacement import ReaderLock
+
+__all__ = ["PushResult", "push"]
+
+log = logging.getLogger("cachebuild")
+
+
+@dataclass(frozen=True)
+class PushResult:
+    url: str  # redacted
+    status: str  # "pushed" | "up to date"
+    files: int
+    sent: int
+    kept: int  # already at the URL (an interrupted push, or unchanged files of a replaced cache)
+    bytes_sent: int
+    seconds: float
+
+    def describe(self) -> str:
+        if self.status == "up to date" and not self.sent:
+            return f"{self.url}: up to date ({self.files} files)"
+        rate = self.bytes_sent / self.seconds / 1e6 if self.seconds > 0 else float("nan")
+        kept = f", {self.kept} already there" if self.kept else ""
+        return (f"{self.url}: pushed {self.sent} files ({self.bytes_sent / 1e6:.1f} MB) in {self.seconds:.1f} s, "
+                f"{rate:.0f} MB/s{kept}; manifest written last")
+
+
+def push(src: str | os.PathLike[str], dest: str | os.PathLike[str] | Location, *, force: bool = False,
+         jobs: int = DEFAULT_JOBS, progress: bool | None = None, wait: float | None = None,
+         storage_options: dict[str, Any] | None = None) -> list[Any]:
+    """Push the local cache at ``src`` to ``dest`` (a folder of caches: one sub-prefix each)."""
+    location = open_location(dest, storage_options)
+    if location.is_local:
+        from cachebuild.share.pull import pull
+
+        return pull(src, location.local_path(), force=force, jobs=jobs, progress=progress, wait=wait)
+    root = Path(src)
+    if (root / MANIFEST_NAME).is_file():
+        return [_push_one(root, location, force, jobs, progress)]
+    splits = split_caches(LocalLocation(root)) if root.is_dir() else []
+    if not splits:
+        read_contents(LocalLocation(root))  # raises: not a cache (with the standard hints)
+    return [_push_one(root / s, location.child(s), force, jobs, progress) for s in splits]
+
+
+def _remote_files(dst: Location) -> dict[str, int]:
+    try:
+        return dst.list_files()
+    except RemoteError as e:
+        if "not found" in str(e):
+            return {}
+        raise
+
+
+def _push_one(root: Path, dst: Location, force: bool, jobs: int, progress: bool | None) -> PushResult:
+    t0 = time.perf_counter()
+    local = LocalLocation(root).pinned()  # a --force rebuild of SRC meanwhile leaves us reading this one
+    reader_lock = ReaderLock(local.local_path())
+    try:
+        contents = read_contents(local)
+        if contents.table is None:
+            _verify_whole(local, contents)
+        return _send(local.local_path(), dst, contents, force, jobs, progress, t0)
+    finally:
+        reader_lock.close()
+
+
+def _verify_whole(local: Location, contents: CacheContents) -> None:
+    """A cache without a file table has no per-file checksums: verify it whole before spreading it."""
+    problems = CacheReader(local).verify()
+    if problems:
+        raise CacheCorruptError(f"{local.describe()} fails verification, not pushed: " + "; ".join(problems[:5]))
+
+
+def _send(folder: Path, dst: Location, contents: CacheContents, force: bool, jobs: int, progress: bool | None,
+          t0: float) -> PushResult:
+    url = dst.describe()
+    remote = _remote_files(dst)
+    trusted: set[str] = set()  # remote files known to hold what the new cache needs
+    if MANIFEST_NAME in remote:
+        there = dst.read_bytes(MANIFEST_NAME)
+        try:
+            old = parse_manifest(there, dst.describe(MANIFEST_NAME))
+        except CacheBuildError:
+            old = None
+        if there == contents.raw or (old is not None and old.build_key == contents.manifest.build_key):
+            # The same cache: send only what is missing or of the wrong size (a repair), manifest untouched.
+            todo = [i for i in contents.items if remote.get(i.name) != i.size]
+            outcome = upload(folder, todo, dst, jobs=jobs, progress=progress, desc=url.rsplit("/", 1)[-1])
+            _raise_failed(outcome.failed, url, len(contents.items))
+            return PushResult(url, "up to date", len(contents.items), len(outcome.moved),
+                              len(contents.items) - len(todo), outcome.bytes_moved, time.perf_counter() - t0)
+        if not force:
+            key = old.build_key[:12] if old is not None else "unreadable"
+            raise CacheExistsError(f"{url} holds a different cache (fingerprint {key}, this one's is "
+                                   f"{contents.manifest.build_key[:12]}); pass --force to replace it (jobs reading "
+                                   f"it from the URL will then fail: see `cachebuild push --help`)")
+        kept = _clear_old_cache(dst, old, contents, remote)
+        trusted = kept or set()
+        # Without the old table, old files of the same name and size cannot be told from ours on a rerun.
+        marker = {"manifest_sha256": contents.manifest_sha256, "trust_sizes": kept is not None}
+    elif PUSH_MARKER in remote:
+        try:
+            marker = json.loads(dst.read_bytes(PUSH_MARKER))
+        except (ValueError, RemoteError):
+            marker = {}
+        if marker.get("manifest_sha256") == contents.manifest_sha256 and marker.get("trust_sizes"):
+            trusted = {i.name for i in contents.items if remote.get(i.name) == i.size}
+            log.info("resuming the push to %s: %d of %d files already there", url, len(trusted), len(contents.items))
+        marker = {"manifest_sha256": contents.manifest_sha256,
+                  "trust_sizes": bool(marker.get("manifest_sha256") == contents.manifest_sha256
+                                      and marker.get("trust_sizes"))}
+    elif remote:
+        raise CacheExistsError(f"{url} holds {len(remote)} file(s) but no cachebuild cache; refusing to write "
+                               f"there: choose an empty prefix")
+    else:
+        marker = {"manifest_sha256": contents.manifest_sha256, "trust_sizes": True}
+    dst.write_bytes(PUSH_MARKER, json.dumps(marker).encode())
+    todo = [i for i in contents.items if i.name not in trusted]
+    outcome = upload(folder, todo, dst, jobs=jobs, progress=progress, desc=url.rsplit("/", 1)[-1])
+    _raise_failed(outcome.failed, url, len(contents.items))
+    if contents.table is not None:
+        dst.write_bytes(contents.manifest.files["table"], contents.table)
+    dst.write_bytes(MANIFEST_NAME, contents.raw)  # last: from here the URL holds the complete cache
+    try:
+        dst.remove(PUSH_MARKER)
+    except RemoteError as e:  # a store that cannot delete (plain HTTP PUT): the marker is harmless
+        log.warning("could not remove %s: %s", dst.describe(PUSH_MARKER), e)
+    return PushResult(url, "pushed", len(contents.items), len(outcome.moved), len(trusted), outcome.bytes_moved,
+                      time.perf_counter() - t0)
+
+
+def _clear_old_cache(dst: Location, old: Any, contents: CacheContents, remote: dict[str, int]) -> set[str] | None:
+    """Take down the different cache at ``dst``: manifest first, then the files the new cache does not hold
+    identically. Returns the old files kept because the new cache has them byte for byte (None: the old cache
+    had no file table, so nothing was deleted and nothing can be trusted)."""
+    dst.remove(MANIFEST_NAME)
+    old_table = None
+    if old is not None:
+        try:
+            got = read_file_table(dst, old)
+            old_table = got[0] if got is not None else None
+        except CacheBuildError:
+            old_table = None
+    if old_table is None:
+        # No table to tell the old cache's files from anything else: delete nothing, trust nothing.
+        log.warning("%s held a cache without a file table: its files are left in place and every file is sent",
+                    dst.describe())
+        return None
+    new = {i.name: i for i in contents.items}
+    keep = {n for n, e in old_table.items()
+            if n in new and new[n].size == e.size and new[n].sha256 == e.sha256 and remote.get(n) == e.size}
+    stale = sorted(n for n in old_table if n not in keep and n in remote)
+    if old.files.get("table") in remote:
+        stale.append(old.files["table"])
+    dst.remove(*stale)
+    log.info("replacing the cache at %s: removed its manifest and %d file(s); %d identical file(s) kept",
+             dst.describe(), len(stale), len(keep))
+    return keep
+
+
+def _raise_failed(failed: dict[str, str], url: str, total: int) -> None:
+    if failed:
+        lines = [f"  {name}: {why}" for name, why in sorted(failed.items())]
+        raise TransferError(f"push to {url} is incomplete: {len(failed)} of {total} files were not sent:\n"
+                            + "\n".join(lines) + "\nno manifest was written there; rerun the same push to send "
+                            "the rest")

@@ -1,0 +1,134 @@
+"""``cachebuild status CACHE --source SRC``: is the cache up to date with its source? Nothing is decoded.
+
+The source is planned again exactly as the build plans it (same listing, same labels, same ``stat`` of
+every file) and its fingerprint compared with the one in the manifest: equal is up to date, anything else
+stale. For a stale cache built with per-file inputs (``source_files.json``), the two tables are compared
+file by file: added, removed, modified (size, mtime or label). CIFAR sources are fingerprinted over their
+pixels, so a stale CIFAR cache says only that it is stale.
+
+The source is planned with the planner for the manifest's ``dataset`` (``imagenet``, ``cifar10``,
+``cifar100``; any other name is a class-folder tree, as ``cachebuild folder`` builds it);
+:func:`register_planner` adds one for another source kind.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cachebuild.errors import CacheNotFoundError
+from cachebuild.format.manifest import Manifest, read_manifest
+from cachebuild.format.source_inputs import SourceInputs, load_source_inputs
+from cachebuild.sources.plan import Plan
+from cachebuild.storage import Location, open_location
+
+__all__ = ["EXIT_CODES", "SourceStatus", "cache_status", "register_planner"]
+
+EXIT_CODES = {"up to date": 0, "stale": 1, "not a cache": 2}
+EXAMPLES = 5
+
+Planner = Callable[[Path, Manifest], Plan]
+
+
+def _imagenet(src: Path, m: Manifest) -> Plan:
+    from cachebuild.sources.imagenet import imagenet_plans
+
+    return imagenet_plans(src, m.split)[0]
+
+
+def _cifar(src: Path, m: Manifest) -> Plan:
+    from cachebuild.sources.cifar import cifar_plans
+
+    return cifar_plans(src, m.dataset, m.split)[0]
+
+
+def _folder(src: Path, m: Manifest) -> Plan:
+    from cachebuild.sources.folder import folder_plan
+
+    return folder_plan(src, dataset=m.dataset, split=m.split)
+
+
+_PLANNERS: dict[str, Planner] = {"imagenet": _imagenet, "cifar10": _cifar, "cifar100": _cifar}
+
+
+def register_planner(dataset: str, planner: Planner) -> None:
+    """How to plan the source of caches whose manifest says ``dataset`` (default: a class-folder tree)."""
+    _PLANNERS[dataset] = planner
+
+
+@dataclass(frozen=True)
+class SourceStatus:
+    cache: str
+    source: str
+    status: str  # "up to date" | "stale" | "not a cache"
+    added: int | None = None  # None: not known (no per-file inputs in the cache)
+    removed: int | None = None
+    modified: int | None = None
+    classes_changed: bool = False
+    examples: dict[str, list[str]] = field(default_factory=dict)
+    fingerprint: dict[str, str] = field(default_factory=dict)  # {"cache": ..., "source": ...}
+    message: str = ""
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.status]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        if self.status == "not a cache":
+            return f"{self.cache}: not a cache ({self.message})"
+        if self.status == "up to date":
+            return f"{self.cache}: up to date with {self.source} (fingerprint {self.fingerprint['source'][:12]})"
+        parts = []
+        if self.added is None:
+            parts.append("the source changed (this cache records no per-file inputs to say which files)")
+        else:
+            parts.append(f"{self.added} added, {self.removed} removed, {self.modified} modified")
+        if self.classes_changed:
+            parts.append("the class list changed")
+        lines = [f"{self.cache}: stale: " + "; ".join(parts) + f" (source {self.source})"]
+        for kind, names in self.examples.items():
+            lines += [f"  {kind}: {n}" for n in names]
+        return "\n".join(lines)
+
+
+def _compare(old: SourceInputs, plan: Plan, stats: np.ndarray) -> tuple[dict[str, int], dict[str, list[str]]]:
+    new = {k: (int(label), int(s[0]), int(s[1]))
+           for k, label, s in zip(plan.keys, plan.labels.tolist(), stats.tolist(), strict=True)}
+    added = sorted(set(new) - set(old))
+    removed = sorted(set(old) - set(new))
+    modified = sorted(k for k in set(new) & set(old) if new[k] != old[k])
+    counts = {"added": len(added), "removed": len(removed), "modified": len(modified)}
+    examples = {kind: names[:EXAMPLES] for kind, names in
+                (("added", added), ("removed", removed), ("modified", modified)) if names}
+    return counts, examples
+
+
+def cache_status(cache: str | os.PathLike[str] | Location, source: str | os.PathLike[str] | None = None
+                 ) -> SourceStatus:
+    """Compare the cache at ``cache`` with the source at ``source`` (default: the root the manifest records)."""
+    location = open_location(cache)
+    shown = location.describe()
+    try:
+        m = read_manifest(location)
+    except CacheNotFoundError as e:
+        return SourceStatus(shown, str(source or ""), "not a cache", message=str(e))
+    src = Path(source) if source is not None else Path(str(m.source.get("root", "")))
+    plan = _PLANNERS.get(m.dataset, _folder)(src, m)  # SourceError for a missing or foreign source: the caller's
+    fingerprints = {"cache": str(m.source.get("fingerprint", "")), "source": plan.fingerprint}
+    if plan.fingerprint == fingerprints["cache"]:
+        return SourceStatus(shown, str(src), "up to date", 0, 0, 0, fingerprint=fingerprints)
+    classes_changed = tuple(plan.classes) != tuple(m.classes)
+    old = load_source_inputs(location, m)
+    if old is None or plan.file_stats is None:
+        return SourceStatus(shown, str(src), "stale", classes_changed=classes_changed, fingerprint=fingerprints)
+    counts, examples = _compare(old, plan, plan.file_stats)
+    return SourceStatus(shown, str(src), "stale", classes_changed=classes_changed, examples=examples,
+                        fingerprint=fingerprints, **counts)
