@@ -190,7 +190,8 @@ class GpuBlockDecoder:
 
     def _decode_batch(self, lo: int) -> dict[int, Any]:
         import torch
-        from torchvision.io import ImageReadMode, decode_jpeg
+
+        from cachebuild.nvjpeg import decode_jpegs
 
         done: dict[int, Any] = {}
         gpu: list[tuple[int, bytes, int, int]] = []
@@ -216,12 +217,12 @@ class GpuBlockDecoder:
             return done
         tensors = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for _, d, _, _ in gpu]
         try:
-            images = decode_jpeg(tensors, mode=ImageReadMode.RGB, device=self.device)
+            images = decode_jpegs(tensors, self.device)
         except RuntimeError:  # one file nvJPEG refuses fails the batch: find it, one by one
             images = []
             for t in tensors:
                 try:
-                    images.append(decode_jpeg(t, mode=ImageReadMode.RGB, device=self.device))
+                    images.append(decode_jpegs(t, self.device))
                 except RuntimeError:
                     images.append(None)
         kept, out = [], []

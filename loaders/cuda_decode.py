@@ -15,12 +15,12 @@ __all__ = ["decode_on_cuda"]
 def decode_on_cuda(payloads: list[torch.Tensor], shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """Decode JPEGs (1-D uint8 CPU tensors, pinned for a fast copy) on ``device``: uint8 (B, 3, H, W), a
     channels_last view of NHWC storage."""
-    from torchvision.io import ImageReadMode, decode_jpeg
+    from cachebuild.nvjpeg import decode_jpegs
 
     h, w, _ = shape
     if not payloads:
         return torch.empty((0, h, w, 3), dtype=torch.uint8, device=device).permute(0, 3, 1, 2)
-    images = decode_jpeg(payloads, mode=ImageReadMode.RGB, device=device)
+    images = decode_jpegs(payloads, device)
     for k, im in enumerate(images):
         if tuple(im.shape) != (3, h, w):
             raise ValueError(f"sample {k} of the batch decodes to {list(im.shape)} on {device}, the cache's "
