@@ -20,7 +20,7 @@ import itertools
 import os
 import sys
 import zlib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -171,6 +171,7 @@ class JpegImages(ImageStore):
         parts = min(pool._max_workers, n)
         cuts = np.linspace(0, n, parts + 1).astype(int).tolist()
         futures = [pool.submit(self._decode_range, idx, bufs, out, a, z) for a, z in itertools.pairwise(cuts)]
+        wait(futures)  # all of them, even after an error: none may write into `out` once we return
         for f in futures:
             f.result()  # the first damaged sample's error, named
 
