@@ -70,6 +70,7 @@ def _claim_device(claim: str) -> int:
     import torch
 
     n = torch.cuda.device_count()
+    os.makedirs(claim, exist_ok=True)  # a worker on another host (Dask) has no folder made by the parent
     for k in range(n):
         fd = os.open(os.path.join(claim, f"gpu-{k}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
         try:
