@@ -362,5 +362,7 @@ def _finish(plan: Plan, out: Path, staging: Path, records: dict[int, dict[str, A
     shutil.rmtree(staging / "blocks")
     (staging / "build.json").unlink()  # from here a killed build starts afresh (safe: nothing is half-done)
     backend.cleanup(staging)
+    for debris in staging.glob(".*.tmp"):  # temporary files of writers killed in an earlier run (atomic.py)
+        debris.unlink(missing_ok=True)
     commit_cache(staging, out, manifest, replace=opts.force)
     return manifest

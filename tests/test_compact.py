@@ -127,6 +127,7 @@ def test_a_build_stopped_part_way_resumes_byte_identical(builds, tmp_path, monke
     assert resumed.status == "built"
     assert _image_files(resumed.path) == _image_files(builds["j1"])
     assert read_manifest(resumed.path).shards == read_manifest(builds["j1"]).shards
+    assert not list(resumed.path.glob(".*"))  # the dead writer's temporary file did not travel into the cache
 
 
 @pytest.mark.slow
