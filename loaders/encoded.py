@@ -28,11 +28,11 @@ class EncodedImages:
 
     __slots__ = ("codec", "data", "offsets", "shape")
 
-    def __init__(self, data: torch.Tensor, offsets: torch.Tensor, shape: tuple[int, int, int],
+    def __init__(self, data: torch.Tensor, offsets: torch.Tensor, shape: tuple[int, ...],
                  codec: str = "jpeg") -> None:
         self.data = data
         self.offsets = offsets
-        self.shape = tuple(shape)
+        self.shape: tuple[int, ...] = tuple(shape)
         self.codec = codec
 
     def __len__(self) -> int:

@@ -17,6 +17,7 @@ coalesced), fetched concurrently through the location, optionally through a loca
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import mmap
@@ -54,8 +55,8 @@ def write_shard(f: IO[bytes], payloads: Sequence[bytes], crcs: Sequence[int]) ->
     h = hashlib.sha256()
     size = 0
     parts: list[bytes | memoryview] = [
-        _header(_OFFSETS, len(offsets)), memoryview(offsets).cast("B"),
-        _header(_CRC, len(crcs)), memoryview(np.asarray(crcs, dtype=_CRC)).cast("B"),
+        _header(_OFFSETS, len(offsets)), offsets.tobytes(),
+        _header(_CRC, len(crcs)), np.asarray(crcs, dtype=_CRC).tobytes(),
         _header(_PAYLOAD, int(offsets[-1])), *payloads,
     ]
     for part in parts:
@@ -204,7 +205,7 @@ class PayloadFiles:
             ranges = [(begin[a], end[z - 1]) for a, z in runs]
             name = self.shards[k].name
             if isinstance(f, CachedFile):
-                datas: list[Any] = f.read(ranges, lambda rs, name=name: self._fetch(name, rs))
+                datas: list[Any] = f.read(ranges, functools.partial(self._fetch, name))
             else:
                 datas = self._fetch(name, ranges)
             for (a, z), data in zip(runs, datas, strict=True):
