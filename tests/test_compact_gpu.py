@@ -124,6 +124,23 @@ def test_the_gpu_build_path_in_the_pipeline(imagenet_tree, tmp_path, monkeypatch
     assert np.median(psnr) >= 40
 
 
+def test_the_nvjpeg_batch_path_on_cpu_gives_the_served_pixels(tmp_path):
+    """loaders.cuda_decode run with torchvision's CPU decoder: one batched call, each sample in its place,
+    NCHW channels_last like raw batches, exactly the pixels the CPU decode-on-read serves."""
+    from loaders.cuda_decode import decode_on_cuda
+    from loaders.encoded import EncodedImages
+
+    root, _images, _ = jpeg_index_cache(tmp_path / "c", n=24)
+    ds = CachedImageDataset(root)
+    idx = np.random.default_rng(1).permutation(24)
+    data, offsets = ds._images.read_encoded(idx)
+    enc = EncodedImages(torch.from_numpy(data), torch.from_numpy(offsets), ds.shape)
+    x = decode_on_cuda(enc.payloads(), enc.shape, torch.device("cpu"))
+    assert x.shape == (24, 3, 32, 32) and x.is_contiguous(memory_format=torch.channels_last)
+    assert np.array_equal(x.permute(0, 2, 3, 1).numpy(), ds.gather(idx))
+    assert np.array_equal(read_index(x.permute(0, 2, 3, 1).numpy()), idx)
+
+
 # ---------------------------------------------------------------- on a GPU
 
 
