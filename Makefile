@@ -41,9 +41,12 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_transforms.py --json $(BENCH_OUT)/transforms.json
 	$(BIN)/python bench/bench_train.py --json $(BENCH_OUT)/train.json
 
-device-wheels: $(STAMP)  ## zarr for the GPU device image (Python 3.12, x86-64, no registry): see .ci/gpu-checks
+device-wheels: $(STAMP)  ## zarr and simplejpeg for the GPU device image (Python 3.12, x86-64, no registry): see .ci/gpu-checks
 	$(BIN)/python -m pip download -q "zarr==$$($(BIN)/python -c 'import zarr; print(zarr.__version__)')" \
 		--python-version 3.12 --only-binary=:all: \
+		--platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d .device-wheels
+	$(BIN)/python -m pip download -q "simplejpeg==$$($(BIN)/python -c 'import simplejpeg; print(simplejpeg.__version__)')" \
+		--python-version 3.12 --only-binary=:all: --no-deps \
 		--platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d .device-wheels
 
 lint: $(STAMP)

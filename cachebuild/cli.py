@@ -16,9 +16,12 @@ import click
 from cachebuild.decode import DEFAULT_MAX_PIXELS, FITS, INTERPOLATIONS
 from cachebuild.errors import CacheBuildError, DecodeError
 from cachebuild.share.cli import WAIT_OPTION, quick_verify, register
-from cachebuild.storage import DEFAULT_STORAGE, backend_names
+from cachebuild.storage import DEFAULT_STORAGE, backend_names, get_backend
 
 __all__ = ["default_out", "main"]
+
+# --codec NAME stores samples encoded, in the storage kind of the same name.
+CODECS = ("jpeg",)
 
 log = logging.getLogger("cachebuild")
 
@@ -64,6 +67,16 @@ def build_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="zarr: samples per chunk. Default: about 4 MB of pixels."),
         click.option("--compression", type=click.Choice(["none", "zstd", "blosc"]), default="none",
                      show_default=True, help="zarr chunk compression."),
+        click.option("--codec", type=click.Choice(["none", *CODECS]), default="none", show_default=True,
+                     help="jpeg: store each resized sample as a JPEG (a compact cache, ~10x smaller at 224 px, "
+                          "decoded when read); none: raw pixels."),
+        click.option("--quality", type=click.IntRange(1, 100), default=90, show_default=True,
+                     help="--codec jpeg: encoder quality."),
+        click.option("--subsampling", type=click.Choice(["420", "444"]), default="420", show_default=True,
+                     help="--codec jpeg: chroma subsampling (444 keeps full colour resolution, ~1.3x the bytes)."),
+        click.option("--decode-device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+                     help="cuda: decode source JPEGs in batches with nvJPEG and resize on the GPU, one worker per "
+                          "GPU (close to, not byte-equal with, a CPU build); files nvJPEG cannot take go to the CPU."),
         click.option("--on-error", type=click.Choice(["skip", "fail"]), default="skip", show_default=True,
                      help="skip: list bad files in the manifest and go on; fail: stop at the first."),
         click.option("--max-pixels", type=click.IntRange(min=1), default=DEFAULT_MAX_PIXELS, show_default=True,
@@ -127,12 +140,27 @@ def _run_builds(plans_fn: Callable[[], list[Any]], dataset: str, size: int, out:
     _setup_logging(kw.pop("quiet"), kw.pop("verbose"))
     if kw["jobs"] == 0:
         raise click.BadParameter("must be a positive count or -1 (all cores), not 0", param_hint="--jobs")
-    opts = BuildOptions(size=size, fit=kw["fit"], interpolation=kw["interpolation"], storage=kw["storage"],
+    storage = kw["storage"]
+    if kw["codec"] != "none":
+        if storage not in (DEFAULT_STORAGE, kw["codec"]):
+            raise click.BadParameter(f"--codec {kw['codec']} stores its own shards; drop --format {storage}",
+                                     param_hint="--codec")
+        storage = kw["codec"]
+    opts = BuildOptions(size=size, fit=kw["fit"], interpolation=kw["interpolation"], storage=storage,
                         jobs=kw["jobs"], block_size=kw["shard_size"], chunk_size=kw["chunk_size"],
-                        compression=kw["compression"], on_error=kw["on_error"], max_pixels=kw["max_pixels"],
+                        compression=kw["compression"], quality=kw["quality"], subsampling=kw["subsampling"],
+                        decode_device=kw["decode_device"], on_error=kw["on_error"], max_pixels=kw["max_pixels"],
                         force=kw["force"], progress=kw["progress"], lock_wait=kw["wait"])
+    try:
+        get_backend(opts.storage).build_params(opts)  # the kind's own checks (e.g. jpeg takes no --compression)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
     root = out if out is not None else default_out(dataset, size, opts.fit, opts.storage)
     try:
+        if opts.decode_device != "cpu":  # before listing a large source: no GPU, no build
+            from cachebuild.gpu_build import check_decode_device
+
+            check_decode_device(opts.decode_device)
         plans = plans_fn()
         with _parallel_backend(kw["dask_scheduler"]):
             _build_plans(plans, root, opts)

@@ -57,6 +57,9 @@ class BuildOptions:
     block_size: int | None = None  # samples per block (= per npy shard); default from BLOCK_TARGET_BYTES
     chunk_size: int | None = None  # samples per chunk, for storage kinds that chunk (zarr)
     compression: str = "none"
+    quality: int = 90  # storage kinds that encode samples (jpeg): encoder quality 1..100
+    subsampling: str = "420"  # ... and chroma subsampling, "420" or "444"
+    decode_device: str = "cpu"  # "cuda": decode source JPEGs in batches on the GPU (cachebuild.gpu_build)
     on_error: str = "skip"  # or "fail"
     max_pixels: int = DEFAULT_MAX_PIXELS
     reduced_decode: bool = True
@@ -118,12 +121,14 @@ def _record_path(staging: Path, block: int) -> Path:
 
 
 def _run_block(plan_reader: Any, keys: list[str], start: int, block: int, spec: ResizeSpec,
-               staging: str, on_error: str, storage: str, params: dict[str, Any]) -> dict[str, Any]:
+               staging: str, on_error: str, storage: str, params: dict[str, Any],
+               decode_device: str = "cpu", claim: str = "") -> dict[str, Any]:
     """Decode one block into its storage backend's sink and write its record; returns the record.
 
     Each sample is decoded into a reused buffer and hashed while it is hot in cache. No fsync: a finished
     block survives any kill of the build (the kernel holds the pages); after a machine crash,
-    ``cachebuild verify`` checks every shard against its checksum.
+    ``cachebuild verify`` checks every shard against its checksum. ``decode_device="cuda"`` decodes the
+    block's sources in batches on this worker's GPU instead (``cachebuild.gpu_build``).
     """
     _init_worker()
     folder = Path(staging)
@@ -131,12 +136,18 @@ def _run_block(plan_reader: Any, keys: list[str], start: int, block: int, spec: 
     sink = get_backend(storage).sink(folder, block, start, len(keys), shape, params)
     digest = hashlib.sha256()
     ok, sizes, boxes, failures = [], [], [], []
+    if decode_device == "cpu":
+        def fill(i: int, key: str, slot: np.ndarray) -> Any:
+            return decode_into(plan_reader(start + i, key), spec, slot, path=key)
+    else:
+        from cachebuild.gpu_build import GpuBlockDecoder  # only imported where a GPU build runs
+
+        fill = GpuBlockDecoder(plan_reader, keys, start, spec, claim)
     try:
         for i, key in enumerate(keys):
             slot = sink.next_slot()
             try:
-                data = plan_reader(start + i, key)
-                placed = decode_into(data, spec, slot, path=key)
+                placed = fill(i, key, slot)
             except (DecodeError, OSError) as e:
                 reason = e.reason if isinstance(e, DecodeError) else f"unreadable: {e.strerror or e}"
                 if on_error == "fail":
@@ -153,7 +164,9 @@ def _run_block(plan_reader: Any, keys: list[str], start: int, block: int, spec: 
         raise
     file = sink.close()
     record = {"block": block, "start": start, "planned": len(keys), "count": len(ok), "file": file,
-              "sha256": digest.hexdigest(), "ok": ok, "sizes": sizes, "boxes": boxes, "failures": failures}
+              "sha256": digest.hexdigest(), "ok": ok, "sizes": sizes, "boxes": boxes, "failures": failures,
+              # what a backend records beyond the raw pixels' checksum (jpeg: the stored shard's own)
+              **getattr(sink, "record_fields", {})}
     # Not fsynced: the shard it vouches for is not either, and an fsync here made ext4 write the whole
     # shard out while the worker waited (~0.15 s a block, 10-20% of the build).
     write_json_atomic(_record_path(folder, block), record, durable=False)
@@ -174,6 +187,8 @@ def _build_key(plan: Plan, opts: BuildOptions) -> tuple[str, dict[str, Any]]:
         "max_pixels": opts.max_pixels,
         "reduced_decode": opts.reduced_decode,
     }
+    if opts.decode_device != "cpu":  # other pixels than a CPU build (close, not equal): another cache
+        params["decode_device"] = opts.decode_device
     blob = json.dumps({"source": plan.fingerprint, "params": params}, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest(), params
 
@@ -257,6 +272,11 @@ def build(plan: Plan, out: str | os.PathLike[str], opts: BuildOptions) -> BuildR
 def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
     t0 = time.perf_counter()
     key, params = _build_key(plan, opts)
+    jobs, claim = opts.jobs, ""
+    if opts.decode_device != "cpu":
+        from cachebuild.gpu_build import gpu_workers  # only imported where a GPU build is asked for
+
+        jobs, claim = gpu_workers(opts.decode_device)
     m = _check_destination(out, key, opts.force)
     if m is not None:
         return BuildResult(out, "up to date", m.count, len(m.failures), 0.0, 0)
@@ -276,17 +296,18 @@ def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
     records = dict(done)
     tasks = (
         delayed(_run_block)(block_reader(plan.reader, lo, lo + bs), list(plan.keys[lo : lo + bs]), lo, b, spec,
-                            str(staging), opts.on_error, opts.storage, storage_params)
+                            str(staging), opts.on_error, opts.storage, storage_params, opts.decode_device, claim)
         for b, lo in todo
     )
     with _progress(n, sum(r["planned"] for r in done.values()), f"{plan.dataset}/{plan.split}",
                    opts.progress) as bar:
-        for rec in Parallel(n_jobs=opts.jobs, return_as="generator_unordered")(tasks):
+        for rec in Parallel(n_jobs=jobs, return_as="generator_unordered")(tasks):
             records[rec["block"]] = rec
             bar.update(rec["planned"])
     manifest = _finish(plan, out, staging, records, opts, params, key, spec)
     seconds = time.perf_counter() - t0
-    written = manifest.count * manifest.sample_nbytes
+    # Bytes as stored: kinds that encode samples say so in their block records.
+    written = sum(int(r.get("stored_bytes", r["count"] * manifest.sample_nbytes)) for r in records.values())
     return BuildResult(out, "built", manifest.count, len(manifest.failures), seconds, written)
 
 
@@ -340,4 +361,4 @@ def _finish(plan: Plan, out: Path, staging: Path, records: dict[int, dict[str, A
     shutil.rmtree(staging / "blocks")
     (staging / "build.json").unlink()  # from here a killed build starts afresh (safe: nothing is half-done)
     backend.cleanup(staging)
-    return commit_cache(staging, out, manifest, replace=opts.force)
+    return commit_cache(staging, out, manifest, replace=opts.force)  # drops killed writers' temporary files

@@ -35,6 +35,7 @@ from cachebuild.format.identity import check_fingerprint
 from cachebuild.format.side_arrays import load_paths
 from cachebuild.storage import BlockCache, ImageStore
 from loaders.batch_ring import MAX_SLOTS, InlineTensor, WorkerRing
+from loaders.encoded import EncodedImages
 from loaders.shared_memory import load_shared, shared_uint8
 
 __all__ = ["CacheBatch", "CachedImageDataset", "collate_batch"]
@@ -132,6 +133,11 @@ class CachedImageDataset(Dataset):
         expect_fingerprint: a prefix (8+ hex digits) of the cache's fingerprint, i.e. its build key, as
             ``cachebuild info`` / ``ls`` show it: opening a rebuilt or different cache then raises
             ``FingerprintMismatchError`` naming both, instead of training on other data.
+        decode: for compact caches (``--codec jpeg``): ``"cpu"`` decodes each batch where it is read (a small
+            pool of threads per process, ``decode_threads`` of them; default: the CPUs divided among the
+            DataLoader's workers, at most 4); ``"none"`` makes batches carry the stored JPEGs undecoded
+            (:class:`~loaders.encoded.EncodedImages`) for ``device_loader(..., decode="cuda")``, which sets
+            it. Raw caches have nothing to decode and ignore both.
 
     Opening validates the manifest and every shard header (named errors from ``cachebuild.errors``:
     ``CacheNotFoundError``, ``UnsupportedFormatError``, ``CacheCorruptError``) and then closes the files.
@@ -150,7 +156,13 @@ class CachedImageDataset(Dataset):
         local_cache_bytes: int | None = None,
         storage_options: dict[str, Any] | None = None,
         expect_fingerprint: str | None = None,
+        decode: str = "cpu",
+        decode_threads: int | None = None,
     ) -> None:
+        if decode not in ("cpu", "none"):
+            raise ValueError(f"decode must be 'cpu' or 'none', got {decode!r}")
+        if decode_threads is not None and decode_threads < 1:
+            raise ValueError(f"decode_threads must be >= 1 or None, got {decode_threads}")
         if in_memory not in (True, False, "auto"):
             raise ValueError(f"in_memory must be True, False or 'auto', got {in_memory!r}")
         if not 0 <= ring_slots <= MAX_SLOTS:
@@ -164,6 +176,8 @@ class CachedImageDataset(Dataset):
         self.location = reader.location
         self.manifest: Manifest = reader.manifest
         self._images: ImageStore = reader.images
+        self._images.decode_threads = decode_threads
+        self.decode = decode
         self._reader_lock = reader._lock  # held while this dataset lives in this process (never pickled)
         self.transform = transform
         self.return_boxes = bool(return_boxes)
@@ -239,6 +253,11 @@ class CachedImageDataset(Dataset):
     def chunk_size(self) -> int:
         """Samples per read chunk for :class:`~loaders.sampler.CacheSampler`'s chunk-aware order."""
         return self._images.chunk_size
+
+    @property
+    def encoded(self) -> bool:
+        """True for compact caches: samples are stored encoded and decoded on read."""
+        return self._images.encoded
 
     @property
     def bytes_fetched(self) -> int:
@@ -349,6 +368,8 @@ class CachedImageDataset(Dataset):
         idx = np.where(idx < 0, idx + len(self), idx)
         shape = (len(idx), *self.shape)
         worker = _in_worker()
+        if self.decode == "none" and self._images.encoded and self.transform is None and self._shared is None:
+            return self._encoded_batch(idx, worker)
         images = self._slot(shape) if worker and self.transform is None and self.ring_slots else None
         if images is None:
             images = _new_uint8(shape, shared=worker)
@@ -362,6 +383,18 @@ class CachedImageDataset(Dataset):
             batch = CacheBatch(images, labels, boxes)
             return [(self.transform(s[0]), *s[1:]) for s in batch]
         return CacheBatch(images, labels, boxes)
+
+
+    def _encoded_batch(self, idx: np.ndarray, worker: bool) -> CacheBatch:
+        """The batch's stored JPEGs, checked against their checksums, undecoded (for decoding on a GPU)."""
+        data, offsets = self._images.read_encoded(idx)
+        labels = torch.from_numpy(self._labels[idx])
+        boxes = torch.from_numpy(self._boxes_at(idx)) if self.return_boxes else None
+        if worker:  # small tensors by value; the payload crosses in shared memory like any tensor
+            labels = labels.as_subclass(InlineTensor)
+            boxes = None if boxes is None else boxes.as_subclass(InlineTensor)
+        images = EncodedImages(torch.from_numpy(data), torch.from_numpy(offsets), self.shape)
+        return CacheBatch(images, labels, boxes)  # type: ignore[arg-type]
 
 
 def _default_budget() -> int:

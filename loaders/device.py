@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from loaders.dataset import CacheBatch, CachedImageDataset
+from loaders.encoded import EncodedImages
 
 __all__ = ["DeviceLoader", "FastLoader", "device_loader", "to_device"]
 
@@ -45,6 +46,10 @@ def to_device(batch: Any, device: torch.device | str, non_blocking: bool = True,
     items = _as_tuple(batch)
     out = []
     for k, t in enumerate(items):
+        if isinstance(t, EncodedImages):  # a compact cache's stored JPEGs: decoded where they land
+            t = t.decode(device)
+            out.append(t if nchw else t.permute(0, 2, 3, 1))
+            continue
         if isinstance(t, torch.Tensor):
             t = t.to(device, non_blocking=non_blocking)
             if k == 0 and nchw and t.ndim == 4:
@@ -64,11 +69,17 @@ class DeviceLoader:
     """Iterable over ``loader``'s batches on ``device``; see :func:`device_loader`."""
 
     def __init__(self, loader: Iterable[Any], device: torch.device | str = "cuda", non_blocking: bool = True,
-                 nchw: bool = True) -> None:
+                 nchw: bool = True, decode: str = "cpu") -> None:
         self.loader = loader
         self.device = torch.device(device)
         self.non_blocking = non_blocking
         self.nchw = nchw
+        if decode not in ("cpu", "cuda"):
+            raise ValueError(f"decode must be 'cpu' or 'cuda', got {decode!r}")
+        if decode == "cuda" and (self.device.type != "cuda" or not torch.cuda.is_available()):
+            raise ValueError(f"decode='cuda' decodes on a CUDA device, and this one is {self.device} "
+                             f"(CUDA available: {torch.cuda.is_available()}); use decode='cpu'")
+        self.decode = decode
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
@@ -82,6 +93,11 @@ class DeviceLoader:
         return getattr(self.loader, "dataset", None)
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        dataset = self.dataset
+        if self.decode == "cuda" and isinstance(dataset, CachedImageDataset):
+            # Workers started from here on hand over the stored JPEGs; persistent workers started earlier
+            # still send pixels, which go through as they are.
+            dataset.decode = "none"
         if self.device.type == "cuda" and torch.cuda.is_available():
             return self._iter_cuda()
         return (to_device(b, self.device, self.non_blocking, self.nchw) for b in self.loader)
@@ -109,14 +125,18 @@ class DeviceLoader:
 
 
 def device_loader(loader: Iterable[Any], device: torch.device | str = "cuda", non_blocking: bool = True,
-                  nchw: bool = True) -> DeviceLoader:
+                  nchw: bool = True, decode: str = "cpu") -> DeviceLoader:
     """Yield ``(x, y[, boxes])`` on ``device``: x uint8 NCHW (a channels_last view of the NHWC batch).
 
     One batch of look-ahead on a side CUDA stream where there is CUDA; plain elsewhere. The result can be
     iterated once per epoch and has ``len(loader)``. Pass ``pin_memory=True`` to the DataLoader (or
     ``FastLoader``) so that ``non_blocking`` copies are truly asynchronous.
+
+    ``decode="cuda"`` (compact caches, on a CUDA device): the loader's :class:`CachedImageDataset` is set
+    to ``decode="none"``, so its workers send the stored JPEGs (checked against their checksums), and each
+    batch is decoded on the GPU by nvJPEG (``torchvision.io.decode_jpeg``). Raw caches go through as usual.
     """
-    return DeviceLoader(loader, device, non_blocking, nchw)
+    return DeviceLoader(loader, device, non_blocking, nchw, decode)
 
 
 class _BufferPool:

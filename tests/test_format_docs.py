@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.compact_fixtures import jpeg_index_cache
 from tests.loaders_fixtures import make_cache
 
 FORMAT_MD = Path(__file__).resolve().parents[1] / "docs" / "FORMAT.md"
@@ -20,17 +21,22 @@ def _snippets() -> dict[str, str]:
     return {b.splitlines()[0].lstrip("# ").split(":")[0]: b for b in blocks}
 
 
-def test_the_doc_has_the_four_readers():
-    assert sorted(_snippets()) == ["numpy", "tensorstore", "xarray", "zarr-python"]
+def test_the_doc_has_the_five_readers():
+    assert sorted(_snippets()) == ["jpeg", "numpy", "tensorstore", "xarray", "zarr-python"]
 
 
-@pytest.mark.parametrize("reader", ["numpy", "zarr-python", "tensorstore", "xarray"])
+@pytest.mark.parametrize("reader", ["numpy", "zarr-python", "tensorstore", "xarray", "jpeg"])
 def test_snippet_reads_the_cache_as_written(tmp_path, reader):
     npy, images, labels = make_cache(tmp_path / "npy", n=30, storage="npy", shard_size=8)
     zarr_cache, _, _ = make_cache(tmp_path / "zarr", n=30, storage="zarr", shard_size=8)
-    scope = {"cache": str(npy), "zarr_cache": str(zarr_cache)}
+    jpeg_cache, _, _ = jpeg_index_cache(tmp_path / "jpeg", n=30, shard_size=8)
+    scope = {"cache": str(npy), "zarr_cache": str(zarr_cache), "jpeg_cache": str(jpeg_cache)}
     exec(compile(_snippets()[reader], f"FORMAT.md:{reader}", "exec"), scope)
-    if reader == "numpy":
+    if reader == "jpeg":  # exactly the pixels cachebuild serves for that sample
+        from loaders.dataset import CachedImageDataset
+
+        assert np.array_equal(scope["image"], CachedImageDataset(jpeg_cache).gather([3])[0])
+    elif reader == "numpy":
         assert np.array_equal(scope["images"], images) and np.array_equal(scope["labels"], labels)
     elif reader == "xarray":
         assert np.array_equal(scope["images"].values, images)

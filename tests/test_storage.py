@@ -97,7 +97,7 @@ def test_nothing_outside_the_backends_asks_which_kind_a_cache_is():
         if "storage" in path.relative_to(root).parts[:2]:
             continue
         text = path.read_text(encoding="utf-8")
-        for m in re.finditer(r"""storage\s*[!=]=\s*["'](npy|zarr)["']|["'](npy|zarr)["']\s*[!=]=""", text):
+        for m in re.finditer(r"""storage\s*[!=]=\s*["'](npy|zarr|jpeg)["']|["'](npy|zarr|jpeg)["']\s*[!=]=""", text):
             offenders.append(f"{path.relative_to(root)}: {m.group(0)}")
     assert offenders == []
 

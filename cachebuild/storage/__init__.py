@@ -39,6 +39,7 @@ DEFAULT_STORAGE = "npy"
 _BACKENDS: dict[str, str] = {
     "npy": "cachebuild.storage.npy_backend:NpyBackend",
     "zarr": "cachebuild.storage.zarr_backend:ZarrBackend",
+    "jpeg": "cachebuild.storage.jpeg_backend:JpegBackend",
 }
 _LOADED: dict[str, Backend] = {}
 

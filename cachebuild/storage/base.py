@@ -46,6 +46,8 @@ class StorageParams(Protocol):
     size: int
     chunk_size: int | None
     compression: str
+    quality: int  # kinds that encode samples (jpeg)
+    subsampling: str
 
 
 class ImageStore(ABC):
@@ -53,6 +55,10 @@ class ImageStore(ABC):
 
     #: samples per natural read unit (a zarr chunk, ~8 MB of npy rows): CacheSampler keeps them together
     chunk_size: int
+    #: True when samples are stored encoded (jpeg): ``read_encoded`` hands them over undecoded
+    encoded: bool = False
+    #: threads a store that decodes on read may use in this process (None: automatic)
+    decode_threads: int | None = None
 
     @abstractmethod
     def gather(self, idx: np.ndarray, out: np.ndarray) -> None:
@@ -66,6 +72,11 @@ class ImageStore(ABC):
     def bytes_fetched(self) -> int:
         """Bytes read from a remote location by this process (0 for local caches)."""
         return 0
+
+    def read_encoded(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Encoded stores only: the stored bytes of samples ``idx``, checked, undecoded (uint8 data, int64
+        offsets (len(idx) + 1,))."""
+        raise TypeError(f"{type(self).__name__} stores raw pixels: there is nothing to decode")
 
 
 class Backend(ABC):
