@@ -111,7 +111,7 @@ def test_a_build_stopped_part_way_resumes_byte_identical(builds, tmp_path, monke
 
     def dying(self):
         if len(closed) == 3:
-            with open(self.path.with_name(f".{self.path.name}.0.dead.tmp"), "wb") as f:
+            with open(self.path.with_name(f".{self.path.name}.0.deadbeef.tmp"), "wb") as f:  # AtomicFile naming
                 f.write(b"\x93NUMPY half a shard")
             raise KeyboardInterrupt
         closed.append(self.path.name)
