@@ -338,6 +338,8 @@ def _finish(plan: Plan, out: Path, staging: Path, records: dict[int, dict[str, A
 
     root = plan.root if is_url(plan.root) else str(Path(plan.root).resolve())
     source: dict[str, Any] = {"root": root, "fingerprint": plan.fingerprint, "files": len(plan)}
+    if plan.recipe:  # how to plan the source again (`cachebuild status`)
+        source["recipe"] = plan.recipe
     if plan.file_stats is not None:  # what `cachebuild status` compares a source against, file by file
         source["inputs"] = save_source_inputs(staging, plan.keys, plan.labels, plan.file_stats)
     manifest = Manifest(

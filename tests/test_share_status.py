@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import stat
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -203,3 +204,29 @@ def test_pull_up_to_date_when_dest_was_built_here_from_the_same_source(tmp_path)
     r = _cli("pull", a, b)
     assert r.exit_code == 0 and "up to date" in r.output
     assert {p: p.stat().st_mtime_ns for p in b.rglob("*")} == before
+
+
+@pytest.mark.parametrize("kind", ["wds", "parquet"])
+def test_status_replans_shard_sources_from_the_recipe_the_build_recorded(kind, wds_set, hf_set, tmp_path):
+    """A WebDataset or Parquet cache: status re-plans with the same kind of source and options (the dataset
+    name alone would have said "class-folder tree"), up to date, then stale once a shard is rewritten."""
+
+    src_files = wds_set["shards"] if kind == "wds" else hf_set["files"]
+    src = tmp_path / "src"
+    src.mkdir()
+    for f in src_files:
+        shutil.copy2(f, src / Path(f).name)
+    extra = ["--classes", str(tmp_path / "classes.txt")] if kind == "wds" else []
+    if kind == "wds":
+        (tmp_path / "classes.txt").write_text("".join(f"c{i}\n" for i in range(4)))
+    r = _cli(kind, src, "--size", "16", "--jobs", "1", "--out", tmp_path / "out", *extra)
+    assert r.exit_code == 0, r.output
+    cache = next(p for p in (tmp_path / "out").iterdir() if (p / "manifest.json").is_file())
+    assert json.loads((cache / "manifest.json").read_text())["source"]["recipe"]["kind"] == kind
+    r = _cli("status", cache)
+    assert r.exit_code == 0 and "up to date" in r.output, r.output
+    victim = sorted(src.iterdir())[0]
+    st = victim.stat()
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    r = _cli("status", cache, "--json")
+    assert r.exit_code == 1 and json.loads(r.output)["status"] == "stale", r.output

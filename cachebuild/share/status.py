@@ -6,9 +6,10 @@ stale. For a stale cache built with per-file inputs (``source_files.json``), the
 file by file: added, removed, modified (size, mtime or label). CIFAR sources are fingerprinted over their
 pixels, so a stale CIFAR cache says only that it is stale.
 
-The source is planned with the planner for the manifest's ``dataset`` (``imagenet``, ``cifar10``,
-``cifar100``; any other name is a class-folder tree, as ``cachebuild folder`` builds it);
-:func:`register_planner` adds one for another source kind.
+The source is planned again from the recipe the build recorded (``source.recipe``: the kind of source,
+what was named, the options; ``cachebuild.sources.recipe``). Caches built before recipes were recorded
+are planned by the manifest's ``dataset`` (``imagenet``, ``cifar10``, ``cifar100``; any other name is a
+class-folder tree); :func:`register_planner` adds one for another name.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from cachebuild.errors import CacheNotFoundError
 from cachebuild.format.manifest import Manifest, read_manifest
 from cachebuild.format.source_inputs import SourceInputs, load_source_inputs
 from cachebuild.sources.plan import Plan
+from cachebuild.sources.recipe import replan
 from cachebuild.storage import Location, open_location
 
 __all__ = ["EXIT_CODES", "SourceStatus", "cache_status", "register_planner"]
@@ -120,15 +122,21 @@ def cache_status(cache: str | os.PathLike[str] | Location, source: str | os.Path
         m = read_manifest(location)
     except CacheNotFoundError as e:
         return SourceStatus(shown, str(source or ""), "not a cache", message=str(e))
-    src = Path(source) if source is not None else Path(str(m.source.get("root", "")))
-    plan = _PLANNERS.get(m.dataset, _folder)(src, m)  # SourceError for a missing or foreign source: the caller's
+    recipe = m.source.get("recipe")
+    if isinstance(recipe, dict) and recipe.get("kind"):  # built by a release that records how it planned
+        shown_src = str(source if source is not None else recipe.get("src", ""))
+        plan = replan(recipe, source, list(m.classes))  # SourceError for a missing or foreign source
+    else:
+        src = Path(source) if source is not None else Path(str(m.source.get("root", "")))
+        shown_src = str(src)
+        plan = _PLANNERS.get(m.dataset, _folder)(src, m)
     fingerprints = {"cache": str(m.source.get("fingerprint", "")), "source": plan.fingerprint}
     if plan.fingerprint == fingerprints["cache"]:
-        return SourceStatus(shown, str(src), "up to date", 0, 0, 0, fingerprint=fingerprints)
+        return SourceStatus(shown, shown_src, "up to date", 0, 0, 0, fingerprint=fingerprints)
     classes_changed = tuple(plan.classes) != tuple(m.classes)
     old = load_source_inputs(location, m)
     if old is None or plan.file_stats is None:
-        return SourceStatus(shown, str(src), "stale", classes_changed=classes_changed, fingerprint=fingerprints)
+        return SourceStatus(shown, shown_src, "stale", classes_changed=classes_changed, fingerprint=fingerprints)
     counts, examples = _compare(old, plan, plan.file_stats)
-    return SourceStatus(shown, str(src), "stale", classes_changed=classes_changed, examples=examples,
+    return SourceStatus(shown, shown_src, "stale", classes_changed=classes_changed, examples=examples,
                         fingerprint=fingerprints, **counts)

@@ -14,6 +14,7 @@ import numpy as np
 from cachebuild.errors import SourceError
 from cachebuild.sources.cifar_pickle import CifarSplit, load_cifar_split
 from cachebuild.sources.plan import Plan
+from cachebuild.sources.recipe import with_recipe
 
 __all__ = ["CifarReader", "cifar_plans"]
 
@@ -52,7 +53,7 @@ def cifar_plans(src: str | os.PathLike[str], variant: str, split: str = "all") -
         if data.coarse_labels is not None:
             extra_labels["coarse_labels"] = np.asarray(data.coarse_labels, dtype=np.int64)
             extra["coarse_classes"] = list(data.coarse_classes or [])
-        plans.append(
+        plans.append(with_recipe(
             Plan(
                 dataset=variant,
                 split=s,
@@ -65,6 +66,5 @@ def cifar_plans(src: str | os.PathLike[str], variant: str, split: str = "all") -
                 native_size=int(data.images.shape[1]),
                 extra_labels=extra_labels,
                 extra=extra,
-            )
-        )
+            ), variant, src, split=s))
     return plans

@@ -9,6 +9,7 @@ import numpy as np
 
 from cachebuild.errors import SourceError
 from cachebuild.sources.plan import Plan, file_plan
+from cachebuild.sources.recipe import with_recipe
 from cachebuild.storage import is_url
 
 __all__ = ["IMG_EXTENSIONS", "find_classes", "folder_plan", "list_class_folder"]
@@ -52,9 +53,11 @@ def folder_plan(root: str | os.PathLike[str], *, dataset: str = "folder", split:
     if is_url(os.fspath(root)):
         from cachebuild.sources.url_folder import url_folder_plan
 
-        return url_folder_plan(os.fspath(root), dataset=dataset, split=split, classes=classes)
+        plan = url_folder_plan(os.fspath(root), dataset=dataset, split=split, classes=classes)
+        return with_recipe(plan, "folder", root, dataset=dataset, split=split, classes_given=classes is not None)
     root = Path(root)
     found = find_classes(root)
+    given = classes is not None
     if classes is None:
         classes = found
     else:
@@ -69,4 +72,5 @@ def folder_plan(root: str | os.PathLike[str], *, dataset: str = "folder", split:
         raise SourceError(
             f"{root} has class folders but no image files with extensions {', '.join(IMG_EXTENSIONS)}"
         )
-    return file_plan(dataset, split, root, keys, labels, classes)
+    return with_recipe(file_plan(dataset, split, root, keys, labels, classes), "folder", root, dataset=dataset,
+                       split=split, classes_given=given)

@@ -16,6 +16,7 @@ import numpy as np
 from cachebuild.errors import SourceError
 from cachebuild.sources.folder import IMG_EXTENSIONS, find_classes, folder_plan
 from cachebuild.sources.plan import Plan, file_plan
+from cachebuild.sources.recipe import with_recipe
 
 __all__ = ["SPLITS", "imagenet_plans"]
 
@@ -159,5 +160,5 @@ def imagenet_plans(src: str | os.PathLike[str], split: str = "all") -> list[Plan
             plan = _flat_val_plan(folder, meta_root, train_classes)
         else:
             raise SourceError(f"{folder} has no class folders (expected {folder}/nXXXXXXXX/*.JPEG)")
-        plans.append(plan)
+        plans.append(with_recipe(plan, "imagenet", src, split=s))
     return plans

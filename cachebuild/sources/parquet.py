@@ -26,6 +26,7 @@ import numpy as np
 
 from cachebuild.errors import DecodeError, SourceError
 from cachebuild.sources.plan import Plan
+from cachebuild.sources.recipe import with_recipe
 from cachebuild.sources.remote import Shard, filesystem, is_url, list_shards, open_shard, retrying
 from cachebuild.sources.sample_table import SampleTable
 from cachebuild.sources.shard_plan import check_labels, dataset_name, fingerprint_shards, select_split
@@ -226,6 +227,7 @@ def parquet_plan(src: str | os.PathLike[str], *, split: str | None = None, class
                  columns: ParquetColumns = ParquetColumns(), dataset: str | None = None, jobs: int = 1) -> Plan:
     """Plan the Parquet files at ``src`` (a folder, prefix, glob, brace pattern or file; local or URL)."""
     src = os.fspath(src)
+    classes_given = classes is not None
     root, files = list_shards(src, (".parquet",), "Parquet files")
     split, files = select_split(files, split, src)
     planned = _plan_all(files, columns, jobs)
@@ -254,7 +256,7 @@ def parquet_plan(src: str | os.PathLike[str], *, split: str | None = None, class
     table = SampleTable(0, {"file": np.concatenate(file_col), "group": np.concatenate(group_col),
                             "row": np.concatenate(row_col)}, problems)
     extra = {"columns": columns.__dict__, "fields": [fp.image_field for fp in planned], "classes": classes}
-    return Plan(
+    plan = Plan(
         dataset=dataset or dataset_name(src),
         split=split,
         root=root,
@@ -265,3 +267,5 @@ def parquet_plan(src: str | os.PathLike[str], *, split: str | None = None, class
         reader=ParquetRowReader(tuple(files), tuple(fp.image_field for fp in planned), table),
         extra={"source_format": "parquet", "shards": len(files)},
     )
+    return with_recipe(plan, "parquet", src, dataset=plan.dataset, split=split, classes_given=classes_given,
+                       columns=dict(columns.__dict__))

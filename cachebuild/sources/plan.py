@@ -64,6 +64,8 @@ class Plan:
     # (size, mtime_ns) per key as fingerprinted, for plans of files: kept in the cache so that `cachebuild
     # status` can say which files changed (None for sources fingerprinted otherwise, e.g. CIFAR pixels)
     file_stats: np.ndarray | None = None
+    # how this plan was made (kind of source, what was named, options): `cachebuild status` makes it again
+    recipe: dict[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.keys)

@@ -24,6 +24,7 @@ import numpy as np
 
 from cachebuild.errors import SourceError
 from cachebuild.sources.plan import Plan
+from cachebuild.sources.recipe import with_recipe
 from cachebuild.sources.remote import Shard, list_shards, open_shard, read_range, retrying
 from cachebuild.sources.sample_table import SampleTable
 from cachebuild.sources.shard_plan import check_labels, dataset_name, fingerprint_shards, select_split
@@ -178,6 +179,7 @@ def wds_plan(src: str | os.PathLike[str], *, split: str | None = None, classes: 
              layout: WdsLayout = WdsLayout(), dataset: str | None = None, jobs: int = 1) -> Plan:
     """Plan the WebDataset shards at ``src`` (a brace pattern, glob, folder, prefix or file; local or URL)."""
     src = os.fspath(src)
+    classes_given = classes is not None
     root, shards = list_shards(src, (".tar",), "WebDataset .tar shards")
     split, shards = select_split(shards, split, src)
     indexed = _index_all(shards, layout, jobs)
@@ -199,7 +201,8 @@ def wds_plan(src: str | os.PathLike[str], *, split: str | None = None, classes: 
         "size": np.asarray([n for s in indexed for n in s.sizes], np.int64),
     }, problems)
     extra = {"layout": layout.__dict__, "classes": classes}
-    return Plan(
+    given = classes_given
+    plan = Plan(
         dataset=dataset or dataset_name(src),
         split=split,
         root=root,
@@ -210,3 +213,5 @@ def wds_plan(src: str | os.PathLike[str], *, split: str | None = None, classes: 
         reader=TarSampleReader(tuple(shards), table),
         extra={"source_format": "webdataset", "shards": len(shards)},
     )
+    return with_recipe(plan, "wds", src, dataset=plan.dataset, split=split, classes_given=given,
+                       layout={**layout.__dict__, "image_keys": list(layout.image_keys)})
