@@ -87,8 +87,6 @@ def test_fast_loader_early_break(cache) -> None:
 
 @pytest.mark.gpu
 def test_device_loader_cuda(cache) -> None:
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
     root, images, labels = cache
     ds = CachedImageDataset(root)
     s = CacheSampler(ds, seed=1)

@@ -1,7 +1,7 @@
 """Tests for loaders.transforms: one harness for every kernel (torchvision's check_kernel idea),
 per-sample independence, torchvision-matching distributions and values, bad input, presets.
 
-CUDA tests carry ``@pytest.mark.gpu`` (deselected by default) and skip cleanly without CUDA.
+CUDA tests carry ``@pytest.mark.gpu``: deselected by default, skipped without CUDA (tests/conftest.py).
 """
 
 import math
@@ -32,9 +32,6 @@ from loaders.transforms import (
     imagenet_train,
 )
 from loaders.transforms import functional as TF
-
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-gpu = [pytest.mark.gpu, requires_cuda]
 
 
 def make_images(n: int, h: int, w: int, dtype: torch.dtype = torch.uint8, device: str = "cpu", seed: int = 0) -> Tensor:
@@ -217,7 +214,6 @@ def test_kernel_harness(case: KernelCase) -> None:
 
 
 @pytest.mark.gpu
-@requires_cuda
 @pytest.mark.parametrize("case", KERNEL_CASES, ids=repr)
 def test_kernel_cuda_equals_cpu(case: KernelCase) -> None:
     images, per, static = case.make(7, "cpu")
@@ -598,7 +594,6 @@ def test_compiled_preset_matches_eager() -> None:
 
 
 @pytest.mark.gpu
-@requires_cuda
 @pytest.mark.parametrize("name,factory,hw", _modules(), ids=[m[0] for m in _modules()])
 def test_module_cuda(name: str, factory: Any, hw: tuple[int, int]) -> None:
     images = make_images(16, *hw)
