@@ -392,9 +392,15 @@ def test_rrc_draws_inside_valid_boxes() -> None:
     assert bool((crops[:, 1] >= boxes[:, 1]).all() and (crops[:, 1] + crops[:, 3] <= boxes[:, 3]).all())
     first = crops[0::2] - torch.tensor([8, 0, 0, 0])  # box-local coords of a 48x80 image
     _assert_same_distribution(first, _torchvision_boxes(48, 80, 5_000, seed=1), 48, 80)
-    # preset path: boxes flow through Compose to the crop
-    out = imagenet_train(16, generator=torch.Generator().manual_seed(0))(make_images(4, 64, 80), boxes[:4])
-    assert out.shape == (4, 3, 16, 16)
+    # preset path: boxes flow through Compose to the crop. Outside its box every sample is white, inside
+    # black: a crop that strayed outside (boxes dropped on the way) would carry white into the output.
+    padded = torch.full((8, 64, 80, 3), 255, dtype=torch.uint8)
+    for i, (y0, x0, y1, x1) in enumerate(boxes[:8].tolist()):
+        padded[i, y0:y1, x0:x1] = 0
+    out = imagenet_train(16, generator=torch.Generator().manual_seed(0))(padded.permute(0, 3, 1, 2), boxes[:8])
+    black = torch.tensor(IMAGENET_MEAN).neg().div(torch.tensor(IMAGENET_STD))[None, :, None, None]
+    assert out.shape == (8, 3, 16, 16)
+    torch.testing.assert_close(out, black.expand_as(out), atol=1e-5, rtol=0)
 
 
 # --------------------------------------------------------------------------------------------------
