@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from cachebuild.decode import DEFAULT_MAX_PIXELS, FITS, INTERPOLATIONS
-from cachebuild.errors import CacheBuildError, DecodeError
+from cachebuild.errors import CacheBuildError, DecodeError, OptionError
 
 __all__ = ["default_out", "main"]
 
@@ -122,10 +122,13 @@ def _run_builds(plans_fn: Callable[[], list[Any]], dataset: str, size: int, out:
     _setup_logging(kw.pop("quiet"), kw.pop("verbose"))
     if kw["jobs"] == 0:
         raise click.BadParameter("must be a positive count or -1 (all cores), not 0", param_hint="--jobs")
-    opts = BuildOptions(size=size, fit=kw["fit"], interpolation=kw["interpolation"], storage=kw["storage"],
-                        jobs=kw["jobs"], block_size=kw["shard_size"], chunk_size=kw["chunk_size"],
-                        compression=kw["compression"], on_error=kw["on_error"], max_pixels=kw["max_pixels"],
-                        force=kw["force"], progress=kw["progress"])
+    try:
+        opts = BuildOptions(size=size, fit=kw["fit"], interpolation=kw["interpolation"], storage=kw["storage"],
+                            jobs=kw["jobs"], block_size=kw["shard_size"], chunk_size=kw["chunk_size"],
+                            compression=kw["compression"], on_error=kw["on_error"], max_pixels=kw["max_pixels"],
+                            force=kw["force"], progress=kw["progress"])
+    except OptionError as e:
+        raise click.UsageError(str(e)) from None
     root = out if out is not None else default_out(dataset, size, opts.fit, opts.storage)
     try:
         plans = plans_fn()

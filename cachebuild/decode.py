@@ -193,6 +193,7 @@ def fit_into(img: np.ndarray, spec: ResizeSpec, out: np.ndarray) -> tuple[int, i
         top, left = round((nh - s) / 2), round((nw - s) / 2)
         y0, x0 = round(top * h / nh), round(left * w / nw)
         y1, x1 = round((top + s) * h / nh), round((left + s) * w / nw)
+        y1, x1 = max(y1, y0 + 1), max(x1, x0 + 1)  # a 1-pixel-thin image still gives one row or column
         _resize_into(img[y0:y1, x0:x1], out, spec.interpolation)
         return (0, 0, s, s)
     # pad: letterbox, keep aspect, zeros around
@@ -224,3 +225,6 @@ def decode_into(data: bytes | np.ndarray, spec: ResizeSpec, out: np.ndarray, *, 
         raise
     except (ValueError, cv2.error) as e:
         raise DecodeError(path, str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__) from None
+    except Exception as e:  # anything else one file triggers (a kernel's RuntimeError...) is that file's skip
+        text = str(e).strip()
+        raise DecodeError(path, f"{type(e).__name__}: {text.splitlines()[-1] if text else ''}") from None

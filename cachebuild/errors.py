@@ -8,6 +8,8 @@ __all__ = [
     "CacheExistsError",
     "CacheNotFoundError",
     "DecodeError",
+    "OptionError",
+    "OutputError",
     "SourceError",
     "UnsupportedFormatError",
 ]
@@ -31,6 +33,15 @@ class CacheCorruptError(CacheBuildError, ValueError):
 
 class CacheExistsError(CacheBuildError, FileExistsError):
     """A different complete cache is already at the output path and --force was not given."""
+
+
+class OptionError(CacheBuildError, ValueError):
+    """A build or training option with a value cachebuild does not accept (named in the message)."""
+
+
+class OutputError(CacheBuildError, OSError):
+    """The output location cannot take the build: no space left, read-only, no permission, a file where
+    a folder must be. The message names the path and what to do; finished blocks are kept for a resume."""
 
 
 class SourceError(CacheBuildError, ValueError):

@@ -30,12 +30,15 @@ from typing import Any
 
 import numpy as np
 from joblib import Parallel, delayed
+from joblib.externals.loky.process_executor import TerminatedWorkerError
 
-from cachebuild.decode import DEFAULT_MAX_PIXELS, ResizeSpec, decode_into
-from cachebuild.errors import CacheBuildError, CacheExistsError, DecodeError
+from cachebuild.decode import DEFAULT_MAX_PIXELS, FITS, INTERPOLATIONS, ResizeSpec, decode_into
+from cachebuild.destination import check_outside_source, check_replaceable, is_own_staging, output_error
+from cachebuild.errors import CacheBuildError, CacheExistsError, DecodeError, OptionError
 from cachebuild.format.manifest import (
     FORMAT_VERSION,
     MANIFEST_NAME,
+    STORAGES,
     Failure,
     Manifest,
     ShardInfo,
@@ -43,17 +46,21 @@ from cachebuild.format.manifest import (
     write_json_atomic,
 )
 from cachebuild.format.writer import commit_cache, save_side_arrays, staging_path, tool_versions, utc_now
+from cachebuild.options import parse_bool, parse_choice, parse_int, parse_optional_bool
 from cachebuild.sinks import NpyShardSink, ZarrChunkSink
 from cachebuild.sources.plan import Plan
 from cachebuild.zarr_staging import COMPACTING, create_staging_zarr, place_zarr_blocks, undo_interrupted_compaction
 
-__all__ = ["BuildOptions", "BuildResult", "build"]
+__all__ = ["COMPRESSIONS", "MAX_SIZE", "ON_ERROR", "BuildOptions", "BuildResult", "build"]
 
 log = logging.getLogger("cachebuild")
 
 BLOCK_TARGET_BYTES = 64 << 20  # ~64 MB of pixels per block/shard: few files, tasks long enough to amortise
 ZARR_CHUNK_TARGET_BYTES = 4 << 20  # ~4 MB chunks: random reads stay cheap
 MIN_BLOCKS = 64  # a plan of n files makes at least min(64, n / 64) blocks
+COMPRESSIONS = ("none", "zstd", "blosc")  # zarr chunk codecs
+ON_ERROR = ("skip", "fail")
+MAX_SIZE = 16384  # output side: one sample is then 768 MB
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,26 @@ class BuildOptions:
     reduced_decode: bool = True
     force: bool = False
     progress: bool | None = None  # None: a bar when stderr is a terminal
+
+    def __post_init__(self) -> None:
+        """Every value checked here, so a build that cannot be right never starts (an unknown ``fit``
+        would build a cache no reader opens; an unknown interpolation would be recorded but not used)."""
+        parse_int("size", self.size, 1, MAX_SIZE)
+        parse_choice("fit", self.fit, FITS)
+        parse_choice("interpolation", self.interpolation, INTERPOLATIONS)
+        parse_choice("storage", self.storage, STORAGES)
+        parse_int("jobs", self.jobs, not_zero=True)
+        parse_int("block_size", self.block_size, 1, optional=True)
+        parse_int("chunk_size", self.chunk_size, 1, optional=True)
+        parse_choice("compression", self.compression, COMPRESSIONS)
+        if self.compression != "none" and self.storage != "zarr":
+            raise OptionError(f"compression={self.compression!r} applies to zarr storage only; "
+                              f"{self.storage} shards are stored raw (use compression='none')")
+        parse_choice("on_error", self.on_error, ON_ERROR)
+        parse_int("max_pixels", self.max_pixels, 1)
+        parse_bool("reduced_decode", self.reduced_decode)
+        parse_bool("force", self.force)
+        parse_optional_bool("progress", self.progress)
 
     def resolved_block(self, planned: int | None = None) -> int:
         """Samples per block: ``block_size``, else ~64 MB of pixels, but small enough that a plan of
@@ -130,6 +157,16 @@ def _record_path(staging: Path, block: int) -> Path:
     return staging / "blocks" / f"block-{block:05d}.json"
 
 
+def _skip_reason(e: Exception) -> str:
+    """Why one source file gave no sample, in one line."""
+    if isinstance(e, DecodeError):
+        return e.reason
+    if isinstance(e, OSError):
+        return f"unreadable: {e.strerror or e}"
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[-1]}" if text else type(e).__name__
+
+
 def _run_block(plan_reader: Any, keys: list[str], start: int, block: int, spec: ResizeSpec,
                staging: str, on_error: str, storage: str = "npy") -> dict[str, Any]:
     """Decode one block into its npy shard or zarr chunks and write its record; returns the record.
@@ -151,8 +188,8 @@ def _run_block(plan_reader: Any, keys: list[str], start: int, block: int, spec: 
             try:
                 data = plan_reader(start + i, key)
                 placed = decode_into(data, spec, slot, path=key)
-            except (DecodeError, OSError) as e:
-                reason = e.reason if isinstance(e, DecodeError) else f"unreadable: {e.strerror or e}"
+            except Exception as e:  # whatever one file does (reader or decoder) is that file's skip
+                reason = _skip_reason(e)
                 if on_error == "fail":
                     raise DecodeError(key, reason) from None
                 failures.append({"index": start + i, "path": key, "reason": reason})
@@ -194,34 +231,47 @@ def _build_key(plan: Plan, opts: BuildOptions) -> tuple[str, dict[str, Any]]:
 
 
 def _check_destination(out: Path, key: str, force: bool) -> Manifest | None:
-    """The manifest of ``out`` when it already holds this exact build, else None (``out`` may be
-    replaced). Raises rather than overwrite anything else without ``force``."""
-    if not out.exists():
+    """The manifest of ``out`` when it already holds this exact build, else None: ``out`` does not exist,
+    or ``force`` and it is provably a cache cachebuild wrote (``destination.check_replaceable``), so it
+    may be replaced. Raises otherwise, saying what is there."""
+    if not out.exists() and not out.is_symlink():
         return None
+    if not out.is_dir():
+        raise CacheExistsError(f"{out} exists and is a file, not a cache folder; choose another --out")
+    if not out.is_symlink() and not any(out.iterdir()):
+        out.rmdir()
+        return None
+    existing, problem = None, None
     if (out / MANIFEST_NAME).is_file():
         try:
             existing = read_manifest(out)
-        except CacheBuildError:
-            existing = None
-        if existing is not None and existing.build_key == key and not force:
-            return existing
-        if not force:
-            raise CacheExistsError(
-                f"{out} holds a different cache (other source files or build parameters); "
-                f"pass --force to replace it, or choose another --out"
-            )
+        except CacheBuildError as e:  # say what is wrong with it, not that it is "different"
+            problem = str(e)
+    if existing is not None and existing.build_key == key and not force:
+        return existing
+    if force:
+        check_replaceable(out, problem)
         return None
-    if out.is_dir() and not any(out.iterdir()):
-        out.rmdir()
-        return None
-    if not force:
-        raise CacheExistsError(f"{out} exists and is not a cachebuild cache; choose another --out")
-    return None
+    if problem is not None:
+        raise CacheExistsError(
+            f"{out} holds a cache whose manifest cannot be used ({problem}); pass --force to rebuild it "
+            f"(replaced only if the folder holds nothing but files its manifest names), or choose another --out"
+        )
+    if existing is None:
+        raise CacheExistsError(f"{out} exists and is not a cachebuild cache (no {MANIFEST_NAME}); "
+                               f"choose another --out")
+    raise CacheExistsError(
+        f"{out} holds a different cache (other source files or build parameters); "
+        f"pass --force to replace it, or choose another --out"
+    )
 
 
 def _prepare_staging(staging: Path, key: str) -> dict[int, dict[str, Any]]:
     """Create or reopen the staging folder; return the records of blocks finished by an earlier run."""
     build_file = staging / "build.json"
+    if staging.exists() and not (staging.is_dir() and is_own_staging(staging)):
+        raise CacheExistsError(f"{staging} exists and was not made by cachebuild (a build keeps its unfinished "
+                               f"work there); move it away or choose another --out")
     if staging.exists():
         try:
             same = json.loads(build_file.read_text())["key"] == key
@@ -270,10 +320,34 @@ def _exclusive(out: Path) -> Iterator[None]:
 
 
 def build(plan: Plan, out: str | os.PathLike[str], opts: BuildOptions) -> BuildResult:
-    """Build (or resume, or confirm up to date) the cache of ``plan`` at ``out``."""
+    """Build (or resume, or confirm up to date) the cache of ``plan`` at ``out``.
+
+    Errors of the output's environment (no space, read-only, no permission, a file in the way) and a
+    worker process that died come out as one-line :class:`CacheBuildError` s naming the path; the finished
+    blocks stay in ``<out>.partial`` and the same call resumes from them.
+    """
     out = Path(out)
-    with _exclusive(out):
-        return _build_locked(plan, out, opts)
+    staging = staging_path(out)
+    try:
+        # Refuse before anything (the lock file) is created beside the destination; checked again under the lock.
+        if "://" not in str(plan.root):
+            check_outside_source(out, plan.root)
+        _check_destination(out, _build_key(plan, opts)[0], opts.force)
+        with _exclusive(out):
+            return _build_locked(plan, out, opts)
+    except CacheBuildError:
+        raise
+    except OSError as e:
+        err = output_error(e, out, staging)
+        if err is None:
+            raise
+        raise err from e
+    except TerminatedWorkerError as e:
+        raise CacheBuildError(
+            f"a worker process building {out} died ({str(e).splitlines()[-1].strip()}); the finished blocks "
+            f"are kept in {staging}: rerun the same command to resume (if it was killed for lack of memory, "
+            f"lower --jobs)"
+        ) from e
 
 
 def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
