@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import hashlib
 import json
 import logging
@@ -350,8 +351,23 @@ def build(plan: Plan, out: str | os.PathLike[str], opts: BuildOptions) -> BuildR
         ) from e
 
 
+def _drop_replaced(out: Path) -> None:
+    """A ``--force`` commit killed between its two renames leaves the replaced cache at ``<out>.old-PID``.
+    Under the lock no other build of ``out`` runs, so such a folder is debris of an explicit replacement:
+    removed when it is provably a cache of ours, else left alone with a warning."""
+    for old in out.parent.glob(glob.escape(out.name) + ".old-*"):
+        try:
+            check_replaceable(old, None)
+        except CacheBuildError as e:
+            log.warning("left %s alone: %s", old, e)
+            continue
+        log.info("removing %s, the cache an interrupted --force build replaced", old)
+        shutil.rmtree(old)
+
+
 def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
     t0 = time.perf_counter()
+    _drop_replaced(out)
     key, params = _build_key(plan, opts)
     m = _check_destination(out, key, opts.force)
     if m is not None:

@@ -12,14 +12,19 @@ from pathlib import Path
 
 from cachebuild.format import open_cache
 
-__all__ = ["REPO", "cli", "cli_env", "file_hashes", "same_cache", "without_dac_override"]
+__all__ = ["FAULT_HOOKS", "REPO", "cli", "cli_env", "file_hashes", "same_cache", "without_dac_override"]
 
 REPO = Path(__file__).resolve().parents[2]
 
 
+FAULT_HOOKS = Path(__file__).resolve().parent / "fault_hooks"
+
+
 def cli_env(**extra: str) -> dict[str, str]:
-    """The environment of a CLI run: this checkout first on the path, one thread per library."""
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    """The environment of a CLI run: this checkout first on the path, one thread per library; with
+    ``CB_FAULT=...`` the fault hooks too (tests/reliability/faults.py)."""
+    hooks = [str(FAULT_HOOKS)] if extra.get("CB_FAULT") else []
+    path = os.pathsep.join(p for p in (*hooks, str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **extra}
 
 
@@ -38,8 +43,9 @@ def without_dac_override() -> list[str]:
 def cli(*args: str, prefix: list[str] | None = None, timeout: float = 180, **extra_env: str
         ) -> subprocess.CompletedProcess[str]:
     """``python -m cachebuild ARGS`` in a fresh process, as a user runs it."""
+    # Its own session: a fault that kills "the whole build" kills its process group, never the tests.
     return subprocess.run([*(prefix or []), sys.executable, "-m", "cachebuild", *args], capture_output=True,
-                          text=True, env=cli_env(**extra_env), timeout=timeout)
+                          text=True, env=cli_env(**extra_env), timeout=timeout, start_new_session=True)
 
 
 def file_hashes(root: Path) -> dict[str, str]:
