@@ -6,7 +6,8 @@ build, the loky workers included). Each process counts its own calls; the ``n``-
 
 actions: ``kill`` (SIGKILL the whole build: parent and workers, as a machine losing power or
 ``kill -9`` of the process group), ``kill-self`` (SIGKILL this process only: a worker taken by the
-OOM killer), ``enospc`` (the call raises ``OSError(ENOSPC)``, as a full disk would).
+OOM killer), ``enospc`` / ``erofs`` (the call raises that ``OSError``, as a full disk or a filesystem
+remounted read-only would).
 
 points (where the build is when it fires):
 
@@ -17,7 +18,7 @@ points (where the build is when it fires):
   the old cache aside, 2 = between that and renaming the new one into place)
 - ``rename-after``: just after the n-th rename of the commit
 - ``compact``: during zarr compaction, before the n-th block move
-- ``shard-write``: the n-th sample written to an npy shard (for ``enospc``)
+- ``shard-write``: the n-th sample written to an npy shard (for ``enospc``, ``erofs``)
 
 The points name today's functions (``cachebuild.pipeline``, ``format.writer``, ``zarr_staging``,
 ``sinks``); when they move, move the patches here, not the tests.
@@ -39,8 +40,9 @@ def _fire(action: str) -> None:
         os.killpg(os.getpgid(0), signal.SIGKILL)
     if action in ("kill", "kill-self"):
         os.kill(os.getpid(), signal.SIGKILL)
-    if action == "enospc":
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    if action in ("enospc", "erofs"):
+        code = errno.ENOSPC if action == "enospc" else errno.EROFS
+        raise OSError(code, os.strerror(code))
     raise ValueError(f"unknown fault action {action!r}")
 
 
