@@ -25,6 +25,7 @@ class Row:
     survived: int = 0
     lost: int = 0
     notes: list[str] = field(default_factory=list)
+    detail: str = ""
 
 
 class Ledger:
@@ -46,17 +47,28 @@ class Ledger:
             raise
         r.survived += 1
 
+    def add(self, row: str, trials: int, survived: int, lost: int, note: str = "", detail: str = "") -> None:
+        """Count trials run elsewhere (e.g. by hypothesis, which also re-runs a failing example to shrink it);
+        ``detail`` replaces the row's previous one."""
+        r = self.rows.setdefault(row, Row())
+        r.trials, r.survived, r.lost = r.trials + trials, r.survived + survived, r.lost + lost
+        if note:
+            r.notes.append(note)
+        if detail:
+            r.detail = detail
+
     def table(self) -> str:
         width = max([len(k) for k in self.rows] + [20])
         lines = [f"{'row':<{width}}  {'trials':>6}  {'survived':>8}  {'lost':>4}", "-" * (width + 26)]
         for name, r in self.rows.items():
             lines.append(f"{name:<{width}}  {r.trials:>6}  {r.survived:>8}  {r.lost:>4}")
+            lines += [f"    ({r.detail})"] if r.detail else []
             lines += [f"    lost: {n}" for n in r.notes[:3]]
         return "\n".join(lines)
 
     def as_json(self) -> dict[str, Any]:
-        return {k: {"trials": r.trials, "survived": r.survived, "lost": r.lost, "notes": r.notes}
-                for k, r in self.rows.items()}
+        return {k: {"trials": r.trials, "survived": r.survived, "lost": r.lost, "notes": r.notes,
+                    "detail": r.detail} for k, r in self.rows.items()}
 
 
 LEDGER = Ledger()
