@@ -57,6 +57,10 @@ class Ledger:
         if detail:
             r.detail = detail
 
+    def note(self, row: str, detail: str) -> None:
+        """A figure shown under the row (e.g. how many kills its trials held)."""
+        self.rows.setdefault(row, Row()).detail = detail
+
     def table(self) -> str:
         width = max([len(k) for k in self.rows] + [20])
         lines = [f"{'row':<{width}}  {'trials':>6}  {'survived':>8}  {'lost':>4}", "-" * (width + 26)]
