@@ -3,6 +3,7 @@ with other values; a run SIGKILLed at a random moment resumes to the same weight
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -125,10 +126,8 @@ def _train(out: Path, cache: Path, log: Path, *extra: str) -> subprocess.Popen:
 
 def _replacements(path: Path, seen: set[int]) -> int:
     """How many different checkpoint files (inodes: each is written aside and renamed in) were seen."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         seen.add(path.stat().st_ino)
-    except FileNotFoundError:
-        pass
     return len(seen)
 
 
