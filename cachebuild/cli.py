@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import click
 from cachebuild.decode import DEFAULT_MAX_PIXELS, FITS, INTERPOLATIONS
 from cachebuild.errors import CacheBuildError, DecodeError, OptionError
 
-__all__ = ["default_out", "main"]
+__all__ = ["COMMAND_GROUP", "default_out", "main"]
 
 log = logging.getLogger("cachebuild")
 
@@ -145,7 +146,51 @@ def _run_builds(plans_fn: Callable[[], list[Any]], dataset: str, size: int, out:
         raise click.ClickException("interrupted; finished blocks are kept: rerun the same command to resume") from None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+COMMAND_GROUP = "cachebuild.commands"  # entry points: more `cachebuild` commands from other packages
+
+
+def _command_entry_points() -> dict[str, EntryPoint]:
+    return {ep.name: ep for ep in entry_points(group=COMMAND_GROUP)}
+
+
+def _unloadable(name: str, ep: EntryPoint, error: Exception) -> click.Command:
+    """Stands in for a registered command whose code cannot be imported: says so when run, instead of
+    the command silently missing from the tool."""
+    why = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+
+    @click.command(name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+                   add_help_option=False, help=f"(unavailable: {why})")
+    def command() -> None:
+        raise click.ClickException(f"`cachebuild {name}` is registered ({ep.value}) but cannot be loaded: {why}; "
+                                   f"reinstall the package that provides it")
+
+    return command
+
+
+class _Commands(click.Group):
+    """The built-in commands plus those registered under the ``cachebuild.commands`` entry point group
+    (the training loop's ``train``): ``cachebuild`` never imports the packages that provide them."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(_command_entry_points()))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            return command
+        ep = _command_entry_points().get(cmd_name)
+        if ep is None:
+            return None
+        try:
+            loaded = ep.load()
+        except Exception as e:  # an import error of the providing package: report it where it is used
+            return _unloadable(cmd_name, ep, e)
+        if not isinstance(loaded, click.Command):
+            return _unloadable(cmd_name, ep, TypeError(f"{ep.value} is a {type(loaded).__name__}, not a command"))
+        return loaded
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="cachebuild")
 def main() -> None:
     """Decode an image dataset once into a fixed-shape uint8 cache that training jobs memory-map."""
@@ -268,15 +313,3 @@ def sample(dest: Path, n_classes: int, train_per_class: int, val_per_class: int,
                              val_per_class=val_per_class, seed=seed, quirks=True, broken=True)
     click.echo(f"{dest}: {len(written['train'])} train and {len(written['val'])} val images, "
                f"{n_classes} classes")
-
-
-def _register_train() -> None:
-    try:
-        from loaders.train.cli import train
-    except ImportError as e:  # the training loop needs only torch, which is a dependency: report, don't hide
-        log.debug("cachebuild train unavailable: %s", e)
-        return
-    main.add_command(train, name="train")
-
-
-_register_train()
