@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import resource
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -40,12 +42,28 @@ def without_dac_override() -> list[str]:
             "--bounding-set=-dac_override,-dac_read_search", "--"]
 
 
-def cli(*args: str, prefix: list[str] | None = None, timeout: float = 180, **extra_env: str
-        ) -> subprocess.CompletedProcess[str]:
-    """``python -m cachebuild ARGS`` in a fresh process, as a user runs it."""
-    # Its own session: a fault that kills "the whole build" kills its process group, never the tests.
-    return subprocess.run([*(prefix or []), sys.executable, "-m", "cachebuild", *args], capture_output=True,
-                          text=True, env=cli_env(**extra_env), timeout=timeout, start_new_session=True)
+def cli(*args: str, prefix: list[str] | None = None, timeout: float = 180, memory: int = 8 << 30,
+        **extra_env: str) -> subprocess.CompletedProcess[str]:
+    """``python -m cachebuild ARGS`` in a fresh process, as a user runs it.
+
+    In its own session (a fault that kills "the whole build" kills its process group, never the tests),
+    with at most ``memory`` bytes of data per process (so a defect that reads without end fails the test,
+    not the machine), and after ``timeout`` seconds its whole group is killed (workers stuck in a syscall
+    included) and TimeoutExpired raised.
+    """
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
+
+    with subprocess.Popen([*(prefix or []), sys.executable, "-m", "cachebuild", *args], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=cli_env(**extra_env), start_new_session=True,
+                          preexec_fn=limit) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+            raise
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
 def file_hashes(root: Path) -> dict[str, str]:
