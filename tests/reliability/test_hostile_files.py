@@ -290,8 +290,11 @@ def test_bad_options_stop_before_any_work(photo_tree: Path, tmp_path: Path, ledg
 
 def test_library_refuses_like_the_cli(photo_tree: Path, tmp_path: Path) -> None:
     """The checks live in build(), not only in the command line."""
+    src = _src_copy(photo_tree, tmp_path / "src")  # the old code replaced it with a cache
+    before = file_hashes(src)
     with pytest.raises(OptionError, match="is the source"):
-        build(folder_plan(photo_tree), photo_tree, BuildOptions(size=16, jobs=1, force=True))
+        build(folder_plan(src), src, BuildOptions(size=16, jobs=1, force=True))
+    assert file_hashes(src) == before
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "keep.txt").write_text("x")
     with pytest.raises(CacheExistsError, match="not a cachebuild cache"):
