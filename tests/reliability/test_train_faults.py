@@ -124,10 +124,12 @@ def _train(out: Path, cache: Path, log: Path, *extra: str) -> subprocess.Popen:
                                 env=cli_env(), stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
 
 
-def _replacements(path: Path, seen: set[int]) -> int:
-    """How many different checkpoint files (inodes: each is written aside and renamed in) were seen."""
+def _replacements(path: Path, seen: set[tuple[int, int]]) -> int:
+    """How many different checkpoint files were seen (each is written aside and renamed in; inode numbers
+    are reused, so a file is its inode and its mtime)."""
     with contextlib.suppress(FileNotFoundError):
-        seen.add(path.stat().st_ino)
+        st = path.stat()
+        seen.add((st.st_ino, st.st_mtime_ns))
     return len(seen)
 
 
@@ -148,7 +150,7 @@ def test_sigkill_mid_epoch_resumes_to_the_same_weights(cache: Path, ledger, tmp_
             while True:
                 resume = ["--resume"] if (out / "checkpoint.pt").exists() else []
                 p = _train(out, cache, log, *resume)
-                seen: set[int] = set()
+                seen: set[tuple[int, int]] = set()
                 target = _replacements(out / "checkpoint.pt", seen) + rng.randint(1, 4)
                 while kills < 3 and p.poll() is None and _replacements(out / "checkpoint.pt", seen) < target:
                     time.sleep(0.002)
