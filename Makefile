@@ -28,7 +28,7 @@ test-all: $(STAMP)  ## slow tests too (GPU tests skip without CUDA)
 # hostile files, training faults; prints the trials / survived / lost table, also in reliability-out/.
 # RELIABILITY_SEED=N picks other random points; RELIABILITY_FUZZ_EXAMPLES=N inputs per image format.
 reliability: $(STAMP)
-	RELIABILITY_JSON=reliability-out/table.json $(BIN)/python -m pytest tests/reliability -q -p no:randomly \
+	RELIABILITY_JSON=reliability-out/table.json $(BIN)/python -m pytest tests/reliability -q \
 		-m "not gpu and not after_storage"
 
 test-gpu: $(STAMP)
