@@ -305,19 +305,26 @@ def _progress(total: int, initial: int, desc: str, enabled: bool | None):
 
 
 @contextlib.contextmanager
-def _exclusive(out: Path) -> Iterator[None]:
+def _exclusive(out: Path) -> Iterator[str]:
     """One build per output at a time: two would share one staging folder. ``flock`` is released by the
-    kernel when the process dies, so a killed build never leaves a stale lock behind."""
+    kernel when the process dies, so a killed build never leaves a stale lock behind. The lock file holds
+    the PID of the last build that took it; this yields the previous one's ("" if none)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     lock = out.with_name(out.name + ".lock")
-    with open(lock, "a") as f:
+    with open(lock, "a+") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise CacheBuildError(
                 f"another cachebuild process is building {out} (it holds {lock}); wait for it to finish"
             ) from None
-        yield
+        f.seek(0)
+        previous = f.read(32).strip()
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        yield previous
 
 
 def build(plan: Plan, out: str | os.PathLike[str], opts: BuildOptions) -> BuildResult:
@@ -334,8 +341,8 @@ def build(plan: Plan, out: str | os.PathLike[str], opts: BuildOptions) -> BuildR
         if "://" not in str(plan.root):
             check_outside_source(out, plan.root)
         _check_destination(out, _build_key(plan, opts)[0], opts.force)
-        with _exclusive(out):
-            return _build_locked(plan, out, opts)
+        with _exclusive(out) as previous_pid:
+            return _build_locked(plan, out, opts, previous_pid)
     except CacheBuildError:
         raise
     except OSError as e:
@@ -351,23 +358,27 @@ def build(plan: Plan, out: str | os.PathLike[str], opts: BuildOptions) -> BuildR
         ) from e
 
 
-def _drop_replaced(out: Path) -> None:
-    """A ``--force`` commit killed between its two renames leaves the replaced cache at ``<out>.old-PID``.
-    Under the lock no other build of ``out`` runs, so such a folder is debris of an explicit replacement:
-    removed when it is provably a cache of ours, else left alone with a warning."""
-    for old in out.parent.glob(glob.escape(out.name) + ".old-*"):
+def _drop_replaced(out: Path, previous_pid: str) -> None:
+    """A ``--force`` commit killed between its two renames, or before deleting the cache it replaced,
+    leaves that cache at ``<out>.old-<PID>``. The one whose PID is the previous build of ``out`` (from the
+    lock file) is that debris: removed when it is provably a cache of ours. Any other such cache may be a
+    copy someone keeps (``train.old-2024``): only named."""
+    for old in sorted(out.parent.glob(glob.escape(out.name) + ".old-*")):
         try:
             check_replaceable(old, None)
-        except CacheBuildError as e:
-            log.warning("left %s alone: %s", old, e)
-            continue
-        log.info("removing %s, the cache an interrupted --force build replaced", old)
-        shutil.rmtree(old)
+        except CacheBuildError:
+            continue  # not a cache of ours: not our business
+        if previous_pid and old.name == f"{out.name}.old-{previous_pid}":
+            log.info("removing %s, the cache the interrupted --force build %s replaced", old, previous_pid)
+            shutil.rmtree(old)
+        else:
+            log.warning("%s looks like a cache an interrupted --force build replaced; remove it if it is not "
+                        "needed", old)
 
 
-def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
+def _build_locked(plan: Plan, out: Path, opts: BuildOptions, previous_pid: str = "") -> BuildResult:
     t0 = time.perf_counter()
-    _drop_replaced(out)
+    _drop_replaced(out, previous_pid)
     key, params = _build_key(plan, opts)
     m = _check_destination(out, key, opts.force)
     if m is not None:

@@ -300,3 +300,19 @@ def test_library_refuses_like_the_cli(photo_tree: Path, tmp_path: Path) -> None:
     with pytest.raises(CacheExistsError, match="not a cachebuild cache"):
         build(folder_plan(photo_tree), tmp_path / "c", BuildOptions(size=16, jobs=1, force=True))
     assert (tmp_path / "c" / "keep.txt").read_text() == "x"
+
+
+def test_a_kept_copy_named_like_a_replaced_cache_is_kept(photo_tree: Path, tmp_path: Path, ledger) -> None:
+    """`mv train train.old-2024`, then a rebuild: the copy is a cache of ours with the name an interrupted
+    --force leaves behind, but not the previous build's: it is named in a warning, never deleted."""
+    src = _src_copy(photo_tree, tmp_path / "src")
+    out = tmp_path / "c"
+    assert _run("folder", str(src), "--size", "16", "--out", str(out))[0] == 0
+    (out / "train").rename(out / "train.old-2024")
+    before = file_hashes(out / "train.old-2024")
+    with ledger.trial("a kept copy named <out>.old-N is never deleted"):
+        res = CliRunner().invoke(main, ["folder", str(src), "--size", "16", "--out", str(out), "--jobs", "1",
+                                        "--no-progress", "--force"])
+        assert res.exit_code == 0, res.output
+        assert "train.old-2024 looks like a cache an interrupted --force build replaced" in res.output
+        assert file_hashes(out / "train.old-2024") == before
