@@ -8,7 +8,7 @@ DEMO   ?= demo-out
 BENCH_N ?= 8000
 BENCH_OUT ?= bench-out
 
-.PHONY: install test test-all test-gpu demo bench lint clean device-wheels
+.PHONY: install test test-all test-gpu demo bench lint clean device-wheels reliability
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,13 @@ test: $(STAMP)
 
 test-all: $(STAMP)  ## slow tests too (GPU tests skip without CUDA)
 	$(BIN)/python -m pytest -m ""
+
+# The reliability suite, all rows (its fast ones also run in `make test`): kills, disk full, fuzzing,
+# hostile files, training faults; prints the trials / survived / lost table, also in reliability-out/.
+# RELIABILITY_SEED=N picks other random points; RELIABILITY_FUZZ_EXAMPLES=N inputs per image format.
+reliability: $(STAMP)
+	RELIABILITY_JSON=reliability-out/table.json $(BIN)/python -m pytest tests/reliability -q \
+		-m "not gpu"
 
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -m gpu
@@ -53,4 +60,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check cachebuild loaders tests bench
 
 clean:
-	rm -rf $(DEMO) $(BENCH_OUT) .pytest_cache
+	rm -rf $(DEMO) $(BENCH_OUT) reliability-out .pytest_cache

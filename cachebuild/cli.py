@@ -8,17 +8,18 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
 
 import click
 
 from cachebuild.decode import DEFAULT_MAX_PIXELS, FITS, INTERPOLATIONS
-from cachebuild.errors import CacheBuildError, DecodeError
+from cachebuild.errors import CacheBuildError, DecodeError, OptionError
 from cachebuild.share.cli import WAIT_OPTION, quick_verify, register
-from cachebuild.storage import DEFAULT_STORAGE, backend_names, get_backend
+from cachebuild.storage import DEFAULT_STORAGE, backend_names
 
-__all__ = ["default_out", "main"]
+__all__ = ["COMMAND_GROUP", "default_out", "main"]
 
 # --codec NAME stores samples encoded, in the storage kind of the same name.
 CODECS = ("jpeg",)
@@ -146,14 +147,13 @@ def _run_builds(plans_fn: Callable[[], list[Any]], dataset: str, size: int, out:
             raise click.BadParameter(f"--codec {kw['codec']} stores its own shards; drop --format {storage}",
                                      param_hint="--codec")
         storage = kw["codec"]
-    opts = BuildOptions(size=size, fit=kw["fit"], interpolation=kw["interpolation"], storage=storage,
-                        jobs=kw["jobs"], block_size=kw["shard_size"], chunk_size=kw["chunk_size"],
-                        compression=kw["compression"], quality=kw["quality"], subsampling=kw["subsampling"],
-                        decode_device=kw["decode_device"], on_error=kw["on_error"], max_pixels=kw["max_pixels"],
-                        force=kw["force"], progress=kw["progress"], lock_wait=kw["wait"])
     try:
-        get_backend(opts.storage).build_params(opts)  # the kind's own checks (e.g. jpeg takes no --compression)
-    except ValueError as e:
+        opts = BuildOptions(size=size, fit=kw["fit"], interpolation=kw["interpolation"], storage=storage,
+                            jobs=kw["jobs"], block_size=kw["shard_size"], chunk_size=kw["chunk_size"],
+                            compression=kw["compression"], quality=kw["quality"], subsampling=kw["subsampling"],
+                            decode_device=kw["decode_device"], on_error=kw["on_error"], max_pixels=kw["max_pixels"],
+                            force=kw["force"], progress=kw["progress"], lock_wait=kw["wait"])
+    except OptionError as e:  # the storage kind's own checks included (e.g. jpeg takes no --compression)
         raise click.UsageError(str(e)) from None
     root = out if out is not None else default_out(dataset, size, opts.fit, opts.storage)
     try:
@@ -175,7 +175,51 @@ def _run_builds(plans_fn: Callable[[], list[Any]], dataset: str, size: int, out:
         raise click.ClickException("interrupted; finished blocks are kept: rerun the same command to resume") from None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+COMMAND_GROUP = "cachebuild.commands"  # entry points: more `cachebuild` commands from other packages
+
+
+def _command_entry_points() -> dict[str, EntryPoint]:
+    return {ep.name: ep for ep in entry_points(group=COMMAND_GROUP)}
+
+
+def _unloadable(name: str, ep: EntryPoint, error: Exception) -> click.Command:
+    """Stands in for a registered command whose code cannot be imported: says so when run, instead of
+    the command silently missing from the tool."""
+    why = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+
+    @click.command(name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+                   add_help_option=False, help=f"(unavailable: {why})")
+    def command() -> None:
+        raise click.ClickException(f"`cachebuild {name}` is registered ({ep.value}) but cannot be loaded: {why}; "
+                                   f"reinstall the package that provides it")
+
+    return command
+
+
+class _Commands(click.Group):
+    """The built-in commands plus those registered under the ``cachebuild.commands`` entry point group
+    (the training loop's ``train``): ``cachebuild`` never imports the packages that provide them."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(_command_entry_points()))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            return command
+        ep = _command_entry_points().get(cmd_name)
+        if ep is None:
+            return None
+        try:
+            loaded = ep.load()
+        except Exception as e:  # an import error of the providing package: report it where it is used
+            return _unloadable(cmd_name, ep, e)
+        if not isinstance(loaded, click.Command):
+            return _unloadable(cmd_name, ep, TypeError(f"{ep.value} is a {type(loaded).__name__}, not a command"))
+        return loaded
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="cachebuild")
 def main() -> None:
     """Decode an image dataset once into a fixed-shape uint8 cache that training jobs memory-map."""
@@ -401,14 +445,4 @@ def sample(dest: Path, n_classes: int, train_per_class: int, val_per_class: int,
                f"{n_classes} classes")
 
 
-def _register_train() -> None:
-    try:
-        from loaders.train.cli import train
-    except ImportError as e:  # the training loop needs only torch, which is a dependency: report, don't hide
-        log.debug("cachebuild train unavailable: %s", e)
-        return
-    main.add_command(train, name="train")
-
-
-_register_train()
 register(main)  # pull, push, status, ls

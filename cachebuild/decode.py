@@ -125,9 +125,25 @@ def probe(data: bytes, max_pixels: int) -> tuple[int, int, str]:
     eoi = b"\xff\xd9"
     if fmt in ("JPEG", "MPO") and eoi not in data[-16:] and eoi not in data.rstrip(b"\x00\r\n\t ")[-16:]:
         raise ValueError("truncated JPEG (no end-of-image marker)")
-    if fmt == "PNG" and b"IEND" not in data[-16:]:
-        raise ValueError("truncated PNG (no IEND chunk)")
+    if fmt == "PNG":
+        if b"IEND" not in data[-16:]:
+            raise ValueError("truncated PNG (no IEND chunk)")
+        _check_png_chunks(data)
     return height, width, fmt
+
+
+def _check_png_chunks(data: bytes) -> None:
+    """Every chunk must fit in the file. OpenCV 5 allocates what a chunk's length field declares before
+    reading it: a 4 KB file declaring a 2 GB IDAT cost 2 GB of memory per worker (found by fuzzing)."""
+    pos, n = 8, len(data)
+    while pos + 8 <= n:
+        length = int.from_bytes(data[pos : pos + 4], "big")
+        if pos + 12 + length > n:
+            kind = data[pos + 4 : pos + 8].decode("latin-1")
+            raise ValueError(f"damaged PNG: chunk {kind!r} declares {length:,} bytes past the end of the file")
+        if data[pos + 4 : pos + 8] == b"IEND":
+            return
+        pos += 12 + length
 
 
 def _reduction(h: int, w: int, spec: ResizeSpec) -> int:
@@ -193,6 +209,7 @@ def fit_into(img: np.ndarray, spec: ResizeSpec, out: np.ndarray) -> tuple[int, i
         top, left = round((nh - s) / 2), round((nw - s) / 2)
         y0, x0 = round(top * h / nh), round(left * w / nw)
         y1, x1 = round((top + s) * h / nh), round((left + s) * w / nw)
+        y1, x1 = max(y1, y0 + 1), max(x1, x0 + 1)  # a 1-pixel-thin image still gives one row or column
         _resize_into(img[y0:y1, x0:x1], out, spec.interpolation)
         return (0, 0, s, s)
     # pad: letterbox, keep aspect, zeros around
@@ -224,3 +241,6 @@ def decode_into(data: bytes | np.ndarray, spec: ResizeSpec, out: np.ndarray, *, 
         raise
     except (ValueError, cv2.error) as e:
         raise DecodeError(path, str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__) from None
+    except Exception as e:  # anything else one file triggers (a kernel's RuntimeError...) is that file's skip
+        text = str(e).strip()
+        raise DecodeError(path, f"{type(e).__name__}: {text.splitlines()[-1] if text else ''}") from None

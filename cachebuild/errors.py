@@ -11,6 +11,8 @@ __all__ = [
     "DecodeError",
     "FingerprintMismatchError",
     "LockHeldError",
+    "OptionError",
+    "OutputError",
     "RemoteError",
     "SourceError",
     "TransferError",
@@ -58,6 +60,15 @@ class FingerprintMismatchError(CacheBuildError, ValueError):
 class TransferError(CacheBuildError, OSError):
     """A pull or push that could not move every file intact; the message names the files and why.
     What arrived whole and verified is kept, so the same command resumes."""
+
+
+class OptionError(CacheBuildError, ValueError):
+    """A build or training option with a value cachebuild does not accept (named in the message)."""
+
+
+class OutputError(CacheBuildError, OSError):
+    """The output location cannot take the build: no space left, read-only, no permission, a file where
+    a folder must be. The message names the path and what to do; finished blocks are kept for a resume."""
 
 
 class SourceError(CacheBuildError, ValueError):

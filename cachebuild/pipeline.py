@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import multiprocessing
 import os
 import shutil
@@ -28,23 +29,32 @@ from typing import Any
 
 import numpy as np
 from joblib import Parallel, delayed
+from joblib.externals.loky.process_executor import TerminatedWorkerError
 
 from cachebuild.atomic import write_json_atomic
-from cachebuild.decode import DEFAULT_MAX_PIXELS, ResizeSpec, decode_into
-from cachebuild.errors import CacheBuildError, CacheExistsError, DecodeError
+from cachebuild.decode import DEFAULT_MAX_PIXELS, FITS, INTERPOLATIONS, ResizeSpec, decode_into
+from cachebuild.destination import check_outside_source, check_replaceable, is_own_staging, output_error
+from cachebuild.errors import CacheBuildError, CacheExistsError, DecodeError, OptionError, SourceError
 from cachebuild.format.manifest import FORMAT_VERSION, MANIFEST_NAME, Failure, Manifest, read_manifest
+from cachebuild.format.pathnames import decode_path, encode_path
 from cachebuild.format.source_inputs import save_source_inputs
 from cachebuild.format.writer import commit_cache, save_side_arrays, staging_path, tool_versions, utc_now
 from cachebuild.locks import exclusive_lock
+from cachebuild.options import parse_bool, parse_choice, parse_float, parse_int, parse_optional_bool
 from cachebuild.sources.plan import Plan, block_reader
-from cachebuild.storage import get_backend, is_url
+from cachebuild.storage import backend_names, get_backend, is_url
 
-__all__ = ["BuildOptions", "BuildResult", "build"]
+__all__ = ["COMPRESSIONS", "MAX_SIZE", "ON_ERROR", "BuildOptions", "BuildResult", "build"]
 
 log = logging.getLogger("cachebuild")
 
 BLOCK_TARGET_BYTES = 64 << 20  # ~64 MB of pixels per block/shard: few files, tasks long enough to amortise
 MIN_BLOCKS = 64  # a plan of n files makes at least min(64, n / 64) blocks
+COMPRESSIONS = ("none", "zstd", "blosc")  # chunk codecs, for the storage kinds that compress (zarr)
+SUBSAMPLINGS = ("420", "444")  # chroma subsampling, for the storage kinds that encode samples (jpeg)
+DECODE_DEVICES = ("cpu", "cuda")
+ON_ERROR = ("skip", "fail")
+MAX_SIZE = 16384  # output side: one sample is then 768 MB
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,32 @@ class BuildOptions:
     force: bool = False
     progress: bool | None = None  # None: a bar when stderr is a terminal
     lock_wait: float | None = None  # another build of the same output: None fail at once, N s, math.inf
+
+    def __post_init__(self) -> None:
+        """Every value checked here, so a build that cannot be right never starts (an unknown ``fit``
+        would build a cache no reader opens; an unknown interpolation would be recorded but not used)."""
+        parse_int("size", self.size, 1, MAX_SIZE)
+        parse_choice("fit", self.fit, FITS)
+        parse_choice("interpolation", self.interpolation, INTERPOLATIONS)
+        parse_choice("storage", self.storage, backend_names())
+        parse_int("jobs", self.jobs, not_zero=True)
+        parse_int("block_size", self.block_size, 1, optional=True)
+        parse_int("chunk_size", self.chunk_size, 1, optional=True)
+        parse_choice("compression", self.compression, COMPRESSIONS)
+        parse_int("quality", self.quality, 1, 100)
+        parse_choice("subsampling", self.subsampling, SUBSAMPLINGS)
+        parse_choice("decode_device", self.decode_device, DECODE_DEVICES)
+        parse_choice("on_error", self.on_error, ON_ERROR)
+        parse_int("max_pixels", self.max_pixels, 1)
+        parse_bool("reduced_decode", self.reduced_decode)
+        parse_bool("force", self.force)
+        parse_optional_bool("progress", self.progress)
+        if self.lock_wait is not None and self.lock_wait != math.inf:  # inf: wait as long as it takes
+            parse_float("lock_wait", self.lock_wait, 0.0)
+        try:  # what only the storage kind knows (e.g. npy and jpeg shards take no compression)
+            get_backend(self.storage).build_params(self)
+        except ValueError as e:
+            raise OptionError(str(e)) from None
 
     def resolved_block(self, planned: int | None = None) -> int:
         """Samples per block: ``block_size``, else ~64 MB of pixels, but small enough that a plan of
@@ -120,6 +156,16 @@ def _record_path(staging: Path, block: int) -> Path:
     return staging / "blocks" / f"block-{block:05d}.json"
 
 
+def _skip_reason(e: Exception) -> str:
+    """Why one source file gave no sample, in one line."""
+    if isinstance(e, DecodeError):
+        return e.reason
+    if isinstance(e, OSError):
+        return f"unreadable: {e.strerror or e}"
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[-1]}" if text else type(e).__name__
+
+
 def _run_block(plan_reader: Any, keys: list[str], start: int, block: int, spec: ResizeSpec,
                staging: str, on_error: str, storage: str, params: dict[str, Any],
                decode_device: str = "cpu", claim: str = "") -> dict[str, Any]:
@@ -148,11 +194,13 @@ def _run_block(plan_reader: Any, keys: list[str], start: int, block: int, spec: 
             slot = sink.next_slot()
             try:
                 placed = fill(i, key, slot)
-            except (DecodeError, OSError) as e:
-                reason = e.reason if isinstance(e, DecodeError) else f"unreadable: {e.strerror or e}"
+            except SourceError:  # the source itself failed (a shard changed since planning, a dead server): stop
+                raise
+            except Exception as e:  # whatever one file does (reader or decoder) is that file's skip
+                reason = _skip_reason(e)
                 if on_error == "fail":
                     raise DecodeError(key, reason) from None
-                failures.append({"index": start + i, "path": key, "reason": reason})
+                failures.append({"index": start + i, "path": encode_path(key), "reason": reason})
                 continue
             digest.update(slot)
             sink.commit()
@@ -194,34 +242,47 @@ def _build_key(plan: Plan, opts: BuildOptions) -> tuple[str, dict[str, Any]]:
 
 
 def _check_destination(out: Path, key: str, force: bool) -> Manifest | None:
-    """The manifest of ``out`` when it already holds this exact build, else None (``out`` may be
-    replaced). Raises rather than overwrite anything else without ``force``."""
-    if not out.exists():
+    """The manifest of ``out`` when it already holds this exact build, else None: ``out`` does not exist,
+    or ``force`` and it is provably a cache cachebuild wrote (``destination.check_replaceable``), so it
+    may be replaced. Raises otherwise, saying what is there."""
+    if not out.exists() and not out.is_symlink():
         return None
+    if not out.is_dir():
+        raise CacheExistsError(f"{out} exists and is a file, not a cache folder; choose another --out")
+    if not out.is_symlink() and not any(out.iterdir()):
+        out.rmdir()
+        return None
+    existing, problem = None, None
     if (out / MANIFEST_NAME).is_file():
         try:
             existing = read_manifest(out)
-        except CacheBuildError:
-            existing = None
-        if existing is not None and existing.build_key == key and not force:
-            return existing
-        if not force:
-            raise CacheExistsError(
-                f"{out} holds a different cache (other source files or build parameters); "
-                f"pass --force to replace it, or choose another --out"
-            )
+        except CacheBuildError as e:  # say what is wrong with it, not that it is "different"
+            problem = str(e)
+    if existing is not None and existing.build_key == key and not force:
+        return existing
+    if force:
+        check_replaceable(out, problem)
         return None
-    if out.is_dir() and not any(out.iterdir()):
-        out.rmdir()
-        return None
-    if not force:
-        raise CacheExistsError(f"{out} exists and is not a cachebuild cache; choose another --out")
-    return None
+    if problem is not None:
+        raise CacheExistsError(
+            f"{out} holds a cache whose manifest cannot be used ({problem}); pass --force to rebuild it "
+            f"(replaced only if the folder holds nothing but files its manifest names), or choose another --out"
+        )
+    if existing is None:
+        raise CacheExistsError(f"{out} exists and is not a cachebuild cache (no {MANIFEST_NAME}); "
+                               f"choose another --out")
+    raise CacheExistsError(
+        f"{out} holds a different cache (other source files or build parameters); "
+        f"pass --force to replace it, or choose another --out"
+    )
 
 
 def _prepare_staging(staging: Path, key: str, storage: str) -> dict[int, dict[str, Any]]:
     """Create or reopen the staging folder; return the records of blocks finished by an earlier run."""
     build_file = staging / "build.json"
+    if staging.exists() and not (staging.is_dir() and is_own_staging(staging)):
+        raise CacheExistsError(f"{staging} exists and was not made by cachebuild (a build keeps its unfinished "
+                               f"work there); move it away or choose another --out")
     if staging.exists():
         try:
             same = json.loads(build_file.read_text())["key"] == key
@@ -263,10 +324,34 @@ def _exclusive(out: Path, wait: float | None = None) -> Iterator[None]:
 
 
 def build(plan: Plan, out: str | os.PathLike[str], opts: BuildOptions) -> BuildResult:
-    """Build (or resume, or confirm up to date) the cache of ``plan`` at ``out``."""
+    """Build (or resume, or confirm up to date) the cache of ``plan`` at ``out``.
+
+    Errors of the output's environment (no space, read-only, no permission, a file in the way) and a
+    worker process that died come out as one-line :class:`CacheBuildError` s naming the path; the finished
+    blocks stay in ``<out>.partial`` and the same call resumes from them.
+    """
     out = Path(out)
-    with _exclusive(out, opts.lock_wait):
-        return _build_locked(plan, out, opts)
+    staging = staging_path(out)
+    try:
+        # Refuse before anything (the lock file) is created beside the destination; checked again under the lock.
+        if not is_url(str(plan.root)):
+            check_outside_source(out, plan.root)
+        _check_destination(out, _build_key(plan, opts)[0], opts.force)
+        with _exclusive(out, opts.lock_wait):
+            return _build_locked(plan, out, opts)
+    except CacheBuildError:
+        raise
+    except OSError as e:
+        err = output_error(e, out, staging)
+        if err is None:
+            raise
+        raise err from e
+    except TerminatedWorkerError as e:
+        raise CacheBuildError(
+            f"a worker process building {out} died ({str(e).splitlines()[-1].strip()}); the finished blocks "
+            f"are kept in {staging}: rerun the same command to resume (if it was killed for lack of memory, "
+            f"lower --jobs)"
+        ) from e
 
 
 def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
@@ -317,7 +402,8 @@ def _finish(plan: Plan, out: Path, staging: Path, records: dict[int, dict[str, A
     ordered = [records[b] for b in sorted(records)]
     ok = np.asarray([i for r in ordered for i in r["ok"]], dtype=np.int64)
     count = len(ok)
-    failures = tuple(Failure(f["path"], f["reason"]) for r in ordered for f in r["failures"])
+    failures = tuple(Failure(decode_path(f["path"], "a block record"), f["reason"])
+                     for r in ordered for f in r["failures"])
     if count == 0:
         raise CacheBuildError(
             f"none of the {len(plan)} source files of {plan.root} could be read; first failure: "

@@ -21,6 +21,7 @@ holds only the location, the manifest and the small per-sample arrays.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -30,10 +31,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
+from cachebuild.errors import CacheChangedError
 from cachebuild.format import Manifest, open_cache
 from cachebuild.format.identity import check_fingerprint
 from cachebuild.format.side_arrays import load_paths
 from cachebuild.storage import BlockCache, ImageStore
+from cachebuild.storage.replacement import ReaderLock
 from loaders.batch_ring import MAX_SLOTS, InlineTensor, WorkerRing
 from loaders.encoded import EncodedImages
 from loaders.shared_memory import load_shared, shared_uint8
@@ -283,6 +286,11 @@ class CachedImageDataset(Dataset):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._pid = -1
+        # A copy (a DataLoader worker's, a job's) holds its own shared lock on the folder it reads, so that
+        # a --force rebuild keeps that folder for as long as any copy lives, not only the original.
+        if getattr(self.location, "identity", None) is not None:
+            with contextlib.suppress(CacheChangedError):  # already gone: the first read says so, by name
+                self._reader_lock = ReaderLock(self.location.local_path())
 
     def _check_process(self) -> None:
         if self._pid != os.getpid():  # forked or unpickled: another process's ring is not ours

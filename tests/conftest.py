@@ -29,5 +29,14 @@ def imagenet_clean(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return write_imagenet(root, n_classes=5, train_per_class=10, val_per_class=2, val_layout="folders", seed=2)
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The one place GPU tests skip: a ``gpu``-marked test without CUDA is skipped, not failed."""
+    if item.get_closest_marker("gpu") is not None:
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("needs a CUDA device")
+
+
 def tree_root(info: dict[str, Any]) -> Path:
     return Path(info["root"])

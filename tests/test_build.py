@@ -142,7 +142,7 @@ def test_up_to_date_different_and_force(imagenet_clean, tmp_path):
     forced = build(plan, out, BuildOptions(size=40, jobs=1, force=True))
     assert forced.status == "built" and read_manifest(out).shape == (40, 40, 3)
     assert first.count == forced.count
-    assert not list(tmp_path.glob("c.old-*"))
+    assert not list(tmp_path.glob("c.replaced-*"))  # no reader held the old one: deleted
 
 
 def test_a_changed_source_file_changes_the_fingerprint(imagenet_clean, tmp_path):

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torchvision.datasets as tvd
 
+from cachebuild.errors import OptionError
 from cachebuild.samples.cifar_layout import py2_pickle_dumps, write_cifar10, write_cifar100
 from cachebuild.sources.cifar_pickle import (
     CifarFormatError,
@@ -256,9 +257,9 @@ def test_missing_root_and_files(cifar_root, tmp_path: Path) -> None:
         load_cifar_split(tmp_path, "cifar10", "train")
     with pytest.raises(CifarNotFoundError, match=r"data_batch_4"):
         cifar_source_files(tmp_path, "cifar10", "train")
-    with pytest.raises(ValueError, match="variant must be one of"):
+    with pytest.raises(OptionError, match="variant must be one of"):
         load_cifar_split(tmp_path, "cifar20", "train")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="split must be"):
+    with pytest.raises(OptionError, match="split must be"):
         load_cifar_split(tmp_path, "cifar10", "val")  # type: ignore[arg-type]
 
 

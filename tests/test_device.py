@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -76,19 +78,24 @@ def test_fast_loader_buffers_reused_only_when_free(tmp_path) -> None:
     assert n_bufs < 20
 
 
-def test_fast_loader_early_break(cache) -> None:
-    root, _, _ = cache
+def _gather_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("FastLoader")]
+
+
+def test_fast_loader_early_break_stops_its_threads(cache) -> None:
+    root, images, _ = cache
     ds = CachedImageDataset(root)
+    assert not _gather_threads()
     it = iter(FastLoader(ds, 4, num_threads=2))
     x, _ = next(it)
-    it.close()  # stops the threads
-    assert x.shape == (4, 8, 6, 3)
+    assert np.array_equal(x.numpy(), images[:4])
+    assert len(_gather_threads()) == 2  # running while the epoch is open
+    it.close()  # closing the generator mid-epoch must join them, not leave them to the interpreter
+    assert not _gather_threads()
 
 
 @pytest.mark.gpu
 def test_device_loader_cuda(cache) -> None:
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
     root, images, labels = cache
     ds = CachedImageDataset(root)
     s = CacheSampler(ds, seed=1)

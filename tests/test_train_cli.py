@@ -153,6 +153,22 @@ def test_val_cache_with_other_classes_is_refused(caches: dict[str, Path], tmp_pa
     assert not (tmp_path / "r").exists()  # refused before anything was written
 
 
+def test_val_cache_of_another_resolution(caches: dict[str, Path], tmp_path: Path) -> None:
+    """Refused where the eval transform does not resize (cifar); resized to the training crop, and said so,
+    where it does."""
+    va, yva = _colour_images(16, seed=1, size=48)
+    write_cache(tmp_path / "val48", va, yva, CLASSES, split="val")
+    res = _invoke(str(caches["train"]), "--val", str(tmp_path / "val48"), "--out", str(tmp_path / "r"),
+                  "--device", "cpu", "--workers", "0")
+    _assert_one_line_error(res, 1, "Error: val cache", "holds 48x48 images, train 32x32", "--size 32")
+    assert not (tmp_path / "r").exists()
+    res = _invoke(str(caches["train"]), "--val", str(tmp_path / "val48"), "--out", str(tmp_path / "r2"),
+                  "--device", "cpu", "--workers", "0", "--augment", "imagenet", "--model", "linear", "--amp", "off")
+    assert res.exit_code == 0, res.output
+    assert "is 48x48, train 32x32: val images are resized to 37 (short side) and centre-cropped to 32" in res.output
+    assert json.loads((tmp_path / "r2" / "summary.json").read_text())["val_count"] == 16
+
+
 def test_missing_cache_and_missing_checkpoint(caches: dict[str, Path], tmp_path: Path) -> None:
     res = _invoke(str(tmp_path / "nope"), "--out", str(tmp_path / "r"), "--device", "cpu")
     _assert_one_line_error(res, 1, "Error:", "nope")

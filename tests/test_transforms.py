@@ -1,7 +1,7 @@
 """Tests for loaders.transforms: one harness for every kernel (torchvision's check_kernel idea),
 per-sample independence, torchvision-matching distributions and values, bad input, presets.
 
-CUDA tests carry ``@pytest.mark.gpu`` (deselected by default) and skip cleanly without CUDA.
+CUDA tests carry ``@pytest.mark.gpu``: deselected by default, skipped without CUDA (tests/conftest.py).
 """
 
 import math
@@ -32,9 +32,6 @@ from loaders.transforms import (
     imagenet_train,
 )
 from loaders.transforms import functional as TF
-
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-gpu = [pytest.mark.gpu, requires_cuda]
 
 
 def make_images(n: int, h: int, w: int, dtype: torch.dtype = torch.uint8, device: str = "cpu", seed: int = 0) -> Tensor:
@@ -217,7 +214,6 @@ def test_kernel_harness(case: KernelCase) -> None:
 
 
 @pytest.mark.gpu
-@requires_cuda
 @pytest.mark.parametrize("case", KERNEL_CASES, ids=repr)
 def test_kernel_cuda_equals_cpu(case: KernelCase) -> None:
     images, per, static = case.make(7, "cpu")
@@ -396,9 +392,15 @@ def test_rrc_draws_inside_valid_boxes() -> None:
     assert bool((crops[:, 1] >= boxes[:, 1]).all() and (crops[:, 1] + crops[:, 3] <= boxes[:, 3]).all())
     first = crops[0::2] - torch.tensor([8, 0, 0, 0])  # box-local coords of a 48x80 image
     _assert_same_distribution(first, _torchvision_boxes(48, 80, 5_000, seed=1), 48, 80)
-    # preset path: boxes flow through Compose to the crop
-    out = imagenet_train(16, generator=torch.Generator().manual_seed(0))(make_images(4, 64, 80), boxes[:4])
-    assert out.shape == (4, 3, 16, 16)
+    # preset path: boxes flow through Compose to the crop. Outside its box every sample is white, inside
+    # black: a crop that strayed outside (boxes dropped on the way) would carry white into the output.
+    padded = torch.full((8, 64, 80, 3), 255, dtype=torch.uint8)
+    for i, (y0, x0, y1, x1) in enumerate(boxes[:8].tolist()):
+        padded[i, y0:y1, x0:x1] = 0
+    out = imagenet_train(16, generator=torch.Generator().manual_seed(0))(padded.permute(0, 3, 1, 2), boxes[:8])
+    black = torch.tensor(IMAGENET_MEAN).neg().div(torch.tensor(IMAGENET_STD))[None, :, None, None]
+    assert out.shape == (8, 3, 16, 16)
+    torch.testing.assert_close(out, black.expand_as(out), atol=1e-5, rtol=0)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -598,7 +600,6 @@ def test_compiled_preset_matches_eager() -> None:
 
 
 @pytest.mark.gpu
-@requires_cuda
 @pytest.mark.parametrize("name,factory,hw", _modules(), ids=[m[0] for m in _modules()])
 def test_module_cuda(name: str, factory: Any, hw: tuple[int, int]) -> None:
     images = make_images(16, *hw)

@@ -15,6 +15,7 @@ from typing import Any
 
 from cachebuild.atomic import write_json_atomic
 from cachebuild.errors import CacheCorruptError, CacheNotFoundError, RemoteError, UnsupportedFormatError
+from cachebuild.format.pathnames import decode_path, encode_path
 from cachebuild.storage import Location, backend_names, check_name, open_location
 
 __all__ = [
@@ -146,6 +147,7 @@ class Manifest:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d["failures"] = [{**f, "path": encode_path(f["path"])} for f in d["failures"]]  # non-UTF-8 names too
         # Lead with the fields a human or another tool checks first.
         head = {k: d.pop(k) for k in ("format", "format_version", "dataset", "split", "count", "shape",
                                       "dtype", "layout", "storage")}
@@ -203,7 +205,8 @@ class Manifest:
                 tool=_parse_mapping("tool", d["tool"]),
                 shards=shards,
                 arrays=arrays,
-                failures=tuple(Failure(path=str(f["path"]), reason=str(f["reason"])) for f in d.get("failures", [])),
+                failures=tuple(Failure(path=decode_path(f["path"], "manifest failures"), reason=str(f["reason"]))
+                               for f in d.get("failures", [])),
                 extra=_parse_mapping("extra", d.get("extra", {})),
                 created=str(d.get("created", "")),
                 files=_parse_files(d.get("files", {})),

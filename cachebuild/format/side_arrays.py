@@ -15,6 +15,7 @@ import numpy as np
 from cachebuild.atomic import AtomicFile, write_bytes_atomic
 from cachebuild.errors import CacheCorruptError, RemoteError
 from cachebuild.format.manifest import ArrayInfo, Manifest
+from cachebuild.format.pathnames import decode_paths, encode_paths
 from cachebuild.storage.location import Location
 
 __all__ = ["PATHS_FILE", "load_array", "load_paths", "save_array", "save_paths", "sha256_bytes"]
@@ -64,7 +65,7 @@ def load_array(location: Location, manifest: Manifest, name: str) -> np.ndarray:
 
 def save_paths(folder: Path, paths: list[str]) -> ArrayInfo:
     """Provenance: the source path of every sample, as a JSON list (any character survives)."""
-    data = json.dumps(paths, ensure_ascii=False).encode("utf-8")
+    data = json.dumps(encode_paths(paths), ensure_ascii=False).encode("utf-8")  # non-UTF-8 names too
     write_bytes_atomic(folder / PATHS_FILE, data, durable=False)
     return ArrayInfo(file=PATHS_FILE, dtype="str", shape=(len(paths),), sha256=hashlib.sha256(data).hexdigest())
 
@@ -78,4 +79,4 @@ def load_paths(location: Location, manifest: Manifest) -> list[str]:
         raise CacheCorruptError(f"provenance file {where} is damaged: {e}") from None
     if not isinstance(paths, list) or len(paths) != manifest.count:
         raise CacheCorruptError(f"{where} must list {manifest.count} paths")
-    return paths
+    return decode_paths(paths, where)

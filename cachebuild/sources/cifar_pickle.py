@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from cachebuild.errors import SourceError
+from cachebuild.errors import OptionError, SourceError
 
 __all__ = [
     "CIFAR_VARIANTS",
@@ -325,10 +325,10 @@ class CifarSplit:
 
 
 def _check_args(variant: str, split: str) -> _Layout:
-    if variant not in CIFAR_VARIANTS:
-        raise ValueError(f"variant must be one of {sorted(CIFAR_VARIANTS)}, got {variant!r}")
+    if not isinstance(variant, str) or variant not in CIFAR_VARIANTS:
+        raise OptionError(f"variant must be one of {sorted(CIFAR_VARIANTS)}, got {variant!r}")
     if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        raise OptionError(f"split must be 'train' or 'test', got {split!r}")
     return CIFAR_VARIANTS[variant]
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 import numpy as np
 
+from cachebuild.destination import CACHE_SUBFOLDER
 from cachebuild.errors import SourceError
 from cachebuild.sources.plan import Plan, file_plan
 from cachebuild.sources.recipe import with_recipe
@@ -14,19 +16,49 @@ from cachebuild.storage import is_url
 
 __all__ = ["IMG_EXTENSIONS", "find_classes", "folder_plan", "list_class_folder"]
 
+log = logging.getLogger("cachebuild")
+
 # torchvision.datasets.folder.IMG_EXTENSIONS, matched case-insensitively as ImageFolder does.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
 def find_classes(root: Path) -> list[str]:
-    """Class folders, sorted: what ``ImageFolder.find_classes`` returns (index = position)."""
+    """Class folders, sorted: what ``ImageFolder.find_classes`` returns (index = position), except
+    ``.cachebuild/``, the one place inside a source tree where its caches may be written."""
     if not root.is_dir():
         raise SourceError(f"{root} does not exist or is not a folder")
-    with os.scandir(root) as entries:
-        classes = sorted(e.name for e in entries if e.is_dir())
+    with os.scandir(root) as entries:  # ImageFolder's rule, less the folder that may hold caches of this tree
+        classes = sorted(e.name for e in entries if e.is_dir() and e.name != CACHE_SUBFOLDER)
     if not classes:
         raise SourceError(f"{root} has no class folders: expected one sub-folder of images per class")
     return classes
+
+
+def _walk_once(top: Path) -> list[tuple[str, list[str], list[str]]]:
+    """``os.walk(top, followlinks=True)`` that lists every real folder at most once.
+
+    Symlinks are followed, as ImageFolder follows them (symlink farms that gather classes from several
+    disks are a normal layout), wherever they point. What is bounded is repetition: a link back to a
+    folder already listed (a loop, which ImageFolder walks until the path is too long: 6 files became
+    2,706 samples) or a second link to one folder adds nothing. Children are visited in sorted order, so
+    which path of a folder is kept does not depend on the listing order.
+    """
+    seen: set[tuple[int, int]] = set()
+    out = []
+    for dirpath, dirnames, fnames in os.walk(top, followlinks=True):
+        try:
+            st = os.stat(dirpath)
+        except OSError:
+            dirnames[:] = []
+            continue
+        if (st.st_dev, st.st_ino) in seen:
+            log.warning("%s: skipped, a symlink to a folder already listed (a loop or a second link)", dirpath)
+            dirnames[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        dirnames.sort()
+        out.append((dirpath, dirnames, fnames))
+    return out
 
 
 def list_class_folder(root: Path, classes: list[str]) -> tuple[list[str], np.ndarray]:
@@ -37,7 +69,7 @@ def list_class_folder(root: Path, classes: list[str]) -> tuple[list[str], np.nda
         class_dir = root / cls
         if not class_dir.is_dir():
             continue
-        for dirpath, _, fnames in sorted(os.walk(class_dir, followlinks=True)):
+        for dirpath, _, fnames in sorted(_walk_once(class_dir)):
             rel = os.path.relpath(dirpath, root)
             for fname in sorted(fnames):
                 if fname.lower().endswith(IMG_EXTENSIONS):

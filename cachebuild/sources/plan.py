@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,8 +17,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["FileReader", "Plan", "SampleReader", "block_reader", "file_plan", "fingerprint_files", "fingerprint_stats",
-           "stat_files"]
+from cachebuild.errors import DecodeError
+
+__all__ = ["MAX_FILE_BYTES", "FileReader", "Plan", "SampleReader", "block_reader", "file_plan", "fingerprint_files",
+           "fingerprint_stats", "stat_files"]
 
 
 class SampleReader(Protocol):
@@ -37,15 +40,39 @@ def block_reader(reader: Callable[[int, str], Any], start: int, stop: int) -> Ca
     return reader if narrow is None else narrow(start, stop)
 
 
+MAX_FILE_BYTES = 1 << 30  # no image file of a classification set comes near; a bigger one is not read
+
+
 @dataclass(frozen=True)
 class FileReader:
-    """Reads ``root / key`` as bytes (one ``read`` call; no mmap, so NFS and FUSE behave)."""
+    """Reads ``root / key`` as bytes (one ``read`` call; no mmap, so NFS and FUSE behave).
+
+    Only regular files are read (checked on the open file, after following links): a FIFO, a device
+    (a link to /dev/zero) or a socket named like an image would hang or fill memory, so it is refused
+    unread, as is a file over ``max_bytes``. The open is non-blocking so that a FIFO cannot stall it.
+    """
 
     root: str
+    max_bytes: int = MAX_FILE_BYTES
 
     def __call__(self, index: int, key: str) -> bytes:
-        with open(os.path.join(self.root, key), "rb") as f:
-            return f.read()
+        fd = os.open(os.path.join(self.root, key), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                kind = _KINDS.get(stat.S_IFMT(st.st_mode), "a special file")
+                raise DecodeError(key, f"not a regular file ({kind}); not read")
+            if st.st_size > self.max_bytes:
+                raise DecodeError(key, f"{st.st_size:,} bytes, over the {self.max_bytes:,}-byte limit for one "
+                                       f"image file; not read")
+            data = f.read(self.max_bytes + 1)  # + 1: a file growing while it is read is caught too
+        if len(data) > self.max_bytes:
+            raise DecodeError(key, f"over {self.max_bytes:,} bytes, the limit for one image file; not read")
+        return data
+
+
+_KINDS = {stat.S_IFIFO: "a named pipe", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a folder"}
 
 
 @dataclass(frozen=True)

@@ -132,6 +132,9 @@ class NpyBackend(Backend):
     name = "npy"
 
     def build_params(self, opts: StorageParams) -> dict[str, Any]:
+        if opts.compression != "none":
+            raise ValueError(f"compression={opts.compression!r} does not apply to npy shards, which are stored raw "
+                             f"(zarr storage compresses its chunks)")
         return {"chunk_size": None, "compression": "none"}
 
     def sink(self, staging: Path, block: int, start: int, planned: int,

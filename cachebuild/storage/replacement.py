@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import datetime as _dt
 import fcntl
+import glob
 import logging
 import os
+import re
 import secrets
 import shutil
 import weakref
@@ -37,9 +39,12 @@ def folder_identity(folder: Path) -> tuple[int, int]:
 
 
 def replaced_folders(out: Path) -> list[Path]:
-    """The replaced versions of the cache at ``out`` still on disk."""
+    """The replaced versions of the cache at ``out`` still on disk: exactly the names :func:`set_aside`
+    gives (a user's ``train.replaced-2024`` is not one of them)."""
+    exact = re.compile(re.escape(out.name) + re.escape(MARK) + r"\d{8}T\d{6}-\d+-[0-9a-f]{6}")
     try:
-        return sorted(p for p in out.parent.glob(f"{out.name}{MARK}*") if p.is_dir() and not p.is_symlink())
+        return sorted(p for p in out.parent.glob(f"{glob.escape(out.name)}{MARK}*")
+                      if exact.fullmatch(p.name) and p.is_dir() and not p.is_symlink())
     except OSError:
         return []
 

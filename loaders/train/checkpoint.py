@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -21,11 +22,12 @@ __all__ = [
     "restore_model",
     "restore_rng",
     "save_checkpoint",
+    "state_digest",
     "unwrap_model",
 ]
 
 CHECKPOINT_FORMAT = "cachebuild-train"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2  # 2: a sha256 of the whole content ("digest"), checked on load
 
 
 class CheckpointError(CacheBuildError, ValueError):
@@ -100,9 +102,38 @@ def save_checkpoint(
         "rng": rng if rng is not None else [capture_rng()],
         "extra": extra or {},
     }
+    state["digest"] = state_digest(state)
     with AtomicFile(path, durable=True) as f:  # a crash leaves the previous checkpoint whole
         torch.save(state, f.file)
     return path
+
+
+def state_digest(state: Any) -> str:
+    """sha256 over a checkpoint's content in order: every tensor's dtype, shape and bytes, every other
+    value's type and repr (dict keys included), the ``digest`` entry itself left out."""
+    h = hashlib.sha256()
+
+    def walk(obj: Any) -> None:
+        if isinstance(obj, torch.Tensor):
+            t = obj.detach().cpu().contiguous()
+            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()) if t.numel() else b"")
+        elif isinstance(obj, dict):
+            h.update(f"D{len(obj)}".encode())
+            for k, v in obj.items():
+                if k == "digest" and obj is state:
+                    continue
+                h.update(repr(k).encode())
+                walk(v)
+        elif isinstance(obj, list | tuple):
+            h.update(f"{type(obj).__name__[0]}{len(obj)}".encode())
+            for v in obj:
+                walk(v)
+        else:
+            h.update(f"{type(obj).__name__}:{obj!r};".encode())
+
+    walk(state)
+    return h.hexdigest()
 
 
 def load_checkpoint(
@@ -124,13 +155,20 @@ def load_checkpoint(
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # torch raises UnpicklingError, RuntimeError, EOFError... for bad files
-        raise CheckpointError(f"{path} is not a readable training checkpoint: {type(e).__name__}: {e}") from e
+        first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")[:200]
+        raise CheckpointError(f"{path} is not a readable training checkpoint ({type(e).__name__}: {first})") \
+            from e
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path} is not a {CHECKPOINT_FORMAT} checkpoint")
     if state.get("version") != CHECKPOINT_VERSION:
         raise CheckpointError(
             f"{path}: checkpoint version {state.get('version')!r}, this release reads {CHECKPOINT_VERSION}"
         )
+    # torch.load does not check the bytes of tensors: a flipped bit in a weight loads silently.
+    saved = state.pop("digest", None)
+    if saved != state_digest(state):
+        raise CheckpointError(f"{path} is corrupted: its content does not match the checksum saved with it; "
+                              f"resume from an intact copy, or start the run afresh (another --out)")
     if model_name is not None and state["model_name"] != model_name:
         raise CheckpointError(
             f"{path} holds a {state['model_name']!r} model; this run builds {model_name!r} "

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from cachebuild.errors import CacheBuildError
+from cachebuild.errors import CacheBuildError, OptionError
 
 __all__ = ["main", "train"]
 
@@ -90,14 +90,17 @@ def train(
         resolve_amp(amp, dev)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--amp") from None
-    cfg = TrainConfig(
-        train=cache, val=val, out=out, model=model, epochs=epochs, batch_size=batch_size, accum=accum,
-        amp=amp, lr=lr, optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,
-        warmup_epochs=warmup_epochs, label_smoothing=label_smoothing, clip_grad=clip_grad, augment=augment,
-        crop=crop, workers=workers, loader=loader, in_memory=in_memory, device=device, seed=seed, compile=compile_,
-        deterministic=deterministic, log_every=log_every, ckpt_every=ckpt_every, resume=resume,
-        progress=progress, stop_after_steps=stop_after_steps,
-    )
+    try:
+        cfg = TrainConfig(
+            train=cache, val=val, out=out, model=model, epochs=epochs, batch_size=batch_size, accum=accum,
+            amp=amp, lr=lr, optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,
+            warmup_epochs=warmup_epochs, label_smoothing=label_smoothing, clip_grad=clip_grad, augment=augment,
+            crop=crop, workers=workers, loader=loader, in_memory=in_memory, device=device, seed=seed,
+            compile=compile_, deterministic=deterministic, log_every=log_every, ckpt_every=ckpt_every,
+            resume=resume, progress=progress, stop_after_steps=stop_after_steps,
+        )
+    except OptionError as e:
+        raise click.UsageError(str(e)) from None
     try:
         fit(cfg, echo=_echo)
     except CacheBuildError as e:

@@ -11,6 +11,7 @@ import gc
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,9 +22,17 @@ import torch
 from torch import nn
 
 from cachebuild.atomic import write_bytes_atomic
-from cachebuild.errors import CacheBuildError
+from cachebuild.errors import CacheBuildError, OptionError
+from cachebuild.options import (
+    parse_bool,
+    parse_choice,
+    parse_float,
+    parse_int,
+    parse_optional_bool,
+    parse_path,
+)
 from loaders.batch_ring import drop_dead_rings
-from loaders.train.amp import make_scaler, resolve_amp
+from loaders.train.amp import AMP_CHOICES, make_scaler, resolve_amp
 from loaders.train.checkpoint import (
     CheckpointError,
     capture_rng,
@@ -45,6 +54,7 @@ from loaders.train.models import build_model
 
 __all__ = [
     "AUGMENTS",
+    "IN_MEMORY",
     "LOADERS",
     "OPTIMIZERS",
     "STOP_EXIT_CODE",
@@ -58,6 +68,8 @@ __all__ = [
 ]
 
 AUGMENTS: tuple[str, ...] = ("auto", "imagenet", "cifar", "none")
+IN_MEMORY: tuple[str, ...] = ("auto", "yes", "no")
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 LOADERS: tuple[str, ...] = ("auto", "dataloader", "threads")
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
 STOP_EXIT_CODE = 75  # --stop-after-steps: a hard exit (os._exit) that tests treat as a crash
@@ -68,9 +80,13 @@ class TrainSetupError(CacheBuildError, ValueError):
     """A run that cannot start: mismatched caches, impossible sizes, a missing checkpoint to resume."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
-    """Every setting of a run; written to ``OUT/config.json`` (with the resolved values) at the start."""
+    """Every setting of a run; written to ``OUT/config.json`` (with the resolved values) at the start.
+
+    Frozen and checked when made: a value that cannot work raises :class:`~cachebuild.errors.OptionError`
+    naming the field, before any cache is opened.
+    """
 
     train: str
     out: str
@@ -102,23 +118,43 @@ class TrainConfig:
     progress: bool | None = None  # None: when stderr is a terminal
     stop_after_steps: int | None = None  # testing: hard exit after this many optimizer steps
 
+    def __post_init__(self) -> None:
+        from loaders.train.models import is_known_model
+
+        parse_path("train", self.train)
+        parse_path("out", self.out)
+        parse_path("val", self.val, optional=True)
+        if not isinstance(self.model, str) or not is_known_model(self.model):
+            raise OptionError(f"model {self.model!r} is not known: small_cnn, tiny_cnn, linear or a torchvision "
+                              f"classifier name")
+        parse_int("epochs", self.epochs, 1)
+        parse_int("batch_size", self.batch_size, 1)
+        parse_int("accum", self.accum, 1)
+        parse_choice("amp", self.amp, AMP_CHOICES)
+        parse_float("lr", self.lr, 0, min_open=True)
+        parse_choice("optimizer", self.optimizer, OPTIMIZERS)
+        parse_float("momentum", self.momentum, 0, 1)
+        parse_float("weight_decay", self.weight_decay, 0)
+        parse_float("warmup_epochs", self.warmup_epochs, 0)
+        parse_float("label_smoothing", self.label_smoothing, 0, 1, max_open=True)
+        parse_float("clip_grad", self.clip_grad, 0, min_open=True, optional=True)
+        parse_choice("augment", self.augment, AUGMENTS)
+        parse_int("crop", self.crop, 8, optional=True)
+        parse_int("workers", self.workers, 0)
+        parse_choice("loader", self.loader, LOADERS)
+        parse_choice("in_memory", self.in_memory, IN_MEMORY)
+        if not isinstance(self.device, str) or not _DEVICE.fullmatch(self.device):
+            raise OptionError(f"device must be cpu, cuda, cuda:N or auto; got {self.device!r}")
+        parse_int("seed", self.seed)
+        for name in ("compile", "deterministic", "resume"):
+            parse_bool(name, getattr(self, name))
+        parse_int("log_every", self.log_every, 0)
+        parse_int("ckpt_every", self.ckpt_every, 0)
+        parse_optional_bool("progress", self.progress)
+        parse_int("stop_after_steps", self.stop_after_steps, 1, optional=True)
+
     def check(self) -> None:
-        """Reject impossible settings before anything is loaded."""
-        for name in ("epochs", "batch_size", "accum"):
-            if getattr(self, name) < 1:
-                raise TrainSetupError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.workers < 0 or self.log_every < 0 or self.ckpt_every < 0:
-            raise TrainSetupError("workers, log_every and ckpt_every must be >= 0")
-        if self.augment not in AUGMENTS:
-            raise TrainSetupError(f"augment must be one of {AUGMENTS}, got {self.augment!r}")
-        if self.loader not in LOADERS:
-            raise TrainSetupError(f"loader must be one of {LOADERS}, got {self.loader!r}")
-        if self.optimizer not in OPTIMIZERS:
-            raise TrainSetupError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
-        if self.lr <= 0:
-            raise TrainSetupError(f"lr must be > 0, got {self.lr}")
-        if self.crop is not None and self.crop < 8:
-            raise TrainSetupError(f"crop must be >= 8 pixels, got {self.crop}")
+        """Kept for callers of earlier releases: every value is checked when the config is made."""
 
 
 @dataclass
@@ -135,6 +171,7 @@ class _Data:
     augment: str
     crop: int
     loader_kind: str
+    notes: list[str] = dataclasses.field(default_factory=list)  # said once at the start of the run
 
 
 class WarmupCosine:
@@ -215,6 +252,16 @@ def _build_data(cfg: TrainConfig, info: DistInfo) -> _Data:
     crop = cfg.crop or side
     if augment == "cifar" and (shape[:2] != (32, 32) or crop != 32):
         raise TrainSetupError(f"--augment cifar needs a 32x32 cache and crop, got {shape[0]}x{shape[1]}, crop {crop}")
+    notes = []
+    if val_ds is not None and tuple(int(v) for v in val_ds.shape) != shape:
+        vh, vw = int(val_ds.shape[0]), int(val_ds.shape[1])
+        if augment == "cifar":  # cifar_eval only normalises: the model would see another resolution
+            raise TrainSetupError(
+                f"val cache {cfg.val} holds {vh}x{vw} images, train {shape[0]}x{shape[1]}; --augment cifar "
+                f"evaluates without resizing: build the val cache at --size {shape[0]}"
+            )
+        notes.append(f"val cache {cfg.val} is {vh}x{vw}, train {shape[0]}x{shape[1]}: val images are resized to "
+                     f"{round(crop / 0.875)} (short side) and centre-cropped to {crop}, the training crop")
     train_tf, eval_tf = transforms_for(augment, crop)
     if hasattr(train_tf, "to"):
         train_tf = train_tf.to(info.device)
@@ -243,7 +290,8 @@ def _build_data(cfg: TrainConfig, info: DistInfo) -> _Data:
                           generator=torch.Generator().manual_seed(cfg.seed), **kw)
 
     return _Data(train_ds, classes, shape, sampler, make(train_ds, sampler), val_ds,
-                 make(val_ds, val_idx) if val_ds is not None else None, train_tf, eval_tf, augment, crop, kind)
+                 make(val_ds, val_idx) if val_ds is not None else None, train_tf, eval_tf, augment, crop, kind,
+                 notes)
 
 
 def _on_device(loader: Any, device: torch.device) -> Any:
@@ -263,7 +311,6 @@ def fit(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[str
     :class:`~loaders.train.amp.AmpUnsupportedError` or a cache error before the first step when the
     inputs do not fit together.
     """
-    cfg.check()
     if cfg.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     info = init_distributed(cfg.device)
@@ -364,6 +411,8 @@ def _fit(cfg: TrainConfig, info: DistInfo, echo: Callable[[str], None]) -> dict[
         f"amp {r['amp_dtype']}, batch {cfg.batch_size} x accum {cfg.accum} x {info.world_size} = "
         f"{r['global_batch']}, {steps_per_epoch} steps/epoch, augment {data.augment} @ {data.crop}px, "
         f"loader {data.loader_kind} x {cfg.workers}")
+    for note in data.notes:
+        say(note)
     if state is not None:
         say(f"resumed from {ckpt_path}: epoch {start_epoch + 1}, micro-batch {start_batch}/{num_batches}, "
             f"step {global_step}")

@@ -1,0 +1,187 @@
+"""Where a build may write, what it may replace, and what to tell the user when the output cannot be written.
+
+The rule: cachebuild deletes or replaces only folders it can prove it wrote.
+
+- A destination that is equal to, inside of, or contains the source is refused before anything is
+  created (``--force`` could otherwise replace the source, and a cache inside a class-folder tree
+  would become a class of the next build). The one exception is :data:`CACHE_SUBFOLDER` directly
+  under the source root: sources never list it.
+- ``--force`` replaces an existing destination only when it is a cache: its ``manifest.json`` is JSON
+  saying ``"format": "cachebuild"``, and every entry of the folder is a file that manifest names.
+  A folder with a damaged (non-JSON) manifest, or with anything the manifest does not name, is left
+  alone even with ``--force``: we cannot prove we wrote it, so the user decides.
+- The staging folder ``<out>.partial`` is discarded (an unfinished build of other inputs) only when it
+  carries our marks: ``build.json``, a cachebuild ``manifest.json``, or nothing but names a build writes.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from cachebuild.errors import CacheBuildError, CacheExistsError, OptionError, OutputError
+from cachebuild.format.manifest import FORMAT_NAME, MANIFEST_NAME
+
+__all__ = [
+    "CACHE_SUBFOLDER",
+    "check_outside_source",
+    "check_replaceable",
+    "is_own_staging",
+    "output_error",
+    "read_raw_manifest",
+]
+
+CACHE_SUBFOLDER = ".cachebuild"  # the one folder inside a source tree that may hold caches of it
+
+# Top-level names a cache may hold beyond the files its manifest lists: the zarr group metadata that
+# makes a zarr cache's folder readable by xarray (cachebuild.storage.zarr_backend.finalize_folder).
+_CACHE_EXTRA_NAMES: frozenset[str] = frozenset({"zarr.json"})
+
+# What a build writes into its staging folder (pipeline, sinks, zarr_staging, format.writer).
+_STAGING_NAMES = re.compile(
+    r"blocks|build\.json|compacting\.json|manifest\.json|paths\.json|images\.zarr(\.tmp)?"
+    r"|images-\d+\.(npy|jpegs)(\.tmp|\.shrink)?|(labels|sizes|boxes|[a-z_]*labels)\.npy|\..+\.tmp(-\d+)?"
+    r"|zarr\.json|files\.json|source_files\.json"
+)
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def check_outside_source(out: Path, source: str | os.PathLike[str]) -> None:
+    """Refuse an output (or its staging folder or lock file) that is, is inside of, or contains the
+    source; allowed: anything under ``<source>/.cachebuild/``."""
+    src = Path(source).resolve()
+    dest = out.resolve()
+    for p in (dest, dest.with_name(dest.name + ".partial"), dest.with_name(dest.name + ".lock")):
+        if p == src:
+            raise OptionError(f"the output {out} is the source itself: a build there would replace the source's "
+                              f"files; choose an --out outside it (or {Path(source) / CACHE_SUBFOLDER})")
+        if _inside(src, p):
+            raise OptionError(
+                f"the output {out} contains the source {source}: a build there could replace the source's "
+                f"files; choose an --out outside it (or {Path(source) / CACHE_SUBFOLDER})"
+            )
+        if _inside(p, src):
+            rel = p.relative_to(src).parts
+            if rel and rel[0] == CACHE_SUBFOLDER:
+                continue
+            raise OptionError(
+                f"the output {out} is inside the source {source}: its files would mix with the source's "
+                f"(and become a class of the next build); choose an --out outside it, or "
+                f"{Path(source) / CACHE_SUBFOLDER}, which sources never read"
+            )
+
+
+def read_raw_manifest(folder: Path) -> dict[str, Any]:
+    """``folder/manifest.json`` as a dict, or a CacheBuildError saying why it is not one."""
+    path = folder / MANIFEST_NAME
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise CacheBuildError(f"its {MANIFEST_NAME} is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CacheBuildError(f"its {MANIFEST_NAME} holds a JSON {type(data).__name__}, not an object")
+    return data
+
+
+def _listed_names(raw: dict[str, Any]) -> set[str]:
+    """The file names a (possibly damaged) manifest lists; anything malformed is simply not listed."""
+    names = {MANIFEST_NAME}
+    for s in raw.get("shards") or []:
+        if isinstance(s, dict) and isinstance(s.get("file"), str):
+            names.add(s["file"])
+    arrays = raw.get("arrays")
+    for a in arrays.values() if isinstance(arrays, dict) else []:
+        if isinstance(a, dict) and isinstance(a.get("file"), str):
+            names.add(a["file"])
+    files, source = raw.get("files"), raw.get("source")  # the file table; the source's per-file inputs
+    if isinstance(files, dict) and isinstance(files.get("table"), str):
+        names.add(files["table"])
+    inputs = source.get("inputs") if isinstance(source, dict) else None
+    if isinstance(inputs, dict) and isinstance(inputs.get("file"), str):
+        names.add(inputs["file"])
+    return names
+
+
+def check_replaceable(out: Path, problem: str | None) -> None:
+    """Raise unless ``out`` is provably a cache cachebuild wrote (see the module docstring).
+    ``problem``: why its manifest did not parse as a current cache, if it did not (for the message)."""
+    never = "cachebuild replaces only folders it can prove it wrote, even with --force"
+    what_to_do = f"check it and remove it yourself if it is not needed (rm -r {out}), or choose another --out"
+    if not (out / MANIFEST_NAME).is_file():
+        raise CacheExistsError(f"{out} exists and is not a cachebuild cache (no {MANIFEST_NAME}); {never}: "
+                               f"choose another --out")
+    try:
+        raw = read_raw_manifest(out)
+    except CacheBuildError as e:
+        raise CacheExistsError(f"{out} looks like a damaged cache: {e}; {never}: {what_to_do}") from None
+    if raw.get("format") != FORMAT_NAME:
+        raise CacheExistsError(f"{out}/{MANIFEST_NAME} is not a cachebuild manifest (format "
+                               f"{raw.get('format')!r}); {never}: choose another --out")
+    foreign = sorted(set(os.listdir(out)) - _listed_names(raw) - _CACHE_EXTRA_NAMES)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        damage = f" (its manifest: {problem})" if problem else ""
+        raise CacheExistsError(f"{out} holds files its manifest does not name: {shown}{damage}; {never}: "
+                               f"{what_to_do}")
+
+
+def is_own_staging(staging: Path) -> bool:
+    """True when ``staging`` carries a build's marks (build.json with a key, a cachebuild manifest) or
+    holds nothing but names a build writes (a kill can land between those marks)."""
+    try:
+        if json.loads((staging / "build.json").read_text()).get("key"):
+            return True
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        if read_raw_manifest(staging).get("format") == FORMAT_NAME:
+            return True
+    except (OSError, CacheBuildError):
+        pass
+    return all(_STAGING_NAMES.fullmatch(name) for name in os.listdir(staging))
+
+
+_ADVICE = {
+    errno.ENOSPC: "no space left on the device: free some space (or choose an --out on a bigger disk)",
+    errno.EDQUOT: "disk quota exceeded: free some space (or choose an --out elsewhere)",
+    errno.EROFS: "read-only filesystem: choose an --out on a writable one",
+    errno.EACCES: "permission denied: choose an --out you can write to (or fix its permissions)",
+    errno.EPERM: "operation not permitted: choose an --out you can write to (or fix its permissions)",
+}
+
+
+def _file_in_the_way(out: Path) -> Path | None:
+    for p in (out, *out.parents):
+        if p.exists() or p.is_symlink():
+            return None if p.is_dir() else p
+    return None
+
+
+def output_error(e: OSError, out: Path, staging: Path) -> OutputError | None:
+    """One line for an environment error met while writing ``out`` (None: not one of those).
+    The path named is the one the OS named, else the staging folder the build was writing into."""
+    where = Path(os.fsdecode(e.filename)) if e.filename else staging if staging.exists() else out
+    resume = (" then rerun the same command: the finished blocks in "
+              f"{staging} are kept and the build resumes from them") if staging.exists() else \
+        " then rerun the same command"
+    if e.errno in (errno.ENOTDIR, errno.EEXIST):
+        blocker = _file_in_the_way(out)
+        if blocker is None:
+            return None
+        return _with_errno(OutputError(f"{blocker} is a file, not a folder, so {out} cannot be made there: "
+                                       f"choose another --out"), e.errno)
+    if e.errno in _ADVICE:
+        return _with_errno(OutputError(f"{where}: {_ADVICE[e.errno]};{resume}"), e.errno)
+    return None
+
+
+def _with_errno(err: OutputError, code: int) -> OutputError:
+    err.errno = code  # str(err) stays the message (no strerror set)
+    return err

@@ -1,0 +1,98 @@
+"""What the reliability tests share: running the CLI as a user would, and comparing caches byte for byte."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from cachebuild.format import open_cache
+
+__all__ = ["FAULT_HOOKS", "REPO", "cli", "cli_env", "file_hashes", "same_cache", "without_dac_override"]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+FAULT_HOOKS = Path(__file__).resolve().parent / "fault_hooks"
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """The environment of a CLI run: this checkout first on the path, one thread per library; with
+    ``CB_FAULT=...`` the fault hooks too (tests/reliability/faults.py)."""
+    hooks = [str(FAULT_HOOKS)] if extra.get("CB_FAULT") else []
+    path = os.pathsep.join(p for p in (*hooks, str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **extra}
+
+
+def without_dac_override() -> list[str]:
+    """A command prefix under which permission bits apply even to root (tests run as root here), or []
+    when not root (they apply anyway)."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        raise RuntimeError("running as root without setpriv (util-linux): cannot make a file unreadable")
+    return [setpriv, "--inh-caps=-dac_override,-dac_read_search",
+            "--bounding-set=-dac_override,-dac_read_search", "--"]
+
+
+def cli(*args: str, prefix: list[str] | None = None, timeout: float = 180, memory: int = 8 << 30,
+        **extra_env: str) -> subprocess.CompletedProcess[str]:
+    """``python -m cachebuild ARGS`` in a fresh process, as a user runs it.
+
+    In its own session (a fault that kills "the whole build" kills its process group, never the tests),
+    with at most ``memory`` bytes of data per process (so a defect that reads without end fails the test,
+    not the machine), and after ``timeout`` seconds its whole group is killed (workers stuck in a syscall
+    included) and TimeoutExpired raised.
+    """
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
+
+    with subprocess.Popen([*(prefix or []), sys.executable, "-m", "cachebuild", *args], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=cli_env(**extra_env), start_new_session=True,
+                          preexec_fn=limit) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+            raise
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def file_hashes(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root`` (symlinks as their target text), by relative path."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        if p.is_symlink():
+            out[rel] = "link:" + os.readlink(p)
+        elif p.is_file():
+            out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def same_cache(a: Path, b: Path) -> list[str]:
+    """Differences between two caches (empty: the same): every file byte-identical but the manifest,
+    whose fields must be equal except the build time; and ``b`` must verify."""
+    problems = []
+    ha, hb = file_hashes(a), file_hashes(b)
+    ha.pop("manifest.json", None)
+    hb.pop("manifest.json", None)
+    if ha.keys() != hb.keys():
+        problems.append(f"files differ: only in {a.name}: {sorted(ha.keys() - hb.keys())[:5]}, "
+                        f"only in {b.name}: {sorted(hb.keys() - ha.keys())[:5]}")
+    problems += [f"{rel} differs" for rel in sorted(ha.keys() & hb.keys()) if ha[rel] != hb[rel]]
+    ma, mb = (json.loads((p / "manifest.json").read_text()) for p in (a, b))
+    for m in (ma, mb):
+        m.pop("created", None)
+    if ma != mb:
+        problems.append(f"manifests differ in {sorted(k for k in ma.keys() | mb.keys() if ma.get(k) != mb.get(k))}")
+    problems += [f"verify: {p}" for p in open_cache(b).verify()]
+    return problems
