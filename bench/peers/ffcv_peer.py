@@ -1,0 +1,72 @@
+"""FFCV 1.0.2 as a contender: build a .beton from the file list, or time its Loader. Run by the FFCV
+venv's python (bench.peers); see bench.peers.SETTINGS for the settings and why."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import MEAN, STD, answer, files, parse, time_epochs
+
+
+class _Images:
+    """(PIL image, label) by index: what FFCV's ImageNet writer feeds ``from_indexed_dataset``."""
+
+    def __init__(self, items: list[tuple[str, int]]) -> None:
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int):
+        from PIL import Image
+
+        path, label = self.items[i]
+        with Image.open(path) as im:
+            return im.convert("RGB"), label
+
+
+def build(a) -> None:
+    from ffcv.fields import IntField, RGBImageField
+    from ffcv.writer import DatasetWriter
+
+    items = files(a.files)
+    a.out.mkdir(parents=True, exist_ok=True)
+    path = a.out / "data.beton"
+    field = RGBImageField(write_mode=a.mode, max_resolution=round(a.size * 8 / 7), jpeg_quality=90)
+    t0 = time.perf_counter()
+    DatasetWriter(str(path), {"image": field, "label": IntField()}, num_workers=a.workers).from_indexed_dataset(
+        _Images(items), chunksize=100)
+    seconds = time.perf_counter() - t0
+    answer(seconds=seconds, images=len(items), bytes_written=path.stat().st_size)
+
+
+def load(a) -> None:
+    import numpy as np
+    from ffcv.fields.decoders import CenterCropRGBImageDecoder, IntDecoder, RandomResizedCropRGBImageDecoder
+    from ffcv.loader import Loader, OrderOption
+    from ffcv.transforms import NormalizeImage, RandomHorizontalFlip, ToTensor, ToTorchImage
+
+    if a.aug:
+        # FFCV's ImageNet order (ToTensor, ToDevice, ToTorchImage, NormalizeImage) normalises on the GPU; on
+        # the CPU, NormalizeImage goes before ToTensor: in 1.0.2 a jitted stage after two non-jitted ones
+        # never returns from Loader() (graph.group_operations does not reset its next front).
+        image = [RandomResizedCropRGBImageDecoder((a.size, a.size)), RandomHorizontalFlip(),
+                 NormalizeImage(np.array(MEAN) * 255, np.array(STD) * 255, np.float32), ToTensor(), ToTorchImage()]
+    else:
+        image = [CenterCropRGBImageDecoder((a.size, a.size), ratio=1.0), ToTensor()]
+    path = a.data / "data.beton"
+    with open(path, "rb") as f:  # in the page cache, as every contender's data
+        while f.read(16 << 20):
+            pass
+    loader = Loader(str(path), batch_size=a.batch, num_workers=a.workers, order=OrderOption.RANDOM, os_cache=True,
+                    drop_last=False, seed=0, pipelines={"image": image, "label": [IntDecoder(), ToTensor()]})
+    rates = time_epochs(lambda: loader, a.epochs, loader.reader.num_samples)
+    answer(epochs=rates)
+
+
+if __name__ == "__main__":
+    args = parse()
+    build(args) if args.what == "build" else load(args)
