@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import time
 from pathlib import Path
@@ -49,7 +50,8 @@ def _warm(sample: str, contender: str) -> int:
         _init_worker()
         torch.set_num_threads(1)
         decode_into(data, ResizeSpec(224), np.empty((224, 224, 3), np.uint8))
-    time.sleep(0.2)  # keep this worker busy so that every worker of the pool gets a warm-up task
+    if multiprocessing.parent_process() is not None:  # a pool worker: stay busy so every worker gets one
+        time.sleep(0.2)
     return os.getpid()
 
 

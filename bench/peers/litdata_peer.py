@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import functools
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import answer, augment, files, parse, square, time_epochs
+from common import answer, augment, files, parse, square, time_epochs, warm_then_time
 
 
 def _item(entry: tuple[str, int], size: int) -> dict:
@@ -20,11 +19,13 @@ def _item(entry: tuple[str, int], size: int) -> dict:
 def build(a) -> None:
     import litdata
 
+    def write(items: list[tuple[str, int]], out: Path) -> None:
+        litdata.optimize(fn=functools.partial(_item, size=a.size), inputs=items, output_dir=str(out),
+                         chunk_bytes="64MB", num_workers=a.workers, mode="overwrite")
+
     items = files(a.files)
-    t0 = time.perf_counter()
-    litdata.optimize(fn=functools.partial(_item, size=a.size), inputs=items, output_dir=str(a.out),
-                     chunk_bytes="64MB", num_workers=a.workers, mode="overwrite")
-    seconds = time.perf_counter() - t0
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    seconds = warm_then_time(write, items, a.out)
     answer(seconds=seconds, images=len(items), bytes_written=len(items) * a.size * a.size * 3)
 
 

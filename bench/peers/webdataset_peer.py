@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 import multiprocessing
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import answer, augment, files, parse, square, time_epochs
+from common import answer, augment, files, parse, square, time_epochs, warm_then_time
 
 
 def _write(job: tuple[int, list[tuple[int, str, int]], str, int, int]) -> int:
@@ -24,16 +23,19 @@ def _write(job: tuple[int, list[tuple[int, str, int]], str, int, int]) -> int:
 
 
 def build(a) -> None:
-    items = [(i, p, k) for i, (p, k) in enumerate(files(a.files))]
-    a.out.mkdir(parents=True, exist_ok=True)
-    per_shard = max(1, len(items) // (8 * a.workers))  # >= 8 shards a worker, so every loader worker gets some
-    parts = [items[w :: a.workers] for w in range(a.workers)]
-    t0 = time.perf_counter()
-    with multiprocessing.get_context("fork").Pool(a.workers) as pool:
-        done = sum(pool.map(_write, [(w, parts[w], str(a.out), a.size, per_shard) for w in range(a.workers)]))
-    seconds = time.perf_counter() - t0
-    (a.out / "count.json").write_text(json.dumps(done))
-    answer(seconds=seconds, images=done, bytes_written=sum(f.stat().st_size for f in a.out.glob("*.tar")))
+    def write(entries: list[tuple[str, int]], out: Path) -> None:
+        items = [(i, p, k) for i, (p, k) in enumerate(entries)]
+        out.mkdir(parents=True, exist_ok=True)
+        per_shard = max(1, len(items) // (8 * a.workers))  # >= 8 shards a worker: every loader worker gets some
+        parts = [items[w :: a.workers] for w in range(a.workers)]
+        with multiprocessing.get_context("fork").Pool(a.workers) as pool:
+            done = sum(pool.map(_write, [(w, parts[w], str(out), a.size, per_shard) for w in range(a.workers)]))
+        (out / "count.json").write_text(json.dumps(done))
+
+    items = files(a.files)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    seconds = warm_then_time(write, items, a.out)
+    answer(seconds=seconds, images=len(items), bytes_written=sum(f.stat().st_size for f in a.out.glob("*.tar")))
 
 
 def load(a) -> None:
