@@ -35,17 +35,34 @@ class BuildContender:
     images: int  # images it builds (its rate is per image)
 
 
+def _procs(n: int) -> str:
+    return f"{n} process" + ("es" if n != 1 else "")
+
+
 def own_contenders(src: Path, n: int, size: int, jobs: int) -> list[BuildContender]:
     def child(name: str, source: Path) -> Callable[[Path], list[str]]:
         return lambda out: [sys.executable, "-m", "bench.build_child", name, "--src", str(source), "--out", str(out),
                             "--size", str(size), "--jobs", str(jobs)]
 
     return [
-        BuildContender("bare_decode", f"bare cv2.imdecode, {jobs} processes (the limit)", child("bare_decode", src), n),
+        BuildContender("bare_decode", f"bare cv2.imdecode, {_procs(jobs)} (the limit)", child("bare_decode", src), n),
         BuildContender("naive_npy", "naive npy cache: 1 process imread+resize+np.save", child("naive_npy", src), n),
-        BuildContender("cachebuild_npy", f"cachebuild npy, {jobs} processes", child("cachebuild_npy", src), n),
-        BuildContender("cachebuild_zarr", f"cachebuild zarr, {jobs} processes", child("cachebuild_zarr", src), n),
+        BuildContender("cachebuild_npy", f"cachebuild npy, {_procs(jobs)}", child("cachebuild_npy", src), n),
+        BuildContender("cachebuild_zarr", f"cachebuild zarr, {_procs(jobs)}", child("cachebuild_zarr", src), n),
     ]
+
+
+def _source_stats(src: Path) -> dict[str, Any]:
+    from PIL import Image
+
+    files = [f for f in src.rglob("*") if f.is_file()]
+    hw = []
+    for f in files:
+        with Image.open(f) as im:
+            hw.append((im.height, im.width))
+    total = sum(f.stat().st_size for f in files)
+    return {"source_mb": round(total / 1e6, 1), "source_mean_kb": round(total / 1e3 / len(files), 1),
+            "source_mean_hw": [round(sum(h for h, _ in hw) / len(hw)), round(sum(w for _, w in hw) / len(hw))]}
 
 
 def run_build(cfg: dict[str, Any], work: Path, src: Path, files_json: Path,
@@ -109,6 +126,5 @@ def run_build(cfg: dict[str, Any], work: Path, src: Path, files_json: Path,
         if key in rows and naive and len(naive) == len(runs[key]["img_s"]):
             rows[key]["x_naive"] = summary([a / b for a, b in zip(runs[key]["img_s"], naive, strict=True)], 3)
     result = {"contenders": rows, "failed": failed, "skipped": skipped, "images": n, "size": size, "jobs": jobs,
-              "rounds": rounds,
-              "source_mb": round(sum(f.stat().st_size for f in src.rglob("*") if f.is_file()) / 1e6, 1)}
+              "rounds": rounds, **_source_stats(src)}
     return result, outputs

@@ -73,7 +73,8 @@ def build_contenders(cfg: dict[str, Any], files_json: Path, skipped: dict[str, s
             def command(dest: Path, py: str = py, peer: str = peer, mode: str = mode) -> list[str]:
                 return [py, str(HERE / f"{peer}_peer.py"), "build", "--files", str(files_json), "--out", str(dest),
                         "--size", str(cfg["size"]), "--workers", str(cfg["jobs"]), "--mode", mode]
-            out.append({"key": f"{peer}_{mode}", "label": f"{label}, {cfg['jobs']} processes", "command": command})
+            procs = f"{cfg['jobs']} process" + ("es" if cfg["jobs"] != 1 else "")
+            out.append({"key": f"{peer}_{mode}", "label": f"{label}, {procs}", "command": command})
     return out
 
 
