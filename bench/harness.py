@@ -33,14 +33,16 @@ ROOT = Path(__file__).resolve().parent
 SECTIONS = ("build", "load", "transforms", "train", "gpu")
 
 _COMMON = {"size": 224, "jobs": 2, "workers": 2, "train_model": "small_cnn", "train_crop": 112, "train_lr": 0.05,
-           "child_timeout": 1200, "gpu_workers": min(8, os.cpu_count() or 1), "peers": True, "gpu": True}
+           "child_timeout": 1200, "gpu_workers": min(8, os.cpu_count() or 1), "peers": True, "gpu": True,
+           "peer_rounds": 3}
 PROFILES: dict[str, dict[str, Any]] = {
     # < 25 min on 2 cores
     "full": {**_COMMON, "n": 5000, "batch": 256, "rounds": 3, "epochs": 3, "tf_batch": 256, "tf_size": 224,
              "compile": True, "train_n": 2000},
     # < 3 min on 2 cores: the same tables on a small set
+    # (peers build once here: their start-up, numba's compilation included, is most of a small build)
     "quick": {**_COMMON, "n": 500, "batch": 64, "rounds": 3, "epochs": 3, "tf_batch": 64, "tf_size": 224,
-              "compile": True, "train_n": 256, "child_timeout": 300},
+              "compile": True, "train_n": 256, "child_timeout": 300, "peer_rounds": 1},
     # seconds: the test of the harness's code path (tiny images, one run each: no figures to read)
     "tiny": {**_COMMON, "n": 40, "size": 64, "batch": 8, "rounds": 1, "epochs": 1, "tf_batch": 8, "tf_size": 56,
              "compile": False, "train_n": 32, "train_crop": 48, "child_timeout": 120},
@@ -54,8 +56,9 @@ def _notes(cfg: dict[str, Any]) -> list[str]:
         "(which also compiles) are not counted.",
         "Page cache: warm throughout, never dropped (the source JPEGs are read once before the build section, "
         "every cache once before the load section). Each build starts after os.sync().",
-        f"Every figure is the median of {cfg['rounds']} build rounds / {cfg['epochs']} epochs / {cfg['rounds']} "
-        "transform rounds, with min-max; ratios to the build limit are taken within each round, then the median.",
+        f"Every figure is the median of {cfg['rounds']} build rounds (peers: {min(cfg['rounds'], cfg['peer_rounds'])}) "
+        f"/ {cfg['epochs']} epochs / {cfg['rounds']} transform rounds, with min-max; ratios to the build limit are "
+        "taken within each round, then the median.",
         f"Same files, same image size ({cfg['size']} px), batch size ({cfg['batch']}), worker count "
         f"({cfg['workers']} loader workers, {cfg['jobs']} build processes) for every contender.",
         "Measured, not estimated: nothing in this folder is an estimate.",

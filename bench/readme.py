@@ -10,6 +10,7 @@ replaced whole. Arithmetic on measured figures is shown with its inputs; estimat
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -27,7 +28,7 @@ RAM_GB = (64, 128, 256, 512)
 
 
 def _rel(folder: Path, readme: Path) -> str:
-    return str(folder.resolve().relative_to(readme.resolve().parent))
+    return os.path.relpath(folder.resolve(), readme.resolve().parent)
 
 
 def _context(res: dict[str, Any], where: str) -> str:

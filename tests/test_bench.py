@@ -162,3 +162,25 @@ def test_a_peer_runs_in_the_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert {"webdataset_raw"} <= set(res["load"]["groups"]["raw"]) & set(res["load"]["groups"]["augmented"])
     assert res["peers"]["webdataset"]["status"] == "ran"
     assert res["peers"]["ffcv"]["status"].startswith("skipped: no venv")
+
+
+def test_readme_sections_come_from_the_results_folder(tiny_run, tmp_path: Path) -> None:
+    from bench.readme import update_readme
+
+    out, res = tiny_run
+    readme = out.parent / "README.md"
+    readme.write_text("# x\n<!-- bench:performance:begin -->\nOLD-CONTENT\n<!-- bench:performance:end -->\n\n"
+                      "## ImageNet on paper\n<!-- bench:imagenet:begin -->\n<!-- bench:imagenet:end -->\ntail\n")
+    update_readme(out, readme)
+    once = readme.read_text()
+    update_readme(out, readme)  # idempotent: a rerun replaces the sections whole
+    text = readme.read_text()
+    assert text == once and "OLD-CONTENT" not in text and text.endswith("tail\n")
+    assert f"]({out.name}/results.md)" in text and f"({out.name}/load.png)" in text
+    npy = res["build"]["contenders"]["cachebuild_npy"]["img_s"]["median"]
+    assert f"{npy:,.0f} img/s" in text  # the measured rate, from results.json
+    assert "| 224 | 150,528 | 192.9 GB |" in text  # exact arithmetic: 1,281,167 x 224 x 224 x 3 bytes
+    assert "**estimate" in text and "**assumed**" in text and "tiny` run" in text
+    (tmp_path / "README.md").write_text("no markers\n")
+    with pytest.raises(SystemExit, match="no <!-- bench:performance:begin -->"):
+        update_readme(out, tmp_path / "README.md")
