@@ -52,8 +52,8 @@ PROFILES: dict[str, dict[str, Any]] = {
 def _notes(cfg: dict[str, Any]) -> list[str]:
     return [
         "Warm-ups are left out: each build contender's imports and worker-pool start-up come before its clock; "
-        "each load contender's first epoch, each train contender's first 2 steps and the transforms' first round "
-        "(which also compiles) are not counted.",
+        "each load contender's first epoch, each train contender's first 2 steps and each transform's first 3 calls "
+        "(they compile; TorchScript profiles its first two) are not counted.",
         "Page cache: warm throughout, never dropped (the source JPEGs are read once before the build section, "
         "every cache once before the load section). Each build starts after os.sync().",
         f"Every figure is the median of {cfg['rounds']} build rounds (peers: {min(cfg['rounds'], cfg['peer_rounds'])}) "
