@@ -156,7 +156,8 @@ def test_default_collate_and_custom_collate(tmp_path: Path) -> None:
     # default_collate takes the whole batch as it is (loaders.collate): the slot is handed over.
     x = torch.cat([x.clone() for x, _ in DataLoader(ds, batch_size=8, num_workers=2, persistent_workers=True)])
     assert np.array_equal(x.numpy(), images)
-    assert _delta(before)["slot_batches"] == 6
+    d = _delta(before)  # every batch went over whole (in a slot, or a fresh one when both slots were busy)
+    assert d["slot_batches"] + d["fallbacks"] == 6 and d["slot_batches"] >= 1
     before = ring_stats()
     # A collate_fn that returns a view of the slot *and* the slot itself: torch shares the view the
     # ordinary way (copying the slot out first), so nothing the main process receives can go stale.
