@@ -3,7 +3,8 @@
 Two groups run one after the other. "raw": fixed-size uint8 batches (what a cache stores; JPEG
 pipelines decode + resize + centre-crop). "augmented": the standard training augmentation
 (RandomResizedCrop + flip + normalize), each contender its own usual way (per sample in the workers
-for JPEG pipelines and the naive cache; on the whole batch for cachebuild, here on the CPU). Within a
+for JPEG pipelines and the naive cache; on the whole batch for cachebuild, here on the CPU, in the main
+process, with the npy DataLoader and FastLoader: its transforms are made for the GPU). Within a
 group our contenders run interleaved epoch by epoch (the machine's speed drifts); each has one warm-up
 epoch (worker start-up, page faults, lazy imports), left out; the others give median and min-max.
 Peers run in their venvs after ours, with the same epochs. Every cache is in the page cache (warm).
@@ -140,8 +141,8 @@ def _loaders(cfg: dict[str, Any], src: Path, outputs: dict[str, Path], aug: bool
                             plain(NaiveNpy(outputs["naive_npy"], per_sample)))
     for storage in ("npy", "zarr"):
         key = f"cachebuild_{storage}"
-        if key not in outputs:
-            continue
+        if key not in outputs or (aug and storage == "zarr"):
+            continue  # augmented: npy alone, as the same transform on the same batches adds time, not information
         ds = CachedImageDataset(outputs[key])
         sampler = CacheSampler(ds, shuffle=True, seed=0)
         epoch_no = [0]
@@ -158,7 +159,7 @@ def _loaders(cfg: dict[str, Any], src: Path, outputs: dict[str, Path], aug: bool
         what = ", imagenet_train() on the batch (CPU, eager)" if aug else ""
         dl = DataLoader(ds, batch_size=b, sampler=sampler, collate_fn=collate_batch, **kw)
         out[f"{key}_dataloader"] = (f"4. cachebuild {storage}: DataLoader + collate_batch, {w} workers{what}", via(dl))
-        if storage == "npy":
+        if storage == "npy" and not aug:
             dl_plain = DataLoader(ds, batch_size=b, sampler=sampler, **kw)
             out[f"{key}_dataloader_plain"] = (f"4. cachebuild {storage}: plain DataLoader (no collate_fn), {w} workers"
                                               f"{what}", via(dl_plain))

@@ -17,10 +17,11 @@ HERE = Path(__file__).resolve().parent
 PEERS = ("ffcv", "litdata", "webdataset")
 
 SETTINGS = {
-    "ffcv": ("FFCV 1.0.2: DatasetWriter(num_workers=jobs) from an indexed dataset of PIL images, "
-             "RGBImageField(write_mode='raw' | 'jpg' (jpeg_quality=90), max_resolution=size*8/7, i.e. 256 for 224, "
-             "as in FFCV's ImageNet recipe); Loader(order=RANDOM, os_cache=True, num_workers, batch_size, "
-             "drop_last=False); raw: CenterCropRGBImageDecoder((size, size), ratio=1) + ToTensor (uint8 NHWC); "
+    "ffcv": ("FFCV 1.0.2: DatasetWriter(num_workers=jobs) from an indexed dataset of uint8 (size, size, 3) arrays "
+             "(PIL Resize(size) + CenterCrop(size): the pixels every cache holds), RGBImageField(write_mode='raw' "
+             "or 'jpg' with jpeg_quality=90, max_resolution=size); Loader(order=RANDOM, os_cache=True, num_workers, "
+             "batch_size, drop_last=False); raw: SimpleRGBImageDecoder + ToTensor (uint8 NHWC; its fastest decoder, "
+             "for same-size images); "
              "augmented: RandomResizedCropRGBImageDecoder((size, size)) + RandomHorizontalFlip + "
              "NormalizeImage(float32) + ToTensor + ToTorchImage (its ImageNet train pipeline on the CPU: "
              "NormalizeImage before ToTensor, as 1.0.2 hangs in Loader() with it after ToTorchImage there)"),
