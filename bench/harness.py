@@ -64,7 +64,10 @@ def _notes(cfg: dict[str, Any]) -> list[str]:
         "Measured, not estimated: nothing in this folder is an estimate.",
         "The machine may be shared: its load average at the start is recorded; read ratios within a run, not "
         "digits across runs.",
-    ]
+    ] + ([] if cfg["profile"] == "full" else [
+        f"A small set: each cache is {cfg['n'] * cfg['size'] ** 2 * 3 / 1e6:,.0f} MB, which may fit a CPU's "
+        "last-level cache, so the bare-gather limit is optimistic (and the loaders' ratios to it pessimistic); "
+        "epochs are short."])
 
 
 def run(cfg: dict[str, Any], out: Path, work: Path, sections: tuple[str, ...], command: str,

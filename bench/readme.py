@@ -10,6 +10,7 @@ replaced whole. Arithmetic on measured figures is shown with its inputs; estimat
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
@@ -23,6 +24,7 @@ __all__ = ["IMAGENET_TRAIN", "imagenet_section", "performance_section", "update_
 IMAGENET_TRAIN = 1_281_167  # ILSVRC2012 training images
 IMAGENET_VAL = 50_000
 IMAGENET_MEAN_HW = (387, 469)  # the commonly quoted mean resolution of ILSVRC2012 (height, width)
+IMAGENET_MEAN_KB = 108.0  # ~138 GB of training JPEGs / 1,281,167 files
 SIZES = (64, 96, 128, 160, 224, 256)
 RAM_GB = (64, 128, 256, 512)
 
@@ -36,9 +38,11 @@ def _context(res: dict[str, Any], where: str) -> str:
     gpu = m["gpu"]["name"] if m.get("gpu") else "no GPU"
     v = m["versions"]
     load = m["load_average_at_start"][0]
+    cache_mb = res["config"]["n"] * res["config"]["size"] ** 2 * 3 / 1e6
     prov = ("" if run["profile"] == "full" else
-            f" This is a `{run['profile']}` run (small set, short epochs): provisional, to be replaced by a full "
-            "`make bench` on a quiet machine.")
+            f" This is a `{run['profile']}` run (small set, short epochs; each cache is {cache_mb:,.0f} MB, small "
+            "enough for a CPU's last-level cache, so ratios to the bare gather are pessimistic for the loaders): "
+            "provisional, to be replaced by a full `make bench` on a quiet machine.")
     return (f"Figures from [`{where}/`]({where}/results.md) (`{run['command']}`, {run['started'][:10]}): "
             f"{m['cpu']}, {m['cores_usable']} cores, {m['ram_gb']} GiB, {gpu}, Python {m['python']}, torch "
             f"{v['torch']}, OpenCV {v['opencv']}, zarr {v['zarr']}; load average at the start "
@@ -119,18 +123,23 @@ def imagenet_section(res: dict[str, Any], where: str) -> str:
     if ours:
         rate = ours["img_s"]["median"] / b["jobs"]
         h, w = b["source_mean_hw"]
-        scale = IMAGENET_MEAN_HW[0] * IMAGENET_MEAN_HW[1] / (h * w)
-        core_h = IMAGENET_TRAIN * scale / rate / 3600
+        by_pixels = IMAGENET_MEAN_HW[0] * IMAGENET_MEAN_HW[1] / (h * w)
+        by_bytes = IMAGENET_MEAN_KB / b["source_mean_kb"]
+        lo, hi = sorted((by_pixels, by_bytes))
+        core_lo, core_hi = (IMAGENET_TRAIN * f / rate / 3600 for f in (lo, hi))
         write_mb_s = s * s * 3 * IMAGENET_TRAIN / 3600 / 1e6
         lines += ["", " ".join([
             f"Build time: cachebuild measured {ours['img_s']['median']:,.0f} img/s on {b['jobs']} processes,",
-            f"**{rate:,.0f} img/s per process** (one core each; sample photos of {w}x{h} px mean).",
-            f"ImageNet's mean image is ~{IMAGENET_MEAN_HW[1]}x{IMAGENET_MEAN_HW[0]}, {scale:.2f}x the pixels;",
-            f"decoding dominates and grows with pixels, so **estimate {core_h:,.1f} core-hours** for the",
-            f"training set at {s} px ({IMAGENET_TRAIN:,} x {scale:.2f} / {rate:,.0f} / 3600), and",
-            f"**~{core_h:,.0f} cores for a one-hour build** on a Dask cluster (`--dask-scheduler`; estimate:",
-            "assumes linear scaling and storage that keeps up: writing the cache in an hour is",
-            f"{write_mb_s:,.0f} MB/s, reading ImageNet's ~138 GB of JPEGs ~38 MB/s)."])]
+            f"**{rate:,.0f} img/s per process** (one core each) on the sample photos ({w}x{h} px,",
+            f"{b['source_mean_kb']} kB mean). ImageNet's mean image is ~{IMAGENET_MEAN_HW[1]}x{IMAGENET_MEAN_HW[0]}",
+            f"px and ~{IMAGENET_MEAN_KB:.0f} kB: {by_pixels:.2f}x the pixels and {by_bytes:.2f}x the bytes. Decoding",
+            "dominates and its cost grows with both, so scaling by each gives the range: **estimate",
+            f"{core_lo:,.1f}-{core_hi:,.1f} core-hours** for the training set at {s} px",
+            f"({IMAGENET_TRAIN:,} x {lo:.2f}..{hi:.2f} / {rate:,.0f} / 3600), and",
+            f"**{math.ceil(core_lo)}-{math.ceil(core_hi)} cores for a one-hour build** on a Dask cluster",
+            "(`--dask-scheduler`; estimate: assumes linear scaling",
+            f"and storage that keeps up: writing the cache in an hour is {write_mb_s:,.0f} MB/s, reading",
+            "ImageNet's ~138 GB of JPEGs ~38 MB/s)."])]
     per_gpu = None
     gpu = res.get("gpu", {}).get("resnet50", {}).get("contenders", {}).get("cachebuild_dataloader")
     if gpu:

@@ -159,8 +159,8 @@ def _bars(ax: Any, labels: list[str], stats: list[dict[str, Any]], color: str) -
     ax.barh(y, med, xerr=err, color=color, capsize=3)
     ax.set_yticks(y, labels, fontsize=7)
     ax.invert_yaxis()
-    for yi, v in zip(y, med, strict=True):
-        ax.text(v, yi, f" {v:,.0f}", va="center", fontsize=7)
+    for yi, v, s in zip(y, med, stats, strict=True):  # the figure right of its whisker
+        ax.text(s["max"], yi, f"  {v:,.0f}", va="center", fontsize=7)
 
 
 def _short(label: str, n: int = 60) -> str:
