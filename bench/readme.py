@@ -39,10 +39,15 @@ def _context(res: dict[str, Any], where: str) -> str:
     v = m["versions"]
     load = m["load_average_at_start"][0]
     cache_mb = res["config"]["n"] * res["config"]["size"] ** 2 * 3 / 1e6
-    prov = ("" if run["profile"] == "full" else
-            f" This is a `{run['profile']}` run (small set, short epochs; each cache is {cache_mb:,.0f} MB, small "
-            "enough for a CPU's last-level cache, so ratios to the bare gather are pessimistic for the loaders): "
-            "provisional, to be replaced by a full `make bench` on a quiet machine.")
+    if run["profile"] != "full":
+        prov = (f" This is a `{run['profile']}` run (small set, short epochs; each cache is {cache_mb:,.0f} MB, small "
+                "enough for a CPU's last-level cache, so ratios to the bare gather are pessimistic for the loaders): "
+                "provisional, to be replaced by a full `make bench` on a quiet machine.")
+    elif load > 1:
+        prov = (" Other work ran on the machine meanwhile: provisional figures, to be replaced by a run on a quiet "
+                "machine.")
+    else:
+        prov = ""
     return (f"Figures from [`{where}/`]({where}/results.md) (`{run['command']}`, {run['started'][:10]}): "
             f"{m['cpu']}, {m['cores_usable']} cores, {m['ram_gb']} GiB, {gpu}, Python {m['python']}, torch "
             f"{v['torch']}, OpenCV {v['opencv']}, zarr {v['zarr']}; load average at the start "
