@@ -4,11 +4,10 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 DEMO   ?= demo-out
-# Bench sizes; override e.g. `make bench BENCH_N=2000` for a quick look.
-BENCH_N ?= 8000
-BENCH_OUT ?= bench-out
+# Extra arguments for the bench harness, e.g. `make bench BENCH_ARGS="--n 2000 --no-peers"`.
+BENCH_ARGS ?=
 
-.PHONY: install test test-all test-gpu demo bench lint clean device-wheels reliability
+.PHONY: install test test-all test-gpu demo bench bench-quick bench-peers lint clean device-wheels reliability
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,15 +40,18 @@ demo: $(STAMP)  ## built-in photos -> cache -> a short CPU (or GPU) training run
 	$(BIN)/cachebuild train $(DEMO)/cache/train --val $(DEMO)/cache/val --model small_cnn --epochs 15 \
 		--batch-size 32 --lr 0.05 --warmup-epochs 1 --workers 2 --out $(DEMO)/run
 
-bench: $(STAMP)
-	mkdir -p $(BENCH_OUT)
-	$(BIN)/python bench/bench_build.py --n $(BENCH_N) --json $(BENCH_OUT)/build.json
-	$(BIN)/python bench/bench_load.py --json $(BENCH_OUT)/load.json
-	$(BIN)/python bench/bench_transforms.py --json $(BENCH_OUT)/transforms.json
-	$(BIN)/python bench/bench_train.py --json $(BENCH_OUT)/train.json
+bench: $(STAMP)  ## every contender on the same files: bench/results/<date>-<host>/ (< 25 min on 2 cores)
+	$(BIN)/python -m bench --profile full $(BENCH_ARGS)
 
-device-wheels: $(STAMP)  ## zarr and simplejpeg for the GPU device image (Python 3.12, x86-64, no registry): see .ci/gpu-checks
-	$(BIN)/python -m pip download -q "zarr==$$($(BIN)/python -c 'import zarr; print(zarr.__version__)')" \
+bench-quick: $(STAMP)  ## the same tables on a small set (< 3 min): bench/results/<date>-<host>-quick/
+	$(BIN)/python -m bench --profile quick $(BENCH_ARGS)
+
+bench-peers: $(STAMP)  ## a venv per peer (FFCV, LitData, WebDataset) in bench/.venvs, then the full run with them
+	PY=$(BIN)/python bash bench/peers/setup.sh
+	$(BIN)/python -m bench --profile full $(BENCH_ARGS)
+
+device-wheels: $(STAMP)  ## zarr, simplejpeg, psutil, matplotlib for the GPU device image (Python 3.12, x86-64, no registry)
+	$(BIN)/python -m pip download -q "zarr==$$($(BIN)/python -c 'import zarr; print(zarr.__version__)')" psutil matplotlib \
 		--python-version 3.12 --only-binary=:all: \
 		--platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d .device-wheels
 	$(BIN)/python -m pip download -q "simplejpeg==$$($(BIN)/python -c 'import simplejpeg; print(simplejpeg.__version__)')" \
@@ -60,4 +62,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check cachebuild loaders tests bench
 
 clean:
-	rm -rf $(DEMO) $(BENCH_OUT) reliability-out .pytest_cache
+	rm -rf $(DEMO) bench/work reliability-out .pytest_cache

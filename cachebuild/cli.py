@@ -55,7 +55,8 @@ def build_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--fit", type=click.Choice(FITS), default="crop", show_default=True,
                      help="crop: short side to S then centre crop; squash: to SxS; pad: letterbox, boxes recorded."),
         click.option("--interpolation", type=click.Choice(INTERPOLATIONS), default="antialias", show_default=True,
-                     help="antialias: bilinear with antialiasing (PIL/torchvision's default); area/linear: OpenCV."),
+                     help="antialias: PIL/torchvision's antialiased bilinear from a 2x downscale on, OpenCV bilinear "
+                          "below (same filter within +-1); area/linear: OpenCV."),
         click.option("--jobs", "-j", type=int, default=-1, show_default=True,
                      help="Worker processes (joblib); -1: all cores."),
         click.option("--dask-scheduler", metavar="ADDRESS", default=None,

@@ -32,7 +32,7 @@ from joblib import Parallel, delayed
 from joblib.externals.loky.process_executor import TerminatedWorkerError
 
 from cachebuild.atomic import write_json_atomic
-from cachebuild.decode import DEFAULT_MAX_PIXELS, FITS, INTERPOLATIONS, ResizeSpec, decode_into
+from cachebuild.decode import ANTIALIAS_FROM, DEFAULT_MAX_PIXELS, FITS, INTERPOLATIONS, ResizeSpec, decode_into
 from cachebuild.destination import check_outside_source, check_replaceable, is_own_staging, output_error
 from cachebuild.errors import CacheBuildError, CacheExistsError, DecodeError, OptionError, SourceError
 from cachebuild.format.manifest import FORMAT_VERSION, MANIFEST_NAME, Failure, Manifest, read_manifest
@@ -237,6 +237,8 @@ def _build_key(plan: Plan, opts: BuildOptions) -> tuple[str, dict[str, Any]]:
     }
     if opts.decode_device != "cpu":  # other pixels than a CPU build (close, not equal): another cache
         params["decode_device"] = opts.decode_device
+    if opts.interpolation == "antialias":  # the resize policy's switch-over scale: other pixels, another cache
+        params["antialias_from"] = ANTIALIAS_FROM
     blob = json.dumps({"source": plan.fingerprint, "params": params}, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest(), params
 

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, default_collate, get_worker_info
+from torch.utils.data import Dataset, get_worker_info
 
 from cachebuild.errors import CacheChangedError
 from cachebuild.format import Manifest, open_cache
@@ -38,6 +38,7 @@ from cachebuild.format.side_arrays import load_paths
 from cachebuild.storage import BlockCache, ImageStore
 from cachebuild.storage.replacement import ReaderLock
 from loaders.batch_ring import MAX_SLOTS, InlineTensor, WorkerRing
+from loaders.collate import CacheBatch, collate_batch
 from loaders.encoded import EncodedImages
 from loaders.shared_memory import load_shared, shared_uint8
 
@@ -47,49 +48,6 @@ __all__ = ["CacheBatch", "CachedImageDataset", "collate_batch"]
 # per worker, the loop holds the batch it works on and the one before (a `for x, y in dl` rebinds x only
 # after next() returns), and device_loader one more.
 DEFAULT_RING_SLOTS = 5
-
-
-class CacheBatch(Sequence):
-    """A whole batch already gathered: ``images`` uint8 (B, H, W, 3), ``labels`` int64 (B,), ``boxes``.
-
-    It is also a sequence of per-sample tuples (views made on demand), so torch's ``default_collate``
-    still produces a correct batch when a user forgets :func:`collate_batch` (at the cost of one stack).
-    """
-
-    __slots__ = ("boxes", "images", "labels")
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, boxes: torch.Tensor | None = None) -> None:
-        self.images = images
-        self.labels = labels
-        self.boxes = boxes
-
-    def __len__(self) -> int:
-        return int(self.images.shape[0])
-
-    def __getitem__(self, i: int) -> tuple[Any, ...]:  # type: ignore[override]
-        if isinstance(i, slice):
-            raise TypeError("CacheBatch does not slice; use .images / .labels")
-        if self.boxes is None:
-            return self.images[i], int(self.labels[i])
-        return self.images[i], int(self.labels[i]), self.boxes[i]
-
-    def __iter__(self) -> Iterator[tuple[Any, ...]]:
-        return (self[i] for i in range(len(self)))
-
-    def as_tuple(self) -> tuple[torch.Tensor, ...]:
-        if self.boxes is None:
-            return self.images, self.labels
-        return self.images, self.labels, self.boxes
-
-
-def collate_batch(batch: Any) -> Any:
-    """``collate_fn`` for ``DataLoader``: pass a :class:`CacheBatch` through as ``(images, labels[, boxes])``.
-
-    Anything else (e.g. per-sample tuples from a dataset with a ``transform``) goes to ``default_collate``.
-    """
-    if isinstance(batch, CacheBatch):
-        return batch.as_tuple()
-    return default_collate(batch)
 
 
 def _in_worker() -> bool:

@@ -153,9 +153,12 @@ def test_default_collate_and_custom_collate(tmp_path: Path) -> None:
     root, images, labels = make_cache(tmp_path / "c", n=48)
     ds = CachedImageDataset(root, ring_slots=2)
     before = ring_stats()
-    # default_collate stacks the slot's rows into a new tensor in the worker; the slot frees there.
-    x = torch.cat([x for x, _ in DataLoader(ds, batch_size=8, num_workers=2, persistent_workers=True)])
+    # default_collate takes the whole batch as it is (loaders.collate): the slot is handed over.
+    x = torch.cat([x.clone() for x, _ in DataLoader(ds, batch_size=8, num_workers=2, persistent_workers=True)])
     assert np.array_equal(x.numpy(), images)
+    d = _delta(before)  # every batch went over whole (in a slot, or a fresh one when both slots were busy)
+    assert d["slot_batches"] + d["fallbacks"] == 6 and d["slot_batches"] >= 1
+    before = ring_stats()
     # A collate_fn that returns a view of the slot *and* the slot itself: torch shares the view the
     # ordinary way (copying the slot out first), so nothing the main process receives can go stale.
     dl = DataLoader(ds, batch_size=8, num_workers=2, collate_fn=lambda b: (b.images[1:3], b.images, b.labels))
@@ -163,7 +166,7 @@ def test_default_collate_and_custom_collate(tmp_path: Path) -> None:
     for k, (part, whole, y) in enumerate(got):
         assert np.array_equal(whole.numpy(), images[8 * k : 8 * k + 8]) and np.array_equal(part, whole[1:3])
         assert np.array_equal(y.numpy(), labels[8 * k : 8 * k + 8])
-    assert _delta(before)["slot_batches"] == 0  # neither path handed a slot over
+    assert _delta(before)["slot_batches"] == 0  # this path handed no slot over
 
 
 # ---------------------------------------------------------------- the hand-off itself, in one process

@@ -5,12 +5,14 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
+import torch
 import torchvision.transforms as T
 from PIL import Image
 
-from cachebuild.decode import ResizeSpec, _jpeg_or_png_size, _pil_size, decode_into, probe
+from cachebuild.decode import ANTIALIAS_FROM, ResizeSpec, _jpeg_or_png_size, _pil_size, _resize_into, decode_into, probe
 from cachebuild.errors import DecodeError
 from cachebuild.format import open_cache
 from cachebuild.pipeline import BuildOptions, build
@@ -34,7 +36,7 @@ def test_crop_matches_torchvision_pil_resize_centercrop(imagenet_clean, tmp_path
     images = cache.read(np.arange(len(cache)))
     scores = [psnr(img, _torchvision_reference(Path(plan.root) / p, size))
               for img, p in zip(images, cache.paths(), strict=True)]
-    assert np.median(scores) >= 38.0, sorted(scores)[:5]
+    assert np.median(scores) >= 40.0, sorted(scores)[:5]  # 42-49 dB measured
     assert min(scores) >= 24.0  # the worst single image: fine texture, a few px of crop offset
     # The large sources went through the reduced DCT decode and still match.
     large = [s for s, (h, w) in zip(scores, cache.sizes.tolist(), strict=True) if min(h, w) >= 4 * size]
@@ -161,3 +163,21 @@ def test_opencv_without_rgb_decoding_gives_the_same_pixels(imagenet_clean, monke
     assert any(decode._reduction(*cv2.imread(str(p)).shape[:2], specs[0]) > 1 for p in paths)
     for a, b in zip(direct, decode_all(), strict=True):
         assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("src_hw", [(150, 180), (224, 300), (300, 300), (447, 460), (448, 448), (900, 700)])
+def test_antialias_policy(src_hw: tuple[int, int]) -> None:
+    """"antialias" is torch's antialias kernel (PIL's filter) from ANTIALIAS_FROM x downscale, cv2 bilinear
+    below: for upscales the two are the same filter (within rounding)."""
+    src = np.random.default_rng(sum(src_hw)).integers(0, 256, (*src_hw, 3), dtype=np.uint8)
+    out = np.empty((224, 224, 3), np.uint8)
+    _resize_into(src, out, "antialias")
+    x = torch.from_numpy(src).permute(2, 0, 1)[None]
+    aa = torch.nn.functional.interpolate(x, size=(224, 224), mode="bilinear", antialias=True)[0].permute(1, 2, 0)
+    linear = cv2.resize(src, (224, 224), interpolation=cv2.INTER_LINEAR)
+    if max(src_hw) / 224 >= ANTIALIAS_FROM:
+        assert np.array_equal(out, aa.numpy())
+    else:
+        assert np.array_equal(out, linear)
+    if max(src_hw) <= 224:  # an upscale: bilinear with or without antialiasing is one filter
+        assert np.abs(out.astype(int) - aa.numpy()).max() <= 1

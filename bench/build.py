@@ -1,0 +1,134 @@
+"""Build section: the same source JPEGs -> a cache, every contender in its own process, in rounds.
+
+Each round runs every contender once, in the same order, each on a synced disk (``os.sync()`` first,
+so nobody pays another's writeback) and with the source files in the page cache (read once before).
+Timed: the build alone; imports and the worker pool's start-up come before the clock (said in the
+results). Peak memory of the contender's whole process tree (imports included), sampled every 50 ms:
+RSS summed (counts shared libraries once per process) and PSS summed (the real footprint). Ratios to the limit
+(bare ``cv2.imdecode`` with the same process count) are taken within each round, then the median.
+The last round's outputs are kept for the load and train sections.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import peers
+from bench.children import ChildError, run_child
+from bench.data import dir_bytes
+from bench.stats import summary
+
+__all__ = ["BuildContender", "run_build"]
+
+
+@dataclass(frozen=True)
+class BuildContender:
+    key: str
+    label: str
+    command: Callable[[Path], list[str]]  # output folder -> command line
+    images: int  # images it builds (its rate is per image)
+    rounds: int  # rounds it runs (peers may run fewer: their start-up is long)
+
+
+def _procs(n: int) -> str:
+    return f"{n} process" + ("es" if n != 1 else "")
+
+
+def own_contenders(src: Path, n: int, size: int, jobs: int, rounds: int) -> list[BuildContender]:
+    def child(name: str, source: Path) -> Callable[[Path], list[str]]:
+        return lambda out: [sys.executable, "-m", "bench.build_child", name, "--src", str(source), "--out", str(out),
+                            "--size", str(size), "--jobs", str(jobs)]
+
+    return [
+        BuildContender("bare_decode", f"bare cv2.imdecode, {_procs(jobs)} (the limit)", child("bare_decode", src), n,
+                       rounds),
+        BuildContender("naive_npy", "naive npy cache: 1 process imread+resize+np.save", child("naive_npy", src), n,
+                       rounds),
+        BuildContender("cachebuild_npy", f"cachebuild npy, {_procs(jobs)}", child("cachebuild_npy", src), n, rounds),
+        BuildContender("cachebuild_zarr", f"cachebuild zarr, {_procs(jobs)}", child("cachebuild_zarr", src), n,
+                       rounds),
+    ]
+
+
+def _source_stats(src: Path) -> dict[str, Any]:
+    from PIL import Image
+
+    files = [f for f in src.rglob("*") if f.is_file()]
+    hw = []
+    for f in files:
+        with Image.open(f) as im:
+            hw.append((im.height, im.width))
+    total = sum(f.stat().st_size for f in files)
+    return {"source_mb": round(total / 1e6, 1), "source_mean_kb": round(total / 1e3 / len(files), 1),
+            "source_mean_hw": [round(sum(h for h, _ in hw) / len(hw)), round(sum(w for _, w in hw) / len(hw))]}
+
+
+def run_build(cfg: dict[str, Any], work: Path, src: Path, files_json: Path,
+              log: Callable[[str], None]) -> tuple[dict[str, Any], dict[str, Path]]:
+    """Returns (the section's results, {contender key: its last output}) ."""
+    n, size, jobs, rounds = cfg["n"], cfg["size"], cfg["jobs"], cfg["rounds"]
+    contenders = own_contenders(src, n, size, jobs, rounds)
+    skipped: dict[str, str] = {}
+    for p in peers.build_contenders(cfg, files_json, skipped):
+        contenders.append(BuildContender(p["key"], p["label"], p["command"], n, min(rounds, cfg["peer_rounds"])))
+    for f in src.rglob("*"):  # the sources in the page cache for everyone
+        if f.is_file():
+            f.read_bytes()
+    out_root = work / "build-out"
+    shutil.rmtree(out_root, ignore_errors=True)
+    out_root.mkdir(parents=True)
+    runs: dict[str, dict[str, list[float]]] = {c.key: {k: [] for k in ("img_s", "mb_s", "rss", "pss")}
+                                               for c in contenders}
+    disk: dict[str, int] = {}
+    failed: dict[str, str] = {}
+    outputs: dict[str, Path] = {}
+    for r in range(rounds):
+        log(f"build round {r + 1}/{rounds}")
+        for c in contenders:
+            if c.key in failed or r >= c.rounds:
+                continue
+            out = out_root / f"{c.key}-{r}"
+            os.sync()
+            try:
+                ans, mem = run_child(c.command(out), timeout=cfg["child_timeout"])
+            except ChildError as e:
+                failed[c.key] = str(e).splitlines()[0]
+                log(f"  {c.key}: FAILED {e}")
+                continue
+            sec = ans["seconds"]
+            runs[c.key]["img_s"].append(c.images / sec)
+            runs[c.key]["mb_s"].append(ans.get("bytes_written", 0) / 1e6 / sec)
+            runs[c.key]["rss"].append(mem["rss"] / 1e6)
+            runs[c.key]["pss"].append(mem["pss"] / 1e6)
+            log(f"  {c.key:24s} {c.images / sec:8.0f} img/s  peak memory {mem['pss'] / 1e6:6.0f} MB (PSS)")
+            if out.exists():
+                disk[c.key] = dir_bytes(out)
+                if r == c.rounds - 1:
+                    outputs[c.key] = out
+                else:
+                    shutil.rmtree(out)
+    rows: dict[str, Any] = {}
+    limit = runs.get("bare_decode", {}).get("img_s", [])
+    for c in contenders:
+        v = runs[c.key]
+        if not v["img_s"]:
+            continue
+        row = {"label": c.label, "images": c.images, "img_s": summary(v["img_s"], 1), "mb_s": summary(v["mb_s"], 1),
+               "peak_rss_mb": summary(v["rss"], 1), "peak_pss_mb": summary(v["pss"], 1),
+               "bytes_on_disk": disk.get(c.key)}
+        if limit and c.key != "bare_decode":  # within each round it ran
+            row["x_bare_decode"] = summary([a / b for a, b in zip(v["img_s"], limit, strict=False)], 3)
+        rows[c.key] = row
+    naive = runs.get("naive_npy", {}).get("img_s", [])
+    for key in ("cachebuild_npy", "cachebuild_zarr"):
+        if key in rows and naive and len(naive) == len(runs[key]["img_s"]):
+            rows[key]["x_naive"] = summary([a / b for a, b in zip(runs[key]["img_s"], naive, strict=True)], 3)
+    result = {"contenders": rows, "failed": failed, "skipped": skipped, "images": n, "size": size, "jobs": jobs,
+              "rounds": rounds, **_source_stats(src)}
+    return result, outputs

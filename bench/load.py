@@ -1,0 +1,244 @@
+"""Load section: shuffled epochs of batches delivered to the training loop, raw and augmented.
+
+Two groups run one after the other. "raw": fixed-size uint8 batches (what a cache stores; JPEG
+pipelines decode + resize + centre-crop). "augmented": the standard training augmentation
+(RandomResizedCrop + flip + normalize), each contender its own usual way (per sample in the workers
+for JPEG pipelines and the naive cache; on the whole batch for cachebuild, here on the CPU, in the main
+process, with the npy DataLoader and FastLoader: its transforms are made for the GPU). Within a
+group our contenders run interleaved epoch by epoch (the machine's speed drifts); each has one warm-up
+epoch (worker start-up, page faults, lazy imports), left out; the others give median and min-max.
+Peers run in their venvs after ours, with the same epochs. Every cache is in the page cache (warm).
+Limits: a bare memmap gather of the same bytes (1 thread), and bare JPEG decoding with the same workers.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from bench import peers
+from bench.children import ChildError, run_child
+from bench.stats import ratio, summary
+
+__all__ = ["run_load"]
+
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+Epoch = Callable[[], Iterable[Any]]
+
+
+class NaiveNpy(Dataset):
+    """The naive cache as people write it: ``np.load`` the saved array, index it per sample."""
+
+    def __init__(self, folder: Path, transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        self.path = folder / "images.npy"
+        self.labels = np.load(folder / "labels.npy")
+        self.transform = transform
+        self.images: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if self.images is None:
+            self.images = np.load(self.path, mmap_mode="r")
+        x = torch.from_numpy(np.array(self.images[i]))  # a copy: the map is read-only
+        if self.transform is not None:
+            x = self.transform(x.permute(2, 0, 1))
+        return x, int(self.labels[i])
+
+
+class JpegBytes(Dataset):
+    """Bare decode of the JPEGs (the limit of JPEG pipelines): cv2.imdecode, nothing else."""
+
+    def __init__(self, files: list[tuple[str, int]]) -> None:
+        self.files = files
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[int, int]:
+        import cv2
+
+        with open(self.files[i][0], "rb") as f:
+            img = cv2.imdecode(np.frombuffer(f.read(), np.uint8), cv2.IMREAD_COLOR)
+        return img.shape[0], self.files[i][1]
+
+
+def _count(make: Epoch) -> tuple[int, float]:
+    seen = 0
+    t0 = time.perf_counter()
+    for batch in make():
+        seen += len(batch[0])
+    return seen, time.perf_counter() - t0
+
+
+def _interleaved(contenders: dict[str, Epoch], n: int, epochs: int, log: Callable[[str], None]) -> dict[str, list]:
+    rates: dict[str, list[float]] = {k: [] for k in contenders}
+    for e in range(epochs + 1):
+        for key, make in contenders.items():
+            seen, dt = _count(make)
+            if seen != n:
+                raise RuntimeError(f"{key}: an epoch delivered {seen} samples, expected {n}")
+            if e:  # epoch 0 is the warm-up
+                rates[key].append(seen / dt)
+        if e:
+            log(f"  epoch {e}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in rates.items()))
+    return rates
+
+
+def _loaders(cfg: dict[str, Any], src: Path, outputs: dict[str, Path], aug: bool) -> dict[str, tuple[str, Epoch]]:
+    import torchvision
+    import torchvision.transforms as T
+    from torchvision.transforms import v2
+
+    from loaders import transforms as CT
+    from loaders.dataset import CachedImageDataset, collate_batch
+    from loaders.device import FastLoader, device_loader
+    from loaders.sampler import CacheSampler
+
+    s, b, w = cfg["size"], cfg["batch"], cfg["workers"]
+    kw: dict[str, Any] = {"num_workers": w, "persistent_workers": w > 0}
+    out: dict[str, tuple[str, Epoch]] = {}
+
+    def plain(ds: Dataset, **extra: Any) -> Epoch:
+        dl = DataLoader(ds, batch_size=b, shuffle=True, **kw, **extra)
+        return lambda: dl
+
+    if aug:
+        tf1 = T.Compose([T.RandomResizedCrop(s), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
+    else:
+        tf1 = T.Compose([T.Resize(s), T.CenterCrop(s), T.PILToTensor()])
+    out["imagefolder_pil"] = ("1. ImageFolder + PIL " + ("RandomResizedCrop + flip + ToTensor + Normalize" if aug
+                              else "Resize + CenterCrop"), plain(torchvision.datasets.ImageFolder(str(src), tf1)))
+    fixed = torchvision.datasets.ImageFolder(str(src), T.Compose([T.Resize((s, s)), T.PILToTensor()]))
+    scripted_dl = plain(fixed)
+    if aug:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # TorchScript is deprecated from torch 2.14: the classic recipe
+            scripted = torch.jit.script(torch.nn.Sequential(
+                T.RandomHorizontalFlip(), T.ConvertImageDtype(torch.float32), T.Normalize(MEAN, STD)))
+
+        def scripted_epoch() -> Iterable[Any]:
+            return ((scripted(x), y) for x, y in scripted_dl())
+        out["scriptable"] = ("2. seed-style: PIL Resize((S, S)) in workers, scripted v1 flip + ConvertImageDtype + "
+                             "Normalize on the batch", scripted_epoch)
+    else:
+        out["scriptable"] = ("2. seed-style: PIL Resize((S, S)) + PILToTensor in workers", scripted_dl)
+    if "naive_npy" in outputs:
+        per_sample = v2.Compose([v2.RandomResizedCrop(s, antialias=True), v2.RandomHorizontalFlip(),
+                                 v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]) if aug else None
+        out["naive_npy"] = ("3. naive npy cache: np.load(mmap) + per-sample __getitem__, default collate" +
+                            (", torchvision v2 augmentation per sample" if aug else ""),
+                            plain(NaiveNpy(outputs["naive_npy"], per_sample)))
+    for storage in ("npy", "zarr"):
+        key = f"cachebuild_{storage}"
+        if key not in outputs or (aug and storage == "zarr"):
+            continue  # augmented: npy alone, as the same transform on the same batches adds time, not information
+        ds = CachedImageDataset(outputs[key])
+        sampler = CacheSampler(ds, shuffle=True, seed=0)
+        epoch_no = [0]
+        tf = CT.imagenet_train(s) if aug else None
+
+        def via(loader: Any, tf: Any = tf, sampler: Any = sampler, epoch_no: list = epoch_no) -> Epoch:
+            def epoch() -> Iterable[Any]:
+                epoch_no[0] += 1
+                sampler.set_epoch(epoch_no[0])
+                batches = device_loader(loader, "cpu")
+                return batches if tf is None else ((tf(x), y) for x, y in batches)
+            return epoch
+
+        what = ", imagenet_train() on the batch (CPU, eager)" if aug else ""
+        dl = DataLoader(ds, batch_size=b, sampler=sampler, collate_fn=collate_batch, **kw)
+        out[f"{key}_dataloader"] = (f"4. cachebuild {storage}: DataLoader + collate_batch, {w} workers{what}", via(dl))
+        if storage == "npy" and not aug:
+            dl_plain = DataLoader(ds, batch_size=b, sampler=sampler, **kw)
+            out[f"{key}_dataloader_plain"] = (f"4. cachebuild {storage}: plain DataLoader (no collate_fn), {w} workers"
+                                              f"{what}", via(dl_plain))
+        fast = FastLoader(ds, b, sampler=sampler, num_threads=w)
+        out[f"{key}_fastloader"] = (f"4. cachebuild {storage}: FastLoader, {w} threads{what}", via(fast))
+    return out
+
+
+def _bare_gather(path: Path, batch: int, epochs: int) -> list[float]:
+    """numpy fancy index of the memmapped shards at each batch's sorted indices, one thread: the limit."""
+    from cachebuild.format import open_cache
+
+    reader = open_cache(path)
+    starts = reader.shard_starts
+    n = reader.manifest.count
+    shards = [reader.images[k] for k in range(len(starts) - 1)]
+    rng = np.random.default_rng(0)
+    rates = []
+    for e in range(epochs + 1):
+        order = rng.permutation(n)
+        t0 = time.perf_counter()
+        for i in range(0, n, batch):
+            idx = np.sort(order[i : i + batch])
+            shard_of = np.searchsorted(starts, idx, side="right") - 1
+            for k in np.unique(shard_of):
+                shards[k][idx[shard_of == k] - starts[k]]
+        if e:
+            rates.append(n / (time.perf_counter() - t0))
+    return rates
+
+
+def run_load(cfg: dict[str, Any], src: Path, files: list[tuple[str, int]], outputs: dict[str, Path],
+             log: Callable[[str], None]) -> dict[str, Any]:
+    n, epochs = len(files), cfg["epochs"]
+    sample_bytes = cfg["size"] ** 2 * 3
+    for p in outputs.values():  # every cache in the page cache
+        for f in p.rglob("*"):
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    while fh.read(16 << 20):
+                        pass
+    result: dict[str, Any] = {"images": n, "batch": cfg["batch"], "workers": cfg["workers"], "epochs": epochs,
+                              "warmup_epochs": 1, "page_cache": "warm", "groups": {}}
+    skipped: dict[str, str] = {}
+    peer_loads = peers.load_contenders(cfg, outputs, skipped)
+    for group in ("raw", "augmented"):
+        aug = group == "augmented"
+        log(f"load: {group}")
+        loaders = _loaders(cfg, src, outputs, aug)
+        rates = _interleaved({k: v[1] for k, v in loaders.items()}, n, epochs, log)
+        rows = {k: {"label": loaders[k][0], "img_s": summary(v, 1)} for k, v in rates.items()}
+        del loaders
+        gc.collect()
+        if not aug:
+            if "cachebuild_npy" in outputs:
+                rows["limit_bare_gather"] = {"label": "limit: bare memmap gather, 1 thread (numpy fancy index)",
+                                             "img_s": summary(_bare_gather(outputs["cachebuild_npy"], cfg["batch"],
+                                                                           epochs), 1)}
+            dl = DataLoader(JpegBytes(files), batch_size=cfg["batch"], shuffle=True, num_workers=cfg["workers"],
+                            collate_fn=lambda b: (b,), persistent_workers=cfg["workers"] > 0)
+            r = _interleaved({"limit_bare_decode": lambda dl=dl: dl}, n, epochs, log)["limit_bare_decode"]
+            rows["limit_bare_decode"] = {"label": f"limit: bare cv2.imdecode of the JPEGs, {cfg['workers']} workers",
+                                         "img_s": summary(r, 1)}
+            del dl
+        for p in peer_loads:
+            try:
+                ans, _ = run_child(p["command"](epochs + 1, aug), timeout=cfg["child_timeout"])
+                rows[p["key"]] = {"label": p["label"], "img_s": summary(ans["epochs"][1:], 1)}
+                log(f"  {p['key']}: {rows[p['key']]['img_s']['median']:.0f} img/s")
+            except ChildError as e:
+                skipped[f"{p['key']} {group}"] = str(e).splitlines()[0]
+                log(f"  {p['key']}: FAILED {e}")
+        base = rows.get("imagefolder_pil", {}).get("img_s")
+        gather = rows.get("limit_bare_gather", {}).get("img_s")
+        for r in rows.values():
+            r["x_imagefolder"] = ratio(r["img_s"], base)
+            r["gb_s"] = round(r["img_s"]["median"] * sample_bytes / 1e9, 2) if not aug else None
+            if gather is not None:
+                r["x_bare_gather"] = ratio(r["img_s"], gather)
+        result["groups"][group] = rows
+    result["skipped"] = skipped
+    return result

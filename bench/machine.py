@@ -1,0 +1,56 @@
+"""The machine a run was made on: CPU, cores, memory, GPU, OS and the versions that matter."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+from importlib import metadata
+from typing import Any
+
+__all__ = ["machine_info"]
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine_info() -> dict[str, Any]:
+    import cv2
+    import psutil
+    import torch
+
+    gpu = None
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        gpu = {"name": p.name, "memory_gb": round(p.total_memory / 2**30, 1), "count": torch.cuda.device_count(),
+               "cuda": torch.version.cuda}
+    return {
+        "host": socket.gethostname(),
+        "cpu": _cpu_model(),
+        "cores_logical": os.cpu_count(),
+        "cores_physical": psutil.cpu_count(logical=False),
+        "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "gpu": gpu,
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "versions": {"torch": torch.__version__, "torchvision": _version("torchvision"), "opencv": cv2.__version__,
+                     "zarr": _version("zarr"), "numpy": _version("numpy"), "pillow": _version("pillow"),
+                     "cachebuild": _version("cachebuild")},
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    }

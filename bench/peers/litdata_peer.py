@@ -1,0 +1,52 @@
+"""LitData as a contender: ``optimize`` the file list into chunks, or time ``StreamingDataset`` +
+``StreamingDataLoader``. Run by the LitData venv's python (bench.peers)."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import answer, augment, files, parse, square, time_epochs, warm_then_time
+
+
+def _item(entry: tuple[str, int], size: int) -> dict:
+    path, label = entry
+    return {"image": square(path, size), "label": int(label)}
+
+
+def build(a) -> None:
+    import litdata
+
+    def write(items: list[tuple[str, int]], out: Path) -> None:
+        litdata.optimize(fn=functools.partial(_item, size=a.size), inputs=items, output_dir=str(out),
+                         chunk_bytes="64MB", num_workers=a.workers, mode="overwrite")
+
+    items = files(a.files)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    seconds = warm_then_time(write, items, a.out)
+    answer(seconds=seconds, images=len(items), bytes_written=len(items) * a.size * a.size * 3)
+
+
+def load(a) -> None:
+    import torch
+    from litdata import StreamingDataLoader, StreamingDataset
+
+    aug = augment(a.size) if a.aug else None
+
+    class Images(StreamingDataset):
+        def __getitem__(self, index):
+            s = super().__getitem__(index)
+            x = torch.from_numpy(s["image"])
+            return (aug(x.permute(2, 0, 1)) if aug else x), s["label"]
+
+    ds = Images(str(a.data), shuffle=True, drop_last=False, seed=0)
+    dl = StreamingDataLoader(ds, batch_size=a.batch, num_workers=a.workers)
+    rates = time_epochs(lambda: dl, a.epochs, len(ds))
+    answer(epochs=rates)
+
+
+if __name__ == "__main__":
+    args = parse()
+    build(args) if args.what == "build" else load(args)

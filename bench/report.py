@@ -1,0 +1,237 @@
+"""results.md (the tables) and the PNG charts, from the results dict alone (so they can be redrawn
+from any results.json: ``python -m bench.report bench/results/<run>``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CHARTS", "goals", "write_charts", "write_markdown"]
+
+CHARTS = ("build.png", "load.png", "step_time.png", "training_curves.png")
+PARTS = (("data_wait", "data wait"), ("h2d", "host-to-device"), ("transforms", "transforms"),
+         ("fwd_bwd", "forward + backward + step"))
+
+
+def _mmm(s: dict[str, Any] | None, fmt: str = "{:,.0f}") -> str:
+    if not s:
+        return "-"
+    return f"{fmt.format(s['median'])} ({fmt.format(s['min'])}-{fmt.format(s['max'])})"
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def _mb(b: int | None) -> str:
+    return "-" if b is None else f"{b / 1e6:,.0f} MB"
+
+
+def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's performance goals as ratios measured in this run: what, target, measured, met."""
+    out: list[dict[str, Any]] = []
+
+    def add(what: str, target: float, value: float | None) -> None:
+        out.append({"goal": what, "target": target, "measured": value,
+                    "met": None if value is None else bool(value >= target)})
+
+    b = res.get("build", {}).get("contenders", {})
+    add("build: cachebuild npy / bare decode, same processes", 0.75,
+        b.get("cachebuild_npy", {}).get("x_bare_decode", {}).get("median"))
+    raw = res.get("load", {}).get("groups", {}).get("raw", {})
+    med = {k: v["img_s"]["median"] for k, v in raw.items()}
+
+    def r(a: str, c: str) -> float | None:
+        return round(med[a] / med[c], 3) if a in med and c in med and med[c] else None
+
+    add("load: plain DataLoader (no collate_fn) / DataLoader + collate_batch", 0.8,
+        r("cachebuild_npy_dataloader_plain", "cachebuild_npy_dataloader"))
+    add("load: DataLoader + collate_batch / ImageFolder + PIL", 40.0, r("cachebuild_npy_dataloader", "imagefolder_pil"))
+    add("load: DataLoader + collate_batch / FFCV raw Loader", 1.0, r("cachebuild_npy_dataloader", "ffcv_raw"))
+    add("load: FastLoader / bare memmap gather (1 thread)", 1.2, r("cachebuild_npy_fastloader", "limit_bare_gather"))
+    return out
+
+
+def write_markdown(res: dict[str, Any], folder: Path) -> Path:
+    m, run = res["machine"], res["run"]
+    gpu = m["gpu"]["name"] if m.get("gpu") else "none"
+    v = m["versions"]
+    lines = [
+        f"# Benchmark results: {run['started'][:10]} on {m['host']}",
+        "",
+        f"`{run['command']}` (profile **{run['profile']}**, {run['seconds']:.0f} s). Machine: {m['cpu']}, "
+        f"{m['cores_usable']} usable cores, {m['ram_gb']} GiB RAM, GPU: {gpu}; {m['os']}; Python {m['python']}, "
+        f"torch {v['torch']}, torchvision {v['torchvision']}, OpenCV {v['opencv']}, zarr {v['zarr']}, "
+        f"numpy {v['numpy']}. Load average at start: {m['load_average_at_start']}.",
+        "",
+        "How these were measured:",
+        *[f"- {note}" for note in run["notes"]],
+        "",
+    ]
+    lines += ["## Goals", "", "| goal | target | measured | met |", "|---|---:|---:|---|"]
+    for g in res.get("goals", []):
+        met = "-" if g["met"] is None else ("yes" if g["met"] else "**no**")
+        lines.append(f"| {g['goal']} | {g['target']}x | {_x(g['measured'])} | {met} |")
+    lines.append("")
+    if "build" in res:
+        b = res["build"]
+        lines += [f"## Build: {b['images']} JPEGs ({b['source_mb']} MB) -> {b['size']}x{b['size']}, "
+                  f"{b['rounds']} rounds", "", "![build](build.png)", "",
+                  "| contender | img/s, median (min-max) | x bare decode | MB/s written | on disk "
+                  "| peak memory, PSS (RSS) |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for r in b["contenders"].values():
+            lines.append(f"| {r['label']} | {_mmm(r['img_s'])} | {_x(r.get('x_bare_decode', {}).get('median'))} | "
+                         f"{r['mb_s']['median']:,.0f} | {_mb(r['bytes_on_disk'])} | "
+                         f"{r['peak_pss_mb']['median']:,.0f} MB "
+                         f"({r['peak_rss_mb']['median']:,.0f}) |")
+        for k, why in {**b.get("skipped", {}), **b.get("failed", {})}.items():
+            lines.append(f"| {k}: not measured ({why}) | | | | | |")
+        lines.append("")
+    if "load" in res:
+        ld = res["load"]
+        lines += [f"## Load: shuffled epochs of {ld['images']} samples, batch {ld['batch']}, {ld['workers']} workers",
+                  "", "![load](load.png)", ""]
+        for group, rows in ld["groups"].items():
+            lines += [f"### {group}", "",
+                      "| contender | img/s, median (min-max) | GB/s | x ImageFolder | x bare gather |",
+                      "|---|---:|---:|---:|---:|"]
+            for r in rows.values():
+                gb = "-" if r.get("gb_s") is None else f"{r['gb_s']:.2f}"
+                lines.append(f"| {r['label']} | {_mmm(r['img_s'])} | {gb} | {_x(r['x_imagefolder'])} | "
+                             f"{_x(r.get('x_bare_gather'))} |")
+            lines.append("")
+        for k, why in ld.get("skipped", {}).items():
+            lines.append(f"- {k}: not measured ({why})")
+        lines.append("")
+    for title, tf in (("Device transforms (CPU)", res.get("transforms")),
+                      ("Device transforms (CUDA, bf16 output)", res.get("gpu", {}).get("transforms_bf16"))):
+        if not tf:
+            continue
+        lines += [f"## {title}: batch {tf['batch']}, uint8 {tf['input']}px -> {tf['output']}px, "
+                  f"{tf['threads']} threads", "", "| contender | img/s, median (min-max) | x v1 scripted |",
+                  "|---|---:|---:|"]
+        for r in tf["contenders"].values():
+            lines.append(f"| {r['label']} | {_mmm(r['img_s'])} | {_x(r['x_v1_scripted'])} |")
+        for k, why in tf.get("failed", {}).items():
+            lines.append(f"| {k}: failed ({why}) | | |")
+        lines.append("")
+    for title, tr, chart in (("Training (CPU)", res.get("train"), "step_time.png"),
+                             ("Training on CUDA", res.get("gpu", {}).get("resnet50"), "step_time_gpu.png")):
+        if not tr:
+            continue
+        lines += [f"## {title}: {tr['model']}, {tr['crop']} px crops, batch {tr['batch']}, {tr['workers']} workers, "
+                  f"{tr['images']} images, {tr['epochs']} epochs, amp {tr['amp']}", "", f"![step time]({chart})", "",
+                  "| contender | epoch s | img/s | x ImageFolder | data wait "
+                  "| ms/step: wait / h2d / transforms / fwd+bwd |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for r in tr["contenders"].values():
+            ms = " / ".join(f"{r['step_ms'][k]:.1f}" for k, _ in PARTS)
+            lines.append(f"| {r['label']} | {_mmm(r['epoch_s'], '{:.2f}')} | {_mmm(r['img_s'])} | "
+                         f"{_x(r['x_imagefolder'])} | {_mmm(r['data_wait_share'], '{:.1%}')} | {ms} |")
+        lines.append("")
+    if res.get("train"):
+        lines += ["![training curves](training_curves.png)", ""]
+    gpu_res = res.get("gpu", {})
+    if "h2d" in gpu_res:
+        h = gpu_res["h2d"]
+        lines += [f"Host-to-device, one {h['mb']} MB uint8 batch: pinned {_mmm(h['pinned_gb_s'], '{:.1f}')} GB/s, "
+                  f"pageable {_mmm(h['pageable_gb_s'], '{:.1f}')} GB/s.", ""]
+    if "skipped" in gpu_res:
+        lines += [f"## GPU: not measured ({gpu_res['skipped']})", ""]
+    lines += ["## Peers", "", "| peer | status | settings |", "|---|---|---|"]
+    for name, p in res.get("peers", {}).items():
+        lines.append(f"| {name} | {p['status']} | {p['settings']} |")
+    lines.append("")
+    path = folder / "results.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _bars(ax: Any, labels: list[str], stats: list[dict[str, Any]], color: str) -> None:
+    import numpy as np
+
+    y = np.arange(len(labels))
+    med = np.array([s["median"] for s in stats])
+    err = np.array([[s["median"] - s["min"] for s in stats], [s["max"] - s["median"] for s in stats]])
+    ax.barh(y, med, xerr=err, color=color, capsize=3)
+    ax.set_yticks(y, labels, fontsize=7)
+    ax.invert_yaxis()
+    for yi, v, s in zip(y, med, stats, strict=True):  # the figure right of its whisker
+        ax.text(s["max"], yi, f"  {v:,.0f}", va="center", fontsize=7)
+
+
+def _short(label: str, n: int = 60) -> str:
+    return label if len(label) <= n else label[: n - 1] + "…"
+
+
+def write_charts(res: dict[str, Any], folder: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    sub = f"{res['machine']['cpu']}, {res['machine']['cores_usable']} cores; {res['run']['profile']} profile; " \
+          "median of runs, whiskers min-max"
+
+    def save(fig: Any, name: str) -> None:
+        fig.tight_layout()
+        fig.savefig(folder / name, dpi=110)
+        plt.close(fig)
+        written.append(folder / name)
+
+    if res.get("build", {}).get("contenders"):
+        rows = res["build"]["contenders"]
+        fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.4))
+        _bars(ax, [_short(r["label"]) for r in rows.values()], [r["img_s"] for r in rows.values()], "#4c72b0")
+        ax.set_xlabel("images / s")
+        ax.set_title(f"Build: JPEG -> cache ({sub})", fontsize=8)
+        save(fig, "build.png")
+    if res.get("load", {}).get("groups"):
+        groups = res["load"]["groups"]
+        fig, axes = plt.subplots(len(groups), 1, figsize=(9, 0.4 * sum(len(g) for g in groups.values()) + 2.5))
+        for ax, (group, rows), color in zip(list(axes), groups.items(), ("#55a868", "#c44e52"), strict=False):
+            _bars(ax, [_short(r["label"]) for r in rows.values()], [r["img_s"] for r in rows.values()], color)
+            ax.set_xscale("log")
+            ax.set_xlabel("images / s (log scale)")
+            ax.set_title(f"Load, {group}: shuffled epochs, batch {res['load']['batch']}", fontsize=8)
+        fig.suptitle(sub, fontsize=7)
+        save(fig, "load.png")
+    for key, name in (("train", "step_time.png"), ("gpu", "step_time_gpu.png")):
+        tr = res.get(key) if key == "train" else res.get("gpu", {}).get("resnet50")
+        if not tr or not tr.get("contenders"):
+            continue
+        rows = tr["contenders"]
+        fig, ax = plt.subplots(figsize=(9, 0.5 * len(rows) + 1.6))
+        left = [0.0] * len(rows)
+        labels = [_short(r["label"], 55) for r in rows.values()]
+        for (part, title), color in zip(PARTS, ("#c44e52", "#8172b2", "#ccb974", "#4c72b0"), strict=True):
+            vals = [r["step_ms"][part] for r in rows.values()]
+            ax.barh(labels, vals, left=left, color=color, label=title)
+            left = [a + b for a, b in zip(left, vals, strict=True)]
+        ax.invert_yaxis()
+        ax.tick_params(axis="y", labelsize=7)
+        ax.set_xlabel("ms per training step")
+        ax.legend(fontsize=7, loc="lower right")
+        ax.set_title(f"Where a step's time goes: {tr['model']}, batch {tr['batch']}, {tr['device']}", fontsize=8)
+        save(fig, name)
+    if res.get("train", {}).get("contenders"):
+        fig, ax = plt.subplots(figsize=(8, 4))
+        for r in res["train"]["contenders"].values():
+            ax.plot(range(1, len(r["losses"]) + 1), r["losses"], label=_short(r["label"], 50), lw=1)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("training loss")
+        ax.legend(fontsize=6)
+        ax.set_title(f"Training curves: {res['train']['model']}, same init and files per contender", fontsize=8)
+        save(fig, "training_curves.png")
+    return written
+
+
+if __name__ == "__main__":
+    run_dir = Path(sys.argv[1])
+    results = json.loads((run_dir / "results.json").read_text())
+    write_charts(results, run_dir)
+    print(write_markdown(results, run_dir))

@@ -1,0 +1,93 @@
+"""A gathered batch (:class:`CacheBatch`) and how it becomes what the training loop receives.
+
+``CachedImageDataset.__getitems__`` gathers a whole batch into one uint8 (B, H, W, 3) buffer. The
+documented path passes it through with ``collate_fn=collate_batch``. Frameworks that build their own
+``DataLoader`` (Lightning, timm, HF Trainer) usually pass no ``collate_fn``, and torch's
+``default_collate`` would stack the batch again sample by sample (a fresh shared-memory tensor per step:
+~1/5 of the speed). So a batch's samples are :class:`CacheSample` tuples, a type registered in torch's
+documented collate extension map (``torch.utils.data._utils.collate.default_collate_fn_map``):
+``default_collate`` handed a ``CacheBatch`` finds it there and takes the batch as it is, no copy. Handed
+a list of ``CacheSample`` from anywhere else, it collates field by field exactly as torch does tuples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import default_collate
+from torch.utils.data._utils.collate import collate, default_collate_fn_map
+
+__all__ = ["CacheBatch", "CacheSample", "collate_batch", "collate_cache_samples"]
+
+
+class CacheSample(tuple):
+    """One sample of a :class:`CacheBatch`: ``(image uint8 HWC view, int label[, box])``.
+
+    A plain tuple in every way but its type, which tells torch's ``default_collate`` where it came from.
+    """
+
+    __slots__ = ()
+
+
+class CacheBatch(Sequence):
+    """A whole batch already gathered: ``images`` uint8 (B, H, W, 3), ``labels`` int64 (B,), ``boxes``.
+
+    It is also a sequence of per-sample :class:`CacheSample` tuples (views made on demand), so torch's
+    ``default_collate`` receives it whole and returns ``[images, labels[, boxes]]`` without copying.
+    """
+
+    __slots__ = ("boxes", "images", "labels")
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, boxes: torch.Tensor | None = None) -> None:
+        self.images = images
+        self.labels = labels
+        self.boxes = boxes
+
+    def __len__(self) -> int:
+        return int(self.images.shape[0])
+
+    def __getitem__(self, i: int) -> CacheSample:  # type: ignore[override]
+        if isinstance(i, slice):
+            raise TypeError("CacheBatch does not slice; use .images / .labels")
+        if self.boxes is None:
+            return CacheSample((self.images[i], int(self.labels[i])))
+        return CacheSample((self.images[i], int(self.labels[i]), self.boxes[i]))
+
+    def __iter__(self) -> Iterator[CacheSample]:
+        return (self[i] for i in range(len(self)))
+
+    def as_tuple(self) -> tuple[torch.Tensor, ...]:
+        if self.boxes is None:
+            return self.images, self.labels
+        return self.images, self.labels, self.boxes
+
+
+def collate_batch(batch: Any) -> Any:
+    """``collate_fn`` for ``DataLoader``: pass a :class:`CacheBatch` through as ``(images, labels[, boxes])``.
+
+    Anything else (e.g. per-sample tuples from a dataset with a ``transform``) goes to ``default_collate``.
+    """
+    if isinstance(batch, CacheBatch):
+        return batch.as_tuple()
+    return default_collate(batch)
+
+
+def collate_cache_samples(batch: Sequence[Any], *,
+                          collate_fn_map: dict[type | tuple[type, ...], Callable] | None = None) -> list[Any]:
+    """The ``default_collate_fn_map`` entry for :class:`CacheSample`.
+
+    A whole :class:`CacheBatch` is returned as ``[images, labels[, boxes]]``: the tensors it holds, the
+    list type ``default_collate`` gives for tuples. Any other sequence of samples is collated field by
+    field, as ``default_collate`` collates tuples.
+    """
+    if isinstance(batch, CacheBatch):
+        return list(batch.as_tuple())
+    size = len(batch[0])
+    if any(len(s) != size for s in batch):
+        raise RuntimeError("each element in list of batch should be of equal size")
+    return [collate(list(field), collate_fn_map=collate_fn_map) for field in zip(*batch, strict=True)]
+
+
+default_collate_fn_map[CacheSample] = collate_cache_samples

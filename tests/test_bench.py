@@ -1,0 +1,188 @@
+"""The benchmark harness (bench/): its whole code path on a tiny set, and the files it writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from bench import peers
+from bench.harness import PROFILES, SCHEMA, main, run
+from bench.report import CHARTS, goals
+from bench.stats import ratio, summary
+
+OWN_BUILDS = {"bare_decode", "naive_npy", "cachebuild_npy", "cachebuild_zarr"}
+RAW_LOADS = {"imagefolder_pil", "scriptable", "naive_npy", "cachebuild_npy_dataloader",
+             "cachebuild_npy_dataloader_plain", "cachebuild_npy_fastloader", "cachebuild_zarr_dataloader",
+             "cachebuild_zarr_fastloader", "limit_bare_gather", "limit_bare_decode"}
+TRAINS = {"imagefolder_pil", "scriptable", "naive_npy", "cachebuild_dataloader", "cachebuild_fastloader"}
+
+
+def _check_summary(s: dict[str, Any], runs: int) -> None:
+    assert len(s["runs"]) == runs and s["min"] <= s["median"] <= s["max"] and s["min"] > 0
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("results")
+    cfg = {**PROFILES["tiny"], "profile": "tiny", "peers": False, "gpu": True, "jobs": 1}
+    res = run(cfg, out, tmp_path_factory.mktemp("work"), ("build", "load", "transforms", "train", "gpu"),
+              "test", log=lambda _m: None)
+    return out, res
+
+
+def test_results_json_has_every_section_and_the_machine(tiny_run) -> None:
+    out, res = tiny_run
+    on_disk = json.loads((out / "results.json").read_text())
+    assert on_disk == json.loads(json.dumps(res))  # what was returned is what was written
+    assert on_disk["schema"] == SCHEMA and "error" not in on_disk
+    m = on_disk["machine"]
+    assert m["cpu"] and m["cores_logical"] >= 1 and m["ram_gb"] > 0 and m["os"] and m["python"]
+    assert {"torch", "opencv", "zarr", "numpy"} <= {k for k, v in m["versions"].items() if v}
+    notes = " ".join(on_disk["run"]["notes"])
+    assert "Warm-ups are left out" in notes and "Page cache: warm" in notes and "estimate" in notes
+    # peers: each skipped, with the reason, and the settings it would run with
+    assert set(on_disk["peers"]) == set(peers.PEERS)
+    assert all(p["status"].startswith("skipped: peers not requested") and p["settings"]
+               for p in on_disk["peers"].values())
+
+
+def test_build_section(tiny_run) -> None:
+    _, res = tiny_run
+    b = res["build"]
+    assert set(b["contenders"]) == OWN_BUILDS and not b["failed"]
+    for key, row in b["contenders"].items():
+        _check_summary(row["img_s"], 1)
+        assert row["peak_pss_mb"]["median"] > 0 and row["peak_rss_mb"]["median"] >= row["peak_pss_mb"]["median"]
+        if key != "bare_decode":
+            assert row["bytes_on_disk"] > 0 and row["mb_s"]["median"] > 0 and row["x_bare_decode"]["median"] > 0
+    # 40 images of 64 x 64 x 3 bytes each were written by each cache
+    assert res["build"]["contenders"]["cachebuild_npy"]["bytes_on_disk"] >= 40 * 64 * 64 * 3
+
+
+def test_load_section(tiny_run) -> None:
+    _, res = tiny_run
+    raw, aug = res["load"]["groups"]["raw"], res["load"]["groups"]["augmented"]
+    assert set(raw) == RAW_LOADS
+    assert set(aug) == RAW_LOADS - {"limit_bare_gather", "limit_bare_decode", "cachebuild_npy_dataloader_plain",
+                                    "cachebuild_zarr_dataloader", "cachebuild_zarr_fastloader"}
+    for rows in (raw, aug):
+        for row in rows.values():
+            _check_summary(row["img_s"], 1)
+        assert rows["imagefolder_pil"]["x_imagefolder"] == 1.0
+    assert raw["limit_bare_gather"]["x_bare_gather"] == 1.0 and raw["cachebuild_npy_dataloader"]["gb_s"] > 0
+
+
+def test_transforms_train_and_gpu_sections(tiny_run) -> None:
+    _, res = tiny_run
+    tf = res["transforms"]["contenders"]
+    assert {"v1_scripted", "eager", "scripted"} <= set(tf) and "compiled" not in tf  # tiny: no torch.compile
+    tr = res["train"]
+    assert set(tr["contenders"]) == TRAINS and tr["images"] == 32
+    for row in tr["contenders"].values():
+        _check_summary(row["epoch_s"], 1)
+        assert len(row["losses"]) == 32 // 8 and all(v > 0 for v in row["losses"])
+        assert set(row["step_ms"]) == {"data_wait", "h2d", "transforms", "fwd_bwd"} and row["step_ms"]["fwd_bwd"] > 0
+        assert 0 <= row["data_wait_share"]["median"] < 1
+    if torch.cuda.is_available():
+        assert {"transforms_bf16", "h2d", "resnet50"} <= set(res["gpu"])
+    else:
+        assert res["gpu"] == {"skipped": "no CUDA device on this machine"}
+
+
+def test_markdown_charts_and_goals(tiny_run) -> None:
+    out, res = tiny_run
+    md = (out / "results.md").read_text()
+    for title in ("## Goals", "## Build:", "## Load:", "### raw", "### augmented", "## Device transforms (CPU)",
+                  "## Training (CPU)", "## Peers", "## GPU: not measured" if not torch.cuda.is_available() else "CUDA"):
+        assert title in md, title
+    for section in ("build", "transforms", "train"):
+        for row in res[section]["contenders"].values():
+            assert row["label"] in md
+    for chart in CHARTS:
+        data = (out / chart).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, chart
+        assert f"({chart})" in md
+    assert [g["goal"].split(":")[0] for g in res["goals"]] == ["build", "load", "load", "load", "load"]
+    ffcv = next(g for g in res["goals"] if "FFCV" in g["goal"])
+    assert ffcv["measured"] is None and ffcv["met"] is None  # not measured: not counted as met or missed
+
+
+def test_goals_and_stats() -> None:
+    s = summary([3.0, 1.0, 2.0])
+    assert s == {"median": 2.0, "min": 1.0, "max": 3.0, "runs": [3.0, 1.0, 2.0]}
+    assert ratio(summary([8.0]), summary([10.0])) == 0.8 and ratio(None, s) is None
+    with pytest.raises(ValueError):
+        summary([])
+    res = {"build": {"contenders": {"cachebuild_npy": {"x_bare_decode": summary([0.8, 0.7, 0.76])}}},
+           "load": {"groups": {"raw": {"cachebuild_npy_dataloader": {"img_s": summary([100.0])},
+                                       "cachebuild_npy_dataloader_plain": {"img_s": summary([79.0])},
+                                       "imagefolder_pil": {"img_s": summary([2.0])}}}}}
+    got = [(g["measured"], g["met"]) for g in goals(res)]
+    # build / bare decode; plain / collate_batch; DataLoader / ImageFolder; / FFCV; FastLoader / gather
+    assert got == [(0.76, True), (0.79, False), (50.0, True), (None, None), (None, None)]
+
+
+def test_peer_venvs_absent_are_skipped_with_the_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BENCH_VENVS", str(tmp_path))
+    skipped: dict[str, str] = {}
+    cfg = {**PROFILES["tiny"], "peers": True}
+    assert peers.build_contenders(cfg, tmp_path / "files.json", skipped) == []
+    assert set(skipped) == set(peers.PEERS) and all("make bench-peers" in why for why in skipped.values())
+    (tmp_path / "webdataset" / "bin").mkdir(parents=True)
+    (tmp_path / "webdataset" / "bin" / "python").symlink_to(sys.executable)
+    skipped.clear()
+    made = peers.build_contenders(cfg, tmp_path / "files.json", skipped)
+    assert [c["key"] for c in made] == ["webdataset_raw"] and set(skipped) == {"ffcv", "litdata"}
+    cmd = made[0]["command"](tmp_path / "out")
+    assert cmd[0] == str(tmp_path / "webdataset" / "bin" / "python") and "--workers" in cmd
+
+
+def test_unknown_section_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["--sections", "build,nope"])
+    assert e.value.code == 2 and "unknown section(s) nope" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_peer_runs_in_the_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The WebDataset peer through the child protocol, with this python standing in for its venv's."""
+    venvs = tmp_path / "venvs"
+    (venvs / "webdataset" / "bin").mkdir(parents=True)
+    (venvs / "webdataset" / "bin" / "python").symlink_to(sys.executable)
+    monkeypatch.setenv("BENCH_VENVS", str(venvs))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(sys.path))
+    cfg = {**PROFILES["tiny"], "profile": "tiny", "peers": True, "gpu": False, "jobs": 1}
+    res = run(cfg, tmp_path / "out", tmp_path / "work", ("build", "load"), "test", log=lambda _m: None)
+    row = res["build"]["contenders"]["webdataset_raw"]
+    assert row["images"] == 40 and row["bytes_on_disk"] >= 40 * 64 * 64 * 3
+    assert {"webdataset_raw"} <= set(res["load"]["groups"]["raw"]) & set(res["load"]["groups"]["augmented"])
+    assert res["peers"]["webdataset"]["status"] == "ran"
+    assert res["peers"]["ffcv"]["status"].startswith("skipped: no venv")
+
+
+def test_readme_sections_come_from_the_results_folder(tiny_run, tmp_path: Path) -> None:
+    from bench.readme import update_readme
+
+    out, res = tiny_run
+    readme = out.parent / "README.md"
+    readme.write_text("# x\n<!-- bench:performance:begin -->\nOLD-CONTENT\n<!-- bench:performance:end -->\n\n"
+                      "## ImageNet on paper\n<!-- bench:imagenet:begin -->\n<!-- bench:imagenet:end -->\ntail\n")
+    update_readme(out, readme)
+    once = readme.read_text()
+    update_readme(out, readme)  # idempotent: a rerun replaces the sections whole
+    text = readme.read_text()
+    assert text == once and "OLD-CONTENT" not in text and text.endswith("tail\n")
+    assert f"]({out.name}/results.md)" in text and f"({out.name}/load.png)" in text
+    npy = res["build"]["contenders"]["cachebuild_npy"]["img_s"]["median"]
+    assert f"{npy:,.0f} img/s" in text  # the measured rate, from results.json
+    assert "| 224 | 150,528 | 192.9 GB |" in text  # exact arithmetic: 1,281,167 x 224 x 224 x 3 bytes
+    assert "**estimate" in text and "**assumed**" in text and "tiny` run" in text
+    (tmp_path / "README.md").write_text("no markers\n")
+    with pytest.raises(SystemExit, match="no <!-- bench:performance:begin -->"):
+        update_readme(out, tmp_path / "README.md")
