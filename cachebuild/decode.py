@@ -181,9 +181,9 @@ def _antialias_into(src: np.ndarray, out: np.ndarray) -> None:
     x = torch.from_numpy(src[None]).permute(0, 3, 1, 2)
     if out.flags.c_contiguous:
         y = torch.from_numpy(out[None]).permute(0, 3, 1, 2)
-        torch._C._nn._upsample_bilinear2d_aa(x, [h, w], False, out=y)
+        torch._C._nn._upsample_bilinear2d_aa(x, [h, w], False, out=y)  # type: ignore[call-arg]
     else:  # a letterbox window inside the slot
-        out[...] = torch._C._nn._upsample_bilinear2d_aa(x, [h, w], False)[0].permute(1, 2, 0).numpy()
+        out[...] = torch._C._nn._upsample_bilinear2d_aa(x, [h, w], False)[0].permute(1, 2, 0).numpy()  # type: ignore[call-arg]
 
 
 def _linear_into(src: np.ndarray, out: np.ndarray) -> None:

@@ -57,7 +57,7 @@ def _round_up(n: int, k: int) -> int:
 
 def _storage_bytes(storage: torch.UntypedStorage) -> np.ndarray:
     """The whole storage as a writable uint8 numpy array (shares memory, keeps the storage alive)."""
-    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),)).numpy()
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),)).numpy()  # type: ignore[call-overload]
 
 
 class SlotTensor(torch.Tensor):
@@ -67,7 +67,7 @@ class SlotTensor(torch.Tensor):
     :meth:`WorkerRing.take` made travels as a slot; views and results of operations are ordinary.
     """
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         ring: WorkerRing | None = self.__dict__.get("_ring")
@@ -93,7 +93,7 @@ class InlineTensor(torch.Tensor):
     mapping, ~0.8 ms even for the 2 kB of a batch's labels; the bytes themselves cost microseconds.
     """
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         return _from_numpy, (self.as_subclass(torch.Tensor).numpy(),)
@@ -157,7 +157,7 @@ class WorkerRing:
         # storage into fresh shared memory (when it is shared the ordinary way) let go, the slot is ours again.
         weakref.finalize(view, self.local.__setitem__, s, False)
         t = torch.from_numpy(view).as_subclass(SlotTensor)
-        t._ring, t._slot = self, s
+        t.__dict__.update(_ring=self, _slot=s)  # read back through __dict__ by __reduce_ex__
         return t
 
     def handoff(self, slot: int, shape: tuple[int, ...]) -> tuple[Any, ...]:

@@ -27,7 +27,7 @@ def shared_uint8(shape: tuple[int, ...]) -> torch.Tensor:
     """An uninitialised uint8 tensor allocated directly in shared memory (no copy via ``share_memory_``)."""
     nbytes = int(np.prod(shape))
     storage = torch.UntypedStorage._new_shared(max(nbytes, 1))
-    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, shape)
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, shape)  # type: ignore[call-overload]
 
 
 def load_shared(ds: CachedImageDataset) -> torch.Tensor:

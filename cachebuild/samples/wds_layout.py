@@ -133,8 +133,8 @@ def write_wds(images: list[PackedImage], dest: Path, *, prefix: str = "imagenet1
     if broken:  # cut the last shard inside its last image member (a download that stopped)
         last = shards[-1]
         with tarfile.open(last) as tar:
-            members = [m for m in tar.getmembers() if m.isreg()]
-        victim = next(m for m in reversed(members) if m.name.endswith(".jpg") and m.size > 100)
+            regular = [m for m in tar.getmembers() if m.isreg()]
+        victim = next(m for m in reversed(regular) if m.name.endswith(".jpg") and m.size > 100)
         with open(last, "r+b") as f:
             f.truncate(victim.offset_data + victim.size // 2)
         cut_key = victim.name.rsplit(".", 1)[0]

@@ -138,5 +138,5 @@ def cache_status(cache: str | os.PathLike[str] | Location, source: str | os.Path
     if old is None or plan.file_stats is None:
         return SourceStatus(shown, shown_src, "stale", classes_changed=classes_changed, fingerprint=fingerprints)
     counts, examples = _compare(old, plan, plan.file_stats)
-    return SourceStatus(shown, shown_src, "stale", classes_changed=classes_changed, examples=examples,
-                        fingerprint=fingerprints, **counts)
+    return SourceStatus(shown, shown_src, "stale", counts["added"], counts["removed"], counts["modified"],
+                        classes_changed=classes_changed, examples=examples, fingerprint=fingerprints)

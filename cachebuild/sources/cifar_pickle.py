@@ -229,14 +229,14 @@ def _read_all(src: _Source, names: tuple[str, ...]) -> Iterator[tuple[str, str, 
         for name in names:
             key = f"{src.top}/{name}"
             display = f"{src.archive}::{key}"
-            m = members.get(key)
-            if m is None:
+            found = members.get(key)
+            if found is None:
                 raise CifarNotFoundError(
                     f"{display}: member missing (expected {', '.join(names)} under {src.top}/ in the archive)"
                 )
-            if not m.isfile():  # links, devices, folders: never followed
-                raise CifarFormatError(f"{display}: expected a regular file member, got tar type {m.type!r}")
-            fh = tar.extractfile(m)
+            if not found.isfile():  # links, devices, folders: never followed
+                raise CifarFormatError(f"{display}: expected a regular file member, got tar type {found.type!r}")
+            fh = tar.extractfile(found)
             if fh is None:
                 raise CifarFormatError(f"{display}: member cannot be read")
             with fh:
@@ -380,7 +380,10 @@ def load_cifar_split(
         else None
     )
 
-    datas, labels, coarse, keys = [], [], [], []
+    datas: list[np.ndarray] = []
+    labels: list[np.ndarray] = []
+    coarse: list[np.ndarray] = []
+    keys: list[str] = []
     for name in batch_names:
         display, blob = blobs[name]
         batch = _str_keys(restricted_loads(blob, display), display, "batch")

@@ -29,24 +29,25 @@ def replan(recipe: dict[str, Any], src: str | os.PathLike[str] | None, classes: 
     cache's class list, for sources whose classes were given rather than found."""
     kind = recipe.get("kind")
     where = os.fspath(src) if src is not None else str(recipe.get("src", ""))
-    split = recipe.get("split")
+    split = str(recipe.get("split") or "") or None
     if kind == "imagenet":
         from cachebuild.sources.imagenet import imagenet_plans
 
-        return imagenet_plans(where, split)[0]
+        return imagenet_plans(where, split or "all")[0]
     if kind in ("cifar10", "cifar100"):
         from cachebuild.sources.cifar import cifar_plans
 
-        return cifar_plans(where, kind, split)[0]
+        return cifar_plans(where, kind, split or "all")[0]
     if kind == "folder":
         from cachebuild.sources.folder import folder_plan
 
-        return folder_plan(where, dataset=recipe["dataset"], split=split,
+        return folder_plan(where, dataset=recipe["dataset"], split=split or "train",
                            classes=classes if recipe.get("classes_given") else None)
     if kind == "wds":
         from cachebuild.sources.wds import WdsLayout, wds_plan
 
-        layout = WdsLayout(**{k: tuple(v) if k == "image_keys" else v for k, v in recipe["layout"].items()})
+        options: dict[str, Any] = dict(recipe["layout"])
+        layout = WdsLayout(**{**options, "image_keys": tuple(options["image_keys"])})
         return wds_plan(where, split=split, classes=classes if recipe.get("classes_given") else None,
                         layout=layout, dataset=recipe["dataset"])
     if kind == "parquet":

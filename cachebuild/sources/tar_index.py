@@ -52,7 +52,7 @@ def index_tar(f: BinaryIO, size: int) -> TarIndex:
     try:
         with tar:
             while (ti := tar.next()) is not None:
-                tar.members.clear()  # keep memory flat on shards of many members
+                tar.members.clear()  # type: ignore[attr-defined]  # keep memory flat on shards of many members
                 end = tar.offset  # just past this member's (padded) data
                 if not ti.isreg():
                     continue

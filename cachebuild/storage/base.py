@@ -43,11 +43,20 @@ class Sink(Protocol):
 class StorageParams(Protocol):
     """The build options a backend reads (``cachebuild.pipeline.BuildOptions`` has them all)."""
 
-    size: int
-    chunk_size: int | None
-    compression: str
-    quality: int  # kinds that encode samples (jpeg)
-    subsampling: str
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def chunk_size(self) -> int | None: ...
+
+    @property
+    def compression(self) -> str: ...
+
+    @property
+    def quality(self) -> int: ...  # kinds that encode samples (jpeg)
+
+    @property
+    def subsampling(self) -> str: ...
 
 
 class ImageStore(ABC):

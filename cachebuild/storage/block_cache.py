@@ -71,7 +71,7 @@ class CachedFile:
         self._crc_map = mmap.mmap(self._crc_fd, self.nblocks * 8)
         self.table = np.frombuffer(self._crc_map, dtype=np.uint64)
         self._data_map = mmap.mmap(self._fd, size, prot=mmap.PROT_READ) if size else None
-        self.data = np.frombuffer(self._data_map, dtype=np.uint8) if size else np.empty(0, np.uint8)
+        self.data = np.empty(0, np.uint8) if self._data_map is None else np.frombuffer(self._data_map, np.uint8)
         self.checked = np.zeros(self.nblocks, dtype=bool)  # verified by this process
         os.utime(self.crc_path)  # "recently used", for eviction
 

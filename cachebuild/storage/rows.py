@@ -13,6 +13,7 @@ loop's Python cost is ~1 us per 150 kB row). When all rows come from one file a 
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -139,7 +140,7 @@ class RowFiles:
             dest = order[lo:hi]
             if isinstance(cached, CachedFile):
                 # Make sure the blocks are local and intact, then copy rows straight out of the local mirror.
-                cached.read(ranges, lambda rs, name=seg.name: self._fetch(name, rs))
+                cached.read(ranges, functools.partial(self._fetch, seg.name))
                 mirror = cached.data[seg.offset : seg.offset + seg.rows * self.row_bytes].reshape(seg.rows, -1)
                 for pos, r in zip(dest.tolist(), rows.tolist(), strict=True):
                     flat[pos] = mirror[r]

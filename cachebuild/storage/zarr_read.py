@@ -112,7 +112,7 @@ def _strict_store_class() -> type:
     from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
     from zarr.storage import WrapperStore
 
-    class StrictStore(WrapperStore):  # type: ignore[type-arg]
+    class StrictStore(WrapperStore):
         """A zarr store that never serves a missing chunk as fill, retries transient failures and keeps
         fetched chunks in a local block cache."""
 

@@ -65,8 +65,10 @@ def init_distributed(device: str = "auto") -> DistInfo:
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
         backend = "nccl" if dev.type == "cuda" else "gloo"
-        kwargs = {"device_id": dev} if dev.type == "cuda" else {}
-        dist.init_process_group(backend=backend, init_method="env://", **kwargs)
+        if dev.type == "cuda":  # bind the process group to this rank's GPU
+            dist.init_process_group(backend=backend, init_method="env://", device_id=dev)
+        else:
+            dist.init_process_group(backend=backend, init_method="env://")
     return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=dev)
 
 

@@ -143,7 +143,8 @@ def train_one_epoch(
     b = start_batch
     steps = skipped = samples = 0
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    win = {"loss": torch.zeros((), dtype=torch.float64, device=device), "n": 0, "samples": 0, "wait": 0.0}
+    win: dict[str, Any] = {"loss": torch.zeros((), dtype=torch.float64, device=device), "n": 0, "samples": 0,
+                           "wait": 0.0}
     t_start = t_win = t_prev = time.perf_counter()
     wait_total = 0.0
     it = iter(batches)
@@ -217,7 +218,7 @@ def train_one_epoch(
             entry = {
                 "batch": b,
                 "step": math.ceil(b / accum),
-                "loss": float(stats[0] / max(stats[1], 1)),
+                "loss": float(stats[0]) / max(float(stats[1]), 1.0),
                 "lr": float(optimizer.param_groups[0]["lr"]),
                 "img_per_s": float(stats[2]) / elapsed if elapsed > 0 else 0.0,
                 "data_wait": float(stats[3] / stats[4]) if stats[4] > 0 else 0.0,

@@ -212,7 +212,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, steps_per_epoch: int, cfg:
 # Data
 
 
-def transforms_for(augment: str, crop: int) -> tuple[Callable, Callable]:
+def transforms_for(augment: str, crop: int) -> tuple[Any, Any]:
     """(train, eval) device transforms of a preset: uint8 NCHW batch -> normalised float channels_last."""
     from loaders import transforms as T
 
@@ -234,7 +234,8 @@ def _build_data(cfg: TrainConfig, info: DistInfo) -> _Data:
     in_memory: bool | str = {"yes": True, "no": False}.get(cfg.in_memory, cfg.in_memory)
     train_ds = CachedImageDataset(cfg.train, in_memory=in_memory)
     classes = list(train_ds.classes)
-    shape = tuple(int(s) for s in train_ds.shape)
+    h, w, c = (int(s) for s in train_ds.shape)
+    shape = (h, w, c)
     if len(train_ds) == 0:
         raise TrainSetupError(f"{cfg.train}: the cache holds no samples")
     val_ds = None
