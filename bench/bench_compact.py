@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--src", type=Path, default=None, help="a class-folder tree of JPEGs (default: made here)")
     p.add_argument("--ffcv-python", default=None)
+    p.add_argument("--no-ffcv", action="store_true", help="leave FFCV out even when its venv is there")
     p.add_argument("--cuda", action="store_true", help="also the nvJPEG decode and the GPU build")
     p.add_argument("--json", type=Path, default=None)
     a = p.parse_args(argv)
@@ -223,7 +224,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # -------------------------------------------------- FFCV's JPEG field on the same samples
         ffcv_py = a.ffcv_python or os.environ.get("FFCV_PYTHON") or str(
             Path(os.environ.get("BENCH_VENVS", ROOT / "bench" / ".venvs")) / "ffcv" / "bin" / "python")
-        if Path(ffcv_py).exists():
+        if a.no_ffcv:
+            res["ffcv_jpeg"] = {"skipped": "peers not requested (--no-ffcv)"}
+        elif Path(ffcv_py).exists():
             np.save(tmp / "images.npy", ref.read(np.arange(n)))
             np.save(tmp / "labels.npy", ref.labels)
             r = subprocess.run([ffcv_py, str(ROOT / "bench" / "ffcv_jpeg_contender.py"), "--images",

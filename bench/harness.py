@@ -24,13 +24,14 @@ from typing import Any
 import torch
 
 from bench import peers
+from bench.extras import EXTRA_SECTIONS, run_extra
 from bench.machine import machine_info
 
 __all__ = ["PROFILES", "SCHEMA", "main", "run"]
 
 SCHEMA = 1
 ROOT = Path(__file__).resolve().parent
-SECTIONS = ("build", "load", "transforms", "train", "gpu")
+SECTIONS = ("build", "load", "transforms", "train", "gpu", *EXTRA_SECTIONS)
 
 _COMMON = {"size": 224, "jobs": 2, "workers": 2, "train_model": "small_cnn", "train_crop": 112, "train_lr": 0.05,
            "child_timeout": 1200, "gpu_workers": min(8, os.cpu_count() or 1), "peers": True, "gpu": True,
@@ -136,6 +137,11 @@ def run(cfg: dict[str, Any], out: Path, work: Path, sections: tuple[str, ...], c
             log("== gpu")
             res["gpu"] = run_gpu(cfg, src, outputs, log)
             save()
+        for section in EXTRA_SECTIONS:
+            if section in sections:
+                log(f"== {section}")
+                res[section] = run_extra(section, cfg, work, log)
+                save()
         for key, p in res.get("build", {}).get("skipped", {}).items():
             res["peers"][key]["status"] = f"skipped: {p}"
         for key, why in res.get("build", {}).get("failed", {}).items():

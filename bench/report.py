@@ -54,6 +54,49 @@ def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _flat(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """Nested JSON as (dotted key, value) rows; lists of objects are numbered."""
+    if isinstance(d, list) and d and all(isinstance(x, dict) for x in d):
+        d = {str(i): x for i, x in enumerate(d)}
+    if not isinstance(d, dict):
+        return [(prefix.rstrip("."), d)]
+    rows: list[tuple[str, Any]] = []
+    for k, v in d.items():
+        if isinstance(v, dict) or (isinstance(v, list) and v and all(isinstance(x, dict) for x in v)):
+            rows += _flat(v, f"{prefix}{k}.")
+        else:
+            rows.append((f"{prefix}{k}", v))
+    return rows
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.0f}"
+    if isinstance(v, list):
+        return ", ".join(_value(x) for x in v[:8]) + (" ..." if len(v) > 8 else "")
+    return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
+
+
+def _extra_sections(res: dict[str, Any]) -> list[str]:
+    """The script sections (bench/extras.py): each figure its script wrote, as it named it."""
+    from bench.extras import EXTRA_SECTIONS
+
+    lines: list[str] = []
+    for section in EXTRA_SECTIONS:
+        ex = res.get(section)
+        if not ex:
+            continue
+        lines += [f"## {ex['title']}", "", f"`{ex['command']}` ({ex['seconds']:.0f} s; the script's docstring says "
+                  "how each figure is measured)", ""]
+        if "failed" in ex:
+            lines += [f"Not measured: {ex['failed']}", ""]
+            continue
+        lines += ["| figure | value |", "|---|---:|"]
+        lines += [f"| {k} | {_value(v)} |" for k, v in _flat(ex["figures"])]
+        lines.append("")
+    return lines
+
+
 def write_markdown(res: dict[str, Any], folder: Path) -> Path:
     m, run = res["machine"], res["run"]
     gpu = m["gpu"]["name"] if m.get("gpu") else "none"
@@ -141,6 +184,7 @@ def write_markdown(res: dict[str, Any], folder: Path) -> Path:
                   f"pageable {_mmm(h['pageable_gb_s'], '{:.1f}')} GB/s.", ""]
     if "skipped" in gpu_res:
         lines += [f"## GPU: not measured ({gpu_res['skipped']})", ""]
+    lines += _extra_sections(res)
     lines += ["## Peers", "", "| peer | status | settings |", "|---|---|---|"]
     for name, p in res.get("peers", {}).items():
         lines.append(f"| {name} | {p['status']} | {p['settings']} |")

@@ -186,3 +186,21 @@ def test_readme_sections_come_from_the_results_folder(tiny_run, tmp_path: Path) 
     (tmp_path / "README.md").write_text("no markers\n")
     with pytest.raises(SystemExit, match="no <!-- bench:performance:begin -->"):
         update_readme(out, tmp_path / "README.md")
+
+
+def test_the_script_sections_run_in_the_harness(tmp_path: Path) -> None:
+    """remote, compact, share, plan: each script runs as a section, its figures land in results.json and
+    results.md, and they say what the scripts measure (not just that they ran)."""
+    from bench.extras import EXTRA_SECTIONS
+
+    cfg = {**PROFILES["tiny"], "profile": "tiny", "peers": False, "gpu": False, "jobs": 1}
+    res = run(cfg, tmp_path / "out", tmp_path / "work", tuple(EXTRA_SECTIONS), "test", log=lambda _m: None)
+    assert all("figures" in res[s] for s in EXTRA_SECTIONS), {s: res[s].get("failed") for s in EXTRA_SECTIONS}
+    remote = res["remote"]["figures"]
+    assert 1.0 <= remote["http_cold_bytes_vs_needed"] <= 1.2 and remote["http_block_cache_warm_img_s"] > 0
+    compact = res["compact"]["figures"]
+    assert compact["served_equals_plain_decode"]["simplejpeg"] is True and compact["size"]["jpeg_over_raw"] < 0.5
+    assert compact["ffcv_jpeg"] == {"skipped": "peers not requested (--no-ffcv)"}
+    assert all(row["rerun"] == "up to date" for row in res["share"]["figures"])
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert all(EXTRA_SECTIONS[s][1] in md for s in EXTRA_SECTIONS) and "http_cold_bytes_vs_needed" in md
