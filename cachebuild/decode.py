@@ -215,6 +215,28 @@ def _resize_into(src: np.ndarray, out: np.ndarray, interpolation: str) -> None:
         out[...] = cv2.resize(src, (out_w, out_h), interpolation=flag)
 
 
+def crop_window(h: int, w: int, s: int) -> tuple[int, int, int, int]:
+    """The source window ``(y0, x0, y1, x1)`` that torchvision's Resize(S) + CenterCrop(S) keeps of an h x w
+    image: cropping it first, then resizing to S x S, resizes only the kept pixels. Shared by the CPU and
+    GPU build paths, so both keep the same pixels."""
+    if h <= w:
+        nh, nw = s, int(s * w / h)
+    else:
+        nh, nw = int(s * h / w), s
+    top, left = round((nh - s) / 2), round((nw - s) / 2)
+    y0, x0 = round(top * h / nh), round(left * w / nw)
+    y1, x1 = round((top + s) * h / nh), round((left + s) * w / nw)
+    return y0, x0, max(y1, y0 + 1), max(x1, x0 + 1)  # a 1-pixel-thin image still gives one row or column
+
+
+def letterbox(h: int, w: int, s: int) -> tuple[int, int, int, int]:
+    """Where ``--fit pad`` puts an h x w image in its S x S sample: ``(y0, x0, y1, x1)``, aspect kept."""
+    scale = s / max(h, w)
+    nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
+    y0, x0 = (s - nh) // 2, (s - nw) // 2
+    return y0, x0, y0 + nh, x0 + nw
+
+
 def fit_into(img: np.ndarray, spec: ResizeSpec, out: np.ndarray) -> tuple[int, int, int, int]:
     """Crop/squash/pad ``img`` (H, W, 3) into ``out`` (S, S, 3); returns the valid box in ``out``."""
     h, w = img.shape[:2]
@@ -223,24 +245,14 @@ def fit_into(img: np.ndarray, spec: ResizeSpec, out: np.ndarray) -> tuple[int, i
         _resize_into(img, out, spec.interpolation)
         return (0, 0, s, s)
     if spec.fit == "crop":
-        # torchvision Resize(S) + CenterCrop(S), done as crop-then-resize so only kept pixels are resized.
-        if h <= w:
-            nh, nw = s, int(s * w / h)
-        else:
-            nh, nw = int(s * h / w), s
-        top, left = round((nh - s) / 2), round((nw - s) / 2)
-        y0, x0 = round(top * h / nh), round(left * w / nw)
-        y1, x1 = round((top + s) * h / nh), round((left + s) * w / nw)
-        y1, x1 = max(y1, y0 + 1), max(x1, x0 + 1)  # a 1-pixel-thin image still gives one row or column
+        y0, x0, y1, x1 = crop_window(h, w, s)
         _resize_into(img[y0:y1, x0:x1], out, spec.interpolation)
         return (0, 0, s, s)
     # pad: letterbox, keep aspect, zeros around
-    scale = s / max(h, w)
-    nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
-    y0, x0 = (s - nh) // 2, (s - nw) // 2
+    box = letterbox(h, w, s)
     out[...] = 0
-    _resize_into(img, out[y0 : y0 + nh, x0 : x0 + nw], spec.interpolation)
-    return (y0, x0, y0 + nh, x0 + nw)
+    _resize_into(img, out[box[0] : box[2], box[1] : box[3]], spec.interpolation)
+    return box
 
 
 def decode_into(data: bytes | np.ndarray, spec: ResizeSpec, out: np.ndarray, *, path: str = "") -> Placement:

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from cachebuild.decode import Placement, ResizeSpec, decode_into, probe
+from cachebuild.decode import Placement, ResizeSpec, crop_window, decode_into, letterbox, probe
 from cachebuild.errors import CacheBuildError, DecodeError
 
 __all__ = ["BATCH", "GpuBlockDecoder", "check_decode_device", "fit_tensor", "gpu_workers", "nvjpeg_can_take"]
@@ -130,21 +130,13 @@ def fit_tensor(img: Any, spec: ResizeSpec) -> tuple[Any, tuple[int, int, int, in
     s = spec.size
     if spec.fit == "squash":
         return _resize(img, s, s, spec.interpolation), (0, 0, s, s)
-    if spec.fit == "crop":  # the CPU path's arithmetic, line for line
-        if h <= w:
-            nh, nw = s, int(s * w / h)
-        else:
-            nh, nw = int(s * h / w), s
-        top, left = round((nh - s) / 2), round((nw - s) / 2)
-        y0, x0 = round(top * h / nh), round(left * w / nw)
-        y1, x1 = round((top + s) * h / nh), round((left + s) * w / nw)
+    if spec.fit == "crop":  # the CPU path's window (cachebuild.decode.crop_window)
+        y0, x0, y1, x1 = crop_window(h, w, s)
         return _resize(img[:, y0:y1, x0:x1], s, s, spec.interpolation), (0, 0, s, s)
-    scale = s / max(h, w)
-    nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
-    y0, x0 = (s - nh) // 2, (s - nw) // 2
+    y0, x0, y1, x1 = letterbox(h, w, s)
     out = torch.zeros((3, s, s), dtype=torch.uint8, device=img.device)
-    out[:, y0 : y0 + nh, x0 : x0 + nw] = _resize(img, nh, nw, spec.interpolation)
-    return out, (y0, x0, y0 + nh, x0 + nw)
+    out[:, y0:y1, x0:x1] = _resize(img, y1 - y0, x1 - x0, spec.interpolation)
+    return out, (y0, x0, y1, x1)
 
 
 class GpuBlockDecoder:

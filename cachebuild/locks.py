@@ -74,14 +74,15 @@ def _holder_text(lock: Path) -> str:
     holder = read_holder(lock)
     if holder is None:
         return "holder not named in the lock file"
-    if holder.host == current_host() and not _alive(holder.pid):
+    if holder.host == current_host() and not pid_alive(holder.pid):
         # flock is held, so a live process holds it; the file names an older, dead one (its successor could
         # not write the file, e.g. another user without write permission on it).
         return f"holder not named in the lock file (it still names pid {holder.pid}, which is not running)"
     return holder.describe()
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this host (one we may not signal still runs)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

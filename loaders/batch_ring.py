@@ -39,6 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from cachebuild.locks import pid_alive
+
 __all__ = ["MAX_SLOTS", "WAIT_S", "InlineTensor", "SlotTensor", "WorkerRing", "drop_dead_rings", "ring_stats"]
 
 WAIT_S = 0.005  # longest wait for a free slot; a fresh 38 MB batch costs ~30 ms, so waiting longer never pays
@@ -185,18 +187,8 @@ _registry: dict[tuple[int, str], _MainRing] = {}
 _lock = threading.Lock()  # unpickling may run in the pin-memory thread; finalizers never take it
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _drop_dead_locked() -> int:
-    dead = [k for k, r in _registry.items() if not _alive(r.pid)]
+    dead = [k for k, r in _registry.items() if not pid_alive(r.pid)]
     for k in dead:
         del _registry[k]  # outstanding views keep their own reference to the mapping
     return len(dead)

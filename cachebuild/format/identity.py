@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from cachebuild.errors import FingerprintMismatchError
+from cachebuild.errors import FingerprintMismatchError, OptionError
 from cachebuild.format.manifest import Manifest
 
 __all__ = ["SHOWN_DIGITS", "check_fingerprint", "fingerprint"]
@@ -25,7 +25,7 @@ def check_fingerprint(manifest: Manifest, expected: str, where: str) -> None:
     """Raise unless the cache's build key starts with ``expected`` (8 to 64 hex digits)."""
     want = str(expected).strip().lower()
     if not _PREFIX.fullmatch(want):
-        raise ValueError(f"expect_fingerprint must be 8 to 64 hex digits (a prefix of the fingerprint `cachebuild "
+        raise OptionError(f"expect_fingerprint must be 8 to 64 hex digits (a prefix of the fingerprint `cachebuild "
                          f"info` or `cachebuild ls` shows), got {expected!r}")
     key = manifest.build_key.lower()
     if not key.startswith(want):

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from cachebuild.atomic import fsync_dir, write_json_atomic
-from cachebuild.errors import CacheExistsError
+from cachebuild.errors import CacheExistsError, OptionError
 from cachebuild.format.file_table import is_unfinished_write, with_file_table
 from cachebuild.format.manifest import MANIFEST_NAME, ArrayInfo, Failure, Manifest
 from cachebuild.format.side_arrays import save_array, save_paths, sha256_bytes
@@ -132,7 +132,7 @@ def write_cache(
     out = Path(out)
     images = np.asarray(images)
     if images.dtype != np.uint8 or images.ndim != 4 or images.shape[3] != 3:
-        raise ValueError(f"images must be uint8 (N, H, W, 3), got {images.dtype}{list(images.shape)}")
+        raise OptionError(f"images must be uint8 (N, H, W, 3), got {images.dtype}{list(images.shape)}")
     n = len(images)
     sample_shape = (int(images.shape[1]), int(images.shape[2]), 3)
     staging = staging_path(out)

@@ -21,7 +21,7 @@ from cachebuild.storage.location import Location
 if TYPE_CHECKING:
     from cachebuild.format.manifest import Manifest, ShardInfo
 
-__all__ = ["Backend", "BlockRecord", "ImageStore", "Sink", "StorageParams"]
+__all__ = ["Backend", "BlockRecord", "ImageStore", "Sink", "StorageParams", "one_file_per_block"]
 
 BlockRecord = dict[str, Any]  # a finished block: {"block", "start", "planned", "count", "file", "sha256", ...}
 
@@ -136,3 +136,18 @@ class Backend(ABC):
     @abstractmethod
     def open(self, location: Location, manifest: Manifest, *, block_cache: BlockCache | None = None) -> ImageStore:
         """Check the images against ``manifest`` (cheap: headers, a listing; no pixel read) and return a store."""
+
+
+def one_file_per_block(staging: Path, ordered: list[BlockRecord], checksum: str = "sha256") -> list[ShardInfo]:
+    """``Backend.finish`` for kinds that write one shard file per block (npy, jpeg): shards in plan order,
+    each checked by the record's ``checksum`` field; a block whose every file failed leaves no shard."""
+    from cachebuild.format.manifest import ShardInfo
+
+    shards, pos = [], 0
+    for r in ordered:
+        if r["count"]:
+            shards.append(ShardInfo(r["file"], pos, r["count"], r[checksum]))
+            pos += r["count"]
+        else:
+            (staging / r["file"]).unlink(missing_ok=True)
+    return shards

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from cachebuild.atomic import AtomicFile
+from cachebuild.errors import OptionError
 
 __all__ = ["DEFAULT_BLOCK_BYTES", "DEFAULT_MAX_BYTES", "BlockCache", "CachedFile"]
 
@@ -142,7 +143,7 @@ class BlockCache:
     def __init__(self, folder: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_BYTES,
                  block_bytes: int = DEFAULT_BLOCK_BYTES) -> None:
         if max_bytes < block_bytes or block_bytes < 4096:
-            raise ValueError(f"block cache needs max_bytes >= block_bytes >= 4096, got {max_bytes}, {block_bytes}")
+            raise OptionError(f"block cache needs max_bytes >= block_bytes >= 4096, got {max_bytes}, {block_bytes}")
         self.folder = Path(folder)
         self.max_bytes = int(max_bytes)
         self.block_bytes = int(block_bytes)

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cachebuild.atomic import AtomicFile
-from cachebuild.errors import CacheCorruptError, RemoteError
+from cachebuild.errors import CacheCorruptError, OptionError, RemoteError
 from cachebuild.storage import jpeg_codec
-from cachebuild.storage.base import Backend, BlockRecord, ImageStore, StorageParams
+from cachebuild.storage.base import Backend, BlockRecord, ImageStore, StorageParams, one_file_per_block
 from cachebuild.storage.block_cache import BlockCache
 from cachebuild.storage.jpeg_payloads import PayloadFiles, ShardIndex, index_bytes, parse_index, write_shard
 from cachebuild.storage.location import Location
@@ -56,7 +56,7 @@ def decode_threads() -> int:
         try:
             return max(1, int(env))
         except ValueError:
-            raise ValueError(f"CACHEBUILD_DECODE_THREADS must be a positive integer, got {env!r}") from None
+            raise OptionError(f"CACHEBUILD_DECODE_THREADS must be a positive integer, got {env!r}") from None
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     workers = 1
     data = sys.modules.get("torch.utils.data")  # never imported here: only asked when the caller uses torch
@@ -224,7 +224,7 @@ class JpegBackend(Backend):
         quality, subsampling = opts.quality, opts.subsampling
         jpeg_codec.check_params(quality, subsampling)
         if opts.compression != "none":
-            raise ValueError(f"jpeg caches take no chunk compression (the JPEG is the compression); "
+            raise OptionError(f"jpeg caches take no chunk compression (the JPEG is the compression); "
                              f"got compression={opts.compression!r}")
         return {"chunk_size": None, "compression": "none", "codec": "jpeg", "quality": quality,
                 "subsampling": subsampling, "encoder": jpeg_codec.ENCODER}
@@ -234,23 +234,14 @@ class JpegBackend(Backend):
         return JpegShardSink(staging, block, sample_shape, params["quality"], params["subsampling"])
 
     def finish(self, staging: Path, ordered: list[BlockRecord], count: int, planned: int) -> list[ShardInfo]:
-        from cachebuild.format.manifest import ShardInfo
-
-        shards, pos = [], 0
-        for r in ordered:
-            if r["count"]:
-                shards.append(ShardInfo(r["file"], pos, r["count"], r["stored_sha256"]))
-                pos += r["count"]
-            else:  # every file of the block failed: no shard
-                (staging / r["file"]).unlink(missing_ok=True)
-        return shards
+        return one_file_per_block(staging, ordered, checksum="stored_sha256")
 
     def write_arrays(self, staging: Path, images: np.ndarray, shard_size: int, compression: str) -> list[ShardInfo]:
         """In-memory images at the default quality and subsampling."""
         from cachebuild.format.manifest import ShardInfo
 
         if compression != "none":
-            raise ValueError(f"jpeg caches take no chunk compression; got compression={compression!r}")
+            raise OptionError(f"jpeg caches take no chunk compression; got compression={compression!r}")
         shards = []
         for i, lo in enumerate(range(0, len(images), shard_size)):
             block = images[lo : lo + shard_size]

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cachebuild.atomic import AtomicFile
-from cachebuild.errors import CacheCorruptError
-from cachebuild.storage.base import Backend, BlockRecord, ImageStore, StorageParams
+from cachebuild.errors import CacheCorruptError, OptionError
+from cachebuild.storage.base import Backend, BlockRecord, ImageStore, StorageParams, one_file_per_block
 from cachebuild.storage.block_cache import BlockCache
 from cachebuild.storage.location import Location
 from cachebuild.storage.rows import RowFiles, Segment, npy_header
@@ -133,7 +133,7 @@ class NpyBackend(Backend):
 
     def build_params(self, opts: StorageParams) -> dict[str, Any]:
         if opts.compression != "none":
-            raise ValueError(f"compression={opts.compression!r} does not apply to npy shards, which are stored raw "
+            raise OptionError(f"compression={opts.compression!r} does not apply to npy shards, which are stored raw "
                              f"(zarr storage compresses its chunks)")
         return {"chunk_size": None, "compression": "none"}
 
@@ -142,22 +142,13 @@ class NpyBackend(Backend):
         return NpyShardSink(staging, block, planned, sample_shape)
 
     def finish(self, staging: Path, ordered: list[BlockRecord], count: int, planned: int) -> list[ShardInfo]:
-        from cachebuild.format.manifest import ShardInfo
-
-        shards, pos = [], 0
-        for r in ordered:
-            if r["count"]:
-                shards.append(ShardInfo(r["file"], pos, r["count"], r["sha256"]))
-                pos += r["count"]
-            else:  # every file of the block failed: no shard
-                (staging / r["file"]).unlink(missing_ok=True)
-        return shards
+        return one_file_per_block(staging, ordered)
 
     def write_arrays(self, staging: Path, images: np.ndarray, shard_size: int, compression: str) -> list[ShardInfo]:
         from cachebuild.format.manifest import ShardInfo
 
         if compression != "none":
-            raise ValueError(f"npy shards are not compressed; got compression={compression!r}")
+            raise OptionError(f"npy shards are not compressed; got compression={compression!r}")
         shards = []
         for i, lo in enumerate(range(0, len(images), shard_size)):
             block = np.ascontiguousarray(images[lo : lo + shard_size])

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cachebuild.atomic import write_json_atomic
+from cachebuild.errors import OptionError
 from cachebuild.storage.base import Backend, BlockRecord, StorageParams
 from cachebuild.storage.block_cache import BlockCache
 from cachebuild.storage.location import Location
@@ -55,7 +56,7 @@ class ZarrBackend(Backend):
 
     def build_params(self, opts: StorageParams) -> dict[str, Any]:
         if opts.compression not in COMPRESSIONS:
-            raise ValueError(f"unknown compression {opts.compression!r}: expected one of {', '.join(COMPRESSIONS)}")
+            raise OptionError(f"unknown compression {opts.compression!r}: expected one of {', '.join(COMPRESSIONS)}")
         return {"chunk_size": resolved_chunk(opts), "compression": opts.compression}
 
     def prepare(self, staging: Path, planned: int, sample_shape: tuple[int, int, int], opts: StorageParams) -> None:

@@ -20,6 +20,7 @@ import numpy as np
 from joblib import Parallel, delayed
 
 from cachebuild.atomic import write_json_atomic
+from cachebuild.errors import CacheBuildError, OptionError
 from cachebuild.storage.base import BlockRecord
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ def create_zarr_images(path: Path, count: int, sample_shape: tuple[int, int, int
     elif compression == "blosc":
         compressors = BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle")
     elif compression != "none":
-        raise ValueError(f"unknown compression {compression!r}: expected one of {', '.join(COMPRESSIONS)}")
+        raise OptionError(f"unknown compression {compression!r}: expected one of {', '.join(COMPRESSIONS)}")
     return zarr.create_array(
         store=str(path),
         shape=(count, *sample_shape),
@@ -88,7 +89,7 @@ def open_zarr_for_writing(path: Path) -> Any:
     with zarr.config.set({"array.write_empty_chunks": True}):
         arr = zarr.open_array(str(path), mode="r+")
     if not arr.config.write_empty_chunks:  # the setting must have been taken when the array was opened
-        raise RuntimeError(f"zarr {zarr.__version__} ignored write_empty_chunks for {path}")
+        raise CacheBuildError(f"zarr {zarr.__version__} ignored write_empty_chunks for {path}")
     return arr
 
 
