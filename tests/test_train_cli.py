@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -211,7 +212,11 @@ def test_torchrun_two_ranks_equals_single_process_on_the_global_batch(caches: di
             "--epochs", "1", "--batch-size", str(bs), "--accum", str(accum), "--lr", "0.05", "--workers", "0",
             "--device", "cpu", "--amp", "off", "--augment", "none", "--seed", str(seed), "--log-every", "1"]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", "-m", "loaders.train", *args],
+    with socket.socket() as s:  # a free port on 127.0.0.1 (--standalone would rendezvous on "localhost")
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run([torchrun, "--nnodes", "1", "--nproc_per_node", "2", "--rdzv-backend", "c10d",
+                        "--rdzv-endpoint", f"127.0.0.1:{port}", "-m", "loaders.train", *args],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("accuracy    val top-1") == 1  # only rank 0 reports
