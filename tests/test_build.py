@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from cachebuild.format import open_cache, read_manifest
 from cachebuild.pipeline import BuildOptions, build
 from cachebuild.sources.folder import folder_plan
 from cachebuild.sources.imagenet import imagenet_plans
+from tests.kill_helpers import build_killed_after_blocks
 
 
 def _train_plan(info):
@@ -168,15 +168,8 @@ def test_sigkill_then_resume_is_byte_identical(imagenet_tree, tmp_path, storage)
     ref = _cli("imagenet", str(src), "--out", str(tmp_path / "ref"), *common)
     assert ref.returncode == 0, ref.stderr
     out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "cachebuild", "imagenet", str(src), "--out", str(out), *common],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    blocks = out / "train.partial" / "blocks"
-    deadline = time.time() + 60
-    while time.time() < deadline and len(list(blocks.glob("*.json"))) < 3:
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    n_done = len(list(blocks.glob("*.json")))
+    n_done = build_killed_after_blocks(["imagenet", str(src), "--out", str(out), *common],
+                                       out / "train.partial" / "blocks")
     assert 3 <= n_done < 14, "the kill must land part way"
     assert not (out / "train").exists()
     resumed = _cli("imagenet", str(src), "--out", str(out), *common, "-v")

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 import zlib
 from pathlib import Path
 
@@ -33,6 +30,7 @@ from loaders.device import device_loader
 from loaders.encoded import EncodedImages
 from loaders.sampler import CacheSampler
 from tests.compact_fixtures import jpeg_index_cache, read_index, shard_payloads
+from tests.kill_helpers import build_killed_after_blocks
 
 SIZE = 64
 
@@ -138,15 +136,8 @@ def test_sigkill_then_resume_is_byte_identical(imagenet_tree, tmp_path):
     cli = [sys.executable, "-m", "cachebuild", "imagenet", str(src)]
     assert subprocess.run([*cli, "--out", str(tmp_path / "ref"), *common], capture_output=True).returncode == 0
     out = tmp_path / "killed"
-    proc = subprocess.Popen([*cli, "--out", str(out), *common], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    blocks = out / "train.partial" / "blocks"
-    deadline = time.time() + 60
-    while time.time() < deadline and len(list(blocks.glob("*.json"))) < 3:
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert 3 <= len(list(blocks.glob("*.json"))) < 14, "the kill must land part way"
+    n_done = build_killed_after_blocks([*cli[3:], "--out", str(out), *common], out / "train.partial" / "blocks")
+    assert 3 <= n_done < 14, "the kill must land part way"
     resumed = subprocess.run([*cli, "--out", str(out), *common, "-v"], capture_output=True, text=True)
     assert resumed.returncode == 0 and "resuming" in resumed.stderr, resumed.stderr
     assert _image_files(out / "train") == _image_files(tmp_path / "ref" / "train")

@@ -8,7 +8,6 @@ import io
 import os
 import pickle
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
@@ -27,6 +26,7 @@ from cachebuild.sources.plan import block_reader
 from cachebuild.sources.remote import close_handles
 from cachebuild.sources.tar_index import index_tar
 from cachebuild.sources.wds import IMAGE_KEYS, WdsLayout, wds_plan
+from tests.kill_helpers import build_killed_after_blocks
 from tests.shard_fixtures import SIZE, cache_view
 
 
@@ -275,15 +275,8 @@ def test_sigkill_then_resume_is_byte_identical(wds_set, tmp_path):
     ref = _cli("wds", wds_set["pattern"], "--out", str(tmp_path / "ref"), *common)
     assert ref.returncode == 0, ref.stderr
     out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "cachebuild", "wds", wds_set["pattern"], "--out", str(out),
-                             *common], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    blocks = out / "train.partial" / "blocks"
-    deadline = time.time() + 60
-    while time.time() < deadline and len(list(blocks.glob("*.json"))) < 3:
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    n_done = len(list(blocks.glob("*.json")))
+    n_done = build_killed_after_blocks(["wds", wds_set["pattern"], "--out", str(out), *common],
+                                       out / "train.partial" / "blocks")
     assert 3 <= n_done < 16, "the kill must land part way"
     resumed = _cli("wds", wds_set["pattern"], "--out", str(out), *common, "-v")
     assert resumed.returncode == 0, resumed.stderr

@@ -38,6 +38,18 @@ def _fail(e: CacheBuildError) -> None:
     raise click.ClickException(str(e)) from None
 
 
+def _transfer(run: Any, src: str, dest: str, *, quiet: bool, **options: Any) -> None:
+    """pull or push: run it, one line per cache moved, a one-line error otherwise."""
+    _logging(quiet)
+    try:
+        results = run(src, dest, **options)
+    except CacheBuildError as e:
+        _fail(e)
+        return
+    for r in results:
+        click.echo(r.describe())
+
+
 @click.command()
 @click.argument("src", metavar="URL|PATH")
 @click.argument("dest", metavar="DEST")
@@ -56,14 +68,7 @@ def pull(src: str, dest: str, force: bool, jobs: int, wait: float | None, progre
     """
     from cachebuild.share.pull import pull as run
 
-    _logging(quiet)
-    try:
-        results = run(src, dest, force=force, jobs=jobs, progress=progress, wait=wait)
-    except CacheBuildError as e:
-        _fail(e)
-        return
-    for r in results:
-        click.echo(r.describe())
+    _transfer(run, src, dest, force=force, jobs=jobs, progress=progress, wait=wait, quiet=quiet)
 
 
 @click.command()
@@ -83,14 +88,7 @@ def push(src: str, dest: str, force: bool, jobs: int, wait: float | None, progre
     the file table before it leaves, the manifest last. Rerun to resume."""
     from cachebuild.share.push import push as run
 
-    _logging(quiet)
-    try:
-        results = run(src, dest, force=force, jobs=jobs, progress=progress, wait=wait)
-    except CacheBuildError as e:
-        _fail(e)
-        return
-    for r in results:
-        click.echo(r.describe())
+    _transfer(run, src, dest, force=force, jobs=jobs, progress=progress, wait=wait, quiet=quiet)
 
 
 @click.command()
