@@ -251,3 +251,22 @@ def test_a_class_folder_tree_at_a_url_builds_the_same_cache_as_its_local_copy(tm
     assert np.array_equal(a.read(np.arange(len(a))), b.read(np.arange(len(b))))
     r = CliRunner().invoke(main, ["folder", url, "--size", "32", "--jobs", "1", "--out", str(remote)])
     assert "up to date" in r.output  # the listing's sizes and ETags/mtimes fingerprint the source
+
+
+def test_eviction_removes_what_killed_writers_left(tmp_path):
+    """A block-cache object whose writer died before its rename is never finished by anyone: eviction
+    deletes it once it is stale, and leaves a fresh one (a writer may still be at work) alone."""
+    import os
+
+    from cachebuild.storage import BlockCache
+
+    cache = BlockCache(tmp_path / "blocks", max_bytes=1 << 20, block_bytes=4096)
+    cache.store_object(BlockCache.key("a"), b"x" * 100)
+    sub = next(p for p in (tmp_path / "blocks").iterdir() if p.is_dir())
+    stale, fresh = sub / ".abc.obj.123.deadbeef.tmp", sub / ".abd.obj.124.cafebabe.tmp"
+    stale.write_bytes(b"half")
+    fresh.write_bytes(b"half")
+    os.utime(stale, (1, 1))
+    cache.evict()
+    assert not stale.exists() and fresh.exists()
+    assert cache.lookup_object(BlockCache.key("a")) == b"x" * 100

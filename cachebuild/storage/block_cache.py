@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cachebuild.atomic import AtomicFile
+from cachebuild.atomic import AtomicFile, is_temporary_name
 from cachebuild.errors import OptionError
 
 __all__ = ["DEFAULT_BLOCK_BYTES", "DEFAULT_MAX_BYTES", "BlockCache", "CachedFile"]
@@ -43,6 +43,7 @@ DEFAULT_BLOCK_BYTES = 1 << 20  # 1 MiB: ~7 rows at 224; a shuffled cold epoch fe
 DEFAULT_MAX_BYTES = 64 << 30
 _PRESENT = np.uint64(1 << 32)
 _EVICT_EVERY = 1 / 16  # check the bound after fetching this fraction of it
+STALE_TMP_S = 3600.0  # a temporary file this old belongs to a writer that died
 
 Fetch = Callable[[Sequence[tuple[int, int]]], list[bytes]]
 
@@ -206,6 +207,10 @@ class BlockCache:
                 try:
                     st = p.stat()
                 except FileNotFoundError:
+                    continue
+                if is_temporary_name(p.name):  # a write killed before its rename: nobody will finish it
+                    if time.time() - st.st_mtime > STALE_TMP_S:
+                        p.unlink(missing_ok=True)
                     continue
                 stem = p.with_suffix("")
                 e = entries.setdefault(stem, [0.0, time.time()])
