@@ -255,6 +255,29 @@ def fit_into(img: np.ndarray, spec: ResizeSpec, out: np.ndarray) -> tuple[int, i
     return box
 
 
+_DECODED = threading.local()  # each thread's reused full-scale decode buffer
+_REUSE_BYTES = 32 << 20  # decodes larger than this get their own array: a rare giant keeps no memory
+
+
+def _turbo_rgb(data: bytes, nbytes: int) -> np.ndarray | None:
+    """Full-scale RGB decode through libjpeg-turbo's TurboJPEG API (simplejpeg) into a reused buffer, or
+    None to leave the file to OpenCV. The same libjpeg-turbo decode as ``cv2.imdecode`` (islow DCT, fancy
+    upsampling), so the same pixels (tests/test_decode.py), but 0.56 against 0.65 ms for a 430 x 360
+    photo: no copy of the input, no fresh output array per image. ``strict``: any libjpeg warning (damaged
+    data) returns None, and OpenCV handles the file exactly as before; so does anything else it refuses."""
+    import simplejpeg
+
+    buf = None
+    if nbytes <= _REUSE_BYTES:
+        buf = getattr(_DECODED, "buf", None)
+        if buf is None or buf.size < nbytes:
+            buf = _DECODED.buf = np.empty(max(nbytes, 1 << 20), np.uint8)
+    try:
+        return simplejpeg.decode_jpeg(data, "RGB", buffer=buf, strict=True)
+    except ValueError:
+        return None
+
+
 def decode_into(data: bytes | np.ndarray, spec: ResizeSpec, out: np.ndarray, *, path: str = "") -> Placement:
     """Decode one source into ``out`` (S, S, 3) uint8 RGB; raises :class:`DecodeError` naming ``path``."""
     try:
@@ -264,11 +287,13 @@ def decode_into(data: bytes | np.ndarray, spec: ResizeSpec, out: np.ndarray, *, 
             return Placement(h, w, box)
         h, w, fmt = probe(data, spec.max_pixels)
         r = _reduction(h, w, spec) if spec.reduced_decode and fmt == "JPEG" else 1
-        img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), _DECODE_FLAGS[r])
+        img = _turbo_rgb(data, h * w * 3) if fmt == "JPEG" and r == 1 else None
         if img is None:
-            raise ValueError(f"OpenCV could not decode this {fmt} file")
-        if not _RGB_DIRECT:
-            img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+            img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), _DECODE_FLAGS[r])
+            if img is None:
+                raise ValueError(f"OpenCV could not decode this {fmt} file")
+            if not _RGB_DIRECT:
+                img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
         box = fit_into(img, spec, out)
         return Placement(h, w, box)
     except DecodeError:

@@ -171,7 +171,8 @@ def _run_block(plan_reader: Any, keys: list[str], start: int, block: int, spec: 
                decode_device: str = "cpu", claim: str = "") -> dict[str, Any]:
     """Decode one block into its storage backend's sink and write its record; returns the record.
 
-    Each sample is decoded into a reused buffer and hashed while it is hot in cache. No fsync: a finished
+    Each sample is decoded into its sink's reused slot; the sink writes and hashes it while it is hot in
+    cache (``Sink.close``). No fsync: a finished
     block survives any kill of the build (the kernel holds the pages); after a machine crash,
     ``cachebuild verify`` checks every shard against its checksum. ``decode_device="cuda"`` decodes the
     block's sources in batches on this worker's GPU instead (``cachebuild.gpu_build``).
@@ -180,7 +181,6 @@ def _run_block(plan_reader: Any, keys: list[str], start: int, block: int, spec: 
     folder = Path(staging)
     shape = (spec.size, spec.size, 3)
     sink = get_backend(storage).sink(folder, block, start, len(keys), shape, params)
-    digest = hashlib.sha256()
     ok, sizes, boxes, failures = [], [], [], []
     if decode_device == "cpu":
         def fill(i: int, key: str, slot: np.ndarray) -> Any:
@@ -202,7 +202,6 @@ def _run_block(plan_reader: Any, keys: list[str], start: int, block: int, spec: 
                     raise DecodeError(key, reason) from None
                 failures.append({"index": start + i, "path": encode_path(key), "reason": reason})
                 continue
-            digest.update(slot)
             sink.commit()
             ok.append(start + i)
             sizes.append([placed.height, placed.width])
@@ -210,10 +209,10 @@ def _run_block(plan_reader: Any, keys: list[str], start: int, block: int, spec: 
     except BaseException:
         sink.abort()
         raise
-    file = sink.close()
+    file, sha256 = sink.close()
     record = {"block": block, "start": start, "planned": len(keys), "count": len(ok), "file": file,
-              "sha256": digest.hexdigest(), "ok": ok, "sizes": sizes, "boxes": boxes, "failures": failures,
-              # what a backend records beyond the raw pixels' checksum (jpeg: the stored shard's own)
+              "sha256": sha256, "ok": ok, "sizes": sizes, "boxes": boxes, "failures": failures,
+              # what a backend records beyond its checksum (jpeg: the stored size)
               **getattr(sink, "record_fields", {})}
     # Not fsynced: the shard it vouches for is not either, and an fsync here made ext4 write the whole
     # shard out while the worker waited (~0.15 s a block, 10-20% of the build).

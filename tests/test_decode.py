@@ -135,6 +135,49 @@ def test_header_shortcut_agrees_with_pil():
     assert probe(gif.getvalue(), 10**9) == (300, 451, "GIF")
 
 
+def _decode_or_reason(data: bytes, spec: ResizeSpec) -> np.ndarray | str:
+    out = np.empty((spec.size, spec.size, 3), np.uint8)
+    try:
+        decode_into(data, spec, out)
+    except DecodeError as e:
+        return e.reason
+    return out
+
+
+def test_full_scale_jpegs_go_through_turbojpeg_with_opencvs_pixels(imagenet_tree, monkeypatch):
+    """Full-scale JPEG decodes take simplejpeg (libjpeg-turbo's TurboJPEG API) for speed. The cache must
+    hold exactly what OpenCV decodes, for every JPEG flavour and every file of a tree with ImageNet's
+    quirks and broken files; what simplejpeg refuses (any libjpeg warning: damaged data) goes to OpenCV
+    as before."""
+    from cachebuild import decode
+
+    files = sorted(p for p in Path(imagenet_tree["root"]).rglob("*") if p.is_file() and p.suffix == ".JPEG")
+    photo = Image.open(files[0]).convert("RGB")
+    flavours = [_jpeg(photo.convert(mode), **kw) for mode in ("RGB", "L", "CMYK")
+                for kw in ({}, {"progressive": True}, {"optimize": True}, {"subsampling": 0},
+                           {"restart_marker_blocks": 1})]
+    scan = flavours[0].index(b"\xff\xda")  # damaged scans libjpeg only warns about: OpenCV decodes them
+    damaged = [flavours[0][: scan + 3000] + b"\xff\xd9",
+               flavours[0][: scan + 2000] + b"\x00" * 300 + flavours[0][scan + 2300 :]]
+    sources = flavours + damaged + [p.read_bytes() for p in files]
+    specs = [ResizeSpec(224), ResizeSpec(160, fit="pad"), ResizeSpec(200, fit="squash")]
+    real_turbo = decode._turbo_rgb
+    taken = {"fast": 0, "refused": 0}
+
+    def counting(data: bytes, nbytes: int):
+        img = real_turbo(data, nbytes)
+        taken["fast" if img is not None else "refused"] += 1
+        return img
+
+    monkeypatch.setattr(decode, "_turbo_rgb", counting)
+    fast = [_decode_or_reason(d, spec) for spec in specs for d in sources]
+    monkeypatch.setattr(decode, "_turbo_rgb", lambda data, nbytes: None)  # OpenCV alone, as before
+    for a, b in zip(fast, [_decode_or_reason(d, spec) for spec in specs for d in sources], strict=True):
+        assert (a == b) if isinstance(a, str) else (not isinstance(b, str) and np.array_equal(a, b))
+    assert taken["fast"] >= len(specs) * (len(flavours) + len(files) // 2)  # CMYK too: libjpeg-turbo converts
+    assert taken["refused"] >= len(specs) * len(damaged)
+
+
 def test_opencv_without_rgb_decoding_gives_the_same_pixels(imagenet_clean, monkeypatch):
     """OpenCV < 4.11 has no IMREAD_COLOR_RGB: the BGR decode + swap must give the same cache, at full and
     DCT-reduced scale."""

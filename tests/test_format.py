@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import numpy as np
@@ -51,11 +52,71 @@ def test_unknown_version_is_refused_by_name(cache):
     path.write_text(json.dumps(d))
     with pytest.raises(UnsupportedFormatError) as e:
         read_manifest(cache)
-    assert f"version {FORMAT_VERSION + 1}" in str(e.value) and f"reads version {FORMAT_VERSION}" in str(e.value)
+    assert f"version {FORMAT_VERSION + 1}" in str(e.value) and "reads versions 1, 2" in str(e.value)
     d["format"] = "ffcv"
     path.write_text(json.dumps(d))
     with pytest.raises(UnsupportedFormatError, match="not a cachebuild manifest"):
         read_manifest(cache)
+
+
+def _file_sha256(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("storage", ["npy", "jpeg"])
+def test_shard_checksums_are_the_files_own_and_the_file_table_reuses_them(imagenet_tree, tmp_path, storage):
+    """Since format 2 a build hashes each npy shard byte once, as it writes it: the manifest's shard
+    sha256 is the file's, header included (jpeg: already so), even for shards shrunk after broken
+    files, and files.json takes it instead of hashing again. Every digest must be the file's real one."""
+    from cachebuild.pipeline import BuildOptions, build
+    from cachebuild.sources.imagenet import imagenet_plans
+
+    (plan,) = imagenet_plans(imagenet_tree["root"], "train")
+    opts = BuildOptions(size=32, jobs=2, storage=storage, block_size=8, progress=False)
+    m = build(plan, tmp_path / "c", opts)
+    man = read_manifest(tmp_path / "c")
+    assert man.format_version == FORMAT_VERSION == 2 and man.failures  # broken files: shrunk shards
+    assert any(s.count < 8 for s in man.shards)
+    for s in man.shards:
+        assert _file_sha256(tmp_path / "c" / s.file) == s.sha256
+    table = json.loads((tmp_path / "c" / "files.json").read_text())["files"]
+    assert {name: sha for name, _, sha in table} == {
+        p.relative_to(tmp_path / "c").as_posix(): _file_sha256(p)
+        for p in (tmp_path / "c").rglob("*") if p.is_file() and p.name not in ("manifest.json", "files.json")}
+    assert open_cache(tmp_path / "c").verify() == [] and m.count == man.count
+
+
+def test_a_byte_outside_the_pixels_is_caught_by_verify(cache):
+    """The shard checksum covers the header too: a changed padding byte (the shard still opens and
+    serves the same pixels) is a mismatch, as it would be for a pull checking the file."""
+    shard = cache / "images-00002.npy"
+    data = bytearray(shard.read_bytes())
+    pad = data.index(b" \n")
+    data[pad] = ord("\t")
+    shard.write_bytes(bytes(data))
+    c = open_cache(cache)
+    assert np.array_equal(c.read([20])[:, 0, 0, 0], [20])
+    assert c.verify() == ["images-00002.npy samples [20, 30): checksum mismatch"]
+
+
+def test_version_1_caches_still_read_and_verify(cache):
+    """Format 1 kept the sha256 of an npy shard's pixel rows: such caches open, serve and verify with
+    that meaning, and a flipped pixel is still named."""
+    path = cache / "manifest.json"
+    d = json.loads(path.read_text())
+    d["format_version"] = 1
+    for s in d["shards"]:
+        pixels = np.load(cache / s["file"])
+        s["sha256"] = hashlib.sha256(pixels).hexdigest()
+    path.write_text(json.dumps(d))
+    c = open_cache(cache)
+    assert c.manifest.format_version == 1 and c.verify() == []
+    assert np.array_equal(c.read([36, 5])[:, 0, 0, 0], [36, 5])
+    shard = cache / "images-00003.npy"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1
+    shard.write_bytes(bytes(data))
+    assert c.verify() == ["images-00003.npy samples [30, 37): checksum mismatch"]
 
 
 def test_not_a_cache_and_a_parent_of_caches(tmp_path, cache):

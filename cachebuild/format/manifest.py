@@ -2,7 +2,7 @@
 
 A frozen dataclass with one parser per field and symmetric ``to_dict``/``from_dict`` (as zarr-python models
 its metadata). The spec in prose is ``docs/FORMAT.md``; this module is its code. A reader refuses any
-``format`` other than ours and any ``format_version`` other than ``FORMAT_VERSION`` with a named error.
+``format`` other than ours and any ``format_version`` not in ``READ_VERSIONS`` with a named error.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "MANIFEST_NAME",
+    "READ_VERSIONS",
     "ArrayInfo",
     "Failure",
     "Manifest",
@@ -32,7 +33,10 @@ __all__ = [
 
 FORMAT_NAME = "cachebuild"
 # Bump on any change a reader of the previous version would misread; readers refuse other versions.
-FORMAT_VERSION = 1
+# 2: an npy shard's sha256 covers its whole file (1: its pixel rows); nothing else differs, so version 1
+# caches are still read (docs/FORMAT.md, "Changing the format").
+FORMAT_VERSION = 2
+READ_VERSIONS = (1, 2)
 MANIFEST_NAME = "manifest.json"
 
 FITS = ("crop", "squash", "pad")
@@ -40,7 +44,8 @@ FITS = ("crop", "squash", "pad")
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """Samples ``[start, start + count)``; ``file`` relative to the cache; sha256 of their raw pixel bytes."""
+    """Samples ``[start, start + count)``; ``file`` relative to the cache; ``sha256`` as the storage kind
+    defines it (npy, jpeg: the whole shard file; zarr: the samples' raw pixel bytes)."""
 
     file: str
     start: int
@@ -159,10 +164,11 @@ class Manifest:
         if fmt != FORMAT_NAME:
             raise UnsupportedFormatError(f"not a {FORMAT_NAME} manifest: format is {fmt!r}, expected {FORMAT_NAME!r}")
         version = d.get("format_version")
-        if version != FORMAT_VERSION:
+        if version not in READ_VERSIONS:
             raise UnsupportedFormatError(
-                f"cache format version {version!r} is not supported: this cachebuild reads version "
-                f"{FORMAT_VERSION}; rebuild the cache or use a cachebuild release that reads version {version!r}"
+                f"cache format version {version!r} is not supported: this cachebuild reads versions "
+                f"{', '.join(map(str, READ_VERSIONS))}; rebuild the cache or use a cachebuild release that reads "
+                f"version {version!r}"
             )
         try:
             shape = _parse_shape("shape", d["shape"])
@@ -171,7 +177,7 @@ class Manifest:
             if d.get("dtype") != "uint8" or d.get("layout") != "NHWC":
                 raise CacheCorruptError(
                     f"manifest says dtype={d.get('dtype')!r} layout={d.get('layout')!r}; version "
-                    f"{FORMAT_VERSION} caches are uint8 NHWC"
+                    f"{version} caches are uint8 NHWC"
                 )
             shards = tuple(
                 ShardInfo(
@@ -192,6 +198,7 @@ class Manifest:
                 for k, a in _parse_mapping("arrays", d["arrays"]).items()
             }
             m = cls(
+                format_version=version,
                 dataset=_parse_str("dataset", d["dataset"]),
                 split=_parse_str("split", d["split"]),
                 count=_parse_int("count", d["count"]),

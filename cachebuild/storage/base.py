@@ -21,7 +21,7 @@ from cachebuild.storage.location import Location
 if TYPE_CHECKING:
     from cachebuild.format.manifest import Manifest, ShardInfo
 
-__all__ = ["Backend", "BlockRecord", "ImageStore", "Sink", "StorageParams", "one_file_per_block"]
+__all__ = ["Backend", "BlockRecord", "ImageStore", "Sink", "StorageParams", "one_file_per_block", "sha256_of_file"]
 
 BlockRecord = dict[str, Any]  # a finished block: {"block", "start", "planned", "count", "file", "sha256", ...}
 
@@ -35,8 +35,10 @@ class Sink(Protocol):
 
     def abort(self) -> None: ...
 
-    def close(self) -> str:
-        """Finish the block; returns the file name its record names."""
+    def close(self) -> tuple[str, str]:
+        """Finish the block; returns the file name its record names and the sha256 the manifest keeps for
+        it. The kind says what the digest covers (npy and jpeg: the shard file's every byte, so the file
+        table takes it as is; zarr: the samples' pixels), and the sink hashes as it writes: one pass."""
         ...
 
 
@@ -92,6 +94,9 @@ class Backend(ABC):
     """One storage kind. Registered once in :mod:`cachebuild.storage` under ``name`` (= ``manifest.storage``)."""
 
     name: ClassVar[str]
+    #: True when a shard's manifest sha256 is the sha256 of its whole file (one file per shard): the
+    #: commit's file table then takes it from the manifest instead of hashing the file a second time
+    shard_sha256_is_file: ClassVar[bool] = False
 
     # ------------------------------------------------------------ write side
     def align_block(self, block: int, opts: StorageParams) -> int:
@@ -138,16 +143,28 @@ class Backend(ABC):
         """Check the images against ``manifest`` (cheap: headers, a listing; no pixel read) and return a store."""
 
 
-def one_file_per_block(staging: Path, ordered: list[BlockRecord], checksum: str = "sha256") -> list[ShardInfo]:
+def one_file_per_block(staging: Path, ordered: list[BlockRecord]) -> list[ShardInfo]:
     """``Backend.finish`` for kinds that write one shard file per block (npy, jpeg): shards in plan order,
-    each checked by the record's ``checksum`` field; a block whose every file failed leaves no shard."""
+    each with its record's sha256; a block whose every file failed leaves no shard."""
     from cachebuild.format.manifest import ShardInfo
 
     shards, pos = [], 0
     for r in ordered:
         if r["count"]:
-            shards.append(ShardInfo(r["file"], pos, r["count"], r[checksum]))
+            shards.append(ShardInfo(r["file"], pos, r["count"], r["sha256"]))
             pos += r["count"]
         else:
             (staging / r["file"]).unlink(missing_ok=True)
     return shards
+
+
+def sha256_of_file(location: Location, name: str, size: int, read_bytes: int = 8 << 20) -> str:
+    """sha256 of a shard file's ``size`` bytes read through ``location`` (local or remote) in slices, so
+    verifying a large shard holds ``read_bytes`` at a time."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for lo in range(0, size, read_bytes):
+        (data,) = location.read_ranges(name, [(lo, min(size, lo + read_bytes))])
+        h.update(data)
+    return h.hexdigest()

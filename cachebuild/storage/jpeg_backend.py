@@ -29,7 +29,7 @@ import numpy as np
 from cachebuild.atomic import AtomicFile
 from cachebuild.errors import CacheCorruptError, OptionError, RemoteError
 from cachebuild.storage import jpeg_codec
-from cachebuild.storage.base import Backend, BlockRecord, ImageStore, StorageParams, one_file_per_block
+from cachebuild.storage.base import Backend, BlockRecord, ImageStore, StorageParams, one_file_per_block, sha256_of_file
 from cachebuild.storage.block_cache import BlockCache
 from cachebuild.storage.jpeg_payloads import PayloadFiles, ShardIndex, index_bytes, parse_index, write_shard
 from cachebuild.storage.location import Location
@@ -41,7 +41,6 @@ __all__ = ["JpegBackend", "JpegImages", "JpegShardSink", "decode_threads", "shar
 
 MAX_DECODE_THREADS = 4
 _CHUNK_BYTES = 8 << 20  # the sampler's read unit: ~8 MB of stored bytes, as for npy rows
-_VERIFY_BYTES = 8 << 20  # verify hashes shards in 8 MB reads
 
 
 def shard_file_name(index: int) -> str:
@@ -77,7 +76,7 @@ class JpegShardSink:
         self.quality, self.subsampling = quality, subsampling
         self.payloads: list[bytes] = []
         self.crcs: list[int] = []
-        #: extra fields for the block record: the checksum of the shard as stored
+        #: extra fields for the block record: the shard's size as stored
         self.record_fields: dict[str, Any] = {}
 
     def next_slot(self) -> np.ndarray:
@@ -91,11 +90,11 @@ class JpegShardSink:
     def abort(self) -> None:
         self.payloads.clear()  # nothing was written yet
 
-    def close(self) -> str:
+    def close(self) -> tuple[str, str]:
         with AtomicFile(self.path) as f:
             sha, size = write_shard(f.file, self.payloads, self.crcs)
-        self.record_fields = {"stored_sha256": sha, "stored_bytes": size}
-        return self.path.name
+        self.record_fields = {"stored_bytes": size}
+        return self.path.name, sha
 
 
 class JpegImages(ImageStore):
@@ -189,19 +188,14 @@ class JpegImages(ImageStore):
 
     # ------------------------------------------------------------ verify
     def verify(self) -> list[str]:
-        import hashlib
-
         problems = []
         for s, shard in zip(self.manifest.shards, self.files.shards, strict=True):
-            h = hashlib.sha256()
             try:
-                for lo in range(0, shard.size, _VERIFY_BYTES):
-                    (data,) = self.location.read_ranges(s.file, [(lo, min(shard.size, lo + _VERIFY_BYTES))])
-                    h.update(data)
+                sha = sha256_of_file(self.location, s.file, shard.size)
             except (OSError, CacheCorruptError) as e:
                 problems.append(f"{s.file}: {e}")
                 continue
-            if h.hexdigest() == s.sha256:
+            if sha == s.sha256:
                 continue
             bad = self._bad_samples(s.file, shard)
             where = (f"samples {', '.join(map(str, bad[:5]))}{' ...' if len(bad) > 5 else ''} fail their crc32"
@@ -219,6 +213,7 @@ class JpegImages(ImageStore):
 
 class JpegBackend(Backend):
     name = "jpeg"
+    shard_sha256_is_file = True
 
     def build_params(self, opts: StorageParams) -> dict[str, Any]:
         quality, subsampling = opts.quality, opts.subsampling
@@ -234,7 +229,7 @@ class JpegBackend(Backend):
         return JpegShardSink(staging, block, sample_shape, params["quality"], params["subsampling"])
 
     def finish(self, staging: Path, ordered: list[BlockRecord], count: int, planned: int) -> list[ShardInfo]:
-        return one_file_per_block(staging, ordered, checksum="stored_sha256")
+        return one_file_per_block(staging, ordered)
 
     def write_arrays(self, staging: Path, images: np.ndarray, shard_size: int, compression: str) -> list[ShardInfo]:
         """In-memory images at the default quality and subsampling."""

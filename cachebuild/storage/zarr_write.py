@@ -9,6 +9,7 @@ readable file (no copy at all when every file decoded).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
@@ -104,11 +105,13 @@ class ZarrChunkSink:
         chunks = max(1, ZARR_WRITE_BYTES // (chunk * int(np.prod(sample_shape))))
         self.buffer = np.empty((chunk * chunks, *sample_shape), dtype=np.uint8)
         self.pos, self.fill = start, 0
+        self.digest = hashlib.sha256()  # of the samples' pixels: zarr chunk files are not shards
 
     def next_slot(self) -> np.ndarray:
         return self.buffer[self.fill]
 
     def commit(self) -> None:
+        self.digest.update(self.buffer[self.fill])
         self.fill += 1
         if self.fill == len(self.buffer):
             self._flush()
@@ -122,9 +125,9 @@ class ZarrChunkSink:
     def abort(self) -> None:
         pass  # the block's chunks are rewritten by whichever run finishes it
 
-    def close(self) -> str:
+    def close(self) -> tuple[str, str]:
         self._flush()
-        return ZARR_NAME
+        return ZARR_NAME, self.digest.hexdigest()
 
 
 def create_staging_zarr(staging: Path, planned: int, sample_shape: tuple[int, int, int], chunk: int,
