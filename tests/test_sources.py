@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -105,3 +106,18 @@ def test_cifar_cache_equals_torchvision(tmp_path, monkeypatch, variant, writer, 
             assert np.array_equal(c.array("coarse_labels"), expected)
             assert c.manifest.extra["coarse_classes"] == list(info["coarse_classes"])
         assert c.paths()[0].endswith("#0")
+
+
+def test_file_reader_reads_to_the_end_and_keeps_its_limit(tmp_path):
+    """The reader sizes its read by the stat but reads on to the end: a file whose content outgrows
+    its stat (procfs files stat at 0 bytes, like a file growing while it is read) is read whole, and
+    the byte limit still holds past the stat."""
+    from cachebuild.errors import DecodeError
+    from cachebuild.sources.plan import FileReader
+
+    status = FileReader("/proc/self")(0, "status")
+    assert os.stat("/proc/self/status").st_size == 0 and status.startswith(b"Name:") and b"VmRSS" in status
+    with pytest.raises(DecodeError, match="over 64 bytes, the limit for one image file"):
+        FileReader("/proc/self", max_bytes=64)(0, "status")
+    (tmp_path / "a.jpg").write_bytes(b"x" * 64)
+    assert FileReader(str(tmp_path), max_bytes=64)(0, "a.jpg") == b"x" * 64
