@@ -33,6 +33,12 @@ def _rel(folder: Path, readme: Path) -> str:
     return os.path.relpath(folder.resolve(), readme.resolve().parent)
 
 
+def _cores(lo: float, hi: float) -> str:
+    """Whole cores for a range of core-hours: "3-7 cores", or "1 core" when both ends round up alike."""
+    a, b = math.ceil(lo), math.ceil(hi)
+    return f"{a} core" + ("" if a == 1 else "s") if a == b else f"{a}-{b} cores"
+
+
 def _context(res: dict[str, Any], where: str) -> str:
     m, run = res["machine"], res["run"]
     gpu = m["gpu"]["name"] if m.get("gpu") else "no GPU"
@@ -141,7 +147,7 @@ def imagenet_section(res: dict[str, Any], where: str) -> str:
             "dominates and its cost grows with both, so scaling by each gives the range: **estimate",
             f"{core_lo:,.1f}-{core_hi:,.1f} core-hours** for the training set at {s} px",
             f"({IMAGENET_TRAIN:,} x {lo:.2f}..{hi:.2f} / {rate:,.0f} / 3600), and",
-            f"**{math.ceil(core_lo)}-{math.ceil(core_hi)} cores for a one-hour build** on a Dask cluster",
+            f"**{_cores(core_lo, core_hi)} for a one-hour build** on a Dask cluster",
             "(`--dask-scheduler`; estimate: assumes linear scaling",
             f"and storage that keeps up: writing the cache in an hour is {write_mb_s:,.0f} MB/s, reading",
             "ImageNet's ~138 GB of JPEGs ~38 MB/s)."])]

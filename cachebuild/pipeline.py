@@ -272,6 +272,12 @@ def _check_destination(out: Path, key: str, force: bool) -> Manifest | None:
     if existing is None:
         raise CacheExistsError(f"{out} exists and is not a cachebuild cache (no {MANIFEST_NAME}); "
                                f"choose another --out")
+    if existing.format_version != FORMAT_VERSION:
+        raise CacheExistsError(
+            f"{out} holds a cache written by another cachebuild release (format version "
+            f"{existing.format_version}; this one writes {FORMAT_VERSION}); it still reads, but pass --force to "
+            f"rebuild it with this release, or choose another --out"
+        )
     raise CacheExistsError(
         f"{out} holds a different cache (other source files or build parameters); "
         f"pass --force to replace it, or choose another --out"

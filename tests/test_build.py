@@ -148,6 +148,24 @@ def test_up_to_date_different_and_force(imagenet_clean, tmp_path):
     assert not list(tmp_path.glob("c.replaced-*"))  # no reader held the old one: deleted
 
 
+def test_a_cache_of_another_release_is_named_as_such(imagenet_clean, tmp_path):
+    """A cache written by a release with another format version (and so another build key) is not
+    called "a different cache" of other sources: the message says which release wrote it and that
+    --force rebuilds it; nothing is touched without --force."""
+    plan = _train_plan(imagenet_clean)
+    out = tmp_path / "c"
+    build(plan, out, BuildOptions(size=32, jobs=1))
+    path = out / "manifest.json"
+    d = json.loads(path.read_text())
+    d["format_version"], d["build"]["key"] = 1, "0" * 64  # as the previous release wrote it
+    path.write_text(json.dumps(d))
+    with pytest.raises(CacheExistsError, match=r"another cachebuild release \(format version 1; this one writes 2\)"):
+        build(plan, out, BuildOptions(size=32, jobs=1))
+    assert json.loads(path.read_text()) == d
+    assert build(plan, out, BuildOptions(size=32, jobs=1, force=True)).status == "built"
+    assert read_manifest(out).format_version == 2
+
+
 def test_a_changed_source_file_changes_the_fingerprint(imagenet_clean, tmp_path):
     src = tmp_path / "src"
     shutil.copytree(imagenet_clean["train_dir"], src)
