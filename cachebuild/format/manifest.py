@@ -27,6 +27,7 @@ __all__ = [
     "Failure",
     "Manifest",
     "ShardInfo",
+    "parse_manifest",
     "read_manifest",
     "write_json_atomic",
 ]
@@ -264,11 +265,15 @@ def read_manifest(where: str | os.PathLike[str] | Location) -> Manifest:
             raise  # access denied, unreachable...: that, not "not a cache", is the news
         raise CacheNotFoundError(
             f"{location.describe()} is not a cachebuild cache (no {MANIFEST_NAME}){hint}") from None
-    path = location.describe(MANIFEST_NAME)
+    return parse_manifest(raw, location.describe(MANIFEST_NAME))
+
+
+def parse_manifest(raw: bytes, where: str) -> Manifest:
+    """Parse and validate a manifest's bytes; ``where`` names it in errors."""
     try:
         data = json.loads(raw.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CacheCorruptError(f"{path} is not valid JSON: {e}") from None
+        raise CacheCorruptError(f"{where} is not valid JSON: {e}") from None
     if not isinstance(data, dict):
-        raise CacheCorruptError(f"{path} must hold a JSON object")
+        raise CacheCorruptError(f"{where} must hold a JSON object")
     return Manifest.from_dict(data)

@@ -5,12 +5,11 @@ fetched or written, so a crafted manifest or table cannot make a pull write outs
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 
 from cachebuild.errors import CacheCorruptError, RemoteError
 from cachebuild.format.file_table import is_unfinished_write, read_file_table
-from cachebuild.format.manifest import MANIFEST_NAME, Manifest, read_manifest
+from cachebuild.format.manifest import MANIFEST_NAME, Manifest, parse_manifest, read_manifest
 from cachebuild.share.listing import find_caches
 from cachebuild.share.transfer import Item
 from cachebuild.storage import Location, check_name
@@ -50,16 +49,6 @@ def read_manifest_bytes(location: Location) -> bytes | None:
         if "not found" in str(e):
             return None
         raise
-
-
-def parse_manifest(raw: bytes, where: str) -> Manifest:
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CacheCorruptError(f"{where} is not valid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise CacheCorruptError(f"{where} must hold a JSON object")
-    return Manifest.from_dict(data)
 
 
 def _named_files(m: Manifest) -> list[str]:

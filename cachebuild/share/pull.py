@@ -23,11 +23,11 @@ from typing import Any
 from cachebuild.atomic import write_bytes_atomic, write_json_atomic
 from cachebuild.errors import CacheBuildError, CacheCorruptError, CacheExistsError, TransferError
 from cachebuild.format.file_table import local_files
-from cachebuild.format.manifest import MANIFEST_NAME
+from cachebuild.format.manifest import MANIFEST_NAME, parse_manifest
 from cachebuild.format.reader import CacheReader
 from cachebuild.format.writer import install_staged, remove_unfinished_writes, staging_path
 from cachebuild.locks import exclusive_lock
-from cachebuild.share.contents import CacheContents, parse_manifest, read_contents, read_manifest_bytes, split_caches
+from cachebuild.share.contents import CacheContents, read_contents, read_manifest_bytes, split_caches
 from cachebuild.share.transfer import DEFAULT_JOBS, download
 from cachebuild.storage import LocalLocation, Location, open_location
 from cachebuild.storage.replacement import ReaderLock

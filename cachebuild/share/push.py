@@ -29,9 +29,9 @@ from typing import Any
 
 from cachebuild.errors import CacheBuildError, CacheCorruptError, CacheExistsError, RemoteError, TransferError
 from cachebuild.format.file_table import read_file_table
-from cachebuild.format.manifest import MANIFEST_NAME
+from cachebuild.format.manifest import MANIFEST_NAME, parse_manifest
 from cachebuild.format.reader import CacheReader
-from cachebuild.share.contents import PUSH_MARKER, CacheContents, parse_manifest, read_contents, split_caches
+from cachebuild.share.contents import PUSH_MARKER, CacheContents, read_contents, split_caches
 from cachebuild.share.transfer import DEFAULT_JOBS, upload
 from cachebuild.storage import LocalLocation, Location, open_location
 from cachebuild.storage.replacement import ReaderLock
