@@ -106,12 +106,12 @@ def test_transform_per_sample(tmp_path: Path) -> None:
 def test_pickles_cheaply_without_open_files(tmp_path: Path) -> None:
     root, images, _ = make_cache(tmp_path / "c", n=40)
     ds = CachedImageDataset(root)
-    assert ds._images.rows._maps is None  # the constructor leaves no shard mapped
+    assert ds._images.rows._handles is None  # the constructor leaves no shard mapped
     ds[0]
     blob = pickle.dumps(ds)
     assert len(blob) < 20_000
     clone = pickle.loads(blob)
-    assert clone._images.rows._maps is None and np.array_equal(clone[7][0].numpy(), images[7])
+    assert clone._images.rows._handles is None and np.array_equal(clone[7][0].numpy(), images[7])
 
 
 # ---------------------------------------------------------------- bad input: named errors at open

@@ -31,6 +31,7 @@ import numpy as np
 from cachebuild.errors import CacheCorruptError
 from cachebuild.storage.block_cache import BlockCache, CachedFile
 from cachebuild.storage.location import Location
+from cachebuild.storage.rows import ShardHandles
 
 __all__ = ["INDEX_HEAD_BYTES", "PayloadFiles", "ShardIndex", "index_bytes", "parse_index", "write_shard"]
 
@@ -125,57 +126,39 @@ def parse_index(head: bytes, name: str, start: int, count: int, where: str) -> S
     return ShardIndex(name, start, count, f.tell(), offsets, crc)
 
 
-class PayloadFiles:
+class PayloadFiles(ShardHandles):
     """Read samples' stored bytes from shards under ``location`` (picklable; files opened lazily per process)."""
 
     def __init__(self, location: Location, shards: Sequence[ShardIndex], *, block_cache: BlockCache | None = None,
                  cache_id: str = "") -> None:
-        self.location = location
+        super().__init__(location, len(shards), block_cache, cache_id)
         self.shards = tuple(shards)
-        self.block_cache = None if location.is_local else block_cache
-        self.cache_id = cache_id
         self.starts = np.array([s.start for s in self.shards] + [self.shards[-1].start + self.shards[-1].count
                                                                  if self.shards else 0], dtype=np.int64)
         # Per sample, in file coordinates: one searchsorted away from any batch's byte ranges.
         self.begin = np.concatenate([s.payload_start + s.offsets[:-1] for s in self.shards] or [np.empty(0, np.int64)])
         self.end = np.concatenate([s.payload_start + s.offsets[1:] for s in self.shards] or [np.empty(0, np.int64)])
         self.crc = np.concatenate([s.crc for s in self.shards] or [np.empty(0, np.uint32)])
-        self._files: list[Any] | None = None
-        self._pid = os.getpid()
-        self.bytes_fetched = 0
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_files": None, "_pid": -1, "bytes_fetched": 0}
 
     def shard_of(self, i: int) -> ShardIndex:
         return self.shards[int(np.searchsorted(self.starts, i, side="right")) - 1]
 
-    def _file(self, k: int) -> Any:
-        """Shard ``k`` as a uint8 array over its memory map (local), a CachedFile or False (remote), made once."""
-        if self._pid != os.getpid():  # forked or unpickled: another process's maps are not ours
-            self._files, self._pid = None, os.getpid()
-        files = self._files
-        if files is None:
-            files = self._files = [None] * len(self.shards)
-        got = files[k]
-        if got is None:
-            s = self.shards[k]
-            if self.location.is_local:
-                path = self.location.local_path(s.name)
-                try:
-                    with open(path, "rb") as f:
-                        size = os.fstat(f.fileno()).st_size
-                        if size < s.size:
-                            raise CacheCorruptError(f"{path} is truncated: {size} bytes, its index needs {s.size}")
-                        mm = mmap.mmap(f.fileno(), s.size, prot=mmap.PROT_READ) if s.size else b""
-                except FileNotFoundError:
-                    raise CacheCorruptError(f"{path}, listed in the manifest, is missing") from None
-                got = files[k] = np.frombuffer(mm, dtype=np.uint8)
-            elif self.block_cache is not None:
-                got = files[k] = self.block_cache.file(BlockCache.key(self.cache_id, s.name), s.size)
-            else:
-                got = files[k] = False  # remote without a local cache: plain range reads
-        return got
+    def _name_and_size(self, k: int) -> tuple[str, int]:
+        return self.shards[k].name, self.shards[k].size
+
+    def _open_local(self, k: int) -> np.ndarray:
+        """Shard ``k`` as a uint8 array over its memory map."""
+        s = self.shards[k]
+        path = self.location.local_path(s.name)
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < s.size:
+                    raise CacheCorruptError(f"{path} is truncated: {size} bytes, its index needs {s.size}")
+                mm = mmap.mmap(f.fileno(), s.size, prot=mmap.PROT_READ) if s.size else b""
+        except FileNotFoundError:
+            raise CacheCorruptError(f"{path}, listed in the manifest, is missing") from None
+        return np.frombuffer(mm, dtype=np.uint8)
 
     def read(self, idx: np.ndarray) -> list[Any]:
         """The stored bytes of samples ``idx`` (any order, in range), as buffers in that order. Local
@@ -191,7 +174,7 @@ class PayloadFiles:
         bounds = np.flatnonzero(np.diff(seg_of)) + 1
         for lo, hi in zip(np.r_[0, bounds].tolist(), np.r_[bounds, len(sorted_idx)].tolist(), strict=True):
             k = int(seg_of[lo])
-            f = self._file(k)
+            f = self._handle(k)
             if self.location.is_local:
                 for j in range(lo, hi):
                     out[order[j]] = f[begin[j] : end[j]]
@@ -214,8 +197,3 @@ class PayloadFiles:
                 for j in range(a, z):
                     out[order[j]] = view[begin[j] - base : end[j] - base]
         return out
-
-    def _fetch(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        got = self.location.read_ranges(name, ranges)
-        self.bytes_fetched += sum(len(g) for g in got)
-        return got

@@ -25,7 +25,7 @@ from cachebuild.errors import CacheCorruptError
 from cachebuild.storage.block_cache import BlockCache, CachedFile
 from cachebuild.storage.location import Location
 
-__all__ = ["RowFiles", "Segment", "npy_header"]
+__all__ = ["RowFiles", "Segment", "ShardHandles", "npy_header"]
 
 
 @dataclass(frozen=True)
@@ -55,53 +55,84 @@ def npy_header(head: bytes, where: str) -> tuple[int, tuple[int, ...], np.dtype]
     return f.tell(), tuple(shape), dtype
 
 
-class RowFiles:
-    """Gather rows of ``row_shape`` uint8 from ``segments`` under ``location`` (picklable; lazy per process)."""
+class ShardHandles:
+    """A cache's shard files under ``location``, each opened once per process, lazily: fork or unpickle and
+    the next use opens them again (another process's maps are not ours). A handle is what
+    :meth:`_open_local` makes of a local file, a :class:`CachedFile` mirror for a URL with a block cache,
+    or False for a URL without one (plain range reads through :meth:`_fetch`). Shared by every reader of
+    shard files (raw rows, stored JPEGs)."""
 
-    def __init__(self, location: Location, segments: Sequence[Segment], row_shape: tuple[int, ...], *,
-                 block_cache: BlockCache | None = None, cache_id: str = "") -> None:
+    def __init__(self, location: Location, count: int, block_cache: BlockCache | None, cache_id: str) -> None:
         self.location = location
-        self.segments = tuple(segments)
-        self.row_shape = tuple(row_shape)
-        self.row_bytes = int(np.prod(row_shape))
         self.block_cache = None if location.is_local else block_cache
         self.cache_id = cache_id
-        self.starts = np.array([s.start for s in self.segments] + [self.segments[-1].start + self.segments[-1].rows
-                                                                   if self.segments else 0], dtype=np.int64)
-        self._maps: list[Any] | None = None
+        self._count = count
+        self._handles: list[Any] | None = None
         self._pid = os.getpid()
         self.bytes_fetched = 0
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_maps": None, "_pid": -1, "bytes_fetched": 0}
+        return {**self.__dict__, "_handles": None, "_pid": -1, "bytes_fetched": 0}
 
-    def _segment(self, k: int) -> Any:
-        """Segment ``k`` as a (rows, *row_shape) array (local) or a CachedFile / None (remote), made once."""
-        if self._pid != os.getpid():  # forked or unpickled: another process's maps are not ours
-            self._maps, self._pid = None, os.getpid()
-        maps = self._maps
-        if maps is None:
-            maps = self._maps = [None] * len(self.segments)
-        got = maps[k]
+    def _open_local(self, k: int) -> Any:
+        """File ``k`` of a local cache, opened (subclasses say how)."""
+        raise NotImplementedError
+
+    def _name_and_size(self, k: int) -> tuple[str, int]:
+        """File ``k``'s name and the bytes a reader may use of it (what a block cache mirrors)."""
+        raise NotImplementedError
+
+    def _handle(self, k: int) -> Any:
+        if self._pid != os.getpid():
+            self._handles, self._pid = None, os.getpid()
+        handles = self._handles
+        if handles is None:
+            handles = self._handles = [None] * self._count
+        got = handles[k]
         if got is None:
-            seg = self.segments[k]
             if self.location.is_local:
-                path = self.location.local_path(seg.name)
-                try:
-                    mm = np.memmap(path, dtype=np.uint8, mode="r", offset=seg.offset,
-                                   shape=(seg.rows, *self.row_shape))
-                except FileNotFoundError:
-                    raise CacheCorruptError(f"{path}, listed in the manifest, is missing") from None
-                except ValueError as e:  # mmap length larger than the file
-                    raise CacheCorruptError(f"{path} is truncated: {e}") from None
-                got = maps[k] = mm.view(np.ndarray)  # plain ndarray view: np.memmap slicing is slower
+                got = self._open_local(k)
             elif self.block_cache is not None:
-                size = seg.offset + seg.rows * self.row_bytes
-                key = BlockCache.key(self.cache_id, seg.name)
-                got = maps[k] = self.block_cache.file(key, size)
+                name, size = self._name_and_size(k)
+                got = self.block_cache.file(BlockCache.key(self.cache_id, name), size)
             else:
-                got = maps[k] = False  # remote without a local cache: plain range reads
+                got = False
+            handles[k] = got
         return got
+
+    def _fetch(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        got = self.location.read_ranges(name, ranges)
+        self.bytes_fetched += sum(len(g) for g in got)
+        return got
+
+
+class RowFiles(ShardHandles):
+    """Gather rows of ``row_shape`` uint8 from ``segments`` under ``location`` (picklable; lazy per process)."""
+
+    def __init__(self, location: Location, segments: Sequence[Segment], row_shape: tuple[int, ...], *,
+                 block_cache: BlockCache | None = None, cache_id: str = "") -> None:
+        super().__init__(location, len(segments), block_cache, cache_id)
+        self.segments = tuple(segments)
+        self.row_shape = tuple(row_shape)
+        self.row_bytes = int(np.prod(row_shape))
+        self.starts = np.array([s.start for s in self.segments] + [self.segments[-1].start + self.segments[-1].rows
+                                                                   if self.segments else 0], dtype=np.int64)
+
+    def _name_and_size(self, k: int) -> tuple[str, int]:
+        seg = self.segments[k]
+        return seg.name, seg.offset + seg.rows * self.row_bytes
+
+    def _open_local(self, k: int) -> np.ndarray:
+        """Segment ``k`` as a (rows, *row_shape) array over its memory map."""
+        seg = self.segments[k]
+        path = self.location.local_path(seg.name)
+        try:
+            mm = np.memmap(path, dtype=np.uint8, mode="r", offset=seg.offset, shape=(seg.rows, *self.row_shape))
+        except FileNotFoundError:
+            raise CacheCorruptError(f"{path}, listed in the manifest, is missing") from None
+        except ValueError as e:  # mmap length larger than the file
+            raise CacheCorruptError(f"{path} is truncated: {e}") from None
+        return mm.view(np.ndarray)  # plain ndarray view: np.memmap slicing is slower
 
     def gather(self, idx: np.ndarray, out: np.ndarray) -> None:
         """Copy samples ``idx`` (any order, in range) into ``out`` (len(idx), *row_shape), one sorted pass."""
@@ -115,13 +146,13 @@ class RowFiles:
             return
         if seg_of[0] == seg_of[-1]:  # one file: a single C-level gather in the requested order
             k = int(seg_of[0])
-            np.take(self._segment(k), idx - self.starts[k], axis=0, out=out, mode="clip")
+            np.take(self._handle(k), idx - self.starts[k], axis=0, out=out, mode="clip")
             return
         local = (sorted_idx - self.starts[seg_of]).tolist()
         current, arr = -1, None
         for pos, k, i in zip(order.tolist(), seg_of.tolist(), local, strict=True):
             if k != current:
-                current, arr = k, self._segment(k)
+                current, arr = k, self._handle(k)
             out[pos] = arr[i]  # type: ignore[index]
 
     def _gather_remote(self, sorted_idx: np.ndarray, order: np.ndarray, seg_of: np.ndarray, out: np.ndarray) -> None:
@@ -136,7 +167,7 @@ class RowFiles:
             runs = list(zip(np.r_[0, cut].tolist(), np.r_[cut, len(rows)].tolist(), strict=True))
             ranges = [(seg.offset + int(rows[a]) * self.row_bytes, seg.offset + (int(rows[z - 1]) + 1) * self.row_bytes)
                       for a, z in runs]
-            cached = self._segment(k)
+            cached = self._handle(k)
             dest = order[lo:hi]
             if isinstance(cached, CachedFile):
                 # Make sure the blocks are local and intact, then copy rows straight out of the local mirror.
@@ -148,8 +179,3 @@ class RowFiles:
             datas = self._fetch(seg.name, ranges)
             for (a, z), data in zip(runs, datas, strict=True):
                 flat[dest[a:z]] = np.frombuffer(data, dtype=np.uint8).reshape(z - a, self.row_bytes)
-
-    def _fetch(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        got = self.location.read_ranges(name, ranges)
-        self.bytes_fetched += sum(len(g) for g in got)
-        return got
