@@ -62,10 +62,18 @@ def _notes(cfg: dict[str, Any]) -> list[str]:
         "taken within each round, then the median.",
         f"Same files, same image size ({cfg['size']} px), batch size ({cfg['batch']}), worker count "
         f"({cfg['workers']} loader workers, {cfg['jobs']} build processes) for every contender.",
+        "Load epochs: our contenders and the two limits run interleaved, epoch by epoch, in one process (peers "
+        "after them, each in its venv); before each timed epoch that process's own heap is collected and frozen "
+        "(gc.collect, gc.freeze), so a full collection of it (~0.15 s) does not land in one contender's epoch.",
         "Measured, not estimated: nothing in this folder is an estimate.",
         "The machine may be shared: its load average at the start is recorded; read ratios within a run, not "
         "digits across runs.",
-    ] + ([] if cfg["profile"] == "full" else [
+    ] + ([] if not os.environ.get("GLIBC_TUNABLES") else [
+        f"Run with GLIBC_TUNABLES={os.environ['GLIBC_TUNABLES']} (what `make bench` sets; the README's Tuning "
+        "says why): glibc's memcpy uses non-temporal stores from that size on instead of from the threshold it "
+        "derives from the L3 size the machine reports. Every contender and limit runs under it (peers too); "
+        "the load rows marked \"glibc's default copy threshold\" were measured again in a process without it."
+    ]) + ([] if cfg["profile"] == "full" else [
         f"A small set: each cache is {cfg['n'] * cfg['size'] ** 2 * 3 / 1e6:,.0f} MB, which may fit a CPU's "
         "last-level cache, so the bare-gather limit is optimistic (and the loaders' ratios to it pessimistic); "
         "epochs are short."])

@@ -8,15 +8,20 @@ process, with the npy DataLoader and FastLoader: its transforms are made for the
 group our contenders run interleaved epoch by epoch (the machine's speed drifts); each has one warm-up
 epoch (worker start-up, page faults, lazy imports), left out; the others give median and min-max.
 Peers run in their venvs after ours, with the same epochs. Every cache is in the page cache (warm).
-Limits: a bare memmap gather of the same bytes (1 thread), and bare JPEG decoding with the same workers.
+Limits: a bare memmap gather of the same bytes (1 thread), and bare JPEG decoding with the same workers,
+run as epochs in the raw group's interleaving like any contender. Each timed epoch starts with the
+harness's heap collected and frozen (see ``_heap_frozen``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
+import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +33,13 @@ from bench import peers
 from bench.children import ChildError, run_child
 from bench.stats import ratio, summary
 
-__all__ = ["run_load"]
+__all__ = ["COPY_BOUND", "run_load"]
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 Epoch = Callable[[], Iterable[Any]]
+# Rows bound by memory copies, measured again without GLIBC_TUNABLES when the run has it (bench.load_child)
+COPY_BOUND = ("cachebuild_npy_dataloader", "cachebuild_npy_fastloader")
 
 
 class NaiveNpy(Dataset):
@@ -73,12 +80,26 @@ class JpegBytes(Dataset):
         return img.shape[0], self.files[i][1]
 
 
+@contextlib.contextmanager
+def _heap_frozen() -> Iterator[None]:
+    """The harness's own heap out of a timed epoch: collected before the clock, then frozen so that a full
+    collection inside the epoch scans only what the contender allocates (a full scan of this process's heap
+    takes ~170 ms, more than a 5000-sample epoch of a fast loader). Every contender and limit alike."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def _count(make: Epoch) -> tuple[int, float]:
     seen = 0
-    t0 = time.perf_counter()
-    for batch in make():
-        seen += len(batch[0])
-    return seen, time.perf_counter() - t0
+    with _heap_frozen():
+        t0 = time.perf_counter()
+        for batch in make():
+            seen += len(batch[0])
+        return seen, time.perf_counter() - t0
 
 
 def _interleaved(contenders: dict[str, Epoch], n: int, epochs: int, log: Callable[[str], None]) -> dict[str, list]:
@@ -168,8 +189,10 @@ def _loaders(cfg: dict[str, Any], src: Path, outputs: dict[str, Path], aug: bool
     return out
 
 
-def _bare_gather(path: Path, batch: int, epochs: int) -> list[float]:
-    """numpy fancy index of the memmapped shards at each batch's sorted indices, one thread: the limit."""
+def _bare_gather(path: Path, batch: int) -> Epoch:
+    """numpy fancy index of the memmapped shards at each batch's sorted indices, one thread: the limit.
+    An epoch like the contenders', so it runs interleaved with them (the machine's state between epochs
+    is then the same for the limit as for what is divided by it)."""
     from cachebuild.format import open_cache
 
     reader = open_cache(path)
@@ -178,18 +201,47 @@ def _bare_gather(path: Path, batch: int, epochs: int) -> list[float]:
     # plain numpy memory maps of the npy shards: the limit owes nothing to cachebuild's reader
     shards = [np.load(path / s.file, mmap_mode="r") for s in reader.manifest.shards]
     rng = np.random.default_rng(0)
-    rates = []
-    for e in range(epochs + 1):
+
+    def epoch() -> Iterable[Any]:
         order = rng.permutation(n)
-        t0 = time.perf_counter()
         for i in range(0, n, batch):
             idx = np.sort(order[i : i + batch])
             shard_of = np.searchsorted(starts, idx, side="right") - 1
             for k in np.unique(shard_of):
-                shards[k][idx[shard_of == k] - starts[k]]
-        if e:
-            rates.append(n / (time.perf_counter() - t0))
-    return rates
+                shards[k][idx[shard_of == k] - starts[k]]  # the copy, dropped at once as a loop over it would
+            yield (idx,)
+    return epoch
+
+
+def _limits(cfg: dict[str, Any], files: list[tuple[str, int]],
+            outputs: dict[str, Path]) -> dict[str, tuple[str, Epoch]]:
+    """The load limits, as epochs run in the raw group's interleaving."""
+    out: dict[str, tuple[str, Epoch]] = {}
+    if "cachebuild_npy" in outputs:
+        out["limit_bare_gather"] = ("limit: bare memmap gather, 1 thread (numpy fancy index)",
+                                    _bare_gather(outputs["cachebuild_npy"], cfg["batch"]))
+    dl = DataLoader(JpegBytes(files), batch_size=cfg["batch"], shuffle=True, num_workers=cfg["workers"],
+                    collate_fn=lambda b: (b,), persistent_workers=cfg["workers"] > 0)
+    out["limit_bare_decode"] = (f"limit: bare cv2.imdecode of the JPEGs, {cfg['workers']} workers", lambda: dl)
+    return out
+
+
+GLIBC_DEFAULT = "_glibc_default"
+
+
+def _glibc_default_rows(cfg: dict[str, Any], src: Path, cache: Path, rows: dict[str, Any],
+                        log: Callable[[str], None]) -> None:
+    """The copy-bound rows and their limit again in a child without GLIBC_TUNABLES: what a job gets without it."""
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    cmd = [sys.executable, "-m", "bench.load_child", "--src", str(src), "--cache", str(cache),
+           *[x for k in ("size", "batch", "workers", "epochs") for x in (f"--{k}", str(cfg[k]))]]
+    ans, _ = run_child(cmd, timeout=cfg["child_timeout"], env=env, cwd=str(Path(__file__).resolve().parent.parent))
+    for key, r in ans.items():
+        label = rows[key]["label"] if key in rows else key
+        rows[key + GLIBC_DEFAULT] = {"label": f"{label}, glibc's default copy threshold (a process without "
+                                              "GLIBC_TUNABLES)", "img_s": summary(r, 1)}
+    log("  without GLIBC_TUNABLES: " + ", ".join(f"{k} {v['img_s']['median']:.0f}" for k, v in rows.items()
+                                                 if k.endswith(GLIBC_DEFAULT)))
 
 
 def run_load(cfg: dict[str, Any], src: Path, files: list[tuple[str, int]], outputs: dict[str, Path],
@@ -210,21 +262,14 @@ def run_load(cfg: dict[str, Any], src: Path, files: list[tuple[str, int]], outpu
         aug = group == "augmented"
         log(f"load: {group}")
         loaders = _loaders(cfg, src, outputs, aug)
+        if not aug:
+            loaders.update(_limits(cfg, files, outputs))
         rates = _interleaved({k: v[1] for k, v in loaders.items()}, n, epochs, log)
         rows = {k: {"label": loaders[k][0], "img_s": summary(v, 1)} for k, v in rates.items()}
         del loaders
         gc.collect()
-        if not aug:
-            if "cachebuild_npy" in outputs:
-                rows["limit_bare_gather"] = {"label": "limit: bare memmap gather, 1 thread (numpy fancy index)",
-                                             "img_s": summary(_bare_gather(outputs["cachebuild_npy"], cfg["batch"],
-                                                                           epochs), 1)}
-            dl = DataLoader(JpegBytes(files), batch_size=cfg["batch"], shuffle=True, num_workers=cfg["workers"],
-                            collate_fn=lambda b: (b,), persistent_workers=cfg["workers"] > 0)
-            r = _interleaved({"limit_bare_decode": lambda dl=dl: dl}, n, epochs, log)["limit_bare_decode"]
-            rows["limit_bare_decode"] = {"label": f"limit: bare cv2.imdecode of the JPEGs, {cfg['workers']} workers",
-                                         "img_s": summary(r, 1)}
-            del dl
+        if not aug and os.environ.get("GLIBC_TUNABLES") and "cachebuild_npy" in outputs:
+            _glibc_default_rows(cfg, src, outputs["cachebuild_npy"], rows, log)
         for p in peer_loads:
             try:
                 ans, _ = run_child(p["command"](epochs + 1, aug), timeout=cfg["child_timeout"])
@@ -235,11 +280,13 @@ def run_load(cfg: dict[str, Any], src: Path, files: list[tuple[str, int]], outpu
                 log(f"  {p['key']}: FAILED {e}")
         base = rows.get("imagefolder_pil", {}).get("img_s")
         gather = rows.get("limit_bare_gather", {}).get("img_s")
-        for r in rows.values():
+        default_gather = rows.get(f"limit_bare_gather{GLIBC_DEFAULT}", {}).get("img_s")
+        for key, r in rows.items():
             r["x_imagefolder"] = ratio(r["img_s"], base)
             r["gb_s"] = round(r["img_s"]["median"] * sample_bytes / 1e9, 2) if not aug else None
-            if gather is not None:
-                r["x_bare_gather"] = ratio(r["img_s"], gather)
+            limit = default_gather if key.endswith(GLIBC_DEFAULT) else gather  # each against its own process's
+            if limit is not None:
+                r["x_bare_gather"] = ratio(r["img_s"], limit)
         result["groups"][group] = rows
     result["skipped"] = skipped
     return result

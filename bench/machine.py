@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import socket
+import subprocess
 from importlib import metadata
 from typing import Any
 
@@ -27,6 +28,24 @@ def _version(dist: str) -> str | None:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
+
+
+def _glibc_non_temporal_threshold() -> int | None:
+    """The size from which this process's glibc memcpy uses non-temporal stores (None: not glibc x86, or
+    unknown). glibc derives it from the last-level cache it sees; a VM shown a whole socket's L3 gets a large
+    one, so every batch-sized copy goes through the cache (see the README's Tuning)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as f:
+            loader = next((line.split()[-1] for line in f if "/ld-linux" in line), None)
+        if loader is None:
+            return None
+        out = subprocess.run([loader, "--list-tunables"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.splitlines():
+        if line.startswith("glibc.cpu.x86_non_temporal_threshold:"):
+            return int(line.split(":", 1)[1].split()[0], 16)
+    return None
 
 
 def machine_info() -> dict[str, Any]:
@@ -52,5 +71,7 @@ def machine_info() -> dict[str, Any]:
         "versions": {"torch": torch.__version__, "torchvision": _version("torchvision"), "opencv": cv2.__version__,
                      "zarr": _version("zarr"), "numpy": _version("numpy"), "pillow": _version("pillow"),
                      "cachebuild": _version("cachebuild")},
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
+        "glibc_non_temporal_threshold": _glibc_non_temporal_threshold(),
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
     }

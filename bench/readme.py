@@ -58,8 +58,11 @@ def _context(res: dict[str, Any], where: str) -> str:
             f"{m['cpu']}, {m['cores_usable']} cores, {m['ram_gb']} GiB, {gpu}, Python {m['python']}, torch "
             f"{v['torch']}, OpenCV {v['opencv']}, zarr {v['zarr']}; load average at the start "
             f"{load} (the machine was {'shared' if load > 1 else 'quiet'})."
-            f"{prov} Every figure is a median with its min-max; warm-ups left out; page cache warm. `results.md` there "
-            "holds every table and how each was measured.")
+            + (f" Run with `GLIBC_TUNABLES={m['glibc_tunables']}`, as `make bench` does (see "
+               "[Memory copies on virtual machines](#memory-copies-on-virtual-machines)); the rows marked \"glibc's "
+               "default\" in `results.md` were measured without it." if m.get("glibc_tunables") else "")
+            + f"{prov} Every figure is a median with its min-max; warm-ups left out; page cache warm. `results.md` "
+            "there holds every table and how each was measured.")
 
 
 def performance_section(res: dict[str, Any], where: str) -> str:

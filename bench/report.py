@@ -51,6 +51,9 @@ def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
     add("load: DataLoader + collate_batch / ImageFolder + PIL", 40.0, r("cachebuild_npy_dataloader", "imagefolder_pil"))
     add("load: DataLoader + collate_batch / FFCV raw Loader", 1.0, r("cachebuild_npy_dataloader", "ffcv_raw"))
     add("load: FastLoader / bare memmap gather (1 thread)", 1.2, r("cachebuild_npy_fastloader", "limit_bare_gather"))
+    if "limit_bare_gather_glibc_default" in med:
+        add("load: the same, both in a process without GLIBC_TUNABLES (glibc's default copy threshold)", 1.2,
+            r("cachebuild_npy_fastloader_glibc_default", "limit_bare_gather_glibc_default"))
     return out
 
 
