@@ -69,10 +69,10 @@ def _notes(cfg: dict[str, Any]) -> list[str]:
         "The machine may be shared: its load average at the start is recorded; read ratios within a run, not "
         "digits across runs.",
     ] + ([] if not os.environ.get("GLIBC_TUNABLES") else [
-        f"Run with GLIBC_TUNABLES={os.environ['GLIBC_TUNABLES']} (what `make bench` sets; the README's Tuning "
-        "says why): glibc's memcpy uses non-temporal stores from that size on instead of from the threshold it "
-        "derives from the L3 size the machine reports. Every contender and limit runs under it (peers too); "
-        "the load rows marked \"glibc's default copy threshold\" were measured again in a process without it."
+        f"Run with GLIBC_TUNABLES={os.environ['GLIBC_TUNABLES']} (`make bench BENCH_GLIBC=...`; the README's "
+        "\"Memory copies on virtual machines\" says why one would): every contender and limit ran under it "
+        "(peers too); the load rows marked \"glibc's default copy threshold\" were measured again in a process "
+        "without it."
     ]) + ([] if cfg["profile"] == "full" else [
         f"A small set: each cache is {cfg['n'] * cfg['size'] ** 2 * 3 / 1e6:,.0f} MB, which may fit a CPU's "
         "last-level cache, so the bare-gather limit is optimistic (and the loaders' ratios to it pessimistic); "

@@ -57,8 +57,9 @@ def _context(res: dict[str, Any], where: str) -> str:
     return (f"Figures from [`{where}/`]({where}/results.md) (`{run['command']}`, {run['started'][:10]}): "
             f"{m['cpu']}, {m['cores_usable']} cores, {m['ram_gb']} GiB, {gpu}, Python {m['python']}, torch "
             f"{v['torch']}, OpenCV {v['opencv']}, zarr {v['zarr']}; load average at the start "
-            f"{load} (the machine was {'shared' if load > 1 else 'quiet'})."
-            + (f" Run with `GLIBC_TUNABLES={m['glibc_tunables']}`, as `make bench` does (see "
+            f"{load} ({'other work ran in this VM' if load > 1 else 'nothing else ran in this VM'}; a VM does not "
+            "see its host's load, so compare ratios within a run, not digits across runs)."
+            + (f" Run with `GLIBC_TUNABLES={m['glibc_tunables']}` (see "
                "[Memory copies on virtual machines](#memory-copies-on-virtual-machines)); the rows marked \"glibc's "
                "default\" in `results.md` were measured without it." if m.get("glibc_tunables") else "")
             + f"{prov} Every figure is a median with its min-max; warm-ups left out; page cache warm. `results.md` "
