@@ -63,7 +63,8 @@ class Server:
 
         async def count(request: Any, response: Any) -> None:
             self.requests += 1
-            self.sent += int(response.headers.get("Content-Length", 0))
+            if request.method != "HEAD":  # a HEAD answer names the file's length but sends no body
+                self.sent += int(response.headers.get("Content-Length", 0))
 
         async def start() -> str:
             app = web.Application()

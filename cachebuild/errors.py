@@ -14,6 +14,7 @@ __all__ = [
     "OptionError",
     "OutputError",
     "RemoteError",
+    "RemoteNotFoundError",
     "SourceError",
     "TransferError",
     "UnsupportedFormatError",
@@ -47,6 +48,10 @@ class CacheChangedError(CacheBuildError, RuntimeError):
 class RemoteError(CacheBuildError, OSError):
     """A URL that cannot be read: not found, access denied, unreachable, or failing after retries.
     The message names the URL without credentials."""
+
+
+class RemoteNotFoundError(RemoteError):
+    """A URL that answers "not found" (404, or the store's own no-such-key)."""
 
 
 class LockHeldError(CacheBuildError, BlockingIOError):

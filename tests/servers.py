@@ -2,9 +2,10 @@
 
 Fixtures (registered for every module through ``tests/conftest.py``):
 
-- ``http_server(root, writable=False) -> HttpServer``: serves the folder ``root`` at ``.url`` until the test ends.
-  GET/HEAD with one ``Range`` (206 + ``Content-Range``, 416 past the end), ``Content-Length``, ``ETag`` and
-  ``Last-Modified``; a folder URL answers an HTML page of links that fsspec's ``HTTPFileSystem.ls`` reads.
+- ``http_server(root, writable=False, etags=True) -> HttpServer``: serves the folder ``root`` at ``.url``
+  until the test ends. GET/HEAD with one ``Range`` (206 + ``Content-Range``, 416 past the end),
+  ``Content-Length``, ``ETag`` (not with ``etags=False``) and ``Last-Modified``, ``If-Match`` (412 when the
+  file's ETag is another); a folder URL answers an HTML page of links that fsspec's ``HTTPFileSystem.ls`` reads.
   Every request is logged in ``.log`` (method, path, Range, status, body bytes sent);
   ``.fail(path, kind, times)`` injects faults: ``"drop"`` (headers and half the body, then the connection is
   cut), ``"stall"`` (no answer until ``.clear()``, then a 503), or a status code such as 403, 500, 503.
@@ -91,6 +92,7 @@ class HttpServer:
 
     root: Path
     writable: bool = False
+    etags: bool = True  # False: a server without ETags (If-Match then never holds, as RFC 9110 says)
     url: str = ""
     log: _RequestLog = field(default_factory=_RequestLog)
     _faults: dict[str, _Fault] = field(default_factory=dict)
@@ -184,12 +186,19 @@ class HttpServer:
             return answer(404, b"not found\n")
         st = target.stat()
         size = st.st_size
+        etag = f'"{st.st_mtime_ns:x}-{size:x}"'
         headers = {
             "Accept-Ranges": "bytes",
             "Content-Type": "application/octet-stream",
-            "ETag": f'"{st.st_mtime_ns:x}-{size:x}"',
             "Last-Modified": email.utils.formatdate(st.st_mtime, usegmt=True),
         }
+        if self.etags:
+            headers["ETag"] = etag
+        else:
+            etag = ""
+        if_match = request.headers.get("If-Match")
+        if if_match is not None and if_match.strip() != "*" and etag not in [t.strip() for t in if_match.split(",")]:
+            return answer(412, b"precondition failed\n")  # RFC 9110 13.1.1, as nginx and S3 answer
         lo, hi, status = 0, size, 200
         if rng is not None:
             try:
@@ -261,11 +270,12 @@ def _http_loop() -> Iterator[_Loop]:
 
 @pytest.fixture
 def http_server(_http_loop: _Loop) -> Iterator[Callable[..., HttpServer]]:
-    """Factory: ``http_server(root, writable=False)`` starts a server of ``root``; it stops when the test ends."""
+    """Factory: ``http_server(root, writable=False, etags=True)`` starts a server of ``root``; it stops when the
+    test ends."""
     started: list[HttpServer] = []
 
-    def start(root: str | os.PathLike[str], writable: bool = False) -> HttpServer:
-        server = HttpServer(Path(root), writable)
+    def start(root: str | os.PathLike[str], writable: bool = False, etags: bool = True) -> HttpServer:
+        server = HttpServer(Path(root), writable, etags)
         _http_loop.run(server._start())
         started.append(server)
         return server

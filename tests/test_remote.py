@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from torch.utils.data import DataLoader
 
 from cachebuild.cli import main
-from cachebuild.errors import CacheCorruptError, CacheNotFoundError, RemoteError
+from cachebuild.errors import CacheChangedError, CacheCorruptError, CacheNotFoundError, RemoteError
 from cachebuild.format import open_cache
 from loaders.dataset import CachedImageDataset, collate_batch
 from loaders.sampler import CacheSampler
@@ -187,12 +187,17 @@ def test_a_server_error_is_retried(tmp_path, http_server):
     assert np.array_equal(ds.gather(np.arange(48, 60)), images[48:60])
 
 
-def test_a_truncated_remote_shard_is_named(tmp_path, http_server):
-    _server, url, _images, _ = _serve_cache(tmp_path, http_server)
+@pytest.mark.parametrize("etags", [True, False])
+def test_a_truncated_remote_shard_is_named(tmp_path, http_server, etags):
+    """Cut after the dataset was opened: a server with ETags says the file is another version than the one
+    opened (If-Match); without them, the short read names the truncation."""
+    make_cache(tmp_path / "site" / "c", n=70, shard_size=16, h=16, w=12)
+    url = http_server(tmp_path / "site", etags=etags).url_for("c")
     ds = CachedImageDataset(url)
     shard = tmp_path / "site" / "c" / "images-00002.npy"
-    shard.write_bytes(shard.read_bytes()[:-1000])  # cut after the dataset was opened
-    with pytest.raises(CacheCorruptError, match=r"images-00002\.npy.*(truncated|shorter)"):
+    shard.write_bytes(shard.read_bytes()[:-1000])
+    error, says = (CacheChangedError, "changed since this job opened") if etags else (CacheCorruptError, "shorter")
+    with pytest.raises(error, match=rf"images-00002\.npy.*{says}"):
         ds.gather(np.arange(32, 48))
 
 

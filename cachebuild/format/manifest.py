@@ -14,7 +14,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from cachebuild.atomic import write_json_atomic
-from cachebuild.errors import CacheCorruptError, CacheNotFoundError, RemoteError, UnsupportedFormatError
+from cachebuild.errors import (
+    CacheCorruptError,
+    CacheNotFoundError,
+    RemoteError,
+    RemoteNotFoundError,
+    UnsupportedFormatError,
+)
 from cachebuild.format.pathnames import decode_path, encode_path
 from cachebuild.storage import Location, backend_names, check_name, open_location
 
@@ -261,7 +267,7 @@ def read_manifest(where: str | os.PathLike[str] | Location) -> Manifest:
                     hint = f"; it holds the caches {subs}: pass one of them, e.g. {root / subs[0]}"
                 elif any(root.glob("*.partial")) or root.name.endswith(".partial"):
                     hint = "; a build into it is unfinished: rerun the same cachebuild command to resume it"
-        elif isinstance(e, RemoteError) and "not found" not in str(e):
+        elif isinstance(e, RemoteError) and not isinstance(e, RemoteNotFoundError):
             raise  # access denied, unreachable...: that, not "not a cache", is the news
         raise CacheNotFoundError(
             f"{location.describe()} is not a cachebuild cache (no {MANIFEST_NAME}){hint}") from None

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cachebuild.errors import CacheCorruptError, RemoteError
+from cachebuild.errors import CacheCorruptError, RemoteError, RemoteNotFoundError
 from cachebuild.format.file_table import read_file_table
 from cachebuild.format.manifest import Manifest, read_manifest
 from cachebuild.storage import Location, get_backend, open_location
@@ -54,9 +54,7 @@ def _sizes(location: Location, names: list[str]) -> dict[str, int]:
     for n in names:
         try:
             out[n] = location.size(n)
-        except RemoteError as e:
-            if "not found" not in str(e):
-                raise
+        except RemoteNotFoundError:
             out[n] = -1
     return out
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from cachebuild.errors import CacheCorruptError, RemoteError
-from cachebuild.format.manifest import Manifest, read_manifest
+from cachebuild.format.manifest import MANIFEST_NAME, Manifest, read_manifest
 from cachebuild.format.side_arrays import load_array, load_paths, sha256_bytes
 from cachebuild.storage import BlockCache, ImageStore, Location, get_backend, open_location
 from cachebuild.storage.replacement import ReaderLock
@@ -28,6 +28,8 @@ class CacheReader:
     no pixel is read), so a missing, truncated or mis-shaped file is a named error here, not a crash later
     in a DataLoader worker. A local cache is pinned to the folder it opened and holds a shared lock on it
     while this object lives: a ``--force`` rebuild of the same path leaves it reading the old cache whole.
+    A cache at a URL is pinned to the versions of its files (``If-Match``): after a ``push --force`` to the
+    same URL, a read raises :class:`~cachebuild.errors.CacheChangedError` instead of serving the new bytes.
 
     Args:
         where: a cache folder, or a URL (``s3://``, ``gs://``, ``https://``, ``file://``...).
@@ -43,9 +45,11 @@ class CacheReader:
         location = open_location(where, storage_options)
         self._lock: ReaderLock | None = None
         if location.is_local:
-            location = location.pinned() if location.local_path().is_dir() else location  # type: ignore[attr-defined]
+            location = location.pinned() if location.local_path().is_dir() else location
             if getattr(location, "identity", None) is not None:
                 self._lock = ReaderLock(location.local_path())
+        else:  # every read is tied to the file versions of the cache opened now (storage.pinning)
+            location = location.pinned(anchor=MANIFEST_NAME)
         self.location = location
         self.manifest: Manifest = read_manifest(location)
         self.backend = get_backend(self.manifest.storage)

@@ -76,8 +76,8 @@ def pull(src: str, dest: str, force: bool, jobs: int, wait: float | None, progre
 @click.argument("dest", metavar="URL")
 @click.option("--force", is_flag=True,
               help="Replace a different cache at URL. Its manifest goes first, so new readers see no cache until "
-                   "the push completes; jobs already reading it from the URL get errors: push to a new prefix "
-                   "to replace a cache in use.")
+                   "the push completes; jobs already reading it from the URL stop with an error naming the "
+                   "changed file (never the new bytes): push to a new prefix to replace a cache in use.")
 @_JOBS
 @WAIT_OPTION
 @_PROGRESS

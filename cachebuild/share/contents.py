@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from cachebuild.errors import CacheCorruptError, RemoteError
+from cachebuild.errors import CacheCorruptError, RemoteError, RemoteNotFoundError
 from cachebuild.format.file_table import is_unfinished_write, read_file_table
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest, parse_manifest, read_manifest
 from cachebuild.share.listing import find_caches
@@ -45,10 +45,8 @@ def read_manifest_bytes(location: Location) -> bytes | None:
         return location.read_bytes(MANIFEST_NAME)
     except (FileNotFoundError, NotADirectoryError):
         return None
-    except RemoteError as e:
-        if "not found" in str(e):
-            return None
-        raise
+    except RemoteNotFoundError:
+        return None
 
 
 def _named_files(m: Manifest) -> list[str]:

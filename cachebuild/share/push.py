@@ -10,9 +10,10 @@ their size matches (an object store creates an object only when its upload compl
 Replacing a different cache at the URL needs ``force``. Its manifest is removed first (new readers then
 see no cache until the new one is complete), then the old files that the new cache does not hold
 identically (same name, size and sha256 in both file tables) are deleted, then the push proceeds as above.
-Jobs that opened the old cache from the URL *before* get errors naming the files that vanished (or, for
-files replaced under the same name, may read new bytes): a remote cache has no ``.replaced-*`` copy to keep
-reading. To replace a cache that jobs are reading, push to a new prefix and point the jobs there.
+Jobs that opened the old cache from the URL *before* get errors naming the files that vanished or changed
+(their reads are pinned to the versions they opened: ``cachebuild.storage.pinning``), never the new bytes:
+a remote cache has no ``.replaced-*`` copy to keep reading. To replace a cache that jobs are reading, push
+to a new prefix and point the jobs there.
 
 A local destination is a pull from ``SRC`` (same checks, atomic rename).
 """
@@ -27,7 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cachebuild.errors import CacheBuildError, CacheCorruptError, CacheExistsError, RemoteError, TransferError
+from cachebuild.errors import (
+    CacheBuildError,
+    CacheCorruptError,
+    CacheExistsError,
+    RemoteError,
+    RemoteNotFoundError,
+    TransferError,
+)
 from cachebuild.format.file_table import read_file_table
 from cachebuild.format.manifest import MANIFEST_NAME, parse_manifest
 from cachebuild.format.reader import CacheReader
@@ -81,10 +89,8 @@ def push(src: str | os.PathLike[str], dest: str | os.PathLike[str] | Location, *
 def _remote_files(dst: Location) -> dict[str, int]:
     try:
         return dst.list_files()
-    except RemoteError as e:
-        if "not found" in str(e):
-            return {}
-        raise
+    except RemoteNotFoundError:
+        return {}
 
 
 def _push_one(root: Path, dst: Location, force: bool, jobs: int, progress: bool | None) -> PushResult:

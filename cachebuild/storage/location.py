@@ -11,6 +11,7 @@ standard environment and config files (``AWS_*``, ``~/.aws``, ``GOOGLE_APPLICATI
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -20,8 +21,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from cachebuild.errors import CacheCorruptError, RemoteError
+from cachebuild.errors import CacheChangedError, CacheCorruptError, RemoteError, RemoteNotFoundError
 from cachebuild.storage.names import check_name, is_url, redact
+from cachebuild.storage.pinning import (
+    PINNABLE_PROTOCOLS,
+    Pins,
+    etag_of,
+    gather_infos,
+    install_s3_hook,
+    precondition_failed,
+)
 
 __all__ = ["FsspecLocation", "LocalLocation", "Location", "is_transient", "open_location"]
 
@@ -88,6 +97,11 @@ class Location(ABC):
     def local_path(self, name: str = "") -> Path:
         raise TypeError(f"{self.describe()} is not a local folder")
 
+    def pinned(self, anchor: str = "") -> Location:
+        """This location with its reads tied to the cache it holds now (see the subclasses); ``anchor`` is
+        the file a writer removes first and writes last (the manifest)."""
+        return self
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.describe()!r})"
 
@@ -109,7 +123,7 @@ class LocalLocation(Location):
     def is_local(self) -> bool:
         return True
 
-    def pinned(self) -> LocalLocation:
+    def pinned(self, anchor: str = "") -> LocalLocation:
         from cachebuild.storage.replacement import folder_identity
 
         return LocalLocation(self.root, folder_identity(self.root))
@@ -127,8 +141,6 @@ class LocalLocation(Location):
             pass
         found = find_pinned(self.root, self.identity)
         if found is None:
-            from cachebuild.errors import CacheChangedError
-
             raise CacheChangedError(
                 f"the cache at {self.root} was replaced while this job read it, and the copy it was reading is "
                 f"gone (a filesystem without working locks, or deleted by hand); restart the job to read the new cache"
@@ -242,12 +254,16 @@ def _status(exc: BaseException) -> int | None:
 
 class FsspecLocation(Location):
     """A folder behind any fsspec URL. The filesystem object is made lazily in each process (so the
-    location pickles into DataLoader workers, fork or spawn, without an event loop or sockets)."""
+    location pickles into DataLoader workers, fork or spawn, without an event loop or sockets).
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+    :meth:`pinned` ties its reads to the versions of the files it holds now (``cachebuild.storage.pinning``).
+    """
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, pins: Pins | None = None) -> None:
         self.url = url.rstrip("/")
         self.protocol = url.split("://", 1)[0].lower()
         self.storage_options = dict(storage_options or {})
+        self.pins = pins
         self._fs: Any = None
         self._pid = -1
 
@@ -271,6 +287,11 @@ class FsspecLocation(Location):
             import fsspec
 
             opts = self.fs_options()
+            if self.pins is not None and self.protocol in ("s3", "s3a"):
+                import aiobotocore.session
+
+                opts.setdefault("session", aiobotocore.session.AioSession())
+                install_s3_hook(opts["session"], self.pins)
             try:
                 self._fs = fsspec.filesystem(self.protocol, skip_instance_cache=True, **opts)
             except ImportError as e:
@@ -293,8 +314,16 @@ class FsspecLocation(Location):
                 with attempt:
                     return fn()
         except Exception as e:
+            if self.pins is not None and precondition_failed(e):
+                raise self._changed(name) from None
             raise self._error(name, what, e) from None
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _changed(self, name: str) -> CacheChangedError:
+        return CacheChangedError(
+            f"{self.describe(name)} changed since this job opened the cache at {self.describe()} (replaced by "
+            f"`cachebuild push --force`, or rewritten): this reader stops rather than serve bytes of another "
+            f"cache; restart the job to read what is there now")
 
     def _error(self, name: str, what: str, exc: BaseException) -> RemoteError:
         where = self.describe(name)
@@ -303,7 +332,7 @@ class FsspecLocation(Location):
         if isinstance(exc, FileNotFoundError) and isinstance(missing, str) and is_url(missing):
             where = redact(missing)  # the file of a multi-file call that was not there
         if isinstance(exc, FileNotFoundError) or status == 404:
-            return RemoteError(f"{where}: not found (cannot {what})")
+            return RemoteNotFoundError(f"{where}: not found (cannot {what})")
         if isinstance(exc, PermissionError) or status in (401, 403):
             return RemoteError(f"{where}: access denied{f' (HTTP {status})' if status else ''}; check the "
                                f"credentials for this store (its standard environment variables or config files)")
@@ -316,7 +345,74 @@ class FsspecLocation(Location):
         return RemoteError(f"{where}: cannot {what}: {kind}: {detail}")
 
     def child(self, name: str) -> FsspecLocation:
-        return FsspecLocation(self._path(name), self.storage_options)
+        return FsspecLocation(self._path(name), self.storage_options, self.pins)
+
+    # ---------------------------------------------------------------- pinning
+    def pinned(self, anchor: str = "") -> FsspecLocation:
+        """This location with every read tied by ``If-Match`` to the file versions it holds now; the
+        anchor's tag (taken here) vouches for each other file's tag, taken on its first read. Returns the
+        location unpinned where the protocol or the server cannot do it (no strong ETag on the anchor)."""
+        if self.pins is not None or not anchor or self.protocol not in PINNABLE_PROTOCOLS:
+            return self
+        path = self._path(anchor)
+        try:
+            tag = etag_of(self._call(anchor, "get its version", lambda: self.fs.info(path, **self._fresh())))
+        except RemoteNotFoundError:
+            return self  # no cache here: reading the anchor says so
+        if tag is None:
+            return self
+        return FsspecLocation(self.url, self.storage_options, Pins(self._key(path), path, tag))
+
+    def _fresh(self) -> dict[str, Any]:
+        # s3fs answers info() from listings it cached; a version check must ask the store
+        return {"refresh": True} if self.protocol in ("s3", "s3a") else {}
+
+    def _key(self, path: str) -> str:
+        return str(self.fs._strip_protocol(path))
+
+    def _pin(self, names: Sequence[str]) -> None:
+        """Take the tags of the files ``names`` not pinned yet, then check that the anchor still has its
+        tag: if it does, those tags are of the cache this reader opened."""
+        if self.pins is None:
+            return
+        paths = {self._key(self._path(n)): (n, self._path(n)) for n in names}
+        todo = self.pins.missing(list(paths))
+        if not todo:
+            return
+        fs = self.fs
+        if getattr(fs, "async_impl", False):
+            from fsspec.asyn import sync
+
+            def heads() -> list[Any]:
+                got = sync(fs.loop, gather_infos, fs, [paths[k][1] for k in todo], self._fresh())
+                for info in got:
+                    if isinstance(info, BaseException):
+                        raise info
+                return got
+
+            infos = self._call(paths[todo[0]][0] if len(todo) == 1 else "",
+                               f"get the version of {len(todo)} file(s)", heads)
+        else:
+            def info_of(path: str) -> Callable[[], Any]:
+                return lambda: fs.info(path, **self._fresh())
+
+            infos = [self._call(paths[k][0], "get its version", info_of(paths[k][1])) for k in todo]
+        anchor = self.pins.anchor_url
+        try:
+            now = etag_of(self._call("", "check its manifest", lambda: fs.info(anchor, **self._fresh())))
+        except RemoteNotFoundError:  # taken down by a push in progress
+            now = None
+        if now != self.pins.anchor_tag:
+            raise self._changed(paths[todo[0]][0])
+        self.pins.add({k: etag_of(info) for k, info in zip(todo, infos, strict=True)})
+
+    def _match(self, name: str) -> dict[str, Any]:
+        """Keyword arguments that make an fsspec read of ``name`` conditional on its pinned tag (HTTP: a
+        header; S3: the session's hook, so nothing here)."""
+        if self.pins is None or self.protocol not in ("http", "https"):
+            return {}
+        tag = self.pins.tag(self._key(self._path(name)))
+        return {"headers": {"If-Match": tag}} if tag is not None else {}
 
     def exists(self, name: str) -> bool:
         path = self._path(name)
@@ -331,16 +427,20 @@ class FsspecLocation(Location):
 
     def read_bytes(self, name: str) -> bytes:
         path = self._path(name)
-        return self._call(name, "read it", lambda: bytes(self.fs.cat_file(path)))
+        self._pin([name])
+        kw = self._match(name)
+        return self._call(name, "read it", lambda: bytes(self.fs.cat_file(path, **kw)))
 
     def read_ranges(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         if not ranges:
             return []
         path = self._path(name)
+        self._pin([name])
+        kw = self._match(name)
 
         def fetch() -> list[bytes]:
             got = self.fs.cat_ranges([path] * len(ranges), [r[0] for r in ranges], [r[1] for r in ranges],
-                                     on_error="return")
+                                     on_error="return", **kw)
             out = []
             for (start, end), data in zip(ranges, got, strict=True):
                 if isinstance(data, BaseException):
@@ -362,9 +462,17 @@ class FsspecLocation(Location):
         if not names:
             return []
         paths = [self._path(n) for n in names]
+        self._pin(names)
+        matches = [self._match(n) for n in names]
 
         def fetch() -> list[bytes]:
-            got = self.fs.cat_ranges(paths, [0] * len(paths), [nbytes] * len(paths), on_error="return")
+            if any(matches):  # a header per file: one conditional read each, concurrently
+                from fsspec.asyn import sync
+
+                fs = self.fs
+                got = sync(fs.loop, _gather_reads, fs, paths, nbytes, matches)
+            else:
+                got = self.fs.cat_ranges(paths, [0] * len(paths), [nbytes] * len(paths), on_error="return")
             for data in got:
                 if isinstance(data, BaseException):
                     raise data
@@ -422,6 +530,16 @@ class FsspecLocation(Location):
                 self.fs.rm(paths if len(paths) > 1 else paths[0])  # s3fs/gcsfs: bulk deletes
 
         self._call(names[0] if len(names) == 1 else "", f"delete {len(names)} file(s)", rm)
+
+
+async def _gather_reads(fs: Any, paths: Sequence[str], nbytes: int, kws: Sequence[dict[str, Any]]) -> list[Any]:
+    gate = asyncio.Semaphore(32)
+
+    async def one(path: str, kw: dict[str, Any]) -> Any:
+        async with gate:
+            return await fs._cat_file(path, start=0, end=nbytes, **kw)
+
+    return await asyncio.gather(*(one(p, kw) for p, kw in zip(paths, kws, strict=True)), return_exceptions=True)
 
 
 def open_location(where: str | os.PathLike[str] | Location,

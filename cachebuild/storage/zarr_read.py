@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cachebuild.errors import CacheCorruptError, RemoteError
+from cachebuild.errors import CacheChangedError, CacheCorruptError, RemoteError, RemoteNotFoundError
 from cachebuild.storage.base import ImageStore
 from cachebuild.storage.block_cache import BlockCache
 from cachebuild.storage.location import RETRY_ATTEMPTS, FsspecLocation, Location, is_transient
@@ -117,12 +117,21 @@ def _strict_store_class() -> type:
         fetched chunks in a local block cache."""
 
         def __init__(self, store: Any, where: str = "", block_cache: BlockCache | None = None,
-                     cache_id: str = "") -> None:
+                     cache_id: str = "", pinned: FsspecLocation | None = None) -> None:
             super().__init__(store)
             self.where, self.block_cache, self.cache_id = where, block_cache, cache_id
+            self.pinned = pinned  # a remote cache pinned to its file versions: whole-key reads go through it
 
         def _with_store(self, store: Any) -> StrictStore:
-            return type(self)(store, self.where, self.block_cache, self.cache_id)
+            return type(self)(store, self.where, self.block_cache, self.cache_id, self.pinned)
+
+        async def _get_pinned(self, key: str, prototype: BufferPrototype) -> Buffer | None:
+            assert self.pinned is not None
+            try:  # the location retries, and names a replaced file (If-Match) as CacheChangedError
+                data = await asyncio.to_thread(self.pinned.read_bytes, f"{ZARR_NAME}/{key}")
+            except RemoteNotFoundError:
+                return None
+            return prototype.buffer.from_bytes(data)
 
         async def get(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
                       ) -> Buffer | None:
@@ -134,11 +143,16 @@ def _strict_store_class() -> type:
                 if hit is not None:
                     return prototype.buffer.from_bytes(hit)
             try:
-                async for attempt in AsyncRetrying(stop=stop_after_attempt(max(1, RETRY_ATTEMPTS)),
-                                                   wait=wait_exponential(multiplier=0.1, max=2.0),
-                                                   retry=retry_if_exception(is_transient), reraise=True):
-                    with attempt:
-                        buf = await self._store.get(key, prototype, byte_range)
+                if self.pinned is not None and byte_range is None:
+                    buf = await self._get_pinned(key, prototype)
+                else:
+                    async for attempt in AsyncRetrying(stop=stop_after_attempt(max(1, RETRY_ATTEMPTS)),
+                                                       wait=wait_exponential(multiplier=0.1, max=2.0),
+                                                       retry=retry_if_exception(is_transient), reraise=True):
+                        with attempt:
+                            buf = await self._store.get(key, prototype, byte_range)
+            except CacheChangedError:
+                raise
             except Exception as e:
                 raise CacheCorruptError(f"zarr {'chunk' if is_chunk else 'key'} {self.where}/{key}: cannot read it: "
                                         f"{type(e).__name__}: {str(e)[:200]}") from None
@@ -191,8 +205,9 @@ class ZarrImages(ImageStore):
                 loc = self.location
                 opts = loc.fs_options() if isinstance(loc, FsspecLocation) else {}
                 store = FsspecStore.from_url(f"{loc.url}/{ZARR_NAME}", storage_options=opts, read_only=True)
+            pinned = self.location if getattr(self.location, "pins", None) is not None else None
             strict = _strict_store_class()(store, self.location.describe(ZARR_NAME), self.block_cache,
-                                           self.manifest.build_key)
+                                           self.manifest.build_key, pinned)
             self._array = zarr.open_array(store=strict, mode="r", zarr_format=3)
             self._pid = os.getpid()
         return self._array
@@ -205,7 +220,7 @@ class ZarrImages(ImageStore):
         # zarr reads each touched chunk once for the whole sorted selection.
         try:
             block = self.array().get_orthogonal_selection((idx[order],))
-        except CacheCorruptError:
+        except (CacheCorruptError, CacheChangedError):
             raise
         except Exception as e:  # a codec's own error (zstd, blosc...): find and name the chunk
             raise self._damaged(idx, e) from None

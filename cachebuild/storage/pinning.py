@@ -1,0 +1,108 @@
+"""Remote reads tied to the files a reader opened: no pixel of a replaced cache is ever served.
+
+A local cache is pinned by folder identity (``LocalLocation.pinned``). An object store or HTTP server has no
+folder to keep: ``cachebuild push --force`` takes the old cache down and uploads the new one under the same
+names, and shards of the same shape have the same size, so a job still reading the old cache would get the
+new cache's bytes at its old offsets, silently. Instead, every read of a pinned remote cache carries the
+file's entity tag in an ``If-Match`` precondition (HTTP, RFC 9110; S3's ``GetObject`` ``IfMatch``), and a
+server that holds another version answers 412, which becomes :class:`~cachebuild.errors.CacheChangedError`.
+
+A file's tag is taken on its first read and vouched for by the *anchor* (the manifest): ``push`` removes the
+manifest before it changes any file and writes it last, so a tag taken while the anchor still carries the
+tag it had when the cache was opened belongs to the opened cache.
+
+Where it applies: ``http(s)://`` servers that send strong ETags and honour ``If-Match`` (nginx, Apache,
+S3/GCS/Azure over HTTPS, the test server), and ``s3://`` through s3fs (a botocore event hook adds
+``IfMatch`` to each ``GetObject``). Other protocols, and servers without strong ETags, read unpinned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["PINNABLE_PROTOCOLS", "Pins", "etag_of", "install_s3_hook", "precondition_failed"]
+
+PINNABLE_PROTOCOLS = frozenset({"http", "https", "s3", "s3a"})
+_CONCURRENT_HEADS = 32
+
+
+def etag_of(info: dict[str, Any]) -> str | None:
+    """The strong entity tag in an fsspec ``info`` (HTTP's ``ETag`` header, S3's ``ETag``), or None. A weak
+    tag (``W/"..."``) never satisfies ``If-Match`` (RFC 9110 compares strongly), so it counts as none."""
+    tag = info.get("ETag") or info.get("etag")
+    if not isinstance(tag, str) or not tag or tag.startswith("W/"):
+        return None
+    return tag
+
+
+def precondition_failed(exc: BaseException) -> bool:
+    """A 412 answer: the file no longer has the tag this reader pinned. aiohttp raises it with ``status``;
+    s3fs turns botocore's ``PreconditionFailed`` into an ``OSError`` whose cause holds the response."""
+    if getattr(exc, "status", None) == 412:
+        return True
+    for e in (exc, exc.__cause__, exc.__context__):
+        response = getattr(e, "response", None)
+        if isinstance(response, dict):
+            if response.get("Error", {}).get("Code") in ("PreconditionFailed", "412"):
+                return True
+            if response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 412:
+                return True
+    return False
+
+
+class Pins:
+    """Path (as the filesystem names it, without protocol) -> pinned tag, shared by a location and its
+    children, copied into DataLoader workers. ``None`` marks a file the server gives no strong tag."""
+
+    def __init__(self, anchor: str, anchor_url: str, anchor_tag: str) -> None:
+        self.anchor = anchor
+        self.anchor_url = anchor_url
+        self.anchor_tag = anchor_tag
+        self.tags: dict[str, str | None] = {anchor: anchor_tag}
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"anchor": self.anchor, "anchor_url": self.anchor_url, "anchor_tag": self.anchor_tag,
+                "tags": dict(self.tags)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def missing(self, paths: Sequence[str]) -> list[str]:
+        with self._lock:
+            return list(dict.fromkeys(p for p in paths if p not in self.tags))
+
+    def add(self, tags: dict[str, str | None]) -> None:
+        with self._lock:
+            for path, tag in tags.items():
+                self.tags.setdefault(path, tag)  # a tag once pinned is never replaced
+
+    def tag(self, path: str) -> str | None:
+        return self.tags.get(path)
+
+
+async def gather_infos(fs: Any, paths: Sequence[str], kw: dict[str, Any]) -> list[Any]:
+    """``fs._info`` of each path, a bounded number at a time; exceptions are returned in place."""
+    gate = asyncio.Semaphore(_CONCURRENT_HEADS)
+
+    async def one(path: str) -> Any:
+        async with gate:
+            return await fs._info(path, **kw)
+
+    return await asyncio.gather(*(one(p) for p in paths), return_exceptions=True)
+
+
+def install_s3_hook(session: Any, pins: Pins) -> None:
+    """Make every ``GetObject`` that the clients of ``session`` send for a pinned key carry ``IfMatch``
+    (botocore's documented event system: ``before-parameter-build``)."""
+
+    def add_if_match(params: dict[str, Any], **_: Any) -> None:
+        tag = pins.tag(f"{params.get('Bucket')}/{params.get('Key')}")
+        if tag is not None and "IfMatch" not in params:
+            params["IfMatch"] = tag
+
+    session.register("before-parameter-build.s3.GetObject", add_if_match)
