@@ -63,6 +63,20 @@ def test_s3_reader_stops_after_push_force_instead_of_serving_the_new_cache(tmp_p
     assert np.array_equal(CachedImageDataset(url).gather(np.arange(N)), b_img)  # a new job reads the new cache
 
 
+def test_s3_reader_pinned_in_forked_dataloader_workers(tmp_path, s3):
+    """Each worker's own S3 client carries the IfMatch hook, with the versions taken when the dataset opened."""
+    a, b, a_img, _ = _pair(tmp_path, "npy", "none")
+    url = s3.url("team/c")
+    _push(a, url)
+    ds = CachedImageDataset(url)
+    dl = DataLoader(ds, batch_size=16, num_workers=2, multiprocessing_context="fork", collate_fn=collate_batch)
+    assert np.array_equal(np.concatenate([x.numpy() for x, _ in dl]), a_img)
+    _push(b, url, "--force")
+    with pytest.raises(CacheChangedError, match=r"images-0000\d\.npy changed since this job opened"):
+        for _ in dl:
+            pass
+
+
 def test_http_reader_pinned_in_dataloader_workers(tmp_path, http_server):
     """The versions taken when the dataset opened travel into spawned workers with it."""
     a, b, _, _ = _pair(tmp_path, "npy", "none")
