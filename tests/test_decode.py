@@ -144,11 +144,11 @@ def _decode_or_reason(data: bytes, spec: ResizeSpec) -> np.ndarray | str:
     return out
 
 
-def test_full_scale_jpegs_go_through_turbojpeg_with_opencvs_pixels(imagenet_tree, monkeypatch):
-    """Full-scale JPEG decodes take simplejpeg (libjpeg-turbo's TurboJPEG API) for speed. The cache must
-    hold exactly what OpenCV decodes, for every JPEG flavour and every file of a tree with ImageNet's
-    quirks and broken files; what simplejpeg refuses (any libjpeg warning: damaged data) goes to OpenCV
-    as before."""
+def test_jpegs_go_through_turbojpeg_with_opencvs_pixels(imagenet_tree, monkeypatch):
+    """JPEG decodes, full-scale and DCT-reduced, take simplejpeg (libjpeg-turbo's TurboJPEG API) for speed.
+    The cache must hold exactly what OpenCV decodes, for every JPEG flavour and every file of a tree with
+    ImageNet's quirks and broken files; what simplejpeg refuses (any libjpeg warning: damaged data) goes to
+    OpenCV as before."""
     from cachebuild import decode
 
     files = sorted(p for p in Path(imagenet_tree["root"]).rglob("*") if p.is_file() and p.suffix == ".JPEG")
@@ -160,22 +160,27 @@ def test_full_scale_jpegs_go_through_turbojpeg_with_opencvs_pixels(imagenet_tree
     damaged = [flavours[0][: scan + 3000] + b"\xff\xd9",
                flavours[0][: scan + 2000] + b"\x00" * 300 + flavours[0][scan + 2300 :]]
     sources = flavours + damaged + [p.read_bytes() for p in files]
-    specs = [ResizeSpec(224), ResizeSpec(160, fit="pad"), ResizeSpec(200, fit="squash")]
+    specs = [ResizeSpec(224), ResizeSpec(160, fit="pad"), ResizeSpec(200, fit="squash"), ResizeSpec(64),
+             ResizeSpec(32, fit="pad")]  # 64 and 32: decoded at 1/2, 1/4 or 1/8
     real_turbo = decode._turbo_rgb
     taken = {"fast": 0, "refused": 0}
+    scales: set[int] = set()
 
-    def counting(data: bytes, nbytes: int):
-        img = real_turbo(data, nbytes)
+    def counting(data: bytes, h: int, w: int, r: int):
+        img = real_turbo(data, h, w, r)
         taken["fast" if img is not None else "refused"] += 1
+        if img is not None:
+            scales.add(r)
         return img
 
     monkeypatch.setattr(decode, "_turbo_rgb", counting)
     fast = [_decode_or_reason(d, spec) for spec in specs for d in sources]
-    monkeypatch.setattr(decode, "_turbo_rgb", lambda data, nbytes: None)  # OpenCV alone, as before
+    monkeypatch.setattr(decode, "_turbo_rgb", lambda data, h, w, r: None)  # OpenCV alone, as before
     for a, b in zip(fast, [_decode_or_reason(d, spec) for spec in specs for d in sources], strict=True):
         assert (a == b) if isinstance(a, str) else (not isinstance(b, str) and np.array_equal(a, b))
     assert taken["fast"] >= len(specs) * (len(flavours) + len(files) // 2)  # CMYK too: libjpeg-turbo converts
     assert taken["refused"] >= len(specs) * len(damaged)
+    assert scales == {1, 2, 4, 8}
 
 
 def test_opencv_without_rgb_decoding_gives_the_same_pixels(imagenet_clean, monkeypatch):
