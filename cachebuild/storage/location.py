@@ -37,6 +37,9 @@ __all__ = ["FsspecLocation", "LocalLocation", "Location", "is_transient", "open_
 T = TypeVar("T")
 
 RETRY_ATTEMPTS = int(os.environ.get("CACHEBUILD_RETRIES", "5"))
+# "0" reads URLs unpinned: only for a server that sends strong ETags but answers If-Match wrongly (412 for
+# a file that did not change); such a reader is not protected against a replaced cache.
+PIN_VERSIONS = os.environ.get("CACHEBUILD_PIN_VERSIONS", "1") != "0"
 HTTP_READ_TIMEOUT_S = float(os.environ.get("CACHEBUILD_HTTP_TIMEOUT", "60"))
 
 
@@ -352,7 +355,7 @@ class FsspecLocation(Location):
         """This location with every read tied by ``If-Match`` to the file versions it holds now; the
         anchor's tag (taken here) vouches for each other file's tag, taken on its first read. Returns the
         location unpinned where the protocol or the server cannot do it (no strong ETag on the anchor)."""
-        if self.pins is not None or not anchor or self.protocol not in PINNABLE_PROTOCOLS:
+        if self.pins is not None or not anchor or self.protocol not in PINNABLE_PROTOCOLS or not PIN_VERSIONS:
             return self
         path = self._path(anchor)
         try:
