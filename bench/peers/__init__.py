@@ -80,7 +80,8 @@ def build_contenders(cfg: dict[str, Any], files_json: Path, skipped: dict[str, s
 
 
 def load_contenders(cfg: dict[str, Any], outputs: dict[str, Path], skipped: dict[str, str]) -> list[dict[str, Any]]:
-    """Load contenders for every peer build that exists: key, label, command(epochs, aug)."""
+    """Load contenders for every peer build that exists: key, label, command(epochs) (its answer holds
+    ``groups``: the epochs of the raw and the augmented loader)."""
     out = []
     for (peer, mode), label in BUILDS.items():
         key = f"{peer}_{mode}"
@@ -92,9 +93,10 @@ def load_contenders(cfg: dict[str, Any], outputs: dict[str, Path], skipped: dict
         if py is None:
             continue
 
-        def command(epochs: int, aug: bool, py: str = py, peer: str = peer, data: Path = outputs[key]) -> list[str]:
+        def command(epochs: int, py: str = py, peer: str = peer, data: Path = outputs[key]) -> list[str]:
+            # both groups, raw then augmented, in one process (the library's imports paid once)
             return [py, str(HERE / f"{peer}_peer.py"), "load", "--data", str(data), "--size", str(cfg["size"]),
                     "--batch", str(cfg["batch"]), "--workers", str(cfg["workers"]), "--epochs", str(epochs),
-                    "--aug", str(int(aug))]
+                    "--aug", "0,1"]
         out.append({"key": key, "label": f"{label} loader, {cfg['workers']} workers", "command": command})
     return out

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import MEAN, STD, answer, files, parse, square, time_epochs, warm_then_time
+from common import MEAN, STD, answer, files, load_groups, parse, square, time_epochs, warm_then_time
 
 
 class _Images:
@@ -41,12 +41,16 @@ def build(a) -> None:
 
 
 def load(a) -> None:
+    load_groups(a, lambda aug: _epochs(a, aug))
+
+
+def _epochs(a, aug: bool) -> list[float]:
     import numpy as np
     from ffcv.fields.decoders import IntDecoder, RandomResizedCropRGBImageDecoder, SimpleRGBImageDecoder
     from ffcv.loader import Loader, OrderOption
     from ffcv.transforms import NormalizeImage, RandomHorizontalFlip, ToTensor, ToTorchImage
 
-    if a.aug:
+    if aug:
         # FFCV's ImageNet order (ToTensor, ToDevice, ToTorchImage, NormalizeImage) normalises on the GPU; on
         # the CPU, NormalizeImage goes before ToTensor: in 1.0.2 a jitted stage after two non-jitted ones
         # never returns from Loader() (graph.group_operations does not reset its next front).
@@ -60,8 +64,7 @@ def load(a) -> None:
             pass
     loader = Loader(str(path), batch_size=a.batch, num_workers=a.workers, order=OrderOption.RANDOM, os_cache=True,
                     drop_last=False, seed=0, pipelines={"image": image, "label": [IntDecoder(), ToTensor()]})
-    rates = time_epochs(lambda: loader, a.epochs, loader.reader.num_samples)
-    answer(epochs=rates)
+    return time_epochs(lambda: loader, a.epochs, loader.reader.num_samples)
 
 
 if __name__ == "__main__":

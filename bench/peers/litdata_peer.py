@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import answer, augment, files, parse, square, time_epochs, warm_then_time
+from common import answer, augment, files, load_groups, parse, square, time_epochs, warm_then_time
 
 
 def _item(entry: tuple[str, int], size: int) -> dict:
@@ -30,10 +30,14 @@ def build(a) -> None:
 
 
 def load(a) -> None:
+    load_groups(a, lambda augmented: _epochs(a, augmented))
+
+
+def _epochs(a, augmented: bool) -> list[float]:
     import torch
     from litdata import StreamingDataLoader, StreamingDataset
 
-    aug = augment(a.size) if a.aug else None
+    aug = augment(a.size) if augmented else None
 
     class Images(StreamingDataset):
         def __getitem__(self, index):
@@ -43,8 +47,7 @@ def load(a) -> None:
 
     ds = Images(str(a.data), shuffle=True, drop_last=False, seed=0)
     dl = StreamingDataLoader(ds, batch_size=a.batch, num_workers=a.workers)
-    rates = time_epochs(lambda: dl, a.epochs, len(ds))
-    answer(epochs=rates)
+    return time_epochs(lambda: dl, a.epochs, len(ds))
 
 
 if __name__ == "__main__":

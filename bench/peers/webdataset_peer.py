@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import answer, augment, files, parse, square, time_epochs, warm_then_time
+from common import answer, augment, files, load_groups, parse, square, time_epochs, warm_then_time
 
 
 def _write(job: tuple[int, list[tuple[int, str, int]], str, int, int]) -> int:
@@ -39,12 +39,16 @@ def build(a) -> None:
 
 
 def load(a) -> None:
+    load_groups(a, lambda augmented: _epochs(a, augmented))
+
+
+def _epochs(a, augmented: bool) -> list[float]:
     import torch
     import webdataset as wds
 
     urls = sorted(str(p) for p in a.data.glob("*.tar"))
     n = json.loads((a.data / "count.json").read_text())
-    aug = augment(a.size) if a.aug else None
+    aug = augment(a.size) if augmented else None
 
     def image(x):
         t = torch.from_numpy(x)
@@ -53,8 +57,7 @@ def load(a) -> None:
     ds = (wds.WebDataset(urls, shardshuffle=len(urls), empty_check=False).shuffle(1000).decode()
           .to_tuple("npy", "cls").map_tuple(image, None).batched(a.batch, partial=True))
     dl = wds.WebLoader(ds, batch_size=None, num_workers=a.workers)
-    rates = time_epochs(lambda: dl, a.epochs, n)
-    answer(epochs=rates)
+    return time_epochs(lambda: dl, a.epochs, n)
 
 
 if __name__ == "__main__":
