@@ -143,3 +143,21 @@ def test_pinning_can_be_turned_off_for_a_server_that_answers_if_match_wrongly(tm
     monkeypatch.setattr(location, "PIN_VERSIONS", False)  # what CACHEBUILD_PIN_VERSIONS=0 sets at import
     ds = CachedImageDataset(url)
     assert ds.location.pins is None and np.array_equal(ds.gather(np.arange(N)), a_img)
+
+
+def test_a_manifest_missing_when_the_version_is_taken_is_not_a_cache_even_if_it_appears_next(tmp_path, http_server):
+    """Found by the reliability row (readers while push --force runs): the manifest was missing for the
+    version check (a push under way) and present for the read a moment later, and the reader then read
+    unpinned for good. It must say "not a cache" instead (the job retries), never open unpinned."""
+    from cachebuild.errors import CacheNotFoundError
+
+    a, _, _, _ = _pair(tmp_path, "npy", "none")
+    site = tmp_path / "site"
+    shutil.copytree(a, site / "c")
+    server = http_server(site)
+    url = server.url_for("c")
+    # gone for the version check (fsspec asks by HEAD, then by GET), back for the read that follows
+    server.fail("c/manifest.json", 404, times=2, methods=("HEAD", "GET"))
+    with pytest.raises(CacheNotFoundError, match=r"is not a cachebuild cache \(no manifest\.json\)"):
+        CachedImageDataset(url)
+    assert CachedImageDataset(url).location.pins is not None

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from cachebuild.errors import CacheCorruptError, RemoteError
+from cachebuild.errors import CacheCorruptError, CacheNotFoundError, RemoteError, RemoteNotFoundError
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest, read_manifest
 from cachebuild.format.side_arrays import load_array, load_paths, sha256_bytes
 from cachebuild.storage import BlockCache, ImageStore, Location, get_backend, open_location
@@ -49,7 +49,11 @@ class CacheReader:
             if getattr(location, "identity", None) is not None:
                 self._lock = ReaderLock(location.local_path())
         else:  # every read is tied to the file versions of the cache opened now (storage.pinning)
-            location = location.pinned(anchor=MANIFEST_NAME)
+            try:
+                location = location.pinned(anchor=MANIFEST_NAME)
+            except RemoteNotFoundError:
+                raise CacheNotFoundError(f"{location.describe()} is not a cachebuild cache (no {MANIFEST_NAME})"
+                                         ) from None
         self.location = location
         self.manifest: Manifest = read_manifest(location)
         self.backend = get_backend(self.manifest.storage)

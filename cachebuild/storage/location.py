@@ -354,14 +354,14 @@ class FsspecLocation(Location):
     def pinned(self, anchor: str = "") -> FsspecLocation:
         """This location with every read tied by ``If-Match`` to the file versions it holds now; the
         anchor's tag (taken here) vouches for each other file's tag, taken on its first read. Returns the
-        location unpinned where the protocol or the server cannot do it (no strong ETag on the anchor)."""
+        location unpinned where the protocol or the server cannot do it (no strong ETag on the anchor);
+        raises :class:`RemoteNotFoundError` when there is no anchor."""
         if self.pins is not None or not anchor or self.protocol not in PINNABLE_PROTOCOLS or not PIN_VERSIONS:
             return self
         path = self._path(anchor)
-        try:
-            tag = etag_of(self._call(anchor, "get its version", lambda: self.fs.info(path, **self._fresh())))
-        except RemoteNotFoundError:
-            return self  # no cache here: reading the anchor says so
+        # No anchor raises RemoteNotFoundError: returning this location unpinned instead would let a reader
+        # whose manifest appears a moment later (a push finishing) read unpinned for good.
+        tag = etag_of(self._call(anchor, "get its version", lambda: self.fs.info(path, **self._fresh())))
         if tag is None:
             return self
         return FsspecLocation(self.url, self.storage_options, Pins(self._key(path), path, tag))

@@ -1,0 +1,125 @@
+"""Readers of a cache at a URL while ``push --force`` replaces it, again and again (moto's S3 on 127.0.0.1).
+
+Every generation has the same layout (same file names, same sizes), only other pixels: the case where a
+reader that is not pinned to the file versions it opened reads the new cache's bytes at its old offsets.
+Each reader counts batches that are whole (every sample equal to the generation it opened) and named
+errors (it then opens the cache again, as a restarted job does); a batch of any other pixels is *mixed*,
+and there must be none. Readers pause now and then (a long training step), so that some sleep through a
+whole push and read again after it: without the version pinning those reads are mixed (measured with
+``CACHEBUILD_PIN_VERSIONS=0``).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cachebuild.format import write_cache
+from cachebuild.share.push import push
+
+READERS = 4
+N = 96
+SIDE = 24
+GENERATIONS = 4
+
+
+def _images(generation: int) -> np.ndarray:
+    """Sample i of a generation: pixel (0, 0) holds i and the generation, the rest a pattern of both."""
+    i = np.arange(N)[:, None, None, None]
+    img = ((i * 7 + generation * 31 + np.arange(SIDE)[:, None, None] * 3 + np.arange(SIDE)[:, None] * 5
+            + np.arange(3)) % 251).astype(np.uint8)
+    img = np.broadcast_to(img, (N, SIDE, SIDE, 3)).copy()
+    img[:, 0, 0, 0] = np.arange(N)
+    img[:, 0, 0, 1] = generation
+    return img
+
+
+def _reader(url: str, seconds: float, ready: Any, go: Any, result: Any) -> None:
+    from cachebuild.errors import CacheBuildError
+    from loaders.dataset import CachedImageDataset
+
+    def open_() -> tuple[Any, np.ndarray]:
+        ds = CachedImageDataset(url)
+        return ds, _images(int(ds.manifest.dataset.removeprefix("gen")))
+
+    ds, expected = open_()
+    ready.put(bool(np.array_equal(ds.gather(np.arange(4)), expected[:4])))
+    go.wait(120)
+    rng = np.random.default_rng(os.getpid())
+    whole = mixed = named = reopened = 0
+    first_error = first_mixed = ""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if (whole + mixed + named) % 20 == 0:
+            ds = pickle.loads(pickle.dumps(ds))  # what a DataLoader worker holds: the versions taken at open
+        idx = np.sort(rng.choice(N, 16, replace=False))
+        try:
+            batch = ds.gather(idx)
+        except CacheBuildError as e:  # a named error: the job restarts on what is there now
+            named += 1
+            first_error = first_error or str(e)
+            while time.time() < deadline:
+                try:
+                    ds, expected = open_()
+                    reopened += 1
+                    break
+                except CacheBuildError:  # a push under way (no manifest yet), or replaced again meanwhile
+                    time.sleep(0.05)
+            continue
+        except Exception as e:  # anything else is not an honest answer
+            mixed += 1
+            first_mixed = first_mixed or f"{type(e).__name__}: {e}"
+            continue
+        if np.array_equal(batch, expected[idx]):
+            whole += 1
+        else:
+            mixed += 1
+            gens = sorted(set(batch[:, 0, 0, 1].tolist()))
+            first_mixed = first_mixed or (f"wrong pixels: generations {gens} in a batch of generation "
+                                          f"{expected[0, 0, 0, 1]}")
+        if rng.random() < 0.15:  # a long step now and then: a whole push can happen between two reads
+            time.sleep(0.8)
+    result.put((whole, mixed, named, reopened, first_mixed or first_error))
+
+
+@pytest.mark.slow  # ~30 s: `make reliability`, not `make test`
+def test_url_readers_while_push_force_replaces_the_cache(tmp_path: Path, s3, ledger) -> None:
+    caches = []
+    for g in range(GENERATIONS):
+        root = tmp_path / f"gen{g}"
+        write_cache(root, _images(g), np.arange(N) % 5, [f"k{i}" for i in range(5)], shard_size=16,
+                    dataset=f"gen{g}", replace=True)
+        caches.append(root)
+    url = s3.url("team/c")
+    push(caches[0], url, progress=False)
+    ctx = multiprocessing.get_context("spawn")  # the children inherit the loopback S3 environment
+    ready, result, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_reader, args=(url, 12.0, ready, go, result)) for _ in range(READERS)]
+    for p in procs:
+        p.start()
+    assert all(ready.get(timeout=120) for _ in procs)
+    go.set()
+    pushes = 0
+    t_end = time.time() + 12
+    while time.time() < t_end:  # a pause between pushes, so that the reopened readers read a while
+        push(caches[1 + pushes % (GENERATIONS - 1)], url, force=True, progress=False)
+        pushes += 1
+        time.sleep(1.5)
+    totals = [result.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+    row = "readers of a URL (S3) while push --force replaces it"
+    lost = [f"{whole} whole, {mixed} mixed, {named} named ({error[:80]})"
+            for whole, mixed, named, _, error in totals if mixed or not whole + named]
+    ledger.add(row, len(totals), len(totals) - len(lost), len(lost), "; ".join(lost[:2]),
+               detail=f"{sum(t[0] for t in totals)} whole batches, {sum(t[2] for t in totals)} named errors "
+                      f"(then reopened), {sum(t[1] for t in totals)} mixed over {pushes} pushes")
+    assert lost == [] and pushes >= 5
+    assert sum(t[0] for t in totals) >= 20 * READERS and all(t[2] for t in totals)  # reads between pushes
