@@ -180,6 +180,46 @@ def test_force_rebuild_leaves_an_open_dataset_reading_the_old_cache_whole(tmp_pa
     assert replaced_folders(root) == []  # no reader left: both old versions are gone
 
 
+@pytest.mark.parametrize("storage,compression", [("npy", "none"), ("zarr", "none"), ("zarr", "zstd"),
+                                                 ("jpeg", "none")])
+def test_force_rebuild_with_the_same_layout_leaves_the_same_process_reading_the_old_pixels(tmp_path, storage,
+                                                                                           compression):
+    """The process that opened the dataset (and its chunk store, its shard maps) keeps reading the old cache
+    after a --force rebuild: a compressed zarr cache used to read the new one's chunks by path."""
+    n = 48
+    old = make_images(n, 16, 12)
+    write_cache(tmp_path / "c", old, np.zeros(n, int), ["x"], storage=storage, shard_size=16,
+                compression=compression)
+    ds = CachedImageDataset(tmp_path / "c")
+    served = ds.gather(np.arange(n))  # every file opened here (jpeg: as its decoder serves them)
+    write_cache(tmp_path / "c", 255 - old, np.zeros(n, int), ["x"], storage=storage, shard_size=16,
+                compression=compression, replace=True)
+    assert np.array_equal(ds.gather(np.arange(n)), served)
+    assert not np.array_equal(CachedImageDataset(tmp_path / "c").gather(np.arange(n)), served)
+
+
+def test_a_file_opened_while_a_rebuild_renames_the_folder_comes_from_the_pinned_folder(tmp_path, monkeypatch):
+    """The race behind a flaky reader test: the folder is resolved, a rebuild renames it aside and puts the
+    new cache at its path, then the file is opened by that path. The open must notice the swap and open the
+    file again from where the pinned folder went."""
+    from cachebuild.storage.location import LocalLocation
+
+    root, old, _ = make_cache(tmp_path / "c", n=32, storage="npy", shard_size=8)
+    loc = LocalLocation(root).pinned()
+    held = open_cache(root)  # a reader's shared lock: the rebuild keeps the old folder aside
+    write_cache(root, 255 - old, np.zeros(32, int), ["x"], storage="npy", shard_size=8, replace=True)
+    real = LocalLocation.folder
+    stale = iter([root])  # the first resolution happened before the swap: it still names root
+
+    def folder(self):
+        return next(stale, None) or real(self)
+
+    monkeypatch.setattr(LocalLocation, "folder", folder)
+    with loc.open_file("images-00000.npy") as f:
+        assert f.read() == (replaced_folders(root)[0] / "images-00000.npy").read_bytes()
+    del held
+
+
 def test_force_only_ever_replaces_a_cache(tmp_path):
     (tmp_path / "photos").mkdir()
     (tmp_path / "photos" / "me.jpg").write_bytes(b"not ours")

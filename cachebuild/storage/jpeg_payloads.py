@@ -149,9 +149,9 @@ class PayloadFiles(ShardHandles):
     def _open_local(self, k: int) -> np.ndarray:
         """Shard ``k`` as a uint8 array over its memory map."""
         s = self.shards[k]
-        path = self.location.local_path(s.name)
+        path = self.location.describe(s.name)
         try:
-            with open(path, "rb") as f:
+            with self.location.open_file(s.name) as f:  # rename-safe (pinned)
                 size = os.fstat(f.fileno()).st_size
                 if size < s.size:
                     raise CacheCorruptError(f"{path} is truncated: {size} bytes, its index needs {s.size}")

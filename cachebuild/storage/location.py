@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import shutil
 import stat
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from cachebuild.errors import CacheChangedError, CacheCorruptError, RemoteError, RemoteNotFoundError
 from cachebuild.storage.names import check_name, is_url, redact
@@ -100,6 +101,9 @@ class Location(ABC):
     def local_path(self, name: str = "") -> Path:
         raise TypeError(f"{self.describe()} is not a local folder")
 
+    def open_file(self, name: str) -> BinaryIO:
+        raise TypeError(f"{self.describe()} is not a local folder")
+
     def pinned(self, anchor: str = "") -> Location:
         """This location with its reads tied to the cache it holds now (see the subclasses); ``anchor`` is
         the file a writer removes first and writes last (the manifest)."""
@@ -157,6 +161,32 @@ class LocalLocation(Location):
     def local_path(self, name: str = "") -> Path:
         return self.folder() / check_name(name) if name else self.folder()
 
+    def open_file(self, name: str) -> BinaryIO:
+        """``name`` opened for reading from the pinned folder. Resolving the folder and opening the file are
+        two steps, and a rebuild may rename the folder aside in between, when ``root`` already holds the
+        new cache: so the folder at the path used is checked again after the open, and a swap opens the file
+        again from where the pinned folder went. Raises FileNotFoundError for a file the folder lacks."""
+        from cachebuild.storage.replacement import folder_identity
+
+        for _ in range(5):
+            folder = self.folder()
+            try:
+                f = open(folder / check_name(name), "rb")  # noqa: SIM115 (returned to the caller)
+            except FileNotFoundError:
+                f = None
+            try:
+                same = self.identity is None or folder_identity(folder) == self.identity
+            except OSError:
+                same = False
+            if same:
+                if f is None:
+                    raise FileNotFoundError(errno.ENOENT, "No such file", str(folder / name))
+                return f
+            if f is not None:
+                f.close()
+        raise CacheChangedError(f"the cache at {self.root} keeps being replaced while this job opens "
+                                f"{name}; restart the job")
+
     def child(self, name: str) -> LocalLocation:
         return LocalLocation(self.local_path(name))
 
@@ -167,11 +197,12 @@ class LocalLocation(Location):
         return self.local_path(name).stat().st_size
 
     def read_bytes(self, name: str) -> bytes:
-        return self.local_path(name).read_bytes()
+        with self.open_file(name) as f:
+            return f.read()
 
     def read_ranges(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         out = []
-        with open(self.local_path(name), "rb") as f:
+        with self.open_file(name) as f:
             for start, end in ranges:
                 data = os.pread(f.fileno(), end - start, start)
                 if len(data) != end - start:
@@ -183,7 +214,7 @@ class LocalLocation(Location):
     def read_heads(self, names: Sequence[str], nbytes: int) -> list[bytes]:
         heads = []
         for name in names:
-            with open(self.local_path(name), "rb") as f:
+            with self.open_file(name) as f:
                 heads.append(f.read(nbytes))
         return heads
 

@@ -125,9 +125,10 @@ class RowFiles(ShardHandles):
     def _open_local(self, k: int) -> np.ndarray:
         """Segment ``k`` as a (rows, *row_shape) array over its memory map."""
         seg = self.segments[k]
-        path = self.location.local_path(seg.name)
+        path = self.location.describe(seg.name)
         try:
-            mm = np.memmap(path, dtype=np.uint8, mode="r", offset=seg.offset, shape=(seg.rows, *self.row_shape))
+            with self.location.open_file(seg.name) as f:  # rename-safe (pinned)
+                mm = np.memmap(f, dtype=np.uint8, mode="r", offset=seg.offset, shape=(seg.rows, *self.row_shape))
         except FileNotFoundError:
             raise CacheCorruptError(f"{path}, listed in the manifest, is missing") from None
         except ValueError as e:  # mmap length larger than the file

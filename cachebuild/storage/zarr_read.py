@@ -118,19 +118,21 @@ def _strict_store_class() -> type:
         fetched chunks in a local block cache."""
 
         def __init__(self, store: Any, where: str = "", block_cache: BlockCache | None = None,
-                     cache_id: str = "", pinned: FsspecLocation | None = None) -> None:
+                     cache_id: str = "", pinned: Location | None = None) -> None:
             super().__init__(store)
             self.where, self.block_cache, self.cache_id = where, block_cache, cache_id
-            self.pinned = pinned  # a remote cache pinned to its file versions: whole-key reads go through it
+            # a cache pinned to what it opened (a local folder by identity, a URL by file versions): whole-key
+            # reads go through its location, never through a path that a rebuild may have handed to another cache
+            self.pinned = pinned
 
         def _with_store(self, store: Any) -> StrictStore:
             return type(self)(store, self.where, self.block_cache, self.cache_id, self.pinned)
 
         async def _get_pinned(self, key: str, prototype: BufferPrototype) -> Buffer | None:
             assert self.pinned is not None
-            try:  # the location retries, and names a replaced file (If-Match) as CacheChangedError
+            try:  # a URL: retried, and a replaced file (If-Match) is a CacheChangedError
                 data = await asyncio.to_thread(self.pinned.read_bytes, f"{ZARR_NAME}/{key}")
-            except RemoteNotFoundError:
+            except (RemoteNotFoundError, FileNotFoundError):
                 return None
             return prototype.buffer.from_bytes(data)
 
@@ -206,7 +208,9 @@ class ZarrImages(ImageStore):
                 loc = self.location
                 opts = loc.fs_options() if isinstance(loc, FsspecLocation) else {}
                 store = FsspecStore.from_url(f"{loc.url}/{ZARR_NAME}", storage_options=opts, read_only=True)
-            pinned = self.location if getattr(self.location, "pins", None) is not None else None
+            loc = self.location
+            pinned = loc if getattr(loc, "pins", None) is not None or getattr(loc, "identity", None) is not None \
+                else None
             strict = _strict_store_class()(store, self.location.describe(ZARR_NAME), self.block_cache,
                                            self.manifest.build_key, pinned)
             self._array = zarr.open_array(store=strict, mode="r", zarr_format=3)
