@@ -6,8 +6,10 @@ file *is* its C-order rows, so chunks are memory-mapped locally and read by byte
 chunk. Compressed arrays go through zarr-python (a ``LocalStore``, or zarr's ``FsspecStore`` for URLs)
 behind :class:`StrictStore`, which turns a missing chunk into an error naming it (zarr alone would serve
 the fill value: black images), retries transient failures, and keeps fetched chunks in the local block
-cache when one is given. For a URL the reader pinned (``cachebuild.storage.pinning``), whole keys are
-fetched through that location, so a replaced chunk is a ``CacheChangedError``, not another cache's pixels.
+cache when one is given. For a pinned cache (a local folder by identity, a URL by file versions:
+``cachebuild.storage.pinning``) whole keys are fetched through its location: after a ``--force`` rebuild
+of the folder the old chunks are still read from where the old folder went, and a chunk replaced at a URL
+is a ``CacheChangedError``; never another cache's pixels.
 """
 
 from __future__ import annotations
