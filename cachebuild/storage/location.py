@@ -390,12 +390,18 @@ class FsspecLocation(Location):
         if self.pins is not None or not anchor or self.protocol not in PINNABLE_PROTOCOLS or not PIN_VERSIONS:
             return self
         path = self._path(anchor)
-        # No anchor raises RemoteNotFoundError: returning this location unpinned instead would let a reader
+        # The pinned location asks for the anchor's version with its own filesystem (the S3 hook installed
+        # from the start), so an open makes one filesystem, not a second one thrown away at once.
+        pins = Pins(path)
+        loc = FsspecLocation(self.url, self.storage_options, pins)
+        # No anchor raises RemoteNotFoundError: returning a location unpinned instead would let a reader
         # whose manifest appears a moment later (a push finishing) read unpinned for good.
-        tag = etag_of(self._call(anchor, "get its version", lambda: self.fs.info(path, **self._fresh())))
+        tag = etag_of(loc._call(anchor, "get its version", lambda: loc.fs.info(path, **loc._fresh())))
         if tag is None:
-            return self
-        return FsspecLocation(self.url, self.storage_options, Pins(self._key(path), path, tag))
+            loc.pins = None  # the hook (if any) stays, with nothing to add: reads go unconditional
+            return loc
+        pins.set_anchor(loc._key(path), tag)
+        return loc
 
     def _fresh(self) -> dict[str, Any]:
         # s3fs answers info() from listings it cached; a version check must ask the store

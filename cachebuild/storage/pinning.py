@@ -57,12 +57,17 @@ class Pins:
     """Path (as the filesystem names it, without protocol) -> pinned tag, shared by a location and its
     children, copied into DataLoader workers. ``None`` marks a file the server gives no strong tag."""
 
-    def __init__(self, anchor: str, anchor_url: str, anchor_tag: str) -> None:
-        self.anchor = anchor
+    def __init__(self, anchor_url: str) -> None:
+        self.anchor = ""  # the anchor's key, set with its tag by set_anchor
         self.anchor_url = anchor_url
-        self.anchor_tag = anchor_tag
-        self.tags: dict[str, str | None] = {anchor: anchor_tag}
+        self.anchor_tag = ""
+        self.tags: dict[str, str | None] = {}
         self._lock = threading.Lock()
+
+    def set_anchor(self, key: str, tag: str) -> None:
+        with self._lock:
+            self.anchor, self.anchor_tag = key, tag
+            self.tags[key] = tag
 
     def __getstate__(self) -> dict[str, Any]:
         return {"anchor": self.anchor, "anchor_url": self.anchor_url, "anchor_tag": self.anchor_tag,
