@@ -5,16 +5,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import resource
 import shutil
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cachebuild.format import open_cache
 
-__all__ = ["FAULT_HOOKS", "REPO", "cli", "cli_env", "file_hashes", "same_cache", "without_dac_override"]
+__all__ = ["FAULT_HOOKS", "REPO", "ReadTally", "cli", "cli_env", "file_hashes", "read_under_load", "same_cache",
+           "without_dac_override"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -96,3 +102,81 @@ def same_cache(a: Path, b: Path) -> list[str]:
         problems.append(f"manifests differ in {sorted(k for k in ma.keys() | mb.keys() if ma.get(k) != mb.get(k))}")
     problems += [f"verify: {p}" for p in open_cache(b).verify()]
     return problems
+
+
+@dataclass
+class ReadTally:
+    """What a reader under load saw: whole batches; named errors (an honest answer); and mixed ones, other
+    pixels than expected or an error that names nothing, which are never acceptable."""
+
+    whole: int = 0
+    mixed: int = 0
+    named: int = 0
+    first_mixed: str = ""
+    first_named: str = ""
+
+    @property
+    def reads(self) -> int:
+        return self.whole + self.mixed + self.named
+
+    def batch(self, got: Any, expected: Any, why: str = "wrong pixels") -> None:
+        import numpy as np
+
+        if np.array_equal(got, expected):
+            self.whole += 1
+        else:
+            self.mixed += 1
+            self.first_mixed = self.first_mixed or why
+
+    def error(self, e: BaseException) -> bool:
+        """Count an exception; True when it is a named one (a cachebuild error)."""
+        from cachebuild.errors import CacheBuildError
+
+        if isinstance(e, CacheBuildError):
+            self.named += 1
+            self.first_named = self.first_named or str(e)
+            return True
+        self.mixed += 1
+        self.first_mixed = self.first_mixed or f"{type(e).__name__}: {e}"
+        return False
+
+    def result(self) -> tuple[int, int, int, str]:
+        return self.whole, self.mixed, self.named, self.first_mixed or self.first_named
+
+
+def read_under_load(ds: Any, expected: Any, seconds: float, ready: Any, go: Any, *,
+                    reopen: Callable[[], tuple[Any, Any]] | None = None, pause: float = 0.0,
+                    why: Callable[[Any, Any], str] = lambda _got, _expected: "wrong pixels"
+                    ) -> tuple[int, int, int, str]:
+    """A reader process's loop: check the first batch (put on ``ready``), wait for ``go``, then gather random
+    batches of 16 for ``seconds``, every 20th from a fresh copy of the dataset (what a DataLoader worker of
+    the next epoch holds). After a named error, ``reopen`` (if given) opens again as a restarted job would;
+    ``pause`` sleeps now and then (a long step). Returns (whole, mixed, named, first message)."""
+    import numpy as np
+
+    from cachebuild.errors import CacheBuildError
+
+    ready.put(bool(np.array_equal(ds.gather(np.arange(4)), expected[:4])))
+    go.wait(120)
+    rng = np.random.default_rng(os.getpid())
+    tally = ReadTally()
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if tally.reads % 20 == 0:
+            ds = pickle.loads(pickle.dumps(ds))
+        idx = np.sort(rng.choice(len(expected), 16, replace=False))
+        try:
+            batch = ds.gather(idx)
+        except Exception as e:  # a named error is an honest answer; anything else (a broadcast error...) is not
+            if tally.error(e) and reopen is not None:
+                while time.time() < deadline:
+                    try:
+                        ds, expected = reopen()
+                        break
+                    except CacheBuildError:  # nothing to open right now (a replacement under way)
+                        time.sleep(0.05)
+            continue
+        tally.batch(batch, expected[idx], why(batch, expected))
+        if pause and rng.random() < 0.15:
+            time.sleep(pause)
+    return tally.result()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import pickle
 import shutil
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from cachebuild.format import open_cache, read_manifest, write_cache
 from cachebuild.pipeline import BuildOptions, build
 from cachebuild.samples.broken import write_truncated_jpeg
 from cachebuild.sources.folder import folder_plan
+from tests.reliability.helpers import read_under_load
 
 READERS = 8
 N = 96
@@ -45,36 +45,10 @@ def _reader(path: str, seconds: float, ready: multiprocessing.Queue, go: Any, re
     """Open once and read a batch (say so), wait for the first rebuild, then read random batches for
     ``seconds``, every 20th batch from a fresh copy of the dataset (what a DataLoader worker of the next
     epoch holds: the opened manifest, files mapped anew): count whole and mixed batches, named errors."""
-    from cachebuild.errors import CacheBuildError
     from loaders.dataset import CachedImageDataset
 
     ds = CachedImageDataset(path)
-    expected = _images(0, ds.shape[0])
-    ready.put(bool(np.array_equal(ds.gather(np.arange(4)), expected[:4])))
-    go.wait(120)
-    rng = np.random.default_rng(os.getpid())
-    whole = mixed = named = 0
-    first_error = ""
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if (whole + mixed + named) % 20 == 0:
-            ds = pickle.loads(pickle.dumps(ds))
-        idx = np.sort(rng.choice(N, 16, replace=False))
-        try:
-            batch = ds.gather(idx)
-        except CacheBuildError as e:  # a named error is an honest answer
-            named += 1
-            first_error = first_error or str(e)
-            continue
-        except Exception as e:  # anything else (a broadcast error...) is not
-            mixed += 1
-            first_error = first_error or f"{type(e).__name__}: {e}"
-            continue
-        if np.array_equal(batch, expected[idx]):
-            whole += 1
-        else:
-            mixed += 1
-    result.put((whole, mixed, named, first_error))
+    result.put(read_under_load(ds, _images(0, ds.shape[0]), seconds, ready, go))
 
 
 @pytest.mark.slow  # ~1 minute a storage: `make reliability`, not `make test`

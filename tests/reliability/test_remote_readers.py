@@ -12,8 +12,6 @@ whole push and read again after it: without the version pinning those reads are 
 from __future__ import annotations
 
 import multiprocessing
-import os
-import pickle
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ import pytest
 
 from cachebuild.format import write_cache
 from cachebuild.share.push import push
+from tests.reliability.helpers import read_under_load
 
 READERS = 4
 N = 96
@@ -42,51 +41,18 @@ def _images(generation: int) -> np.ndarray:
 
 
 def _reader(url: str, seconds: float, ready: Any, go: Any, result: Any) -> None:
-    from cachebuild.errors import CacheBuildError
     from loaders.dataset import CachedImageDataset
 
     def open_() -> tuple[Any, np.ndarray]:
         ds = CachedImageDataset(url)
         return ds, _images(int(ds.manifest.dataset.removeprefix("gen")))
 
-    ds, expected = open_()
-    ready.put(bool(np.array_equal(ds.gather(np.arange(4)), expected[:4])))
-    go.wait(120)
-    rng = np.random.default_rng(os.getpid())
-    whole = mixed = named = reopened = 0
-    first_error = first_mixed = ""
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if (whole + mixed + named) % 20 == 0:
-            ds = pickle.loads(pickle.dumps(ds))  # what a DataLoader worker holds: the versions taken at open
-        idx = np.sort(rng.choice(N, 16, replace=False))
-        try:
-            batch = ds.gather(idx)
-        except CacheBuildError as e:  # a named error: the job restarts on what is there now
-            named += 1
-            first_error = first_error or str(e)
-            while time.time() < deadline:
-                try:
-                    ds, expected = open_()
-                    reopened += 1
-                    break
-                except CacheBuildError:  # a push under way (no manifest yet), or replaced again meanwhile
-                    time.sleep(0.05)
-            continue
-        except Exception as e:  # anything else is not an honest answer
-            mixed += 1
-            first_mixed = first_mixed or f"{type(e).__name__}: {e}"
-            continue
-        if np.array_equal(batch, expected[idx]):
-            whole += 1
-        else:
-            mixed += 1
-            gens = sorted(set(batch[:, 0, 0, 1].tolist()))
-            first_mixed = first_mixed or (f"wrong pixels: generations {gens} in a batch of generation "
-                                          f"{expected[0, 0, 0, 1]}")
-        if rng.random() < 0.15:  # a long step now and then: a whole push can happen between two reads
-            time.sleep(0.8)
-    result.put((whole, mixed, named, reopened, first_mixed or first_error))
+    def why(got: np.ndarray, expected: np.ndarray) -> str:
+        return (f"wrong pixels: generations {sorted(set(got[:, 0, 0, 1].tolist()))} in a batch of generation "
+                f"{expected[0, 0, 0, 1]}")
+
+    # pausing now and then (a long step), a reader can sleep through a whole push and read again after it
+    result.put(read_under_load(*open_(), seconds, ready, go, reopen=open_, pause=0.8, why=why))
 
 
 @pytest.mark.slow  # ~30 s: `make reliability`, not `make test`
@@ -117,7 +83,7 @@ def test_url_readers_while_push_force_replaces_the_cache(tmp_path: Path, s3, led
         p.join(30)
     row = "readers of a URL (S3) while push --force replaces it"
     lost = [f"{whole} whole, {mixed} mixed, {named} named ({error[:80]})"
-            for whole, mixed, named, _, error in totals if mixed or not whole + named]
+            for whole, mixed, named, error in totals if mixed or not whole + named]
     ledger.add(row, len(totals), len(totals) - len(lost), len(lost), "; ".join(lost[:2]),
                detail=f"{sum(t[0] for t in totals)} whole batches, {sum(t[2] for t in totals)} named errors "
                       f"(then reopened), {sum(t[1] for t in totals)} mixed over {pushes} pushes")
