@@ -33,6 +33,7 @@ __all__ = [
     "Failure",
     "Manifest",
     "ShardInfo",
+    "not_a_cache",
     "parse_manifest",
     "read_manifest",
     "write_json_atomic",
@@ -269,9 +270,13 @@ def read_manifest(where: str | os.PathLike[str] | Location) -> Manifest:
                     hint = "; a build into it is unfinished: rerun the same cachebuild command to resume it"
         elif isinstance(e, RemoteError) and not isinstance(e, RemoteNotFoundError):
             raise  # access denied, unreachable...: that, not "not a cache", is the news
-        raise CacheNotFoundError(
-            f"{location.describe()} is not a cachebuild cache (no {MANIFEST_NAME}){hint}") from None
+        raise not_a_cache(location, hint) from None
     return parse_manifest(raw, location.describe(MANIFEST_NAME))
+
+
+def not_a_cache(location: Location, hint: str = "") -> CacheNotFoundError:
+    """The error for a location that holds no manifest."""
+    return CacheNotFoundError(f"{location.describe()} is not a cachebuild cache (no {MANIFEST_NAME}){hint}")
 
 
 def parse_manifest(raw: bytes, where: str) -> Manifest:

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from cachebuild.errors import CacheCorruptError, CacheNotFoundError, RemoteError, RemoteNotFoundError
-from cachebuild.format.manifest import MANIFEST_NAME, Manifest, read_manifest
+from cachebuild.errors import CacheCorruptError, RemoteError, RemoteNotFoundError
+from cachebuild.format.manifest import MANIFEST_NAME, Manifest, not_a_cache, read_manifest
 from cachebuild.format.side_arrays import load_array, load_paths, sha256_bytes
 from cachebuild.storage import BlockCache, ImageStore, Location, get_backend, open_location
 from cachebuild.storage.replacement import ReaderLock
@@ -51,9 +51,8 @@ class CacheReader:
         else:  # every read is tied to the file versions of the cache opened now (storage.pinning)
             try:
                 location = location.pinned(anchor=MANIFEST_NAME)
-            except RemoteNotFoundError:
-                raise CacheNotFoundError(f"{location.describe()} is not a cachebuild cache (no {MANIFEST_NAME})"
-                                         ) from None
+            except RemoteNotFoundError:  # not "open unpinned": the manifest may appear a moment later
+                raise not_a_cache(location) from None
         self.location = location
         self.manifest: Manifest = read_manifest(location)
         self.backend = get_backend(self.manifest.storage)

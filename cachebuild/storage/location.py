@@ -18,7 +18,7 @@ import os
 import shutil
 import stat
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
@@ -28,7 +28,6 @@ from cachebuild.storage.pinning import (
     PINNABLE_PROTOCOLS,
     Pins,
     etag_of,
-    gather_infos,
     install_s3_hook,
     precondition_failed,
 )
@@ -51,6 +50,11 @@ class Location(ABC):
 
     @property
     def is_local(self) -> bool:
+        return False
+
+    @property
+    def is_pinned(self) -> bool:
+        """Reads come from the cache this location held when :meth:`pinned` made it, whatever replaced it."""
         return False
 
     def describe(self, name: str = "") -> str:
@@ -129,6 +133,10 @@ class LocalLocation(Location):
     @property
     def is_local(self) -> bool:
         return True
+
+    @property
+    def is_pinned(self) -> bool:
+        return self.identity is not None
 
     def pinned(self, anchor: str = "") -> LocalLocation:
         from cachebuild.storage.replacement import folder_identity
@@ -381,6 +389,10 @@ class FsspecLocation(Location):
     def child(self, name: str) -> FsspecLocation:
         return FsspecLocation(self._path(name), self.storage_options, self.pins)
 
+    @property
+    def is_pinned(self) -> bool:
+        return self.pins is not None
+
     # ---------------------------------------------------------------- pinning
     def pinned(self, anchor: str = "") -> FsspecLocation:
         """This location with every read tied by ``If-Match`` to the file versions it holds now; the
@@ -410,49 +422,53 @@ class FsspecLocation(Location):
     def _key(self, path: str) -> str:
         return str(self.fs._strip_protocol(path))
 
-    def _pin(self, names: Sequence[str]) -> None:
-        """Take the tags of the files ``names`` not pinned yet, then check that the anchor still has its
-        tag: if it does, those tags are of the cache this reader opened."""
+    def _pinned_reads(self, names: Sequence[str]) -> list[dict[str, Any]]:
+        """Keyword arguments for an fsspec read of each of ``names`` that make it conditional on the file's
+        pinned tag (HTTP: an ``If-Match`` header; S3: none, the session's hook adds ``IfMatch``).
+
+        Files not pinned yet get their tags first, and then the anchor must still have its opening tag: if
+        it does, those tags are of the cache this reader opened."""
         if self.pins is None:
-            return
-        paths = {self._key(self._path(n)): (n, self._path(n)) for n in names}
-        todo = self.pins.missing(list(paths))
-        if not todo:
-            return
+            return [{} for _ in names]
+        keys = [self._key(self._path(n)) for n in names]
+        todo = set(self.pins.missing(keys))
+        if todo:
+            first = next(n for k, n in zip(keys, names, strict=True) if k in todo)
+            self._take_tags({k: self._path(n) for k, n in zip(keys, names, strict=True) if k in todo}, first)
+        if self.protocol not in ("http", "https"):
+            return [{} for _ in names]
+        tags = [self.pins.tag(k) for k in keys]
+        return [{"headers": {"If-Match": t}} if t is not None else {} for t in tags]
+
+    def _take_tags(self, paths: dict[str, str], first: str) -> None:
+        """Pin ``paths`` (key -> path) to their tags now, vouched for by the anchor; ``first`` names one of
+        them in errors."""
+        assert self.pins is not None
         fs = self.fs
         if getattr(fs, "async_impl", False):
             from fsspec.asyn import sync
 
             def heads() -> list[Any]:
-                got = sync(fs.loop, gather_infos, fs, [paths[k][1] for k in todo], self._fresh())
+                got = sync(fs.loop, _bounded, [lambda p=p: fs._info(p, **self._fresh()) for p in paths.values()])
                 for info in got:
                     if isinstance(info, BaseException):
                         raise info
                 return got
 
-            infos = self._call(paths[todo[0]][0] if len(todo) == 1 else "",
-                               f"get the version of {len(todo)} file(s)", heads)
+            infos = self._call(first if len(paths) == 1 else "", f"get the version of {len(paths)} file(s)", heads)
         else:
             def info_of(path: str) -> Callable[[], Any]:
                 return lambda: fs.info(path, **self._fresh())
 
-            infos = [self._call(paths[k][0], "get its version", info_of(paths[k][1])) for k in todo]
+            infos = [self._call(first, "get its version", info_of(p)) for p in paths.values()]
         anchor = self.pins.anchor_url
         try:
             now = etag_of(self._call("", "check its manifest", lambda: fs.info(anchor, **self._fresh())))
         except RemoteNotFoundError:  # taken down by a push in progress
             now = None
         if now != self.pins.anchor_tag:
-            raise self._changed(paths[todo[0]][0])
-        self.pins.add({k: etag_of(info) for k, info in zip(todo, infos, strict=True)})
-
-    def _match(self, name: str) -> dict[str, Any]:
-        """Keyword arguments that make an fsspec read of ``name`` conditional on its pinned tag (HTTP: a
-        header; S3: the session's hook, so nothing here)."""
-        if self.pins is None or self.protocol not in ("http", "https"):
-            return {}
-        tag = self.pins.tag(self._key(self._path(name)))
-        return {"headers": {"If-Match": tag}} if tag is not None else {}
+            raise self._changed(first)
+        self.pins.add({k: etag_of(info) for k, info in zip(paths, infos, strict=True)})
 
     def exists(self, name: str) -> bool:
         path = self._path(name)
@@ -467,16 +483,14 @@ class FsspecLocation(Location):
 
     def read_bytes(self, name: str) -> bytes:
         path = self._path(name)
-        self._pin([name])
-        kw = self._match(name)
+        (kw,) = self._pinned_reads([name])
         return self._call(name, "read it", lambda: bytes(self.fs.cat_file(path, **kw)))
 
     def read_ranges(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         if not ranges:
             return []
         path = self._path(name)
-        self._pin([name])
-        kw = self._match(name)
+        (kw,) = self._pinned_reads([name])
 
         def fetch() -> list[bytes]:
             got = self.fs.cat_ranges([path] * len(ranges), [r[0] for r in ranges], [r[1] for r in ranges],
@@ -502,15 +516,15 @@ class FsspecLocation(Location):
         if not names:
             return []
         paths = [self._path(n) for n in names]
-        self._pin(names)
-        matches = [self._match(n) for n in names]
+        matches = self._pinned_reads(names)
 
         def fetch() -> list[bytes]:
             if any(matches):  # a header per file: one conditional read each, concurrently
                 from fsspec.asyn import sync
 
                 fs = self.fs
-                got = sync(fs.loop, _gather_reads, fs, paths, nbytes, matches)
+                got = sync(fs.loop, _bounded, [lambda p=p, kw=kw: fs._cat_file(p, start=0, end=nbytes, **kw)
+                                               for p, kw in zip(paths, matches, strict=True)])
             else:
                 got = self.fs.cat_ranges(paths, [0] * len(paths), [nbytes] * len(paths), on_error="return")
             for data in got:
@@ -572,14 +586,15 @@ class FsspecLocation(Location):
         self._call(names[0] if len(names) == 1 else "", f"delete {len(names)} file(s)", rm)
 
 
-async def _gather_reads(fs: Any, paths: Sequence[str], nbytes: int, kws: Sequence[dict[str, Any]]) -> list[Any]:
-    gate = asyncio.Semaphore(32)
+async def _bounded(calls: Sequence[Callable[[], Awaitable[Any]]], limit: int = 32) -> list[Any]:
+    """Await every call, at most ``limit`` at a time; exceptions are returned in place."""
+    gate = asyncio.Semaphore(limit)
 
-    async def one(path: str, kw: dict[str, Any]) -> Any:
+    async def one(call: Callable[[], Awaitable[Any]]) -> Any:
         async with gate:
-            return await fs._cat_file(path, start=0, end=nbytes, **kw)
+            return await call()
 
-    return await asyncio.gather(*(one(p, kw) for p, kw in zip(paths, kws, strict=True)), return_exceptions=True)
+    return await asyncio.gather(*(one(c) for c in calls), return_exceptions=True)
 
 
 def open_location(where: str | os.PathLike[str] | Location,

@@ -18,7 +18,6 @@ S3/GCS/Azure over HTTPS, the test server), and ``s3://`` through s3fs (a botocor
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -26,7 +25,6 @@ from typing import Any
 __all__ = ["PINNABLE_PROTOCOLS", "Pins", "etag_of", "install_s3_hook", "precondition_failed"]
 
 PINNABLE_PROTOCOLS = frozenset({"http", "https", "s3", "s3a"})
-_CONCURRENT_HEADS = 32
 
 
 def etag_of(info: dict[str, Any]) -> str | None:
@@ -58,7 +56,6 @@ class Pins:
     children, copied into DataLoader workers. ``None`` marks a file the server gives no strong tag."""
 
     def __init__(self, anchor_url: str) -> None:
-        self.anchor = ""  # the anchor's key, set with its tag by set_anchor
         self.anchor_url = anchor_url
         self.anchor_tag = ""
         self.tags: dict[str, str | None] = {}
@@ -66,12 +63,11 @@ class Pins:
 
     def set_anchor(self, key: str, tag: str) -> None:
         with self._lock:
-            self.anchor, self.anchor_tag = key, tag
+            self.anchor_tag = tag
             self.tags[key] = tag
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"anchor": self.anchor, "anchor_url": self.anchor_url, "anchor_tag": self.anchor_tag,
-                "tags": dict(self.tags)}
+        return {"anchor_url": self.anchor_url, "anchor_tag": self.anchor_tag, "tags": dict(self.tags)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -88,17 +84,6 @@ class Pins:
 
     def tag(self, path: str) -> str | None:
         return self.tags.get(path)
-
-
-async def gather_infos(fs: Any, paths: Sequence[str], kw: dict[str, Any]) -> list[Any]:
-    """``fs._info`` of each path, a bounded number at a time; exceptions are returned in place."""
-    gate = asyncio.Semaphore(_CONCURRENT_HEADS)
-
-    async def one(path: str) -> Any:
-        async with gate:
-            return await fs._info(path, **kw)
-
-    return await asyncio.gather(*(one(p) for p in paths), return_exceptions=True)
 
 
 def install_s3_hook(session: Any, pins: Pins) -> None:

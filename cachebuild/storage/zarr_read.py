@@ -210,11 +210,9 @@ class ZarrImages(ImageStore):
                 loc = self.location
                 opts = loc.fs_options() if isinstance(loc, FsspecLocation) else {}
                 store = FsspecStore.from_url(f"{loc.url}/{ZARR_NAME}", storage_options=opts, read_only=True)
-            loc = self.location
-            pinned = loc if getattr(loc, "pins", None) is not None or getattr(loc, "identity", None) is not None \
-                else None
             strict = _strict_store_class()(store, self.location.describe(ZARR_NAME), self.block_cache,
-                                           self.manifest.build_key, pinned)
+                                           self.manifest.build_key,
+                                           self.location if self.location.is_pinned else None)
             self._array = zarr.open_array(store=strict, mode="r", zarr_format=3)
             self._pid = os.getpid()
         return self._array
