@@ -12,7 +12,7 @@ Fixtures (registered for every module through ``tests/conftest.py``):
   With ``writable=True`` a PUT stores the body under ``root``.
 - ``s3_server`` (session): moto's ``ThreadedMotoServer`` on 127.0.0.1, every request logged in ``.log``.
 - ``s3``: a fresh bucket on it, an ``s3fs.S3FileSystem`` for it, and the AWS environment that makes a plain
-  ``fsspec.open("s3://...")`` (also in a subprocess) reach that server with dummy credentials. The variables
+  ``fsspec.open`` of an ``s3`` URL (also in a subprocess) reach that server with dummy credentials. The variables
   are set with ``monkeypatch``, so they vanish when the test ends; instance metadata lookups are disabled
   and the user's ~/.aws files are hidden, so no test reaches any address but 127.0.0.1.
 """
