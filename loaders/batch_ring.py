@@ -41,7 +41,8 @@ import torch
 
 from cachebuild.locks import pid_alive
 
-__all__ = ["MAX_SLOTS", "WAIT_S", "InlineTensor", "SlotTensor", "WorkerRing", "drop_dead_rings", "ring_stats"]
+__all__ = ["MAX_SLOTS", "WAIT_S", "InlineTensor", "SlotTensor", "WorkerRing", "drop_dead_rings", "ring_bytes",
+           "ring_stats"]
 
 WAIT_S = 0.005  # longest wait for a free slot; a fresh 38 MB batch costs ~30 ms, so waiting longer never pays
 
@@ -55,6 +56,11 @@ _FEEDER = "QueueFeederThread"  # multiprocessing.Queue's pickling thread (the Da
 
 def _round_up(n: int, k: int) -> int:
     return -(-n // k) * k
+
+
+def ring_bytes(slots: int, slot_bytes: int) -> int:
+    """Shared memory one :class:`WorkerRing` of ``slots`` x ``slot_bytes`` takes (header page included)."""
+    return _PAGE + slots * _round_up(max(slot_bytes, 1), _PAGE)
 
 
 def _storage_bytes(storage: torch.UntypedStorage) -> np.ndarray:
@@ -117,7 +123,7 @@ class WorkerRing:
         self.slot_bytes = slot_bytes
         self.stride = _round_up(max(slot_bytes, 1), _PAGE)
         self.retire = retire
-        self.storage = torch.UntypedStorage._new_shared(_PAGE + slots * self.stride)
+        self.storage = torch.UntypedStorage._new_shared(ring_bytes(slots, slot_bytes))
         self.buf = _storage_bytes(self.storage)
         self.buf[:_PAGE] = 0
         self.counts = self.buf[_COUNTS : _COUNTS + 24].view(np.int64)

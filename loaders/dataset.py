@@ -37,10 +37,10 @@ from cachebuild.format.identity import check_fingerprint
 from cachebuild.format.side_arrays import load_paths
 from cachebuild.storage import BlockCache, ImageStore
 from cachebuild.storage.replacement import ReaderLock
-from loaders.batch_ring import MAX_SLOTS, InlineTensor, WorkerRing
+from loaders.batch_ring import MAX_SLOTS, InlineTensor, WorkerRing, ring_bytes
 from loaders.collate import CacheBatch, collate_batch
 from loaders.encoded import EncodedImages
-from loaders.shared_memory import load_shared, shared_uint8
+from loaders.shared_memory import load_shared, shared_uint8, shm_free_bytes
 
 __all__ = ["CacheBatch", "CachedImageDataset", "collate_batch"]
 
@@ -81,7 +81,8 @@ class CachedImageDataset(Dataset):
             the full image ``(0, 0, H, W)``.
         in_memory: ``False`` reads through memory maps (page cache); ``True`` loads the whole cache once
             into shared memory that every DataLoader worker sees (fork or spawn, no per-worker copy);
-            ``"auto"`` does so when the images fit ``memory_budget``.
+            ``"auto"`` does so when the images fit ``memory_budget`` and half of the space free in
+            /dev/shm (the other half is left to batches in flight: containers often keep it small).
         memory_budget: bytes allowed for ``in_memory="auto"``; default half of the available RAM.
         ring_slots: reused batch slots per ``DataLoader`` worker (``loaders.batch_ring``); costs
             ``ring_slots`` x batch bytes of shared memory per worker (5 x 38.5 MB for 256 x 224 x 224 x 3),
@@ -154,6 +155,9 @@ class CachedImageDataset(Dataset):
         self._ring_failed = False  # shared memory refused (small /dev/shm): fresh batches in this process
         if in_memory == "auto":
             budget = _default_budget() if memory_budget is None else int(memory_budget)
+            shm_free = shm_free_bytes()
+            if shm_free is not None:
+                budget = min(budget, shm_free // 2)
             in_memory = self.nbytes <= budget
         if in_memory:
             self._shared = load_shared(self)
@@ -304,6 +308,9 @@ class CachedImageDataset(Dataset):
             return None
         if ring is None or ring.slot_bytes < nbytes or ring.slots != self.ring_slots:
             self._ring = None  # the old ring lives on while its batches do
+            if not _rings_fit(self.ring_slots, nbytes):
+                self._ring_failed = True
+                return None
             try:
                 ring = self._ring = WorkerRing(self.ring_slots, nbytes, retire=None if ring is None else ring.key)
             except RuntimeError:  # e.g. /dev/shm too small for the ring: one fresh batch at a time may fit
@@ -361,6 +368,21 @@ class CachedImageDataset(Dataset):
             boxes = None if boxes is None else boxes.as_subclass(InlineTensor)
         images = EncodedImages(torch.from_numpy(data), torch.from_numpy(offsets), self.shape)
         return CacheBatch(images, labels, boxes)  # type: ignore[arg-type]
+
+
+def _rings_fit(slots: int, slot_bytes: int) -> bool:
+    """Whether a ring per DataLoader worker takes at most half of the space free in /dev/shm.
+
+    A ring holds ~2x the batches torch keeps in flight. Where /dev/shm is small (Docker's 64 MB), the
+    workers that got one would leave too little for the fresh batches of those that did not, and a
+    loader that runs without rings would fail with them.
+    """
+    free = shm_free_bytes()
+    if free is None:
+        return True
+    info = get_worker_info()
+    workers = 1 if info is None else info.num_workers
+    return workers * ring_bytes(slots, slot_bytes) <= free // 2
 
 
 def _default_budget() -> int:

@@ -6,10 +6,15 @@ receive it through torch's multiprocessing reductions (a file descriptor or a na
 ``torch.multiprocessing.get_sharing_strategy()``), so N workers hold one copy, not N. Chosen over
 ``multiprocessing.shared_memory`` because that module's resource tracker unlinks segments when an
 attaching worker exits (Python < 3.13) and warns at shutdown.
+
+On Linux that memory is a file in /dev/shm, a tmpfs that containers often keep small (Docker's default
+is 64 MB). torch reserves the pages when it allocates, so a full /dev/shm is an error at allocation,
+which :func:`shared_uint8` turns into one that says how much was free and what to change.
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -18,29 +23,53 @@ import torch
 if TYPE_CHECKING:
     from loaders.dataset import CachedImageDataset
 
-__all__ = ["load_shared", "shared_uint8"]
+__all__ = ["SHM_DIR", "load_shared", "shared_uint8", "shm_free_bytes"]
 
 _COPY_BYTES = 64 << 20  # copy in ~64 MB blocks: no transient full-size buffer besides the target
+SHM_DIR = "/dev/shm"  # where shm_open (torch's shared memory on Linux) keeps its files
 
 
-def shared_uint8(shape: tuple[int, ...]) -> torch.Tensor:
-    """An uninitialised uint8 tensor allocated directly in shared memory (no copy via ``share_memory_``)."""
+def shm_free_bytes() -> int | None:
+    """Bytes free in /dev/shm now, or None where there is no such tmpfs (macOS, Windows)."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+_BATCH_FIX = "use fewer DataLoader workers, a smaller batch or a smaller prefetch_factor"
+
+
+def shared_uint8(shape: tuple[int, ...], *, what: str = "batch", instead: str = _BATCH_FIX) -> torch.Tensor:
+    """An uninitialised uint8 tensor allocated directly in shared memory (no copy via ``share_memory_``).
+
+    When it does not fit: MemoryError naming ``what``, the space /dev/shm had free, and the fixes
+    (a larger /dev/shm, or ``instead``).
+    """
     nbytes = int(np.prod(shape))
-    storage = torch.UntypedStorage._new_shared(max(nbytes, 1))
+    try:
+        storage = torch.UntypedStorage._new_shared(max(nbytes, 1))
+    except RuntimeError as e:  # torch: "unable to allocate shared memory(shm) ...: No space left on device"
+        free = shm_free_bytes()
+        where = "" if free is None else f"{SHM_DIR} has {_mb(free)} free; "
+        raise MemoryError(
+            f"cannot allocate {_mb(nbytes)} of shared memory for a {what} of shape {tuple(shape)} ({e}): "
+            f"{where}enlarge {SHM_DIR} (docker run --shm-size=8g; on Kubernetes an emptyDir with "
+            f"medium: Memory mounted there), or {instead}"
+        ) from None
     return torch.empty(0, dtype=torch.uint8).set_(storage, 0, shape)  # type: ignore[call-overload]
 
 
 def load_shared(ds: CachedImageDataset) -> torch.Tensor:
     """Copy every image of ``ds`` into one shared-memory uint8 (N, H, W, 3) tensor, block by block."""
     n = len(ds)
-    shape = (n, *ds.shape)
-    try:
-        out = shared_uint8(shape)
-    except RuntimeError as e:  # /dev/shm too small, typically in containers
-        raise MemoryError(
-            f"cannot allocate {ds.nbytes / 1e9:.2f} GB of shared memory for in_memory=True ({e}); "
-            "enlarge /dev/shm (docker --shm-size) or use in_memory=False"
-        ) from None
+    out = shared_uint8((n, *ds.shape), what="whole cache (in_memory=True)",
+                       instead="use in_memory=False (memory-mapped reads) or in_memory='auto'")
     dst = out.numpy()
     rows = max(1, _COPY_BYTES // max(1, ds.manifest.sample_nbytes))
     for lo in range(0, n, rows):
