@@ -82,8 +82,11 @@ class CachedImageDataset(Dataset):
         in_memory: ``False`` reads through memory maps (page cache); ``True`` loads the whole cache once
             into shared memory that every DataLoader worker sees (fork or spawn, no per-worker copy);
             ``"auto"`` does so when the images fit ``memory_budget`` and half of the space free in
-            /dev/shm (the other half is left to batches in flight: containers often keep it small).
-        memory_budget: bytes allowed for ``in_memory="auto"``; default half of the available RAM.
+            /dev/shm (the other half is left to batches in flight: containers often keep it small),
+            both split between the ``LOCAL_WORLD_SIZE`` processes torchrun starts on a node, each of
+            which loads its own copy.
+        memory_budget: bytes one process may load for ``in_memory="auto"``; default half of the
+            available RAM, split as above.
         ring_slots: reused batch slots per ``DataLoader`` worker (``loaders.batch_ring``); costs
             ``ring_slots`` x batch bytes of shared memory per worker (5 x 38.5 MB for 256 x 224 x 224 x 3),
             mapped by the worker and the main process. Use ``prefetch_factor + 3`` when raising the
@@ -154,11 +157,7 @@ class CachedImageDataset(Dataset):
         self._ring: WorkerRing | None = None  # per worker process, made on its first batch
         self._ring_failed = False  # shared memory refused (small /dev/shm): fresh batches in this process
         if in_memory == "auto":
-            budget = _default_budget() if memory_budget is None else int(memory_budget)
-            shm_free = shm_free_bytes()
-            if shm_free is not None:
-                budget = min(budget, shm_free // 2)
-            in_memory = self.nbytes <= budget
+            in_memory = self.nbytes <= _auto_budget(memory_budget)
         if in_memory:
             self._shared = load_shared(self)
 
@@ -383,6 +382,24 @@ def _rings_fit(slots: int, slot_bytes: int) -> bool:
     info = get_worker_info()
     workers = 1 if info is None else info.num_workers
     return workers * ring_bytes(slots, slot_bytes) <= free // 2
+
+
+def _auto_budget(memory_budget: int | None) -> int:
+    """Bytes this process may load for ``in_memory="auto"``.
+
+    Each process loads its own copy, and torchrun starts LOCAL_WORLD_SIZE of them on a node at once,
+    each seeing the same free memory: the node-wide figures (half of MemAvailable unless the caller set
+    a budget, half of /dev/shm's free space) are split between them.
+    """
+    try:
+        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local = 1
+    budget = _default_budget() // local if memory_budget is None else int(memory_budget)
+    shm_free = shm_free_bytes()
+    if shm_free is not None:
+        budget = min(budget, shm_free // 2 // local)
+    return budget
 
 
 def _default_budget() -> int:

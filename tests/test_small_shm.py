@@ -104,3 +104,18 @@ def test_shared_memory_that_does_not_fit_is_named(cache_45mb: Path) -> None:
     assert r.returncode != 0
     assert "shared memory for a batch of shape (128, 224, 224, 3)" in r.stderr
     assert "/dev/shm has" in r.stderr and "--shm-size" in r.stderr and "smaller batch" in r.stderr
+
+
+def test_auto_splits_dev_shm_between_the_ranks_of_a_node(tmp_path: Path) -> None:
+    # torchrun starts LOCAL_WORLD_SIZE ranks at once, each loading its own copy: 20 MB fits half of a
+    # 64 MB /dev/shm for one rank, not for each of two.
+    root, _, _ = make_cache(tmp_path / "c", n=130, h=224, w=224, shard_size=64)
+    script = """
+    import os
+    got = {}
+    for ranks in ("2", "1"):  # 2 first: a copy loaded for 1 rank would itself fill /dev/shm
+        os.environ["LOCAL_WORLD_SIZE"] = ranks
+        got[ranks] = CachedImageDataset(root, in_memory="auto").in_memory
+    print(json.dumps(got))
+    """
+    assert _answer(_run_with_shm(64, script, root)) == {"2": False, "1": True}
