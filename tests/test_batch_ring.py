@@ -67,6 +67,24 @@ def test_batches_equal_cache_over_epochs(cache, persistent: bool) -> None:
         assert d == {"rings": 2, "slots": 10, "views": 78, "slot_batches": 78, "fallbacks": 0}
 
 
+@pytest.mark.parametrize("in_memory", [False, True], ids=["mapped", "in-memory"])
+def test_file_system_sharing_strategy(tmp_path: Path, in_memory: bool) -> None:
+    # Users set it against "too many open files"; shared memory is then a named /dev/shm file.
+    root, images, _ = make_cache(tmp_path / "c", n=120)
+    saved = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    try:
+        ds = CachedImageDataset(root, in_memory=in_memory)
+        sampler = CacheSampler(ds, shuffle=True, seed=3)
+        before = ring_stats()
+        got = [x.clone() for x, _ in _loader(ds, sampler, multiprocessing_context="fork")]
+    finally:
+        torch.multiprocessing.set_sharing_strategy(saved)
+    assert torch.cat(got).numpy().tobytes() == images[sampler.rank_indices()].tobytes()
+    d = _delta(before)
+    assert d["rings"] == 2 and d["slot_batches"] == 15 and d["fallbacks"] == 0
+
+
 def test_slots_reused_and_rings_bounded(tmp_path: Path) -> None:
     root, images, _ = make_cache(tmp_path / "c", n=400, shard_size=64)
     ds = CachedImageDataset(root, ring_slots=4)
