@@ -20,6 +20,7 @@ from cachebuild.format import open_cache
 from loaders.dataset import CachedImageDataset, collate_batch
 from loaders.sampler import CacheSampler
 from tests.loaders_fixtures import decode_index, make_cache
+from tests.same_key import same_key_caches
 
 KINDS = [("npy", "none"), ("zarr", "none"), ("zarr", "zstd")]
 
@@ -275,3 +276,16 @@ def test_eviction_removes_what_killed_writers_left(tmp_path):
     cache.evict()
     assert not stale.exists() and fresh.exists()
     assert cache.lookup_object(BlockCache.key("a")) == b"x" * 100
+
+
+@pytest.mark.parametrize("flags", [[], ["--format", "zarr", "--compression", "zstd"]], ids=["npy", "zarr-zstd"])
+def test_block_cache_never_serves_an_earlier_cache_of_the_same_build_key(tmp_path, http_server, flags):
+    a, b = same_key_caches(tmp_path, flags)
+    pixels_a, pixels_b = (CachedImageDataset(c).gather(np.arange(12)) for c in (a, b))
+    site = tmp_path / "site"
+    shutil.copytree(a, site / "c")
+    url, local = http_server(site).url_for("c"), tmp_path / "blocks"
+    assert np.array_equal(CachedImageDataset(url, local_cache=local).gather(np.arange(12)), pixels_a)
+    shutil.rmtree(site / "c")
+    shutil.copytree(b, site / "c")  # rebuilt in place, or pushed with --force
+    assert np.array_equal(CachedImageDataset(url, local_cache=local).gather(np.arange(12)), pixels_b)

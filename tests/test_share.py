@@ -22,6 +22,7 @@ from cachebuild.errors import CacheNotFoundError
 from cachebuild.format import read_manifest
 from loaders.dataset import CachedImageDataset
 from tests.loaders_fixtures import make_cache, make_images
+from tests.same_key import same_key_caches
 
 
 def _cli(*args: object):
@@ -264,6 +265,25 @@ def test_pull_refuses_names_outside_the_cache_before_writing_anything(tmp_path, 
     r = _cli("pull", url, tmp_path / "out" / "c")
     assert r.exit_code == 1 and "not a plain relative name inside the cache" in r.output
     assert _tree(tmp_path) == before and not (tmp_path / "out").exists()
+
+
+def test_same_build_key_with_other_contents_is_a_different_cache(tmp_path, s3):
+    # Before: push and pull compared build keys, so b was "up to date" where a was, and the URL or the
+    # folder kept a's pixels while the user believed b had arrived.
+    a, b = same_key_caches(tmp_path)
+    url = s3.url("team/same-key")
+    assert _cli("push", a, url, "--no-progress").exit_code == 0
+    for args in (["push", b, url], ["pull", b, a]):
+        r = _cli(*args, "--no-progress")
+        assert r.exit_code == 1 and "same fingerprint" in r.output and "other contents" in r.output, r.output
+        assert "--force" in r.output
+    assert _files(a) != _files(b)  # neither refusal touched a, here or at the URL
+    assert s3.fs.cat(s3.url("team/same-key/manifest.json")) == (a / "manifest.json").read_bytes()
+    assert _cli("push", b, url, "--force", "--no-progress").exit_code == 0
+    assert _cli("pull", url, a, "--force", "--no-progress").exit_code == 0
+    assert _files(a) == _files(b)
+    r = _cli("push", b, url, "--no-progress")  # the same contents: still up to date, nothing sent again
+    assert r.exit_code == 0 and "up to date" in r.output, r.output
 
 
 def test_pull_replaces_a_different_local_cache_only_with_force_and_readers_keep_the_old_one(tmp_path):

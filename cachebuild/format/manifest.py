@@ -7,6 +7,7 @@ its metadata). The spec in prose is ``docs/FORMAT.md``; this module is its code.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -152,6 +153,23 @@ class Manifest:
     @property
     def build_key(self) -> str:
         return str(self.build.get("key", ""))
+
+    @property
+    def content_id(self) -> str:
+        """A sha256 naming what the cache holds: its build key and every checksum the manifest records.
+
+        The build key names source and parameters, not bytes: a source file rewritten with its size and
+        mtime kept, or a build with another OpenCV, gives the same key and other pixels. Local copies of
+        a cache's files (the block cache of URL reads) are keyed by this instead, so they never serve one
+        cache's bytes to a reader of another.
+        """
+        blob = json.dumps({
+            "build": self.build_key,
+            "shards": [(s.file, s.start, s.count, s.sha256) for s in self.shards],
+            "arrays": {name: (a.file, a.sha256) for name, a in sorted(self.arrays.items())},
+            "files": self.files.get("sha256", ""),
+        }, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()
 
     @property
     def sample_nbytes(self) -> int:

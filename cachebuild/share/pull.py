@@ -23,7 +23,8 @@ from typing import Any
 from cachebuild.atomic import write_bytes_atomic, write_json_atomic
 from cachebuild.errors import CacheBuildError, CacheCorruptError, CacheExistsError, TransferError
 from cachebuild.format.file_table import local_files
-from cachebuild.format.manifest import MANIFEST_NAME, parse_manifest
+from cachebuild.format.identity import different_cache
+from cachebuild.format.manifest import MANIFEST_NAME, Manifest, parse_manifest
 from cachebuild.format.reader import CacheReader
 from cachebuild.format.writer import install_staged, remove_unfinished_writes, staging_path
 from cachebuild.locks import exclusive_lock
@@ -102,15 +103,15 @@ def _up_to_date(dest: Path, contents: CacheContents, force: bool) -> bool:
     if not dest.is_symlink() and (dest / MANIFEST_NAME).is_file():
         here = (dest / MANIFEST_NAME).read_bytes()
         try:
-            key = parse_manifest(here, str(dest / MANIFEST_NAME)).build_key
+            old: Manifest | None = parse_manifest(here, str(dest / MANIFEST_NAME))
         except CacheBuildError:
-            key = ""
-        if here == contents.raw or (key and key == contents.manifest.build_key and not force):
-            return True  # the same cache (a same build key means the same bytes: built here from the same source)
+            old = None
+        # The same cache: the same contents (a build key alone is not: see Manifest.content_id).
+        if here == contents.raw or (old is not None and old.content_id == contents.manifest.content_id and not force):
+            return True
         if not force:
-            raise CacheExistsError(
-                f"{dest} holds a different cache (fingerprint {key[:12] or 'unreadable'}, the source's is "
-                f"{contents.manifest.build_key[:12]}); pass --force to replace it (jobs reading it keep the old one)")
+            raise CacheExistsError(f"{dest} holds {different_cache(old, contents.manifest, 'the source')}; pass "
+                                   f"--force to replace it (jobs reading it keep the old one)")
         return False
     if dest.is_dir() and not dest.is_symlink() and not any(dest.iterdir()):
         dest.rmdir()

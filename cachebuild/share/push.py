@@ -37,6 +37,7 @@ from cachebuild.errors import (
     TransferError,
 )
 from cachebuild.format.file_table import read_file_table
+from cachebuild.format.identity import different_cache
 from cachebuild.format.manifest import MANIFEST_NAME, parse_manifest
 from cachebuild.format.reader import CacheReader
 from cachebuild.share.contents import PUSH_MARKER, CacheContents, read_contents, split_caches
@@ -124,7 +125,7 @@ def _send(folder: Path, dst: Location, contents: CacheContents, force: bool, job
             old = parse_manifest(there, dst.describe(MANIFEST_NAME))
         except CacheBuildError:
             old = None
-        if there == contents.raw or (old is not None and old.build_key == contents.manifest.build_key):
+        if there == contents.raw or (old is not None and old.content_id == contents.manifest.content_id):
             # The same cache: send only what is missing or of the wrong size (a repair), manifest untouched.
             todo = [i for i in contents.items if remote.get(i.name) != i.size]
             outcome = upload(folder, todo, dst, jobs=jobs, progress=progress, desc=url.rsplit("/", 1)[-1])
@@ -132,10 +133,9 @@ def _send(folder: Path, dst: Location, contents: CacheContents, force: bool, job
             return PushResult(url, "up to date", len(contents.items), len(outcome.moved),
                               len(contents.items) - len(todo), outcome.bytes_moved, time.perf_counter() - t0)
         if not force:
-            key = old.build_key[:12] if old is not None else "unreadable"
-            raise CacheExistsError(f"{url} holds a different cache (fingerprint {key}, this one's is "
-                                   f"{contents.manifest.build_key[:12]}); pass --force to replace it (jobs reading "
-                                   f"it from the URL will then fail: see `cachebuild push --help`)")
+            raise CacheExistsError(f"{url} holds {different_cache(old, contents.manifest, 'this one')}; pass --force "
+                                   f"to replace it (jobs reading it from the URL will then fail: see "
+                                   f"`cachebuild push --help`)")
         kept = _clear_old_cache(dst, old, contents, remote)
         trusted = kept or set()
         # Without the old table, old files of the same name and size cannot be told from ours on a rerun.

@@ -106,7 +106,7 @@ class JpegImages(ImageStore):
                  block_cache: BlockCache | None) -> None:
         self.location = location
         self.manifest = manifest
-        self.files = PayloadFiles(location, shards, block_cache=block_cache, cache_id=manifest.build_key)
+        self.files = PayloadFiles(location, shards, block_cache=block_cache, cache_id=manifest.content_id)
         stored = sum(s.size for s in shards)
         mean = stored / max(1, manifest.count)
         self.chunk_size = max(1, int(_CHUNK_BYTES // max(1.0, mean)))

@@ -112,7 +112,7 @@ class NpyImages(ImageStore):
                  block_cache: BlockCache | None) -> None:
         self.manifest = manifest
         segments = [Segment(s.file, s.start, s.count, off) for s, off in zip(manifest.shards, offsets, strict=True)]
-        self.rows = RowFiles(location, segments, manifest.shape, block_cache=block_cache, cache_id=manifest.build_key)
+        self.rows = RowFiles(location, segments, manifest.shape, block_cache=block_cache, cache_id=manifest.content_id)
         self.chunk_size = max(1, DEFAULT_CHUNK_BYTES // manifest.sample_nbytes)
 
     @property

@@ -187,7 +187,7 @@ class ZarrImages(ImageStore):
             c = layout.chunk
             segments = [Segment(chunk_name(k), k * c, c, 0) for k in range(-(-manifest.count // c))]
             self.rows = RowFiles(location, segments, manifest.shape, block_cache=block_cache,
-                                 cache_id=manifest.build_key)
+                                 cache_id=manifest.content_id)
         self._array: Any = None
         self._pid = os.getpid()
 
@@ -211,7 +211,7 @@ class ZarrImages(ImageStore):
                 opts = loc.fs_options() if isinstance(loc, FsspecLocation) else {}
                 store = FsspecStore.from_url(f"{loc.url}/{ZARR_NAME}", storage_options=opts, read_only=True)
             strict = _strict_store_class()(store, self.location.describe(ZARR_NAME), self.block_cache,
-                                           self.manifest.build_key,
+                                           self.manifest.content_id,
                                            self.location if self.location.is_pinned else None)
             self._array = zarr.open_array(store=strict, mode="r", zarr_format=3)
             self._pid = os.getpid()
