@@ -22,6 +22,7 @@ from cachebuild.pipeline import BuildOptions, build
 from cachebuild.sources.folder import folder_plan
 from cachebuild.sources.imagenet import imagenet_plans
 from tests.kill_helpers import build_killed_after_blocks
+from tests.manifest_edits import load_unsealed
 
 
 def _train_plan(info):
@@ -156,7 +157,7 @@ def test_a_cache_of_another_release_is_named_as_such(imagenet_clean, tmp_path):
     out = tmp_path / "c"
     build(plan, out, BuildOptions(size=32, jobs=1))
     path = out / "manifest.json"
-    d = json.loads(path.read_text())
+    d = load_unsealed(path)
     d["format_version"], d["build"]["key"] = 1, "0" * 64  # as the previous release wrote it
     path.write_text(json.dumps(d))
     with pytest.raises(CacheExistsError, match=r"another cachebuild release \(format version 1; this one writes 2\)"):

@@ -19,6 +19,7 @@ from cachebuild.errors import CacheCorruptError, CacheNotFoundError, Unsupported
 from loaders.dataset import CacheBatch, CachedImageDataset, collate_batch
 from loaders.sampler import CacheSampler
 from tests.loaders_fixtures import decode_index, make_cache
+from tests.manifest_edits import load_unsealed
 
 STORAGES = [("npy", "none"), ("zarr", "none"), ("zarr", "zstd")]  # zstd: through the zarr API
 
@@ -118,7 +119,7 @@ def test_pickles_cheaply_without_open_files(tmp_path: Path) -> None:
 
 
 def _rewrite_manifest(root: Path, **changes) -> None:
-    m = json.loads((root / "manifest.json").read_text())
+    m = load_unsealed(root / "manifest.json")
     m.update(changes)
     (root / "manifest.json").write_text(json.dumps(m))
 

@@ -11,6 +11,7 @@ import pytest
 from cachebuild.errors import CacheCorruptError, CacheNotFoundError, UnsupportedFormatError
 from cachebuild.format import FORMAT_VERSION, Manifest, open_cache, read_manifest, write_cache
 from cachebuild.storage.npy_backend import shrink_npy_shard
+from tests.manifest_edits import load_unsealed
 
 
 def _images(n: int, side: int = 8) -> np.ndarray:
@@ -47,7 +48,7 @@ def test_gather_returns_the_right_samples(tmp_path, storage):
 
 def test_unknown_version_is_refused_by_name(cache):
     path = cache / "manifest.json"
-    d = json.loads(path.read_text())
+    d = load_unsealed(path)
     d["format_version"] = FORMAT_VERSION + 1
     path.write_text(json.dumps(d))
     with pytest.raises(UnsupportedFormatError) as e:
@@ -103,7 +104,7 @@ def test_version_1_caches_still_read_and_verify(cache):
     """Format 1 kept the sha256 of an npy shard's pixel rows: such caches open, serve and verify with
     that meaning, and a flipped pixel is still named."""
     path = cache / "manifest.json"
-    d = json.loads(path.read_text())
+    d = load_unsealed(path)
     d["format_version"] = 1
     for s in d["shards"]:
         pixels = np.load(cache / s["file"])
@@ -142,7 +143,7 @@ def test_missing_truncated_and_misshapen_shards(cache):
 
 def test_manifest_fields_are_validated(cache):
     path = cache / "manifest.json"
-    d = json.loads(path.read_text())
+    d = load_unsealed(path)
     for field, value, message in [("count", 36, "manifest count"), ("storage", "tar", "storage"),
                                   ("shape", [8, 8, 4], "shape"), ("count", -1, "count")]:
         bad = dict(d, **{field: value})

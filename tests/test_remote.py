@@ -20,6 +20,7 @@ from cachebuild.format import open_cache
 from loaders.dataset import CachedImageDataset, collate_batch
 from loaders.sampler import CacheSampler
 from tests.loaders_fixtures import decode_index, make_cache
+from tests.manifest_edits import load_unsealed
 from tests.same_key import same_key_caches
 
 KINDS = [("npy", "none"), ("zarr", "none"), ("zarr", "zstd")]
@@ -206,7 +207,7 @@ def test_a_truncated_remote_shard_is_named(tmp_path, http_server, etags):
 def test_manifest_names_outside_the_cache_are_refused_before_anything_is_opened(tmp_path, http_server, bad):
     server, url, _, _ = _serve_cache(tmp_path, http_server)
     shutil.copy(tmp_path / "site" / "c" / "images-00000.npy", tmp_path / "site" / "outside.npy")
-    m = json.loads((tmp_path / "site" / "c" / "manifest.json").read_text())
+    m = load_unsealed(tmp_path / "site" / "c" / "manifest.json")
     m["shards"][0]["file"] = bad
     (tmp_path / "site" / "c" / "manifest.json").write_text(json.dumps(m))
     server.clear()

@@ -22,6 +22,7 @@ from cachebuild.errors import CacheNotFoundError
 from cachebuild.format import read_manifest
 from loaders.dataset import CachedImageDataset
 from tests.loaders_fixtures import make_cache, make_images
+from tests.manifest_edits import load_unsealed
 from tests.same_key import same_key_caches
 
 
@@ -160,7 +161,7 @@ def test_push_never_writes_into_a_prefix_holding_something_else(tmp_path, s3):
 def test_a_cache_without_a_file_table_is_verified_whole(tmp_path, s3):
     """Caches built before files.json: pushed after a full verify, pulled by listing, verified whole on arrival."""
     root, _images, _ = make_cache(tmp_path / "c", n=70, storage="npy", shard_size=16, h=16, w=12)
-    m = json.loads((root / "manifest.json").read_text())
+    m = load_unsealed(root / "manifest.json")
     del m["files"]
     (root / "manifest.json").write_text(json.dumps(m))
     (root / "files.json").unlink()
@@ -251,7 +252,7 @@ def test_pull_of_something_that_is_not_a_cache_writes_nothing(tmp_path, http_ser
 @pytest.mark.parametrize("bad", ["../x.npy", "/etc/passwd", "http://127.0.0.1:1/x.npy", "a/../../x.npy"])
 def test_pull_refuses_names_outside_the_cache_before_writing_anything(tmp_path, http_server, where, bad):
     _server, url, root = _served(tmp_path, http_server, n=40)
-    m = json.loads((root / "manifest.json").read_text())
+    m = load_unsealed(root / "manifest.json")
     if where == "manifest":
         m["shards"][0]["file"] = bad
     else:  # a table naming a file outside, with the manifest's checksum of the table made to match

@@ -22,6 +22,7 @@ from cachebuild.storage.replacement import replaced_folders
 from cachebuild.storage.rows import RowFiles, Segment
 from loaders.dataset import CachedImageDataset, collate_batch
 from tests.loaders_fixtures import decode_index, make_cache, make_images
+from tests.manifest_edits import load_unsealed
 
 # ---------------------------------------------------------------- a new kind: one class, one registry line
 
@@ -111,7 +112,7 @@ def test_manifest_names_outside_the_cache_are_refused(tmp_path, field, bad):
     """Even pointing at a valid file with a matching checksum: refused when the manifest is parsed."""
     root, _, _ = make_cache(tmp_path / "c")
     shutil.copy(root / "labels.npy", tmp_path / "elsewhere.npy")
-    m = json.loads((root / "manifest.json").read_text())
+    m = load_unsealed(root / "manifest.json")
     if field == "shards":
         m["shards"][0]["file"] = bad
     else:

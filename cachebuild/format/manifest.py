@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -26,6 +27,7 @@ from cachebuild.format.pathnames import decode_path, encode_path
 from cachebuild.storage import Location, backend_names, check_name, open_location
 
 __all__ = [
+    "CHECKSUM_FIELD",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "MANIFEST_NAME",
@@ -34,6 +36,7 @@ __all__ = [
     "Failure",
     "Manifest",
     "ShardInfo",
+    "manifest_bytes",
     "not_a_cache",
     "parse_manifest",
     "read_manifest",
@@ -49,6 +52,13 @@ READ_VERSIONS = (1, 2)
 MANIFEST_NAME = "manifest.json"
 
 FITS = ("crop", "squash", "pad")
+# The manifest's own sha256 (optional: older caches lack it): of the file's bytes with the field's 64 hex
+# digits read as zeros. The other checksums cover every other file; this one covers the manifest, so a
+# flipped byte in a class name or a shard's checksum is found too. Raw bytes, not a canonical JSON form:
+# any language checks it with one replace and one hash.
+CHECKSUM_FIELD = "checksum"
+_BLANK = b"0" * 64
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -186,16 +196,7 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Manifest:
-        fmt = d.get("format")
-        if fmt != FORMAT_NAME:
-            raise UnsupportedFormatError(f"not a {FORMAT_NAME} manifest: format is {fmt!r}, expected {FORMAT_NAME!r}")
-        version = d.get("format_version")
-        if version not in READ_VERSIONS:
-            raise UnsupportedFormatError(
-                f"cache format version {version!r} is not supported: this cachebuild reads versions "
-                f"{', '.join(map(str, READ_VERSIONS))}; rebuild the cache or use a cachebuild release that reads "
-                f"version {version!r}"
-            )
+        version = _check_format(d)
         try:
             shape = _parse_shape("shape", d["shape"])
             if len(shape) != 3 or shape[2] != 3:
@@ -269,6 +270,43 @@ class Manifest:
                 raise CacheCorruptError(f"manifest lists no {required!r} array")
 
 
+def _check_format(d: Mapping[str, Any]) -> int:
+    """The format version of a manifest's fields, or a named error for another format or an unknown version."""
+    fmt = d.get("format")
+    if fmt != FORMAT_NAME:
+        raise UnsupportedFormatError(f"not a {FORMAT_NAME} manifest: format is {fmt!r}, expected {FORMAT_NAME!r}")
+    version = d.get("format_version")
+    if version not in READ_VERSIONS:
+        raise UnsupportedFormatError(
+            f"cache format version {version!r} is not supported: this cachebuild reads versions "
+            f"{', '.join(map(str, READ_VERSIONS))}; rebuild the cache or use a cachebuild release that reads "
+            f"version {version!r}"
+        )
+    return int(version)
+
+
+def manifest_bytes(m: Manifest) -> bytes:
+    """The bytes of ``manifest.json`` for ``m``: one-space-indented UTF-8 JSON, sealed with its checksum."""
+    raw = (json.dumps({**m.to_dict(), CHECKSUM_FIELD: _BLANK.decode()}, indent=1, ensure_ascii=False) + "\n")
+    data = raw.encode("utf-8")
+    at = data.rindex(_BLANK)  # the checksum is the last field: no other value can be mistaken for it
+    return data[:at] + hashlib.sha256(data).hexdigest().encode() + data[at + len(_BLANK):]
+
+
+def _check_seal(raw: bytes, d: Mapping[str, Any], where: str) -> None:
+    """A named error unless the manifest's bytes match its own checksum (none: a cache of an older release)."""
+    if CHECKSUM_FIELD not in d:
+        return
+    seal = d[CHECKSUM_FIELD]
+    ok = isinstance(seal, str) and _HEX64.fullmatch(seal) is not None and raw.count(seal.encode()) == 1
+    if not ok or hashlib.sha256(raw.replace(seal.encode(), _BLANK)).hexdigest() != seal:
+        raise CacheCorruptError(
+            f"{where} does not match its own checksum: a byte of it changed after the build wrote it (damaged "
+            f"on disk or in transfer, or edited); re-fetch or rebuild the cache (if you edited it on purpose, "
+            f"delete its {CHECKSUM_FIELD!r} field)"
+        )
+
+
 def read_manifest(where: str | os.PathLike[str] | Location) -> Manifest:
     """Parse and validate ``<where>/manifest.json`` (a folder or a URL); a named error for anything that is
     not a cache."""
@@ -305,4 +343,6 @@ def parse_manifest(raw: bytes, where: str) -> Manifest:
         raise CacheCorruptError(f"{where} is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise CacheCorruptError(f"{where} must hold a JSON object")
+    _check_format(data)  # first: a newer format may seal differently, and "unsupported version" is the news
+    _check_seal(raw, data, where)
     return Manifest.from_dict(data)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from cachebuild.errors import CacheCorruptError, RemoteError, RemoteNotFoundError
+from cachebuild.format.file_table import read_file_table
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest, not_a_cache, read_manifest
 from cachebuild.format.side_arrays import load_array, load_paths, sha256_bytes
 from cachebuild.storage import BlockCache, ImageStore, Location, get_backend, open_location
@@ -119,6 +120,37 @@ class CacheReader:
                 continue
             if digest != info.sha256:
                 problems.append(f"{info.file}: checksum mismatch")
+        return problems + self._verify_other_files(problems)
+
+    def _verify_other_files(self, named: list[str]) -> list[str]:
+        """The file table against the manifest, then every file it lists that the checks above did not hash
+        whole as a file (zarr chunks and metadata, side arrays' headers, ``source_files.json``) and did not
+        already name in ``named``, by size and sha256. With the manifest's own checksum (checked when it was
+        read), every byte of the cache is covered."""
+        m = self.manifest
+        try:
+            got = read_file_table(self.location, m)
+        except CacheCorruptError as e:
+            return [str(e)]
+        if got is None:  # a cache built before file tables: its shards and arrays are all there is to check
+            return []
+        whole = {a.file for a in m.arrays.values() if a.dtype == "str"}
+        if m.format_version >= 2 and self.backend.shard_sha256_is_file:
+            whole |= {s.file for s in m.shards}
+        mentioned = {word.strip("():,") for p in named for word in p.split()}  # files already reported
+        problems = []
+        for name, entry in got[0].items():
+            if name in whole or name in mentioned:
+                continue
+            try:
+                data = self.location.read_bytes(name)
+            except (OSError, RemoteError) as e:
+                problems.append(f"{name}: {e}")
+                continue
+            if len(data) != entry.size:
+                problems.append(f"{name}: {len(data)} bytes, files.json says {entry.size}")
+            elif hashlib.sha256(data).hexdigest() != entry.sha256:
+                problems.append(f"{name}: checksum mismatch (files.json)")
         return problems
 
 

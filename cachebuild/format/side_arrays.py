@@ -17,6 +17,7 @@ from cachebuild.errors import CacheCorruptError, RemoteError
 from cachebuild.format.manifest import ArrayInfo, Manifest
 from cachebuild.format.pathnames import decode_paths, encode_paths
 from cachebuild.storage.location import Location
+from cachebuild.storage.rows import NPY_HEADER_ERRORS
 
 __all__ = ["PATHS_FILE", "load_array", "load_paths", "save_array", "save_paths", "sha256_bytes"]
 
@@ -54,7 +55,7 @@ def load_array(location: Location, manifest: Manifest, name: str) -> np.ndarray:
     where = location.describe(info.file)
     try:
         arr = np.load(io.BytesIO(data), allow_pickle=False)
-    except ValueError as e:
+    except NPY_HEADER_ERRORS as e:
         raise CacheCorruptError(f"array file {where} is truncated or unreadable: {e}") from None
     if str(arr.dtype) != info.dtype or tuple(arr.shape) != info.shape:
         raise CacheCorruptError(

@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from cachebuild.atomic import fsync_dir, write_json_atomic
+from cachebuild.atomic import fsync_dir, write_bytes_atomic
 from cachebuild.errors import CacheExistsError, OptionError
 from cachebuild.format.file_table import is_unfinished_write, with_file_table
-from cachebuild.format.manifest import MANIFEST_NAME, ArrayInfo, Failure, Manifest
+from cachebuild.format.manifest import MANIFEST_NAME, ArrayInfo, Failure, Manifest, manifest_bytes
 from cachebuild.format.side_arrays import save_array, save_paths, sha256_bytes
 from cachebuild.provenance import built_by
 from cachebuild.storage import get_backend
@@ -83,7 +83,7 @@ def commit_cache(staging: Path, out: Path, manifest: Manifest, *, replace: bool 
     if not manifest.built_by:
         manifest = dataclasses.replace(manifest, built_by=built_by())
     manifest = with_file_table(staging, manifest)
-    write_json_atomic(staging / MANIFEST_NAME, manifest.to_dict())
+    write_bytes_atomic(staging / MANIFEST_NAME, manifest_bytes(manifest))
     install_staged(staging, out, replace=replace)
     return manifest
 

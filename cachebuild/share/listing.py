@@ -7,7 +7,6 @@ pulls (``<name>.partial``) and caches replaced under running jobs (``<name>.repl
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 from collections import deque
@@ -15,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cachebuild.errors import CacheBuildError, RemoteError
-from cachebuild.format.manifest import MANIFEST_NAME, Manifest
+from cachebuild.format.manifest import MANIFEST_NAME, Manifest, parse_manifest
 from cachebuild.storage import Location, open_location
 from cachebuild.storage.replacement import MARK as REPLACED_MARK
 
@@ -81,7 +80,7 @@ def cache_summary(location: Location, found: Found) -> dict[str, Any]:
     if found.state == "unfinished" and not location.exists(MANIFEST_NAME):
         return row
     try:
-        manifest = Manifest.from_dict(json.loads(location.read_bytes(MANIFEST_NAME)))
+        manifest = parse_manifest(location.read_bytes(MANIFEST_NAME), location.describe(MANIFEST_NAME))
     except (CacheBuildError, OSError, ValueError) as e:
         row["error"] = str(e).splitlines()[0]
         return row

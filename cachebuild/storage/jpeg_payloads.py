@@ -31,7 +31,7 @@ import numpy as np
 from cachebuild.errors import CacheCorruptError
 from cachebuild.storage.block_cache import BlockCache, CachedFile
 from cachebuild.storage.location import Location
-from cachebuild.storage.rows import ShardHandles
+from cachebuild.storage.rows import NPY_HEADER_ERRORS, ShardHandles
 
 __all__ = ["INDEX_HEAD_BYTES", "PayloadFiles", "ShardIndex", "index_bytes", "parse_index", "write_shard"]
 
@@ -97,7 +97,7 @@ def _read_header(f: io.BytesIO, dtype: np.dtype, where: str, what: str) -> int:
         version = fmt.read_magic(f)
         read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
         shape, fortran, got = read(f)
-    except (ValueError, EOFError) as e:
+    except NPY_HEADER_ERRORS as e:
         raise CacheCorruptError(f"{where}: the {what} record is not a readable .npy header: {e}") from None
     if got != dtype or fortran or len(shape) != 1:
         raise CacheCorruptError(f"{where}: the {what} record holds {got}{list(shape)}, expected a 1-D {dtype} array")

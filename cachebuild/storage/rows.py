@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+import tokenize
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,7 @@ from cachebuild.errors import CacheCorruptError
 from cachebuild.storage.block_cache import BlockCache, CachedFile
 from cachebuild.storage.location import Location
 
-__all__ = ["RowFiles", "Segment", "ShardHandles", "npy_header"]
+__all__ = ["NPY_HEADER_ERRORS", "RowFiles", "Segment", "ShardHandles", "npy_header"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,11 @@ class Segment:
     offset: int
 
 
+# What numpy's .npy header parser raises on damaged bytes: it tokenizes and literal_evals the header, so a
+# flipped byte can surface as a syntax or tokenizer error, not only ValueError (1 in 9 single-bit flips).
+NPY_HEADER_ERRORS = (ValueError, EOFError, SyntaxError, tokenize.TokenError)
+
+
 def npy_header(head: bytes, where: str) -> tuple[int, tuple[int, ...], np.dtype]:
     """(data offset, shape, dtype) of a ``.npy`` from its first bytes; a named error for anything else."""
     import io
@@ -48,7 +54,7 @@ def npy_header(head: bytes, where: str) -> tuple[int, tuple[int, ...], np.dtype]
         version = fmt.read_magic(f)
         read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
         shape, fortran, dtype = read(f)
-    except (ValueError, EOFError) as e:
+    except NPY_HEADER_ERRORS as e:
         raise CacheCorruptError(f"{where} is not a readable .npy file: {e}") from None
     if fortran:
         raise CacheCorruptError(f"{where} is stored in Fortran order; cache shards are C-ordered")

@@ -82,25 +82,22 @@ def install(spec: str) -> None:
 
         pipeline.write_json_atomic = write_json_atomic
     elif point == "manifest":
-        import json
-
         import cachebuild.format.writer as writer
 
-        real_write = writer.write_json_atomic
+        real_write = writer.write_bytes_atomic
 
-        def write_manifest(path: pathlib.Path, obj: Any, **k: Any) -> None:
+        def write_manifest(path: pathlib.Path, data: bytes, **k: Any) -> None:
             if path.name == "manifest.json":
                 counter.tick()
                 if counter.calls == counter.n:
-                    text = json.dumps(obj, indent=1).encode()
                     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
                     with open(tmp, "wb") as f:
-                        f.write(text[: len(text) // 2])
+                        f.write(data[: len(data) // 2])
                         f.flush()
                     _fire(action)
-            real_write(path, obj, **k)
+            real_write(path, data, **k)
 
-        writer.write_json_atomic = write_manifest
+        writer.write_bytes_atomic = write_manifest
     elif point in ("rename", "rename-after"):
         real_rename = pathlib.Path.rename
 

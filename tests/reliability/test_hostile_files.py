@@ -26,6 +26,7 @@ from cachebuild.format import open_cache, read_manifest
 from cachebuild.pipeline import BuildOptions, build
 from cachebuild.sources.folder import folder_plan
 from cachebuild.sources.plan import FileReader
+from tests.manifest_edits import load_unsealed
 from tests.reliability.helpers import cli, cli_env, file_hashes, without_dac_override
 
 FORCE = "--force on a folder that is not a cache"
@@ -133,7 +134,7 @@ def test_a_damaged_manifest_is_named_not_called_different(photo_tree: Path, tmp_
     src = _src_copy(photo_tree, tmp_path / "src")
     out = tmp_path / "c"
     assert _run("folder", str(src), "--size", "16", "--out", str(out))[0] == 0
-    m = json.loads((out / "train" / "manifest.json").read_text())
+    m = load_unsealed(out / "train" / "manifest.json")
     m["count"] = m["count"] + 5
     (out / "train" / "manifest.json").write_text(json.dumps(m))
     with ledger.trial("damaged manifest at --out: the problem is named"):
