@@ -29,7 +29,10 @@ by itself (a DataLoader draws indices ahead of the loop: prefetching), so the tr
 consumes the same count, rank 0's state resumes every rank. ``set_epoch(e)`` with a new ``e`` resets the
 position to 0; with the current epoch (the usual first call after resuming) it keeps it. Once a whole
 epoch was consumed (``position == num_samples``), a new ``iter()`` without ``set_epoch`` replays that
-epoch from its start, as DistributedSampler repeats its order when ``set_epoch`` is not called.
+epoch from its start, as DistributedSampler repeats its order when ``set_epoch`` is not called; but a
+state *loaded* at the end of its epoch (a checkpoint saved after the epoch's last step) has nothing left:
+the next ``iter()`` is empty and ``len()`` is 0, so the loop moves on to the next epoch instead of
+training the finished one again.
 
 Typical loop::
 
@@ -111,6 +114,8 @@ class CacheSampler(Sampler[int]):
         self.total_size = self.num_samples * r
         self.epoch = 0
         self.position = 0
+        # True after load_state_dict() of a finished epoch: its rest is empty, not a replay.
+        self._loaded_at_end = False
 
     # ------------------------------------------------------------------ order
     def global_order(self, epoch: int | None = None) -> np.ndarray:
@@ -150,12 +155,17 @@ class CacheSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         if self.position >= self.num_samples:
+            if self._loaded_at_end:  # resumed after the epoch's last step: nothing of it is left
+                self._loaded_at_end = False
+                return iter([])
             self.position = 0  # the epoch was consumed and no set_epoch came: replay it
         return iter(self.rank_indices()[self.position :].tolist())
 
     def __len__(self) -> int:
         """Indices the next ``iter()`` yields: what is left of the epoch after ``position``."""
         left = self.num_samples - self.position
+        if left <= 0 and self._loaded_at_end:
+            return 0
         return left if left > 0 else self.num_samples
 
     # ------------------------------------------------------------------ epochs and resuming
@@ -164,6 +174,7 @@ class CacheSampler(Sampler[int]):
         epoch = int(epoch)
         if epoch != self.epoch:
             self.position = 0
+            self._loaded_at_end = False
         self.epoch = epoch
 
     def advance(self, n: int) -> None:
@@ -177,6 +188,7 @@ class CacheSampler(Sampler[int]):
         if not 0 <= position <= self.num_samples:
             raise ValueError(f"position must be in [0, {self.num_samples}], got {position}")
         self.position = int(position)
+        self._loaded_at_end = False
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -208,6 +220,7 @@ class CacheSampler(Sampler[int]):
         self.seed = seed
         self.epoch = epoch
         self.set_position(position)
+        self._loaded_at_end = self.position >= self.num_samples
 
     def __repr__(self) -> str:
         return (f"CacheSampler(n={self.dataset_len}, shuffle={self.shuffle}, seed={self.seed}, "

@@ -144,3 +144,28 @@ def test_uses_torch_distributed_world(monkeypatch) -> None:
     monkeypatch.setattr(torch.distributed, "get_rank", lambda: 2)
     s = CacheSampler(range(10))
     assert (s.num_replicas, s.rank, len(s)) == (3, 2, 4)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=IDS)
+def test_resume_after_last_step_of_epoch_moves_on(mode: dict) -> None:
+    # A checkpoint saved after the epoch's last step (the usual end-of-epoch save) holds position ==
+    # num_samples: the resumed epoch has nothing left, so the loop goes on to the next one instead of
+    # training the finished epoch a second time.
+    s = CacheSampler(range(21), num_replicas=2, rank=0, seed=3, **mode)
+    s.set_epoch(4)
+    for _ in s:
+        s.advance(1)
+    state = s.state_dict()
+    assert state["position"] == s.num_samples == 11
+    t = CacheSampler(range(21), num_replicas=2, rank=0, **mode)
+    t.load_state_dict(state)
+    seen = {}
+    for epoch in range(t.epoch, 6):  # the module docstring's typical loop
+        t.set_epoch(epoch)
+        assert len(t) == (0 if epoch == 4 else 11)
+        seen[epoch] = list(t)
+        for _ in seen[epoch]:
+            t.advance(1)
+    assert seen[4] == [] and seen[5] == s.rank_indices(5).tolist()
+    # In one process, iterating a consumed epoch again without set_epoch still replays it.
+    assert list(s) == s.rank_indices(4).tolist()
