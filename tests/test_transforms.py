@@ -26,6 +26,7 @@ from loaders.transforms import (
     RandomCrop,
     RandomHorizontalFlip,
     RandomResizedCrop,
+    Resize,
     cifar_eval,
     cifar_train,
     imagenet_eval,
@@ -623,3 +624,15 @@ def test_module_cuda(name: str, factory: Any, hw: tuple[int, int]) -> None:
     gc.manual_seed(4)
     b = script(cuda_images)
     torch.testing.assert_close(b, a, atol=1e-5, rtol=0)
+
+
+def test_resize_module_follows_torchvision_size_rule() -> None:
+    # A 1-element sequence is the shorter side, as torchvision's Resize([s]) (the TorchScript-friendly
+    # spelling of Resize(s)); it used to give a square [s, s], squashing non-square batches.
+    images = make_images(2, 30, 60)
+    for size in (20, [20], (20,), [20, 25]):
+        ref = T.Resize(size, antialias=True)(images)
+        out = Resize(size)(images)
+        assert out.shape == ref.shape, (size, out.shape, ref.shape)
+        assert (out.int() - ref.int()).abs().max() <= 1
+    assert scripted(Resize([20]))(images).shape == (2, 3, 20, 40)

@@ -277,11 +277,14 @@ class CenterCrop(BatchTransform):
 
 
 class Resize(BatchTransform):
-    """Evaluation bilinear resize; an int resizes the shorter side (torchvision's rule).
+    """Evaluation bilinear resize; an int or a 1-element sequence resizes the shorter side, keeping the
+    aspect ratio (torchvision's rule); ``[h, w]`` resizes to exactly that.
     ``antialias=True`` by default, as torchvision v2. ``boxes`` are ignored."""
 
     def __init__(self, size: int | Sequence[int], antialias: bool = True) -> None:
         super().__init__(None, geometric=True)
+        if isinstance(size, Sequence) and len(size) == 1:
+            size = size[0]  # torchvision's Resize([s]) is Resize(s), not a square [s, s]
         if isinstance(size, int) and not isinstance(size, bool):
             if size <= 0:
                 raise ValueError(f"size: expected > 0, got {size}")
