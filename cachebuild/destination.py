@@ -41,9 +41,10 @@ CACHE_SUBFOLDER = ".cachebuild"  # the one folder inside a source tree that may 
 # makes a zarr cache's folder readable by xarray (cachebuild.storage.zarr_backend.finalize_folder).
 _CACHE_EXTRA_NAMES: frozenset[str] = frozenset({"zarr.json"})
 
-# What a build writes into its staging folder (pipeline, sinks, zarr_staging, format.writer).
+# What a build writes into its staging folder (pipeline, sinks, zarr_staging, format.writer), and the
+# marker of a pull's (cachebuild.share.pull: a pull and a build of one output share the staging folder).
 _STAGING_NAMES = re.compile(
-    r"blocks|build\.json|compacting\.json|manifest\.json|paths\.json|images\.zarr(\.tmp)?"
+    r"blocks|build\.json|pull\.json|compacting\.json|manifest\.json|paths\.json|images\.zarr(\.tmp)?"
     r"|images-\d+\.(npy|jpegs)(\.tmp|\.shrink)?|(labels|sizes|boxes|[a-z_]*labels)\.npy|\..+\.tmp(-\d+)?"
     r"|zarr\.json|files\.json|source_files\.json"
 )
@@ -109,21 +110,22 @@ def _listed_names(raw: dict[str, Any]) -> set[str]:
     return names
 
 
-def check_replaceable(out: Path, problem: str | None) -> None:
+def check_replaceable(out: Path, problem: str | None, other: str = "another --out") -> None:
     """Raise unless ``out`` is provably a cache cachebuild wrote (see the module docstring).
-    ``problem``: why its manifest did not parse as a current cache, if it did not (for the message)."""
+    ``problem``: why its manifest did not parse as a current cache, if it did not (for the message);
+    ``other``: what the user should choose instead (a pull says "another destination")."""
     never = "cachebuild replaces only folders it can prove it wrote, even with --force"
-    what_to_do = f"check it and remove it yourself if it is not needed (rm -r {out}), or choose another --out"
+    what_to_do = f"check it and remove it yourself if it is not needed (rm -r {out}), or choose {other}"
     if not (out / MANIFEST_NAME).is_file():
         raise CacheExistsError(f"{out} exists and is not a cachebuild cache (no {MANIFEST_NAME}); {never}: "
-                               f"choose another --out")
+                               f"choose {other}")
     try:
         raw = read_raw_manifest(out)
     except CacheBuildError as e:
         raise CacheExistsError(f"{out} looks like a damaged cache: {e}; {never}: {what_to_do}") from None
     if raw.get("format") != FORMAT_NAME:
         raise CacheExistsError(f"{out}/{MANIFEST_NAME} is not a cachebuild manifest (format "
-                               f"{raw.get('format')!r}); {never}: choose another --out")
+                               f"{raw.get('format')!r}); {never}: choose {other}")
     foreign = sorted(set(os.listdir(out)) - _listed_names(raw) - _CACHE_EXTRA_NAMES)
     if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")

@@ -6,7 +6,10 @@ pull never looks like a cache. The staging folder records which source manifest 
 (``pull.json``); rerun, the same pull keeps every file already there (each was renamed into place only
 after it matched its checksum, and fsynced) and fetches the rest. A ``DEST`` holding a different cache is
 replaced only with ``force``, the way ``--force`` replaces a build (jobs reading the old one keep it); a
-``DEST`` that is not a cache is never replaced. The same lock as a build of ``DEST`` is held throughout.
+``DEST`` that is not a cache is never replaced, nor one holding files its manifest does not name, nor a
+``DEST.partial`` we did not make (``cachebuild.destination``, as for a build). A ``DEST`` holding this cache
+with a file missing or of the wrong size is not "up to date": ``force`` pulls it again. The same lock as a
+build of ``DEST`` is held throughout.
 """
 
 from __future__ import annotations
@@ -21,7 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from cachebuild.atomic import write_bytes_atomic, write_json_atomic
-from cachebuild.errors import CacheBuildError, CacheCorruptError, CacheExistsError, TransferError
+from cachebuild.destination import check_replaceable, is_own_staging
+from cachebuild.errors import (
+    CacheBuildError,
+    CacheCorruptError,
+    CacheExistsError,
+    OptionError,
+    OutputError,
+    TransferError,
+)
 from cachebuild.format.file_table import local_files
 from cachebuild.format.identity import different_cache
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest, parse_manifest
@@ -67,6 +78,7 @@ def pull(src: str | os.PathLike[str] | Location, dest: str | os.PathLike[str], *
     check (the others are kept for the next run)."""
     location = open_location(src, storage_options)
     dest = Path(dest)
+    _check_destination_path(location, dest)
     raw = read_manifest_bytes(location)
     if raw is None:
         splits = split_caches(location)
@@ -77,6 +89,23 @@ def pull(src: str | os.PathLike[str] | Location, dest: str | os.PathLike[str], *
     return [_pull_one(location, dest, raw, force, jobs, progress, wait)]
 
 
+def _check_destination_path(location: Location, dest: Path) -> None:
+    """Refuse, before anything is created, a ``dest`` inside a local source (the copy, its lock and staging
+    folder would be written into the cache being read) or under a regular file."""
+    if location.is_local:
+        src = location.local_path().resolve()
+        there = dest.resolve()
+        if src in there.parents:
+            raise OptionError(f"the destination {dest} is inside the cache being copied, {location.describe()}: "
+                              f"the copy would be written into it; choose a destination outside it")
+    for p in (dest, *dest.parents):
+        if p.exists() or p.is_symlink():
+            if not p.is_dir():
+                raise OutputError(f"{p} is a file, not a folder, so {dest} cannot be made there: choose another "
+                                  f"destination")
+            break
+
+
 def _pull_one(location: Location, dest: Path, raw: bytes | None, force: bool, jobs: int, progress: bool | None,
               wait: float | None) -> PullResult:
     t0 = time.perf_counter()
@@ -85,6 +114,7 @@ def _pull_one(location: Location, dest: Path, raw: bytes | None, force: bool, jo
         # A local source (a shared folder) could be rebuilt with --force while we copy: read the one we opened.
         location = location.pinned()
         reader_lock = ReaderLock(location.local_path())
+        raw = None  # read again from the folder now pinned: a rebuild may have swapped it since
     try:
         contents = read_contents(location, raw)  # everything is validated before anything is written
         with exclusive_lock(dest, wait=wait, action="building or pulling"):
@@ -108,10 +138,18 @@ def _up_to_date(dest: Path, contents: CacheContents, force: bool) -> bool:
             old = None
         # The same cache: the same contents (a build key alone is not: see Manifest.content_id).
         if here == contents.raw or (old is not None and old.content_id == contents.manifest.content_id and not force):
-            return True
-        if not force:
+            damaged = _damaged_files(dest, contents)  # a stat per file: a manifest alone is not the cache
+            if not damaged:
+                return True
+            if not force:
+                shown = ", ".join(damaged[:5]) + (f" and {len(damaged) - 5} more" if len(damaged) > 5 else "")
+                raise CacheExistsError(f"{dest} holds this cache, damaged: {shown}; pass --force to pull it again "
+                                       f"(jobs reading it keep the damaged copy)")
+        elif not force:
             raise CacheExistsError(f"{dest} holds {different_cache(old, contents.manifest, 'the source')}; pass "
                                    f"--force to replace it (jobs reading it keep the old one)")
+        # --force replaces only a folder provably ours: it is set aside, then deleted with everything in it.
+        check_replaceable(dest, None, other="another destination")
         return False
     if dest.is_dir() and not dest.is_symlink() and not any(dest.iterdir()):
         dest.rmdir()
@@ -120,8 +158,39 @@ def _up_to_date(dest: Path, contents: CacheContents, force: bool) -> bool:
                            f"destination")
 
 
+def _damaged_files(dest: Path, contents: CacheContents) -> list[str]:
+    """The files of the cache that ``dest`` lacks or holds at another size than the cache's file list."""
+    expected = [(i.name, i.size) for i in contents.items]
+    if contents.table_name is not None and contents.table is not None:
+        expected.append((contents.table_name, len(contents.table)))
+    damaged = []
+    for name, size in expected:
+        try:
+            st = (dest / name).stat()
+        except OSError:
+            damaged.append(f"{name} (missing)")
+            continue
+        if size >= 0 and st.st_size != size:
+            damaged.append(f"{name} ({st.st_size} bytes, expected {size})")
+    return damaged
+
+
+def _own_pull_staging(staging: Path) -> bool:
+    """``staging`` is ours to discard: a pull's (its marker) or a build's (``is_own_staging``)."""
+    try:
+        marker = json.loads((staging / PULL_MARKER).read_text())
+        if isinstance(marker, dict) and marker.get("manifest_sha256"):
+            return True
+    except (OSError, ValueError):
+        pass
+    return is_own_staging(staging)
+
+
 def _prepare_staging(staging: Path, marker: dict[str, Any]) -> None:
-    if staging.exists():
+    if staging.exists() or staging.is_symlink():
+        if staging.is_symlink() or not staging.is_dir() or not _own_pull_staging(staging):
+            raise CacheExistsError(f"{staging} exists and was not made by cachebuild (a pull keeps its unfinished "
+                                   f"work there); move it away or choose another destination")
         try:
             same = json.loads((staging / PULL_MARKER).read_text()) == marker
         except (OSError, ValueError):

@@ -7,9 +7,12 @@ the file table, then the manifest, then the marker is removed. A reader of the U
 or the complete one. Rerun after an interruption, a push trusts the files the marker vouches for when
 their size matches (an object store creates an object only when its upload completes) and sends the rest.
 
-Replacing a different cache at the URL needs ``force``. Its manifest is removed first (new readers then
-see no cache until the new one is complete), then the old files that the new cache does not hold
-identically (same name, size and sha256 in both file tables) are deleted, then the push proceeds as above.
+Replacing a different cache at the URL needs ``force``, and is done only to a cachebuild manifest (another
+tool's ``manifest.json``, or one that is not JSON, is never replaced). The marker goes first, naming the old
+files to delete; then the old manifest is removed (new readers then see no cache until the new one is
+complete), then the old files that the new cache does not hold identically (same name, size and sha256 in
+both file tables) are deleted, then the push proceeds as above. Interrupted anywhere in that, the rerun finds
+the marker and finishes the deletions before it sends anything.
 Jobs that opened the old cache from the URL *before* get errors naming the files that vanished or changed
 (their reads are pinned to the versions they opened: ``cachebuild.storage.pinning``), never the new bytes:
 a remote cache has no ``.replaced-*`` copy to keep reading. To replace a cache that jobs are reading, push
@@ -38,7 +41,7 @@ from cachebuild.errors import (
 )
 from cachebuild.format.file_table import read_file_table
 from cachebuild.format.identity import different_cache
-from cachebuild.format.manifest import MANIFEST_NAME, parse_manifest
+from cachebuild.format.manifest import FORMAT_NAME, MANIFEST_NAME, parse_manifest
 from cachebuild.format.reader import CacheReader
 from cachebuild.share.contents import PUSH_MARKER, CacheContents, read_contents, split_caches
 from cachebuild.share.transfer import DEFAULT_JOBS, upload
@@ -125,6 +128,7 @@ def _send(folder: Path, dst: Location, contents: CacheContents, force: bool, job
             old = parse_manifest(there, dst.describe(MANIFEST_NAME))
         except CacheBuildError:
             old = None
+            _check_ours(there, dst)
         if there == contents.raw or (old is not None and old.content_id == contents.manifest.content_id):
             # The same cache: send only what is missing or of the wrong size (a repair), manifest untouched.
             todo = [i for i in contents.items if remote.get(i.name) != i.size]
@@ -145,6 +149,18 @@ def _send(folder: Path, dst: Location, contents: CacheContents, force: bool, job
             marker = json.loads(dst.read_bytes(PUSH_MARKER))
         except (ValueError, RemoteError):
             marker = {}
+        if not isinstance(marker, dict):
+            marker = {}
+        if isinstance(marker.get("remove"), list):
+            # A --force push stopped while it took the old cache down (nothing new is sent before the list is
+            # gone from the marker, so every name still listed is an old file): finish that first. After it,
+            # that push's files of the right size are its own, as after an uninterrupted replacement.
+            left = sorted({n for n in marker["remove"] if isinstance(n, str) and n in remote})
+            dst.remove(*left)
+            log.info("finishing the replacement of the cache at %s: removed %d file(s) of the old one", url,
+                     len(left))
+            remote = {n: size for n, size in remote.items() if n not in left}
+            marker["trust_sizes"] = True
         if marker.get("manifest_sha256") == contents.manifest_sha256 and marker.get("trust_sizes"):
             trusted = {i.name for i in contents.items if remote.get(i.name) == i.size}
             log.info("resuming the push to %s: %d of %d files already there", url, len(trusted), len(contents.items))
@@ -171,11 +187,23 @@ def _send(folder: Path, dst: Location, contents: CacheContents, force: bool, job
                       time.perf_counter() - t0)
 
 
+def _check_ours(raw: bytes, dst: Location) -> None:
+    """Raise unless the unusable manifest ``raw`` at ``dst`` is at least a cachebuild one (another release's):
+    ``--force`` replaces only what cachebuild wrote."""
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        doc = None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
+        raise CacheExistsError(f"{dst.describe(MANIFEST_NAME)} is not a cachebuild manifest; refusing to replace "
+                               f"it or write beside it, even with --force: choose another prefix")
+
+
 def _clear_old_cache(dst: Location, old: Any, contents: CacheContents, remote: dict[str, int]) -> set[str] | None:
-    """Take down the different cache at ``dst``: manifest first, then the files the new cache does not hold
-    identically. Returns the old files kept because the new cache has them byte for byte (None: the old cache
-    had no file table, so nothing was deleted and nothing can be trusted)."""
-    dst.remove(MANIFEST_NAME)
+    """Take down the different cache at ``dst``: marker first (naming what is to go, so an interrupted run is
+    resumed), then the manifest, then the files the new cache does not hold identically. Returns the old files
+    kept because the new cache has them byte for byte (None: the old cache had no file table, so nothing was
+    deleted and nothing can be trusted)."""
     old_table = None
     if old is not None:
         try:
@@ -185,6 +213,9 @@ def _clear_old_cache(dst: Location, old: Any, contents: CacheContents, remote: d
             old_table = None
     if old_table is None:
         # No table to tell the old cache's files from anything else: delete nothing, trust nothing.
+        dst.write_bytes(PUSH_MARKER, json.dumps({"manifest_sha256": contents.manifest_sha256,
+                                                 "trust_sizes": False}).encode())
+        dst.remove(MANIFEST_NAME)
         log.warning("%s held a cache without a file table: its files are left in place and every file is sent",
                     dst.describe())
         return None
@@ -194,6 +225,9 @@ def _clear_old_cache(dst: Location, old: Any, contents: CacheContents, remote: d
     stale = sorted(n for n in old_table if n not in keep and n in remote)
     if old.files.get("table") in remote:
         stale.append(old.files["table"])
+    dst.write_bytes(PUSH_MARKER, json.dumps({"manifest_sha256": contents.manifest_sha256, "trust_sizes": False,
+                                             "remove": stale}).encode())
+    dst.remove(MANIFEST_NAME)
     dst.remove(*stale)
     log.info("replacing the cache at %s: removed its manifest and %d file(s); %d identical file(s) kept",
              dst.describe(), len(stale), len(keep))
