@@ -42,7 +42,7 @@ demo: $(STAMP)  ## built-in photos -> cache -> a short CPU (or GPU) training run
 	$(BIN)/cachebuild imagenet $(DEMO)/photos --size 96 --out $(DEMO)/cache --force  # ~1 s; a cache of an older release too
 	$(BIN)/cachebuild info $(DEMO)/cache/train
 	$(BIN)/cachebuild train $(DEMO)/cache/train --val $(DEMO)/cache/val --model small_cnn --epochs 15 \
-		--batch-size 32 --lr 0.05 --warmup-epochs 1 --workers 2 --out $(DEMO)/run
+		--batch-size 32 --lr 0.05 --warmup-epochs 1 --workers 2 --out $(DEMO)/run --overwrite
 
 bench: $(STAMP)  ## every contender on the same files: bench/results/<date>-<host>/ (< 25 min on 2 cores)
 	$(BENCH_RUN) --profile full $(BENCH_ARGS)

@@ -273,3 +273,136 @@ def test_fit_with_dataloader_workers_leaves_no_batch_rings_mapped(caches: dict[s
                     lr=0.05, workers=2, loader="dataloader", device="cpu", amp="off"), echo=lambda _msg: None)
     assert seen["rings"] == 2 and seen["slot_batches"] >= 2 * 96 // 16  # both workers' rings carried batches
     assert ring_stats()["rings"] == 0
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_fresh_run_refuses_an_out_holding_a_run(caches: dict[str, Path], tmp_path: Path) -> None:
+    """Without --resume or --overwrite a second run into the same --out would append to the first one's
+    metrics.jsonl and replace its checkpoint; --overwrite removes the run's files only, never others."""
+    out = tmp_path / "r"
+    common = [str(caches["train"]), "--out", str(out), "--model", "linear", "--device", "cpu", "--workers", "0",
+              "--batch-size", "48", "--amp", "off", "--log-every", "1"]
+    res = _invoke(*common)
+    assert res.exit_code == 0, res.output
+    (out / "notes.txt").write_text("mine")
+    (out / "plots").mkdir()
+    (out / "plots" / "config.json").write_text("{}")  # not the run's: in a subfolder
+    (out / ".checkpoint.pt.123.0badc0de.tmp").write_bytes(b"a killed checkpoint write")
+    before = _files(out)
+    res = _invoke(*common, "--seed", "1")
+    _assert_one_line_error(res, 1, f"Error: {out} already holds a run", "checkpoint.pt", "metrics.jsonl",
+                           "--resume", "another --out", "--overwrite")
+    assert len(res.output.strip().splitlines()) == 1, res.output
+    assert _files(out) == before
+    _assert_one_line_error(_invoke(*common, "--resume", "--overwrite"), 2, "exclude each other")
+    assert _files(out) == before
+
+    res = _invoke(*common, "--seed", "1", "--overwrite")
+    assert res.exit_code == 0, res.output
+    after = _files(out)
+    assert after["notes.txt"] == b"mine" and after["plots/config.json"] == b"{}"
+    assert ".checkpoint.pt.123.0badc0de.tmp" not in after
+    assert after["checkpoint.pt"] != before["checkpoint.pt"]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["global_step"] for r in records if r["kind"] == "train"] == [1, 2]  # this run's only
+    assert json.loads((out / "config.json").read_text())["seed"] == 1
+    res = _invoke(*common, "--resume")  # --resume is the way to continue it (here: already finished)
+    assert res.exit_code == 0 and "nothing to do" in res.output, res.output
+
+
+def test_resume_with_another_schedule_is_refused(caches: dict[str, Path], tmp_path: Path) -> None:
+    """The optimizer and LR schedule come back from the checkpoint: resuming with more --epochs trained the
+    extra epochs at the old schedule's last LR (0), and another --lr was ignored."""
+    out = tmp_path / "r"
+    common = [str(caches["train"]), "--out", str(out), "--model", "linear", "--device", "cpu", "--workers", "0",
+              "--batch-size", "48", "--amp", "off", "--lr", "0.1"]
+    assert _invoke(*common, "--epochs", "1").exit_code == 0
+    before = (out / "checkpoint.pt").read_bytes()
+    res = _invoke(*common, "--epochs", "3", "--resume")
+    _assert_one_line_error(res, 1, "cannot resume with another optimizer or LR schedule",
+                           "epochs: checkpoint 1 vs now 3")
+    res = _invoke(*common[:-2], "--lr", "0.2", "--epochs", "1", "--resume")
+    _assert_one_line_error(res, 1, "lr: checkpoint 0.1 vs now 0.2")
+    assert (out / "checkpoint.pt").read_bytes() == before
+
+
+def test_resume_drops_what_was_logged_after_the_checkpoint(caches: dict[str, Path], tmp_path: Path) -> None:
+    """A kill after logging steps past the last checkpoint (and in the middle of a line): the resumed run
+    logs those steps again, so they must go, and the torn line must not swallow the next record."""
+    out = tmp_path / "cut"
+    args = [str(caches["train"]), "--out", str(out), "--model", "linear", "--epochs", "2", "--batch-size", "8",
+            "--accum", "2", "--workers", "0", "--device", "cpu", "--amp", "off", "--log-every", "1",
+            "--ckpt-every", "2"]
+    r = _cli(*args, "--stop-after-steps", "3")
+    assert r.returncode == STOP_EXIT_CODE, r.stderr
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["global_step"] == 2
+    with open(out / "metrics.jsonl", "a") as f:  # step 3 logged, then killed while writing step 4
+        f.write(json.dumps({"kind": "train", "epoch": 0, "global_step": 3, "step": 3, "loss": 9.0}) + "\n")
+        f.write('{"kind": "train", "epoch": 0, "glo')
+    r = _cli(*args, "--resume")
+    assert r.returncode == 0, r.stderr
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]  # all whole
+    assert [x["global_step"] for x in records if x["kind"] == "train"] == list(range(1, 13))
+    assert [x["epoch"] for x in records if x["kind"] == "epoch"] == [0, 1]
+    assert 9.0 not in [x["loss"] for x in records if x["kind"] == "train"]
+
+
+def test_accumulation_with_a_short_last_micro_batch_equals_the_union_batches(caches: dict[str, Path],
+                                                                           tmp_path: Path) -> None:
+    """96 images in micro-batches of 10 (nine, then 6), accum 4: the last window (10 + 6) must weigh its 16
+    samples alike, as one batch of 16 would (it gave the 6 the weight of 10)."""
+    from loaders.dataset import CachedImageDataset
+    from loaders.sampler import CacheSampler
+    from loaders.train import TrainConfig, fit
+    from loaders.train.loop import train_one_epoch
+    from loaders.train.models import build_model
+    from loaders.train.run import build_optimizer, build_scheduler, transforms_for
+
+    cfg = TrainConfig(train=str(caches["train"]), out=str(tmp_path / "r"), model="linear", epochs=1,
+                      batch_size=10, accum=4, lr=0.05, workers=0, device="cpu", amp="off", augment="none",
+                      seed=5, log_every=0)
+    fit(cfg, echo=lambda _msg: None)
+    ds = CachedImageDataset(caches["train"])
+    sampler = CacheSampler(ds, shuffle=True, seed=5)
+    sampler.set_epoch(0)
+    order = np.fromiter(iter(sampler), dtype=np.int64)
+    windows = [order[lo : lo + 40] for lo in range(0, len(order), 40)]  # 40, 40, 16 samples
+    batches = [(torch.from_numpy(ds.gather(idx)).permute(0, 3, 1, 2), torch.from_numpy(ds.labels[idx]))
+               for idx in windows]
+    torch.manual_seed(5)
+    model = build_model("linear", len(CLASSES), image_size=32)
+    opt = build_optimizer(model, cfg)
+    sched = build_scheduler(opt, len(windows), cfg)
+    train_one_epoch(model, batches, opt, scheduler=sched, transform=transforms_for("none", 32)[0])
+    got = _weights(tmp_path / "r")
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-6, msg=k)
+
+
+@pytest.mark.parametrize("loader", ["threads", "dataloader"])
+def test_a_pad_cache_trains_on_crops_inside_its_boxes(tmp_path: Path, loader: str) -> None:
+    """A letterboxed cache's training batches carry its boxes, and the train transform crops inside them:
+    no pixel of the black bars reaches the model (batches used to come without boxes: crops took bars)."""
+    from loaders.train.distributed import DistInfo
+    from loaders.train.run import TrainConfig, _build_data
+
+    n, side = 24, 40
+    images = np.zeros((n, side, side, 3), np.uint8)
+    images[:, 10:30] = 200  # wide photos letterboxed: bars above and below
+    boxes = np.tile(np.array([10, 0, 30, side], np.int32), (n, 1))
+    write_cache(tmp_path / "pad", images, np.arange(n) % 3, ["a", "b", "c"], boxes=boxes, fit="pad")
+    cfg = TrainConfig(train=str(tmp_path / "pad"), out=str(tmp_path / "run"), model="linear", batch_size=8,
+                      workers=1, loader=loader, device="cpu", augment="imagenet")
+    data = _build_data(cfg, DistInfo(0, 1, 0, torch.device("cpu")))
+    torch.manual_seed(0)
+    inside = (200 / 255 - torch.tensor([0.485, 0.456, 0.406])) / torch.tensor([0.229, 0.224, 0.225])
+    seen = 0
+    for batch in data.loader:
+        assert len(batch) == 3 and torch.equal(batch[2], torch.from_numpy(boxes[: len(batch[0])]))
+        x = data.train_tf(batch[0].permute(0, 3, 1, 2), batch[2])
+        assert torch.allclose(x, inside.view(1, 3, 1, 1).expand_as(x), atol=1e-4)  # every pixel from the box
+        seen += len(x)
+    assert seen == n

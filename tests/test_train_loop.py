@@ -71,6 +71,65 @@ def test_accumulation_equals_one_big_batch(n_batches: int, accum: int) -> None:
     assert res.batches == n_batches and res.samples == n_batches * b
 
 
+@pytest.mark.parametrize(("sizes", "accum"), [([4, 4, 4, 1], 2), ([4, 4, 4, 4, 2], 3), ([4, 4, 3], 4), ([4, 1], 1)])
+def test_a_short_last_micro_batch_weighs_per_sample(sizes: list[int], accum: int) -> None:
+    """With num_samples, a window holding the epoch's short last micro-batch is one batch of their union
+    (without it, each micro-batch weighs 1/window and the short one's samples count several times)."""
+    g = torch.Generator().manual_seed(2)
+    data = [(torch.randn(n, 3, 2, 2, generator=g, dtype=torch.float64), torch.randint(0, 5, (n,), generator=g))
+            for n in sizes]
+    model, ref = _mlp(), _mlp()
+    opt = RecordingSGD(model.parameters(), lr=0.1)
+    res = train_one_epoch(model, data, opt, accum=accum, num_samples=sum(sizes))
+    ref_opt = RecordingSGD(ref.parameters(), lr=0.1)
+    for lo in range(0, len(data), accum):
+        ref_opt.zero_grad()
+        F.cross_entropy(ref(torch.cat([d[0] for d in data[lo : lo + accum]])),
+                        torch.cat([d[1] for d in data[lo : lo + accum]])).backward()
+        ref_opt.step()
+    assert res.steps == len(ref_opt.seen)
+    for got, want in zip(opt.seen, ref_opt.seen, strict=True):
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    # Resumed at a window boundary: the same weights.
+    resumed = _mlp()
+    opt_r = torch.optim.SGD(resumed.parameters(), lr=0.1)
+    cut = accum * ((len(sizes) - 1) // accum)  # where the last window starts
+    train_one_epoch(resumed, data[:cut], opt_r, accum=accum, num_batches=len(sizes), num_samples=sum(sizes))
+    train_one_epoch(resumed, data[cut:], opt_r, accum=accum, num_batches=len(sizes), start_batch=cut,
+                    num_samples=sum(sizes))
+    for p, q in zip(resumed.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12)
+
+
+def test_num_samples_that_do_not_fit_the_batches_are_refused_before_the_step() -> None:
+    model = _mlp()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match="held 3 samples, 4 expected"):  # a short micro-batch mid-epoch
+        train_one_epoch(model, [_batches(1, 2)[0], _batches(1, 1)[0], _batches(1, 2)[0]],
+                        torch.optim.SGD(model.parameters(), lr=0.1), accum=2, num_samples=5)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
+
+
+def test_logged_lr_is_the_one_the_step_applied() -> None:
+    """The scheduler steps right after the optimizer: reading the LR then logged the next step's (the last
+    step of a cosine schedule showed lr 0)."""
+    applied: list[float] = []
+
+    class LrSGD(torch.optim.SGD):
+        def step(self, closure=None):  # type: ignore[override]
+            applied.append(self.param_groups[0]["lr"])
+            return super().step(closure)
+
+    model = _mlp()
+    opt = LrSGD(model.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (s + 1))
+    logged: list[float] = []
+    train_one_epoch(model, _batches(6, 2), opt, accum=2, scheduler=sched, log_every=1,
+                    on_log=lambda e: logged.append(e["lr"]))
+    assert applied == logged == [1.0, 0.5, 1 / 3]
+
+
 def test_window_size_shortens_only_the_last_window() -> None:
     assert [window_size(i, 7, 3) for i in range(7)] == [3, 3, 3, 3, 3, 3, 1]
     assert [window_size(i, 8, 3) for i in range(8)] == [3, 3, 3, 3, 3, 3, 2, 2]
@@ -199,6 +258,17 @@ def test_resolve_amp(monkeypatch: pytest.MonkeyPatch) -> None:
     assert amp_mod.resolve_amp("bf16", "cpu") is torch.bfloat16  # asked for explicitly: emulated, but honoured
     with pytest.raises(amp_mod.AmpUnsupportedError, match="fp16 needs a CUDA"):
         amp_mod.resolve_amp("fp16", "cpu")
+    # auto on CUDA: bf16 only with bf16 tensor cores. is_bf16_supported() is True on a T4 or V100 too (bf16
+    # is emulated there, slower than fp16), so the compute capability decides.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    monkeypatch.setattr(torch.version, "hip", None)
+    for capability, auto in (((7, 5), torch.float16), ((7, 0), torch.float16), ((8, 0), torch.bfloat16),
+                             ((9, 0), torch.bfloat16)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        assert amp_mod.resolve_amp("auto", "cuda") is auto, capability
+        assert amp_mod.resolve_amp("bf16", "cuda") is torch.bfloat16  # asked for explicitly: honoured
+    monkeypatch.undo()
     assert amp_mod.make_scaler(torch.bfloat16, "cpu") is None
     assert amp_mod.make_scaler(None, "cpu") is None
     assert isinstance(amp_mod.make_scaler(torch.float16, "cpu"), torch.amp.GradScaler)

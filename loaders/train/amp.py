@@ -14,6 +14,7 @@ __all__ = [
     "AmpUnsupportedError",
     "autocast",
     "cpu_has_native_bf16",
+    "cuda_has_native_bf16",
     "make_scaler",
     "resolve_amp",
 ]
@@ -33,6 +34,14 @@ def cpu_has_native_bf16() -> bool:
         return False
 
 
+def cuda_has_native_bf16(device: torch.device | str) -> bool:
+    """True on GPUs with bf16 tensor cores (compute capability >= 8: Ampere on; ROCm). On older ones
+    ``torch.cuda.is_bf16_supported()`` is still True, since bf16 is emulated there, and slower than fp16."""
+    if torch.version.hip:
+        return True
+    return torch.cuda.get_device_capability(torch.device(device))[0] >= 8
+
+
 def resolve_amp(amp: str, device: torch.device | str) -> torch.dtype | None:
     """``--amp`` -> the autocast dtype (``None``: full fp32).
 
@@ -48,7 +57,7 @@ def resolve_amp(amp: str, device: torch.device | str) -> torch.dtype | None:
     if device.type == "cuda":
         bf16_ok = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
         if amp == "auto":
-            return torch.bfloat16 if bf16_ok else torch.float16
+            return torch.bfloat16 if bf16_ok and cuda_has_native_bf16(device) else torch.float16
         if amp == "bf16" and not bf16_ok:
             raise AmpUnsupportedError(
                 f"--amp bf16: {torch.cuda.get_device_name(device)} has no bf16 support; use --amp fp16"

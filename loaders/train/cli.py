@@ -64,6 +64,8 @@ def _check_model(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--ckpt-every", type=click.IntRange(min=0), default=0,
               help="Optimizer steps between checkpoints (0: end of each epoch only).")
 @click.option("--resume", is_flag=True, help="Continue from OUT/checkpoint.pt, mid-epoch if it was written so.")
+@click.option("--overwrite", is_flag=True,
+              help="Start over in an OUT that holds a run: removes that run's files there (only those), not others.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar [default: when on a terminal].")
 @click.option("--stop-after-steps", type=click.IntRange(min=1), default=None, hidden=True,
               help="Testing: exit hard (os._exit) after this many optimizer steps, like a crash.")
@@ -72,11 +74,12 @@ def train(
     lr: float, optimizer: str, momentum: float, weight_decay: float, warmup_epochs: float,
     label_smoothing: float, clip_grad: float | None, augment: str, crop: int | None, workers: int,
     loader: str, in_memory: str, device: str, seed: int, compile_: bool, deterministic: bool, log_every: int,
-    ckpt_every: int, resume: bool, progress: bool | None, stop_after_steps: int | None,
+    ckpt_every: int, resume: bool, overwrite: bool, progress: bool | None, stop_after_steps: int | None,
 ) -> None:
     """Train a classifier on a cachebuild CACHE: cache -> loader -> device transforms -> model.
 
     Run under `torchrun --nproc_per_node N -m loaders.train ...` for DDP (one process per GPU; gloo on CPU).
+    An OUT that already holds a run is refused unless --resume (continue it) or --overwrite (start over).
     """
     from loaders.train.amp import resolve_amp
     from loaders.train.distributed import resolve_device
@@ -97,7 +100,7 @@ def train(
             warmup_epochs=warmup_epochs, label_smoothing=label_smoothing, clip_grad=clip_grad, augment=augment,
             crop=crop, workers=workers, loader=loader, in_memory=in_memory, device=device, seed=seed,
             compile=compile_, deterministic=deterministic, log_every=log_every, ckpt_every=ckpt_every,
-            resume=resume, progress=progress, stop_after_steps=stop_after_steps,
+            resume=resume, overwrite=overwrite, progress=progress, stop_after_steps=stop_after_steps,
         )
     except OptionError as e:
         raise click.UsageError(str(e)) from None

@@ -94,6 +94,7 @@ def train_one_epoch(
     accum: int = 1,
     num_batches: int | None = None,
     start_batch: int = 0,
+    num_samples: int | None = None,
     scheduler: Any | None = None,
     scaler: torch.amp.GradScaler | None = None,
     amp_dtype: torch.dtype | None = None,
@@ -112,6 +113,11 @@ def train_one_epoch(
     weighed like a full one (for equal micro-batch sizes, one window = one batch of their union). The
     scheduler steps once per optimizer step. Under DDP, micro-batches that do not update run in
     ``no_sync()`` so gradients are all-reduced once per window.
+
+    ``num_samples`` (this process's samples in the whole epoch) weighs each micro-batch by its share of
+    its window's samples instead, so that a short last micro-batch (the rest a loader without
+    ``drop_last`` yields) counts per sample like the others and every window equals one batch of their
+    union; every micro-batch but the epoch's last must then be full, or ValueError.
 
     ``num_batches`` is the length of the *whole* epoch (default: ``start_batch + len(batches)``);
     ``start_batch`` > 0 resumes mid-epoch, with ``batches`` yielding from that micro-batch on (it must
@@ -147,6 +153,8 @@ def train_one_epoch(
                            "wait": 0.0}
     t_start = t_win = t_prev = time.perf_counter()
     wait_total = 0.0
+    w_expected = w_seen = 0  # samples of the current window: expected (from num_samples), seen
+    step_lr = 0.0  # the LR the last optimizer step applied (the scheduler moves it on right after)
     it = iter(batches)
     while True:
         t0 = time.perf_counter()
@@ -165,13 +173,17 @@ def train_one_epoch(
         y = y.to(device, non_blocking=True)
         window = window_size(b, num_batches, accum)
         update = (b + 1) % accum == 0 or b + 1 == num_batches
+        if num_samples is not None and b % accum == 0:
+            # Only the epoch's last micro-batch may be short, so a window's first one gives its sample count.
+            w_expected = len(y) if window == 1 else min(window * len(y), num_samples - b * len(y))
+            w_seen = 0
         sync = contextlib.nullcontext() if update or not can_skip_sync else model.no_sync()  # type: ignore[operator]
         if transform is not None:  # outside autocast: the transforms choose their own output dtype
             x = transform(x, batch[2]) if len(batch) > 2 else transform(x)
         with sync:
             with autocast(device, amp_dtype):
                 loss = loss_fn(_unwrap_logits(model(x)), y)
-            scaled = loss / window
+            scaled = loss / window if num_samples is None else loss * (len(y) / w_expected)
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
 
         loss_d = loss.detach().to(torch.float64)
@@ -182,8 +194,14 @@ def train_one_epoch(
         samples += len(y)
         b += 1
 
+        if num_samples is not None:
+            w_seen += len(y)
+            if update and w_seen != w_expected:  # checked before the step: the weights stay as they were
+                raise ValueError(f"micro-batches {b - window}-{b - 1} held {w_seen} samples, {w_expected} expected "
+                                 f"from num_samples={num_samples}: all but the epoch's last must be full")
         if update:
             did_skip = False
+            step_lr = float(optimizer.param_groups[0]["lr"])
             if scaler is not None:
                 if clip_grad is not None:
                     scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
@@ -219,7 +237,7 @@ def train_one_epoch(
                 "batch": b,
                 "step": math.ceil(b / accum),
                 "loss": float(stats[0]) / max(float(stats[1]), 1.0),
-                "lr": float(optimizer.param_groups[0]["lr"]),
+                "lr": step_lr,
                 "img_per_s": float(stats[2]) / elapsed if elapsed > 0 else 0.0,
                 "data_wait": float(stats[3] / stats[4]) if stats[4] > 0 else 0.0,
             }

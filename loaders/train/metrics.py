@@ -8,13 +8,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricsWriter", "plot_metrics", "read_metrics"]
+from cachebuild.atomic import write_bytes_atomic
+
+__all__ = ["MetricsWriter", "drop_records_after", "plot_metrics", "read_metrics"]
 
 
 class MetricsWriter:
     """Appends records to a JSON-lines file; disabled writers (ranks other than 0) drop everything.
 
-    Each record is flushed at once, so a killed run keeps what it logged, and a resumed run appends.
+    Each record is flushed at once, so a killed run keeps what it logged; a resumed run appends, once
+    :func:`drop_records_after` has removed what was logged after its checkpoint.
     """
 
     def __init__(self, path: str | os.PathLike[str], enabled: bool = True) -> None:
@@ -47,6 +50,32 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 continue
     return out
+
+
+def drop_records_after(path: str | os.PathLike[str], global_step: int) -> int:
+    """Rewrite a metrics file without its records past optimizer step ``global_step`` and its torn lines.
+
+    For a resume from a checkpoint of that step: the steps after it are trained and logged again, and
+    a line torn by a kill would swallow the first record appended to it. Returns the lines dropped.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    keep = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        step = record.get("global_step") if isinstance(record, dict) else None
+        if isinstance(step, int) and step > global_step:
+            continue
+        keep.append(line)
+    if len(keep) < len(lines) or (text and not text.endswith("\n")):
+        write_bytes_atomic(path, "".join(f"{line}\n" for line in keep).encode("utf-8"), durable=False)
+    return len(lines) - len(keep)
 
 
 def plot_metrics(metrics: str | os.PathLike[str], png: str | os.PathLike[str]) -> Path:

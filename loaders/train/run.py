@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cachebuild.atomic import write_bytes_atomic
+from cachebuild.atomic import is_temporary_name, write_bytes_atomic
 from cachebuild.errors import CacheBuildError, OptionError
 from cachebuild.options import (
     parse_bool,
@@ -49,7 +49,7 @@ from loaders.train.distributed import (
     init_distributed,
 )
 from loaders.train.loop import StepInfo, evaluate, num_optimizer_steps, train_one_epoch
-from loaders.train.metrics import MetricsWriter, plot_metrics
+from loaders.train.metrics import MetricsWriter, drop_records_after, plot_metrics
 from loaders.train.models import build_model
 
 __all__ = [
@@ -57,6 +57,7 @@ __all__ = [
     "IN_MEMORY",
     "LOADERS",
     "OPTIMIZERS",
+    "RUN_FILES",
     "STOP_EXIT_CODE",
     "TrainConfig",
     "TrainSetupError",
@@ -74,6 +75,12 @@ LOADERS: tuple[str, ...] = ("auto", "dataloader", "threads")
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
 STOP_EXIT_CODE = 75  # --stop-after-steps: a hard exit (os._exit) that tests treat as a crash
 CHECKPOINT_NAME = "checkpoint.pt"
+METRICS_NAME = "metrics.jsonl"
+# Every file a run writes into --out; --overwrite removes these (and their temporaries), nothing else.
+RUN_FILES: tuple[str, ...] = (CHECKPOINT_NAME, METRICS_NAME, "metrics.png", "config.json", "summary.json")
+# Settings a resume must keep: the optimizer and LR schedule are restored from the checkpoint, so a
+# changed value would be ignored silently (more --epochs would train at the old schedule's final LR, 0).
+SCHEDULE_KEYS: tuple[str, ...] = ("epochs", "warmup_epochs", "lr", "optimizer", "momentum", "weight_decay")
 
 
 class TrainSetupError(CacheBuildError, ValueError):
@@ -115,6 +122,7 @@ class TrainConfig:
     log_every: int = 20  # optimizer steps
     ckpt_every: int = 0  # optimizer steps; 0: at the end of each epoch only
     resume: bool = False
+    overwrite: bool = False  # a fresh run into an --out holding a run: remove that run's files first
     progress: bool | None = None  # None: when stderr is a terminal
     stop_after_steps: int | None = None  # testing: hard exit after this many optimizer steps
 
@@ -146,8 +154,11 @@ class TrainConfig:
         if not isinstance(self.device, str) or not _DEVICE.fullmatch(self.device):
             raise OptionError(f"device must be cpu, cuda, cuda:N or auto; got {self.device!r}")
         parse_int("seed", self.seed)
-        for name in ("compile", "deterministic", "resume"):
+        for name in ("compile", "deterministic", "resume", "overwrite"):
             parse_bool(name, getattr(self, name))
+        if self.resume and self.overwrite:
+            raise OptionError("resume and overwrite exclude each other: --resume continues the run in --out, "
+                              "--overwrite starts it over")
         parse_int("log_every", self.log_every, 0)
         parse_int("ckpt_every", self.ckpt_every, 0)
         parse_optional_bool("progress", self.progress)
@@ -233,6 +244,8 @@ def _build_data(cfg: TrainConfig, info: DistInfo) -> _Data:
 
     in_memory: bool | str = {"yes": True, "no": False}.get(cfg.in_memory, cfg.in_memory)
     train_ds = CachedImageDataset(cfg.train, in_memory=in_memory)
+    # A letterboxed (--fit pad) cache: batches carry each sample's valid box, so crops stay off the bars.
+    train_ds.return_boxes = "boxes" in train_ds.manifest.arrays
     classes = list(train_ds.classes)
     h, w, c = (int(s) for s in train_ds.shape)
     shape = (h, w, c)
@@ -337,6 +350,18 @@ def _fit(cfg: TrainConfig, info: DistInfo, echo: Callable[[str], None]) -> dict[
     main = info.is_main
     say = echo if main else (lambda _msg: None)
     amp_dtype = resolve_amp(cfg.amp, info.device)
+    out = Path(cfg.out)
+    stale: list[Path] = []  # --overwrite: the previous run's files, removed just before the first write
+    if not cfg.resume:
+        # Rank 0's view decides for every rank, so that all ranks refuse together (none waits in a collective).
+        names: list[str] = all_gather_objects([f.name for f in _run_files(out)] if main else None)[0]
+        held = [n for n in names if n in RUN_FILES]
+        if held and not cfg.overwrite:
+            raise TrainSetupError(
+                f"{out} already holds a run ({', '.join(held)}): pass --resume to continue it, another --out "
+                f"for a new run, or --overwrite to start over (removes only those files)"
+            )
+        stale = [out / n for n in names] if main and cfg.overwrite else []
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.benchmark = False
@@ -344,19 +369,27 @@ def _fit(cfg: TrainConfig, info: DistInfo, echo: Callable[[str], None]) -> dict[
         torch.backends.cudnn.benchmark = True
 
     data = _build_data(cfg, info)
-    out = Path(cfg.out)
     ckpt_path = out / CHECKPOINT_NAME
     data.sampler.set_epoch(0)
     num_batches = math.ceil(data.sampler.num_samples / cfg.batch_size)  # the whole epoch, not what is left
     steps_per_epoch = num_optimizer_steps(num_batches, cfg.accum)
     layout = {"batch_size": cfg.batch_size, "accum": cfg.accum, "world_size": info.world_size,
               "train_count": len(data.train_ds)}
+    schedule = {k: getattr(cfg, k) for k in SCHEDULE_KEYS}
 
     state = None
     if cfg.resume:
         if not ckpt_path.is_file():
             raise TrainSetupError(f"--resume: no checkpoint at {ckpt_path}")
         state = load_checkpoint(ckpt_path, model_name=cfg.model, num_classes=len(data.classes), layout=layout)
+        saved = state.get("layout", {})
+        diff = [f"{k}: checkpoint {saved[k]!r} vs now {v!r}" for k, v in schedule.items()
+                if k in saved and saved[k] != v]  # checkpoints of earlier releases do not hold them
+        if diff:
+            raise CheckpointError(
+                f"{ckpt_path}: cannot resume with another optimizer or LR schedule ({', '.join(diff)}); the "
+                f"checkpoint's would be used: pass its values, or start over (another --out, or --overwrite)"
+            )
 
     torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
     raw_model = build_model(cfg.model, len(data.classes), image_size=data.crop).to(info.device)
@@ -379,6 +412,8 @@ def _fit(cfg: TrainConfig, info: DistInfo, echo: Callable[[str], None]) -> dict[
         if info.device.type == "cuda":
             torch.cuda.init()
         restore_rng(state["rng"][info.rank])  # the layout check made sure the world size is the same
+        if main:  # what was logged after the checkpoint is trained (and logged) again: drop it
+            drop_records_after(out / METRICS_NAME, global_step)
 
     eval_model: nn.Module = torch.compile(raw_model) if cfg.compile else raw_model  # type: ignore[assignment]
     model = eval_model
@@ -387,7 +422,9 @@ def _fit(cfg: TrainConfig, info: DistInfo, echo: Callable[[str], None]) -> dict[
             eval_model, device_ids=[info.device.index] if info.device.type == "cuda" else None
         )
     loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
-    metrics = MetricsWriter(out / "metrics.jsonl", enabled=main)
+    for f in stale:
+        f.unlink(missing_ok=True)
+    metrics = MetricsWriter(out / METRICS_NAME, enabled=main)
     progress = cfg.progress if cfg.progress is not None else (main and sys.stderr.isatty())
     n_params = sum(p.numel() for p in raw_model.parameters())
     resolved = {
@@ -426,8 +463,8 @@ def _fit(cfg: TrainConfig, info: DistInfo, echo: Callable[[str], None]) -> dict[
         sampler_state.update(epoch=epoch, position=batch * cfg.batch_size)
         save_checkpoint(ckpt_path, model=model, optimizer=optimizer, model_name=cfg.model,
                         num_classes=len(data.classes), epoch=epoch, batch=batch, global_step=step,
-                        scaler=scaler, scheduler=scheduler, sampler=_plain(sampler_state), layout=layout,
-                        rng=rng)
+                        scaler=scaler, scheduler=scheduler, sampler=_plain(sampler_state),
+                        layout={**layout, **schedule}, rng=rng)
 
     last: dict[str, Any] = {}
     history: list[dict[str, Any]] = []
@@ -460,8 +497,8 @@ def _fit(cfg: TrainConfig, info: DistInfo, echo: Callable[[str], None]) -> dict[
         res = train_one_epoch(
             model, _on_device(data.loader, info.device), optimizer,
             loss_fn=loss_fn, transform=data.train_tf, accum=cfg.accum, num_batches=num_batches,
-            start_batch=skip, scheduler=scheduler, scaler=scaler, amp_dtype=amp_dtype,
-            device=info.device, clip_grad=cfg.clip_grad, log_every=cfg.log_every, on_log=on_log,
+            start_batch=skip, num_samples=data.sampler.num_samples, scheduler=scheduler, scaler=scaler,
+            amp_dtype=amp_dtype, device=info.device, clip_grad=cfg.clip_grad, log_every=cfg.log_every, on_log=on_log,
             on_step=on_step, progress=progress, desc=f"epoch {epoch + 1}/{cfg.epochs}",
         )
         global_step = steps_before + steps_per_epoch
@@ -496,8 +533,8 @@ def _fit(cfg: TrainConfig, info: DistInfo, echo: Callable[[str], None]) -> dict[
     }
     if main:
         png = None
-        if (out / "metrics.jsonl").is_file():
-            png = plot_metrics(out / "metrics.jsonl", out / "metrics.png")
+        if (out / METRICS_NAME).is_file():
+            png = plot_metrics(out / METRICS_NAME, out / "metrics.png")
         _write_json(out / "summary.json", summary)
         say("")
         say(f"cache       {cfg.train}" + (f"  (val {cfg.val})" if cfg.val else ""))
@@ -515,6 +552,15 @@ def _fit(cfg: TrainConfig, info: DistInfo, echo: Callable[[str], None]) -> dict[
             say("nothing to do: the checkpoint is already past the last epoch")
         say(f"run         {out}: {CHECKPOINT_NAME}, metrics.jsonl, {png.name if png else '-'}, config.json")
     return summary
+
+
+def _run_files(out: Path) -> list[Path]:
+    """The files of a run in ``out``: :data:`RUN_FILES` and temporaries that a killed write of one left."""
+    if not out.is_dir():
+        return []
+    return [f for f in sorted(out.iterdir()) if f.is_file() and (
+        f.name in RUN_FILES
+        or (is_temporary_name(f.name) and any(f.name.startswith(f".{name}.") for name in RUN_FILES)))]
 
 
 def _mean(xs: list[float]) -> float:
