@@ -11,7 +11,7 @@ import importlib
 
 from cachebuild.errors import UnsupportedFormatError
 from cachebuild.storage.base import Backend, ImageStore, Sink
-from cachebuild.storage.block_cache import BlockCache
+from cachebuild.storage.block_cache import BlockCache, BlockCacheFullError
 from cachebuild.storage.location import FsspecLocation, LocalLocation, Location, open_location
 from cachebuild.storage.names import check_name, is_url, redact
 
@@ -19,6 +19,7 @@ __all__ = [
     "DEFAULT_STORAGE",
     "Backend",
     "BlockCache",
+    "BlockCacheFullError",
     "FsspecLocation",
     "ImageStore",
     "LocalLocation",

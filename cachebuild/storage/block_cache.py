@@ -12,10 +12,12 @@ A block is written (``pwrite``) before its table entry, so a reader never trusts
 there; concurrent fetches of one block write identical bytes. Each process checks a block's checksum the
 first time it uses it (a damaged or half-written block is fetched again), then reads rows straight from
 the page cache through a memory map. Whole remote objects (compressed zarr chunks) are kept as
-``<key>.obj`` files with a checksum trailer, written atomically.
+``<key>.obj`` files with a checksum trailer, written atomically. A disk with no room for a block (or for a
+table, whose pages are allocated when it is opened) is a :class:`BlockCacheFullError` naming the folder.
 
 Keys name immutable content: the reader derives them from the cache's build key and the file name, so
-a rebuilt cache never meets another cache's blocks. The folder is bounded: when it holds more than
+a rebuilt cache never meets another cache's blocks (and a block size other than the default is part of the
+key: a table means something at one block size only). The folder is bounded: when it holds more than
 ``max_bytes`` one process at a time (``flock``) deletes the least recently opened files. A file deleted
 while another process has it mapped stays valid for that process (POSIX keeps the inode).
 """
@@ -23,10 +25,12 @@ while another process has it mapped stays valid for that process (POSIX keeps th
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import mmap
 import os
+import shutil
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -35,9 +39,9 @@ from pathlib import Path
 import numpy as np
 
 from cachebuild.atomic import AtomicFile, is_temporary_name
-from cachebuild.errors import OptionError
+from cachebuild.errors import CacheBuildError, OptionError
 
-__all__ = ["DEFAULT_BLOCK_BYTES", "DEFAULT_MAX_BYTES", "BlockCache", "CachedFile"]
+__all__ = ["DEFAULT_BLOCK_BYTES", "DEFAULT_MAX_BYTES", "BlockCache", "BlockCacheFullError", "CachedFile"]
 
 DEFAULT_BLOCK_BYTES = 1 << 20  # 1 MiB: ~7 rows at 224; a shuffled cold epoch fetches each block once
 DEFAULT_MAX_BYTES = 64 << 30
@@ -46,6 +50,10 @@ _EVICT_EVERY = 1 / 16  # check the bound after fetching this fraction of it
 STALE_TMP_S = 3600.0  # a temporary file this old belongs to a writer that died
 
 Fetch = Callable[[Sequence[tuple[int, int]]], list[bytes]]
+
+
+class BlockCacheFullError(CacheBuildError, OSError):
+    """The disk holding a block cache has no room for a block: the local copy, not the cache read, is at fault."""
 
 
 def _crc(data: bytes | memoryview | np.ndarray) -> int:
@@ -70,6 +78,16 @@ class CachedFile:
         self._crc_fd = os.open(self.crc_path, os.O_RDWR | os.O_CREAT, 0o664)
         if os.fstat(self._crc_fd).st_size != self.nblocks * 8:
             os.ftruncate(self._crc_fd, self.nblocks * 8)
+        # The table is written through a memory map: a store into a page the disk has no room for is a SIGBUS
+        # that kills the process, so its pages are allocated now, where a full disk is an error.
+        try:
+            os.posix_fallocate(self._crc_fd, 0, self.nblocks * 8)
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                os.close(self._fd)
+                os.close(self._crc_fd)
+                raise cache.full_error(self.crc_path) from None
+            # EOPNOTSUPP, EINVAL: a filesystem that cannot preallocate; tables are small, go on
         self._crc_map = mmap.mmap(self._crc_fd, self.nblocks * 8)
         self.table = np.frombuffer(self._crc_map, dtype=np.uint64)
         self._data_map = mmap.mmap(self._fd, size, prot=mmap.PROT_READ) if size else None
@@ -117,8 +135,8 @@ class CachedFile:
             runs = np.split(todo, np.flatnonzero(np.diff(todo) != 1) + 1)
             spans = [(int(r[0]) * self.block, min(self.size, (int(r[-1]) + 1) * self.block)) for r in runs]
             for (lo, hi), data in zip(spans, fetch(spans), strict=True):
-                os.pwrite(self._fd, data, lo)
                 view = memoryview(data)
+                self._write(view, lo)
                 for b in range(lo // self.block, -(-hi // self.block)):
                     a, z = b * self.block - lo, min(hi, (b + 1) * self.block) - lo
                     self.table[b] = _PRESENT | np.uint64(_crc(view[a:z]))  # after the data: never trusted early
@@ -127,6 +145,21 @@ class CachedFile:
         finally:
             for start, length in locked:
                 fcntl.lockf(self._crc_fd, fcntl.LOCK_UN, length, start)
+
+    def _write(self, view: memoryview, lo: int) -> None:
+        """Write all of ``view`` at ``lo``. A nearly full disk makes ``pwrite`` write less than asked without an
+        error; the rest stays a hole that reads as zeros, which this process would then serve as pixels."""
+        done = 0
+        try:
+            while done < len(view):
+                n = os.pwrite(self._fd, view[done:], lo + done)
+                if n <= 0:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                done += n
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise self.cache.full_error(self.data_path) from None
+            raise
 
     def close(self) -> None:
         self.table = self.data = None  # type: ignore[assignment]
@@ -159,7 +192,22 @@ class BlockCache:
         return hashlib.sha256("\0".join(parts).encode("utf-8", "surrogateescape")).hexdigest()[:40]
 
     def file(self, key: str, size: int) -> CachedFile:
+        # A block table only means something at one block size: readers of another size (a BlockCache made
+        # with block_bytes=..., another cachebuild version) get their own files, or each would resize the
+        # other's mapped table (a SIGBUS) and overwrite its entries.
+        if self.block_bytes != DEFAULT_BLOCK_BYTES:
+            key = self.key(key, f"block_bytes={self.block_bytes}")
         return CachedFile(self, key, size)
+
+    def full_error(self, path: Path) -> BlockCacheFullError:
+        """The error for a disk that has no room for the block cache (named, with what to do about it)."""
+        try:
+            free = f"{shutil.disk_usage(self.folder).free >> 20} MiB free"
+        except OSError:
+            free = "free space unknown"
+        return BlockCacheFullError(errno.ENOSPC, f"block cache {self.folder} is out of disk space ({free}) writing "
+                                   f"{path.name}; free space there, or pass local_cache_bytes below what it has "
+                                   f"free (now {self.max_bytes >> 20} MiB)")
 
     def _object_path(self, key: str) -> Path:
         return self.folder / key[:2] / f"{key}.obj"
@@ -171,7 +219,8 @@ class BlockCache:
             blob = path.read_bytes()
         except FileNotFoundError:
             return None
-        if len(blob) >= 4 and _crc(memoryview(blob)[:-4]) == int.from_bytes(blob[-4:], "little"):
+        # > 4: no object kept is empty, and 4 zero bytes (a crash's zero-filled file) pass crc32(b"") == 0.
+        if len(blob) > 4 and _crc(memoryview(blob)[:-4]) == int.from_bytes(blob[-4:], "little"):
             os.utime(path)
             return blob[:-4]
         path.unlink(missing_ok=True)  # damaged: fetch again
@@ -180,9 +229,14 @@ class BlockCache:
     def store_object(self, key: str, data: bytes) -> None:
         path = self._object_path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with AtomicFile(path) as f:
-            f.file.write(data)
-            f.file.write(_crc(data).to_bytes(4, "little"))
+        try:
+            with AtomicFile(path) as f:
+                f.file.write(data)
+                f.file.write(_crc(data).to_bytes(4, "little"))
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise self.full_error(path) from None
+            raise
         self.fetched(len(data))
 
     def fetched(self, nbytes: int) -> None:

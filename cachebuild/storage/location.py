@@ -290,6 +290,11 @@ class _ShortRead(OSError):
     """A range read that came back shorter than asked (a connection that closed early)."""
 
 
+class _RangeIgnored(OSError):
+    """A range read that came back longer than asked: the server sent the whole file (200, not 206). Not
+    transient: asking again fetches the whole file again."""
+
+
 def _status(exc: BaseException) -> int | None:
     return getattr(exc, "status", None) or getattr(exc, "code", None)
 
@@ -378,6 +383,9 @@ class FsspecLocation(Location):
         if isinstance(exc, PermissionError) or status in (401, 403):
             return RemoteError(f"{where}: access denied{f' (HTTP {status})' if status else ''}; check the "
                                f"credentials for this store (its standard environment variables or config files)")
+        if isinstance(exc, _RangeIgnored):
+            return RemoteError(f"{where}: the server ignores HTTP Range requests ({exc}); serve the cache from one "
+                               f"that answers them with 206 (nginx, Apache, object stores), or `cachebuild pull` it")
         kind = type(exc).__name__
         detail = str(exc).replace(self.url, redact(self.url))
         if len(detail) > 200:
@@ -499,6 +507,8 @@ class FsspecLocation(Location):
             for (start, end), data in zip(ranges, got, strict=True):
                 if isinstance(data, BaseException):
                     raise data
+                if len(data) > end - start:
+                    raise _RangeIgnored(f"bytes [{start}, {end}) came back as {len(data)} bytes")
                 if len(data) != end - start:
                     raise _ShortRead(f"bytes [{start}, {end}) came back as {len(data)} bytes")
                 out.append(bytes(data))

@@ -24,7 +24,7 @@ import numpy as np
 
 from cachebuild.errors import CacheChangedError, CacheCorruptError, RemoteError, RemoteNotFoundError
 from cachebuild.storage.base import ImageStore
-from cachebuild.storage.block_cache import BlockCache
+from cachebuild.storage.block_cache import BlockCache, BlockCacheFullError
 from cachebuild.storage.location import RETRY_ATTEMPTS, FsspecLocation, Location, is_transient
 from cachebuild.storage.rows import RowFiles, Segment
 from cachebuild.storage.zarr_write import ZARR_NAME
@@ -225,7 +225,7 @@ class ZarrImages(ImageStore):
         # zarr reads each touched chunk once for the whole sorted selection.
         try:
             block = self.array().get_orthogonal_selection((idx[order],))
-        except (CacheCorruptError, CacheChangedError):
+        except (CacheCorruptError, CacheChangedError, BlockCacheFullError):  # a full local disk is not a damaged chunk
             raise
         except Exception as e:  # a codec's own error (zstd, blosc...): find and name the chunk
             raise self._damaged(idx, e) from None
