@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import logging
 import os
 import re
 import tarfile
@@ -20,10 +21,13 @@ from cachebuild.sources.recipe import with_recipe
 
 __all__ = ["SPLITS", "imagenet_plans"]
 
+log = logging.getLogger("cachebuild")
+
 SPLITS = ("train", "val")
 DEVKIT = "ILSVRC2012_devkit_t12"
 KAGGLE_TREE = Path("ILSVRC") / "Data" / "CLS-LOC"
 _VAL_NUMBER = re.compile(r"ILSVRC2012_val_(\d+)")
+_WNID = re.compile(r"n\d{8}")
 
 
 def _locate(src: Path) -> tuple[Path, Path, list[str]]:
@@ -36,19 +40,23 @@ def _locate(src: Path) -> tuple[Path, Path, list[str]]:
         data = src / KAGGLE_TREE
         return data, src, [s for s in SPLITS if (data / s).is_dir()]
     present = [s for s in SPLITS if (src / s).is_dir()]
-    if present:
-        return src, src, present
+    if present:  # the root, or Kaggle's ILSVRC/Data/CLS-LOC/ named directly (its labels 3 levels up)
+        return src, _label_root(src), present
     if src.name in SPLITS:  # one split folder given: labels live beside it (or 3 levels up on Kaggle)
-        meta = src.parent
-        for up in (src.parent, *src.parent.parents[:3]):
-            if (up / DEVKIT).exists() or (up / f"{DEVKIT}.tar.gz").exists() or (up / "LOC_val_solution.csv").exists():
-                meta = up
-                break
-        return src.parent, meta, [src.name]
+        return src.parent, _label_root(src.parent), [src.name]
     raise SourceError(
         f"{src} is not an ImageNet layout: expected train/ and/or val/ inside it (or ILSVRC/Data/CLS-LOC/ "
         f"for the Kaggle download); for any other class-folder tree use `cachebuild folder`"
     )
+
+
+def _label_root(folder: Path) -> Path:
+    """The folder holding the val labels (devkit or Kaggle's CSV): ``folder`` or one of its 3 parents
+    (Kaggle's ILSVRC/Data/CLS-LOC/), else ``folder``."""
+    for up in (folder, *folder.parents[:3]):
+        if (up / DEVKIT).exists() or (up / f"{DEVKIT}.tar.gz").exists() or (up / "LOC_val_solution.csv").exists():
+            return up
+    return folder
 
 
 def _devkit_labels(meta_root: Path) -> tuple[list[str], dict[int, str], list[int], dict[str, str]]:
@@ -99,11 +107,26 @@ def _kaggle_labels(meta_root: Path) -> tuple[list[str], dict[str, str], dict[str
     return wnids, labels, words
 
 
+def _flat_images(folder: Path) -> tuple[list[str], list[str]]:
+    """(image file names directly in ``folder``, its sub-folders), both sorted."""
+    with os.scandir(folder) as entries:
+        listed = [(e.name, e.is_dir()) for e in entries]
+    return (sorted(n for n, d in listed if not d and n.lower().endswith(IMG_EXTENSIONS)),
+            sorted(n for n, d in listed if d))
+
+
 def _flat_val_plan(val_dir: Path, meta_root: Path, train_classes: list[str] | None) -> Plan:
-    with os.scandir(val_dir) as entries:
-        files = sorted(e.name for e in entries if not e.is_dir() and e.name.lower().endswith(IMG_EXTENSIONS))
+    files, folders = _flat_images(val_dir)
     if not files:
         raise SourceError(f"{val_dir} holds no image files")
+    # Images and wnid folders side by side: a valprep.sh that stopped half-way; either reading drops samples.
+    wnid_folders = [d for d in folders if _WNID.fullmatch(d)]
+    if wnid_folders:
+        raise SourceError(
+            f"{val_dir} holds both {len(files)} images and class folders ({', '.join(wnid_folders[:3])}, ...): "
+            f"finish sorting them into class folders (valprep.sh) or move them all back flat")
+    if folders:  # __MACOSX/, .ipynb_checkpoints/: not classes of a flat val
+        log.warning("%s: flat val (labelled by its ground truth); sub-folders %s ignored", val_dir, folders[:5])
     words: dict[str, str] = {}
     if (meta_root / "LOC_val_solution.csv").is_file():
         classes, by_id, words = _kaggle_labels(meta_root)
@@ -148,16 +171,17 @@ def imagenet_plans(src: str | os.PathLike[str], split: str = "all") -> list[Plan
     wanted = present if split == "all" else [split]
     if split != "all" and split not in present:
         raise SourceError(f"{data} has no {split}/ folder (found: {', '.join(present) or 'none'})")
-    train_classes = find_classes(data / "train") if "train" in present else None
+    # val is labelled by train's classes, also when only the val folder was named (its train/ beside it):
+    # a val missing a class folder must not renumber the classes after it.
+    train_classes = find_classes(data / "train") if (data / "train").is_dir() else None
     plans = []
     for s in wanted:
         folder = data / s
-        with os.scandir(folder) as entries:
-            has_class_dirs = any(e.is_dir() for e in entries)
-        if has_class_dirs:
-            plan = folder_plan(folder, dataset="imagenet", split=s, classes=train_classes)
-        elif s == "val":
+        images, folders = _flat_images(folder)
+        if s == "val" and images:  # flat, labelled by the devkit or Kaggle's CSV (stray sub-folders aside)
             plan = _flat_val_plan(folder, meta_root, train_classes)
+        elif folders:
+            plan = folder_plan(folder, dataset="imagenet", split=s, classes=train_classes)
         else:
             raise SourceError(f"{folder} has no class folders (expected {folder}/nXXXXXXXX/*.JPEG)")
         plans.append(with_recipe(plan, "imagenet", src, split=s))

@@ -22,6 +22,7 @@ import logging
 import os
 import posixpath
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -168,7 +169,10 @@ def list_shards(src: str | os.PathLike[str], suffixes: tuple[str, ...], what: st
             if info.get("size") is None:
                 raise SourceError(f"{url}: the server does not tell its size (no Content-Length), so it cannot "
                                   f"be read by range")
-            shards.append(Shard(url[len(root):].lstrip("/"), url, int(info["size"]), _version(info)))
+            name = url[len(root):].lstrip("/")
+            if src.split("://", 1)[0].lower() in ("http", "https"):  # index pages link names percent-encoded:
+                name = urllib.parse.unquote(name)  # decoded, they sort (and read in provenance) as the local copy's
+            shards.append(Shard(name, url, int(info["size"]), _version(info)))
     else:
         root, paths = _local_shards(src, suffixes)
         for p in paths:

@@ -7,11 +7,13 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from cachebuild.destination import CACHE_SUBFOLDER
 from cachebuild.errors import SourceError
 from cachebuild.sources.folder import IMG_EXTENSIONS
 from cachebuild.sources.plan import Plan
@@ -31,25 +33,34 @@ class UrlFileReader:
     def __call__(self, index: int, key: str) -> bytes:
         if not self._location:
             self._location.append(FsspecLocation(self.root))
-        return self._location[0].read_bytes(key)
+        # Keys are file names (decoded, as on disk); an http(s) path needs them percent-encoded again ('#', '%').
+        return self._location[0].read_bytes(urllib.parse.quote(key) if _is_web(self.root) else key)
+
+
+def _is_web(url: str) -> bool:
+    return url.split("://", 1)[0].lower() in ("http", "https")
 
 
 def _listing(url: str) -> dict[str, dict[str, Any]]:
+    """Relative file name -> fsspec info. HTTP index pages link percent-encoded URLs (``caf%C3%A9/``): names
+    are decoded, so that classes, their order and keys are the local copy's."""
     fs, path = filesystem(url)
     base = path.rstrip("/")
+    name_of = urllib.parse.unquote if _is_web(url) else str
+    prefix = name_of(fs._strip_protocol(base))
     try:
         found = fs.find(base, detail=True)
     except (FileNotFoundError, OSError) as e:
         raise SourceError(f"{redact(url)} cannot be listed: {type(e).__name__}: {e}") from None
     except Exception as e:  # aiohttp's ClientResponseError (403...) is not an OSError
         raise SourceError(f"{redact(url)} cannot be listed: {type(e).__name__}: {str(e).splitlines()[0]}") from None
-    files = {}
+    files, urls = {}, {}
     for full, info in found.items():
-        rel = fs._strip_protocol(full)[len(fs._strip_protocol(base)):].lstrip("/")
+        rel = name_of(fs._strip_protocol(full))[len(prefix):].lstrip("/")
         if rel and info.get("type", "file") != "directory":
-            files[rel] = info
+            files[rel], urls[rel] = info, full
     unsized = [r for r, i in files.items() if i.get("size") is None]  # HTTP index pages give no sizes
-    for rel, info in zip(unsized, _infos(fs, [f"{base}/{r}" for r in unsized]), strict=True):
+    for rel, info in zip(unsized, _infos(fs, [urls[r] for r in unsized]), strict=True):
         files[rel] = info
     return files
 
@@ -59,7 +70,8 @@ def url_folder_plan(url: str, *, dataset: str = "folder", split: str = "train",
     """Plan the class-folder tree at ``url``: one sub-folder per class, image files below it."""
     root = url.rstrip("/")
     files = _listing(root)
-    found = sorted({rel.split("/", 1)[0] for rel in files if "/" in rel})
+    # As the local tree: .cachebuild/ (caches built inside the tree, then uploaded with it) is not a class.
+    found = sorted({rel.split("/", 1)[0] for rel in files if "/" in rel} - {CACHE_SUBFOLDER})
     if not found:
         raise SourceError(f"{redact(url)} has no class folders: expected one sub-folder of images per class")
     if classes is None:
@@ -69,7 +81,9 @@ def url_folder_plan(url: str, *, dataset: str = "folder", split: str = "train",
                           f"among the {len(classes)} classes of the other split")
     index = {c: i for i, c in enumerate(classes)}
     # ImageFolder's order: class by class, then a sorted walk (folder by folder, files sorted in each).
-    keys = sorted((rel for rel in files if "/" in rel and rel.lower().endswith(IMG_EXTENSIONS)),
+    tops = set(found)
+    keys = sorted((rel for rel in files if "/" in rel and rel.split("/", 1)[0] in tops
+                   and rel.lower().endswith(IMG_EXTENSIONS)),
                   key=lambda r: (index[r.split("/", 1)[0]], posixpath.dirname(r), posixpath.basename(r)))
     if not keys:
         raise SourceError(f"{redact(url)} has class folders but no image files with extensions "
