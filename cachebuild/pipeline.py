@@ -238,6 +238,8 @@ def _build_key(plan: Plan, opts: BuildOptions) -> tuple[str, dict[str, Any]]:
         params["decode_device"] = opts.decode_device
     if opts.interpolation == "antialias":  # the resize policy's switch-over scale: other pixels, another cache
         params["antialias_from"] = ANTIALIAS_FROM
+        if opts.reduced_decode:  # DCT-reduced JPEGs fitted with the source's geometry (decode._fit_reduced):
+            params["reduced_geometry"] = "source"  # other pixels than earlier releases, so never resumed into
     blob = json.dumps({"source": plan.fingerprint, "params": params}, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest(), params
 
