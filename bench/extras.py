@@ -1,6 +1,6 @@
 """The harness's sections that are whole scripts of their own (each also runs alone, ``python bench/X.py``):
-remote reads, compact caches, sharing, planning shard sources. Each runs in a child process on its own data
-(its scripts say how it is made) and its JSON lands in ``results.json`` under the section's name."""
+remote reads, compact caches, sharing, resize quality, planning shard sources. Each runs in a child process on
+its own data (its scripts say how it is made) and its JSON lands in ``results.json`` under the section's name."""
 
 from __future__ import annotations
 
@@ -26,6 +26,9 @@ EXTRA_SECTIONS: dict[str, tuple[str, str, dict[str, list[str]]]] = {
         "tiny": ["--n", "40", "--size", "64", "--rounds", "1"]}),
     "share": ("bench_share.py", "Sharing: pull from a loopback HTTP server, cold / resumed / rerun", {
         "full": ["--mb", "256"], "quick": ["--mb", "64"], "tiny": ["--mb", "4"]}),
+    "quality": ("bench_quality.py", "Resize quality: PSNR against torchvision's PIL Resize + CenterCrop", {
+        "full": ["--n", "1000", "--sizes", "64,96,224"], "quick": ["--n", "300", "--sizes", "64,96,224"],
+        "tiny": ["--n", "20", "--sizes", "32,64"]}),
     "plan": ("bench_plan_sources.py", "Planning shard sources (WebDataset tars, Parquet files)", {
         "full": ["--shards", "100", "--per-shard", "1251", "--jobs", "2"],
         "quick": ["--shards", "20", "--per-shard", "500", "--jobs", "2"],

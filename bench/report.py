@@ -74,7 +74,7 @@ def _flat(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
 
 def _value(v: Any) -> str:
     if isinstance(v, float):
-        return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.0f}"
+        return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.1f}" if abs(v) < 1000 else f"{v:,.0f}"  # dB keep a decimal
     if isinstance(v, list):
         return ", ".join(_value(x) for x in v[:8]) + (" ..." if len(v) > 8 else "")
     return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)

@@ -203,7 +203,7 @@ def test_readme_sections_come_from_the_results_folder(tiny_run, tmp_path: Path) 
 
 
 def test_the_script_sections_run_in_the_harness(tmp_path: Path) -> None:
-    """remote, compact, share, plan: each script runs as a section, its figures land in results.json and
+    """remote, compact, share, quality, plan: each script runs as a section, its figures land in results.json and
     results.md, and they say what the scripts measure (not just that they ran)."""
     from bench.extras import EXTRA_SECTIONS
 
@@ -216,6 +216,9 @@ def test_the_script_sections_run_in_the_harness(tmp_path: Path) -> None:
     assert compact["served_equals_plain_decode"]["simplejpeg"] is True and compact["size"]["jpeg_over_raw"] < 0.5
     assert compact["ffcv_jpeg"] == {"skipped": "peers not requested (--no-ffcv)"}
     assert all(row["rerun"] == "up to date" for row in res["share"]["figures"])
+    quality = res["quality"]["figures"]["psnr_db_64"]  # against torchvision, on 20 real photos
+    assert quality["files"] == 20 and 0 < quality["decoded_reduced"] <= 20
+    assert quality["full_decode"]["median"] >= 45 and quality["default"]["median"] >= 40
     md = (tmp_path / "out" / "results.md").read_text()
     assert all(EXTRA_SECTIONS[s][1] in md for s in EXTRA_SECTIONS) and "http_cold_bytes_vs_needed" in md
 
