@@ -178,6 +178,28 @@ def test_a_changed_source_file_changes_the_fingerprint(imagenet_clean, tmp_path)
         build(folder_plan(src), tmp_path / "c", BuildOptions(size=32, jobs=1))
 
 
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_source_file_rewritten_after_planning_is_skipped_not_built_under_the_old_fingerprint(
+        imagenet_clean, tmp_path, jobs):
+    """The fingerprint is taken when the build plans; a file rewritten before its worker reads it used to
+    be decoded anyway: new pixels under the old (size, mtime). It is a listed skip now, and `status`
+    calls the cache stale, naming the file."""
+    from cachebuild.share.status import cache_status
+
+    src = tmp_path / "src"
+    shutil.copytree(imagenet_clean["train_dir"], src)
+    plan = folder_plan(src)
+    victim = src / plan.keys[3]
+    other = src / plan.keys[20]
+    victim.write_bytes(other.read_bytes())  # another photo in its place, after planning
+    res = build(plan, tmp_path / "c", BuildOptions(size=32, jobs=jobs, block_size=8))
+    m = read_manifest(res.path)
+    assert [f.path for f in m.failures] == [plan.keys[3]] and m.count == len(plan) - 1
+    assert "changed after the build planned it" in m.failures[0].reason
+    report = cache_status(res.path, str(src))
+    assert report.status == "stale" and report.modified == 1 and report.examples["modified"] == [plan.keys[3]]
+
+
 def _cli(*args: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "cachebuild", *args], capture_output=True, text=True, **kw)
 

@@ -54,6 +54,17 @@ class FileReader:
 
     root: str
     max_bytes: int = MAX_FILE_BYTES
+    # (size, mtime_ns) of rows [offset, offset + len(stats)) as the plan fingerprinted them (None: not
+    # checked): a file rewritten after planning would put new pixels under the old fingerprint, so it is
+    # skipped and listed instead, and `cachebuild status` calls the cache stale.
+    stats: np.ndarray | None = field(default=None, compare=False)
+    offset: int = 0
+
+    def for_block(self, start: int, stop: int) -> FileReader:
+        """This reader with only the stats of samples [start, stop) (a block's task pickles KBs)."""
+        if self.stats is None:
+            return self
+        return FileReader(self.root, self.max_bytes, self.stats[start - self.offset : stop - self.offset], start)
 
     def __call__(self, index: int, key: str) -> bytes:
         fd = os.open(os.path.join(self.root, key), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -62,6 +73,12 @@ class FileReader:
             if not stat.S_ISREG(st.st_mode):
                 kind = _KINDS.get(stat.S_IFMT(st.st_mode), "a special file")
                 raise DecodeError(key, f"not a regular file ({kind}); not read")
+            if self.stats is not None:
+                size, mtime = (int(v) for v in self.stats[index - self.offset])
+                if (st.st_size, st.st_mtime_ns) != (size, mtime):
+                    raise DecodeError(key, f"changed after the build planned it ({size:,} -> {st.st_size:,} bytes, "
+                                           f"mtime {mtime} -> {st.st_mtime_ns}); not read: `cachebuild status` "
+                                           f"lists it, and a rebuild (--force) includes it")
             if st.st_size > self.max_bytes:
                 raise DecodeError(key, f"{st.st_size:,} bytes, over the {self.max_bytes:,}-byte limit for one "
                                        f"image file; not read")
@@ -145,7 +162,7 @@ def file_plan(dataset: str, split: str, root: Path, keys: list[str], labels: np.
         labels=labels,
         classes=classes,
         fingerprint=fingerprint_stats(keys, labels, stats, {"classes": classes}),
-        reader=FileReader(str(root)),
+        reader=FileReader(str(root), stats=stats),
         extra=extra or {},
         file_stats=stats,
     )
