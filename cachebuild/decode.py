@@ -217,7 +217,7 @@ def _antialias_into(src: np.ndarray, out: np.ndarray, extent: tuple[float, float
         y = torch.from_numpy(out[None]).permute(0, 3, 1, 2)
         torch._C._nn._upsample_bilinear2d_aa(x, [h, w], False, *scales, out=y)  # type: ignore[call-arg]
     else:  # a letterbox window inside the slot
-        out[...] = torch._C._nn._upsample_bilinear2d_aa(x, [h, w], False, *scales)[0].permute(1, 2, 0).numpy()  # type: ignore[call-arg]
+        out[...] = torch._C._nn._upsample_bilinear2d_aa(x, [h, w], False, *scales)[0].permute(1, 2, 0).numpy()
 
 
 def _linear_into(src: np.ndarray, out: np.ndarray) -> None:

@@ -151,11 +151,12 @@ def _send(folder: Path, dst: Location, contents: CacheContents, force: bool, job
             marker = {}
         if not isinstance(marker, dict):
             marker = {}
-        if isinstance(marker.get("remove"), list):
+        remove = marker.get("remove")
+        if isinstance(remove, list):
             # A --force push stopped while it took the old cache down (nothing new is sent before the list is
             # gone from the marker, so every name still listed is an old file): finish that first. After it,
             # that push's files of the right size are its own, as after an uninterrupted replacement.
-            left = sorted({n for n in marker["remove"] if isinstance(n, str) and n in remote})
+            left = sorted({n for n in remove if isinstance(n, str) and n in remote})
             dst.remove(*left)
             log.info("finishing the replacement of the cache at %s: removed %d file(s) of the old one", url,
                      len(left))
