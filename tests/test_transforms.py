@@ -636,3 +636,16 @@ def test_resize_module_follows_torchvision_size_rule() -> None:
         assert out.shape == ref.shape, (size, out.shape, ref.shape)
         assert (out.int() - ref.int()).abs().max() <= 1
     assert scripted(Resize([20]))(images).shape == (2, 3, 20, 40)
+
+
+def test_compiled_random_transforms_take_a_short_last_batch() -> None:
+    """An epoch's short last batch makes torch.compile retrace with a symbolic batch size; drawing with an
+    explicit ``generator=None`` then failed ('SymIntArrayRef expected to contain only concrete integers')
+    in every random transform without a private generator, the README's recommended path."""
+    tf = torch.compile(RandomHorizontalFlip())
+    for n in (8, 8, 3):
+        images = make_images(n, 12, 10)
+        out = tf(images)
+        flipped = torch.flip(images, dims=[3])
+        assert out.shape == images.shape
+        assert all(torch.equal(o, i) or torch.equal(o, f) for o, i, f in zip(out, images, flipped, strict=True))

@@ -88,7 +88,10 @@ class BatchTransform(nn.Module):
     def _rand(self, n: int, k: int, device: torch.device) -> Tensor:
         """(n, k) float32 uniforms in [0, 1), drawn in one call, moved to ``device``."""
         dev = device if self.draw_device == "" else torch.device(self.draw_device)
-        return torch.rand([n, k], generator=self.generator, device=dev, dtype=torch.float32).to(device)
+        gen = self.generator
+        if gen is None:  # no generator= at all: torch.compile fails on generator=None once the batch size varies
+            return torch.rand([n, k], device=dev, dtype=torch.float32).to(device)
+        return torch.rand([n, k], generator=gen, device=dev, dtype=torch.float32).to(device)
 
     def forward(self, images: Tensor, boxes: Optional[Tensor] = None) -> Tensor:  # pragma: no cover
         raise NotImplementedError
