@@ -46,7 +46,8 @@ class CacheBatch(Sequence):
         self.boxes = boxes
 
     def __len__(self) -> int:
-        return int(self.images.shape[0])
+        # labels, not images: an EncodedImages' ``shape`` is one sample's (H, W, 3), not the batch's
+        return int(self.labels.shape[0])
 
     def __getitem__(self, i: int) -> CacheSample:  # type: ignore[override]
         if isinstance(i, slice):

@@ -22,6 +22,7 @@ holds only the location, the manifest and the small per-sample arrays.
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -260,12 +261,21 @@ class CachedImageDataset(Dataset):
             self._pid = os.getpid()
 
     # ------------------------------------------------------------------ reading
-    def _check_indices(self, idx: np.ndarray) -> None:
-        if idx.ndim != 1:
-            raise IndexError(f"expected a 1-D list of sample indices, got shape {list(idx.shape)}")
-        if len(idx) and (idx.min() < -len(self) or idx.max() >= len(self)):
-            bad = idx[(idx < -len(self)) | (idx >= len(self))][0]
-            raise IndexError(f"sample index {int(bad)} is out of range for a cache of {len(self)} samples")
+    def _indices(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> np.ndarray:
+        """``indices`` as int64 sample numbers in [0, N), negative ones counted from the end.
+
+        Only integers: casting floats truncates (2.7 would read sample 2), a boolean mask would read samples
+        1 and 0, and a uint64 past the end would wrap round to the last samples, i.e. other samples.
+        """
+        idx = np.asarray(indices).reshape(-1)
+        if idx.dtype.kind not in "iu" and idx.size:  # an empty list is float64: nothing to read either way
+            raise TypeError(f"sample indices must be integers, got {idx.dtype} ({indices!r:.60})")
+        n = len(self)
+        if idx.size and (idx.min() < -n or idx.max() >= n):  # before any cast: uint64 compares as itself
+            bad = idx[(idx < -n) | (idx >= n)][0]
+            raise IndexError(f"sample index {int(bad)} is out of range for a cache of {n} samples")
+        idx = idx.astype(np.int64, copy=False)
+        return np.where(idx < 0, idx + n, idx)
 
     def gather(self, indices: Sequence[int] | np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Read samples ``indices`` (in that order) into ``out`` (uint8 (B, H, W, 3), allocated if None).
@@ -273,9 +283,7 @@ class CachedImageDataset(Dataset):
         Reads go in ascending sample order (sequential within each shard); each row is copied once.
         Safe to call from several threads at once (numpy releases the GIL while copying).
         """
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        self._check_indices(idx)
-        idx = np.where(idx < 0, idx + len(self), idx)
+        idx = self._indices(indices)
         if out is None:
             out = np.empty((len(idx), *self.shape), dtype=np.uint8)
         elif out.shape != (len(idx), *self.shape) or out.dtype != np.uint8:
@@ -317,8 +325,13 @@ class CachedImageDataset(Dataset):
                 return None
         return ring.take(shape)
 
-    def __getitem__(self, index: int) -> tuple[Any, ...]:
-        i = int(index)
+    def __getitem__(self, index: int | Sequence[int] | np.ndarray | torch.Tensor) -> tuple[Any, ...]:
+        """One sample ``(image, label[, box])``; a 1-D list/array/tensor of indices gives the batch
+        ``(images, labels[, boxes])`` as :func:`collate_batch` does (``DataLoader(batch_size=None,
+        sampler=BatchSampler(...))``, torch's pattern for datasets that load whole batches)."""
+        if isinstance(index, (list, tuple)) or getattr(index, "ndim", 0) > 0:
+            return tuple(collate_batch(self.__getitems__(index)))  # type: ignore[arg-type]
+        i = operator.index(index)  # type: ignore[arg-type]  # not int(): it truncates a float to another sample
         if not -len(self) <= i < len(self):
             raise IndexError(f"sample index {i} is out of range for a cache of {len(self)} samples")
         i %= len(self)
@@ -335,9 +348,7 @@ class CachedImageDataset(Dataset):
 
         With a ``transform`` it returns per-sample tuples instead, for ``default_collate`` to stack.
         """
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        self._check_indices(idx)
-        idx = np.where(idx < 0, idx + len(self), idx)
+        idx = self._indices(indices)
         shape = (len(idx), *self.shape)
         worker = _in_worker()
         if self.decode == "none" and self._images.encoded and self.transform is None and self._shared is None:

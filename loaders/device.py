@@ -17,9 +17,12 @@ recycles them only after pending device copies finish.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import mmap
+import os
 import sys
+import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -140,19 +143,22 @@ def device_loader(loader: Iterable[Any], device: torch.device | str = "cuda", no
     return DeviceLoader(loader, device, non_blocking, nchw, decode)
 
 
-# Linux's uapi value (since 4.14); Python's mmap module names it only where its build headers had it.
+# Linux's uapi values (since 4.14); Python's mmap module names them only where its build headers had them.
 _MADV_WIPEONFORK = getattr(mmap, "MADV_WIPEONFORK", 18 if sys.platform.startswith("linux") else None)
+_MADV_KEEPONFORK = getattr(mmap, "MADV_KEEPONFORK", 19 if sys.platform.startswith("linux") else None)
 
 
 def _unforked_buffer(size: int) -> np.ndarray:
     """``size`` uint8 bytes that a fork does not share. numpy's memory becomes copy-on-write in the parent
     when a process forks (a DataLoader starting its workers after this loader's first epoch does), and
     every page the loader then writes is first copied: measured 6x slower for the next epoch. With
-    MADV_WIPEONFORK a child sees zeros there instead, and the parent's pages stay its own."""
+    MADV_WIPEONFORK a child sees zeros there instead (unless a batch still holds the buffer: see
+    :func:`_before_fork`), and the parent's pages stay its own."""
     if _MADV_WIPEONFORK is not None and size:
         try:
             m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
             m.madvise(_MADV_WIPEONFORK)
+            _maps.add(m)  # so that a fork can tell whether a batch still holds it (_before_fork)
             return np.frombuffer(m, dtype=np.uint8)  # the array keeps the map alive
         except (OSError, ValueError, AttributeError):  # an older kernel: plain memory, correct, slower after a fork
             pass
@@ -163,13 +169,18 @@ class _BufferPool:
     """Reusable uint8 batch buffers; one is free when only the pool references it.
 
     The pool keeps each buffer flat and hands out shaped views of it: numpy points every view (a view of
-    a view included) at the flat array, so its reference count says whether any batch still uses it."""
+    a view included) at the flat array, so its reference count says whether any batch still uses it.
+
+    Buffers are wipe-on-fork, except across the fork itself for those a batch still uses: a child that
+    reads a kept batch (a ``multiprocessing.Process``, DataLoader workers over kept batches) must see its
+    pixels, not zeros. Only those buffers become copy-on-write, and only while that child lives."""
 
     def __init__(self, shape: tuple[int, ...]) -> None:
         self.shape = shape
         self.bufs: list[np.ndarray] = []
         probe = [np.empty(0)]
         self._base = self._refs(probe, 0)
+        _pools.add(self)
 
     @staticmethod
     def _refs(bufs: list[np.ndarray], i: int) -> int:
@@ -182,6 +193,48 @@ class _BufferPool:
         buf = _unforked_buffer(int(np.prod(self.shape)))
         self.bufs.append(buf)
         return buf.reshape(self.shape)
+
+    def free(self) -> list[np.ndarray]:
+        """The buffers no batch uses now."""
+        return [self.bufs[i] for i in range(len(self.bufs)) if self._refs(self.bufs, i) <= self._base]
+
+
+# Every buffer's map while anything holds it (its pool, or a batch that outlived the pool and its loader),
+# the live pools, and the maps whose wipe-on-fork is lifted for the fork in progress.
+_maps: weakref.WeakSet[mmap.mmap] = weakref.WeakSet()
+_pools: weakref.WeakSet[_BufferPool] = weakref.WeakSet()
+_kept: list[mmap.mmap] = []
+
+
+def _map_of(buf: np.ndarray) -> mmap.mmap | None:
+    m = getattr(buf.base, "obj", None)  # np.frombuffer's base is a memoryview of the map
+    return m if isinstance(m, mmap.mmap) else None
+
+
+def _advise(maps: list[mmap.mmap], advice: int) -> None:
+    for m in maps:
+        with contextlib.suppress(OSError, ValueError):  # a closed map, an older kernel: nothing to undo
+            m.madvise(advice)
+
+
+def _before_fork() -> None:
+    free = {id(_map_of(b)) for pool in list(_pools) for b in pool.free()}
+    _kept[:] = [m for m in list(_maps) if id(m) not in free]  # held by a batch: the child gets its pixels
+    _advise(_kept, _MADV_KEEPONFORK)  # type: ignore[arg-type]
+
+
+def _after_fork_in_parent() -> None:
+    _advise(_kept, _MADV_WIPEONFORK)  # type: ignore[arg-type]  # later forks: wiped again unless held
+    _kept.clear()
+
+
+def _after_fork_in_child() -> None:
+    _kept.clear()
+
+
+if _MADV_WIPEONFORK is not None and _MADV_KEEPONFORK is not None and hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)
 
 
 class FastLoader:

@@ -41,6 +41,12 @@ class EncodedImages:
     def __repr__(self) -> str:
         return f"EncodedImages({len(self)} x {self.codec} {list(self.shape)}, {int(self.data.numel())} bytes)"
 
+    def __getitem__(self, i: int) -> torch.Tensor:
+        """Sample ``i``'s stored bytes (a 1-D uint8 view of ``data``): what ``default_collate`` looks at to
+        find a :class:`~loaders.collate.CacheBatch`'s sample type."""
+        k = range(len(self))[i]  # IndexError past the end, negative indices as for a list
+        return self.data[int(self.offsets[k]) : int(self.offsets[k + 1])]
+
     def pin_memory(self, device: Any = None) -> EncodedImages:
         return EncodedImages(self.data.pin_memory(), self.offsets, self.shape, self.codec)
 
@@ -56,6 +62,9 @@ class EncodedImages:
         if self.codec != "jpeg":
             raise ValueError(f"cannot decode {self.codec!r} samples: this release decodes jpeg")
         if device.type == "cuda":
+            if not torch.cuda.is_available():  # before importing the nvJPEG path, which dies deep in torchvision
+                raise RuntimeError(f"cannot decode stored JPEGs on {device}: CUDA is not available here; "
+                                   f"decode on the CPU (device='cpu', or CachedImageDataset(decode='cpu'))")
             from loaders.cuda_decode import decode_on_cuda
 
             return decode_on_cuda(self.payloads(), self.shape, device)
