@@ -406,3 +406,21 @@ def test_a_pad_cache_trains_on_crops_inside_its_boxes(tmp_path: Path, loader: st
         assert torch.allclose(x, inside.view(1, 3, 1, 1).expand_as(x), atol=1e-4)  # every pixel from the box
         seen += len(x)
     assert seen == n
+
+
+def test_resume_removes_temporaries_of_killed_checkpoint_writes(caches: dict[str, Path], tmp_path: Path) -> None:
+    """Each kill during a checkpoint write leaves a checkpoint-sized temporary: a resume removes those of
+    writers that are gone (repeated kills filled the disk), never a live writer's, never other files."""
+    out = tmp_path / "r"
+    common = [str(caches["train"]), "--out", str(out), "--model", "linear", "--device", "cpu", "--workers", "0",
+              "--batch-size", "48", "--amp", "off"]
+    assert _invoke(*common).exit_code == 0
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    dead, live = out / f".checkpoint.pt.{gone}.0badc0de.tmp", out / f".checkpoint.pt.{os.getpid()}.1badc0de.tmp"
+    other = out / f".notes.txt.{gone}.2badc0de.tmp"  # not a run file's temporary
+    for f in (dead, live, other):
+        f.write_bytes(b"x" * 1000)
+    res = _invoke(*common, "--resume")
+    assert res.exit_code == 0, res.output
+    assert not dead.exists() and live.exists() and other.exists()

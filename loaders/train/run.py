@@ -414,6 +414,7 @@ def _fit(cfg: TrainConfig, info: DistInfo, echo: Callable[[str], None]) -> dict[
         restore_rng(state["rng"][info.rank])  # the layout check made sure the world size is the same
         if main:  # what was logged after the checkpoint is trained (and logged) again: drop it
             drop_records_after(out / METRICS_NAME, global_step)
+            _remove_dead_temporaries(out)
 
     eval_model: nn.Module = torch.compile(raw_model) if cfg.compile else raw_model  # type: ignore[assignment]
     model = eval_model
@@ -561,6 +562,17 @@ def _run_files(out: Path) -> list[Path]:
     return [f for f in sorted(out.iterdir()) if f.is_file() and (
         f.name in RUN_FILES
         or (is_temporary_name(f.name) and any(f.name.startswith(f".{name}.") for name in RUN_FILES)))]
+
+
+def _remove_dead_temporaries(out: Path) -> None:
+    """Temporaries of the run's files whose writer died (a kill during a checkpoint write leaves a
+    checkpoint-sized one each time): removed on resume, so repeated kills do not fill the disk. The name
+    carries the writer's pid (``cachebuild.atomic``); a live writer's file is left alone."""
+    from cachebuild.locks import pid_alive
+
+    for f in _run_files(out):
+        if is_temporary_name(f.name) and not pid_alive(int(f.name.split(".")[-3])):
+            f.unlink(missing_ok=True)
 
 
 def _mean(xs: list[float]) -> float:
