@@ -13,7 +13,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-__all__ = ["AtomicFile", "fsync_dir", "is_temporary_name", "write_bytes_atomic", "write_json_atomic"]
+__all__ = ["AtomicFile", "fsync_dir", "is_temporary_name", "temporary_writer", "write_bytes_atomic",
+           "write_json_atomic"]
 
 
 def _tmp_name(path: Path) -> Path:
@@ -21,12 +22,18 @@ def _tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
 
 
-_TMP_NAME = re.compile(r"^\..+\.\d+\.[0-9a-f]{8}\.tmp$")
+_TMP_NAME = re.compile(r"^\..+\.(\d+)\.[0-9a-f]{8}\.tmp$")
 
 
 def is_temporary_name(name: str) -> bool:
     """True for the temporary name of a write that never committed (a killed writer's leftover)."""
     return bool(_TMP_NAME.match(name))
+
+
+def temporary_writer(name: str) -> int | None:
+    """The pid of the process that wrote the temporary file ``name`` (None: not a temporary name)."""
+    m = _TMP_NAME.match(name)
+    return int(m.group(1)) if m else None
 
 
 def fsync_dir(folder: Path) -> None:

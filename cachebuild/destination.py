@@ -33,6 +33,7 @@ __all__ = [
     "is_own_staging",
     "output_error",
     "read_raw_manifest",
+    "some_names",
 ]
 
 CACHE_SUBFOLDER = ".cachebuild"  # the one folder inside a source tree that may hold caches of it
@@ -110,6 +111,11 @@ def _listed_names(raw: dict[str, Any]) -> set[str]:
     return names
 
 
+def some_names(names: list[str], k: int = 5) -> str:
+    """The first ``k`` of ``names`` for a one-line message, and how many more there are."""
+    return ", ".join(names[:k]) + (f" and {len(names) - k} more" if len(names) > k else "")
+
+
 def check_replaceable(out: Path, problem: str | None, other: str = "another --out") -> None:
     """Raise unless ``out`` is provably a cache cachebuild wrote (see the module docstring).
     ``problem``: why its manifest did not parse as a current cache, if it did not (for the message);
@@ -128,7 +134,7 @@ def check_replaceable(out: Path, problem: str | None, other: str = "another --ou
                                f"{raw.get('format')!r}); {never}: choose {other}")
     foreign = sorted(set(os.listdir(out)) - _listed_names(raw) - _CACHE_EXTRA_NAMES)
     if foreign:
-        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        shown = some_names(foreign)
         damage = f" (its manifest: {problem})" if problem else ""
         raise CacheExistsError(f"{out} holds files its manifest does not name: {shown}{damage}; {never}: "
                                f"{what_to_do}")

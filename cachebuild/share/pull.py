@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cachebuild.atomic import write_bytes_atomic, write_json_atomic
-from cachebuild.destination import check_replaceable, is_own_staging
+from cachebuild.destination import check_replaceable, is_own_staging, some_names
 from cachebuild.errors import (
     CacheBuildError,
     CacheCorruptError,
@@ -142,9 +142,8 @@ def _up_to_date(dest: Path, contents: CacheContents, force: bool) -> bool:
             if not damaged:
                 return True
             if not force:
-                shown = ", ".join(damaged[:5]) + (f" and {len(damaged) - 5} more" if len(damaged) > 5 else "")
-                raise CacheExistsError(f"{dest} holds this cache, damaged: {shown}; pass --force to pull it again "
-                                       f"(jobs reading it keep the damaged copy)")
+                raise CacheExistsError(f"{dest} holds this cache, damaged: {some_names(damaged)}; pass --force to "
+                                       f"pull it again (jobs reading it keep the damaged copy)")
         elif not force:
             raise CacheExistsError(f"{dest} holds {different_cache(old, contents.manifest, 'the source')}; pass "
                                    f"--force to replace it (jobs reading it keep the old one)")
@@ -175,27 +174,24 @@ def _damaged_files(dest: Path, contents: CacheContents) -> list[str]:
     return damaged
 
 
-def _own_pull_staging(staging: Path) -> bool:
-    """``staging`` is ours to discard: a pull's (its marker) or a build's (``is_own_staging``)."""
+def _read_marker(staging: Path) -> Any:
+    """The ``pull.json`` in ``staging`` as JSON (None: none, or not JSON)."""
     try:
-        marker = json.loads((staging / PULL_MARKER).read_text())
-        if isinstance(marker, dict) and marker.get("manifest_sha256"):
-            return True
+        return json.loads((staging / PULL_MARKER).read_text())
     except (OSError, ValueError):
-        pass
-    return is_own_staging(staging)
+        return None
 
 
 def _prepare_staging(staging: Path, marker: dict[str, Any]) -> None:
     if staging.exists() or staging.is_symlink():
-        if staging.is_symlink() or not staging.is_dir() or not _own_pull_staging(staging):
+        folder = staging.is_dir() and not staging.is_symlink()
+        found = _read_marker(staging) if folder else None
+        # Ours to discard: a pull's (its marker) or a build's (is_own_staging); anything else is left alone.
+        pulls = isinstance(found, dict) and bool(found.get("manifest_sha256"))
+        if not folder or not (pulls or is_own_staging(staging)):
             raise CacheExistsError(f"{staging} exists and was not made by cachebuild (a pull keeps its unfinished "
                                    f"work there); move it away or choose another destination")
-        try:
-            same = json.loads((staging / PULL_MARKER).read_text()) == marker
-        except (OSError, ValueError):
-            same = False
-        if not same:
+        if found != marker:
             log.warning("discarding %s: it was being filled from another source or by a build", staging)
             shutil.rmtree(staging)
     staging.mkdir(parents=True, exist_ok=True)

@@ -214,9 +214,7 @@ def _clear_old_cache(dst: Location, old: Any, contents: CacheContents, remote: d
             old_table = None
     if old_table is None:
         # No table to tell the old cache's files from anything else: delete nothing, trust nothing.
-        dst.write_bytes(PUSH_MARKER, json.dumps({"manifest_sha256": contents.manifest_sha256,
-                                                 "trust_sizes": False}).encode())
-        dst.remove(MANIFEST_NAME)
+        _unpublish(dst, contents)
         log.warning("%s held a cache without a file table: its files are left in place and every file is sent",
                     dst.describe())
         return None
@@ -226,13 +224,21 @@ def _clear_old_cache(dst: Location, old: Any, contents: CacheContents, remote: d
     stale = sorted(n for n in old_table if n not in keep and n in remote)
     if old.files.get("table") in remote:
         stale.append(old.files["table"])
-    dst.write_bytes(PUSH_MARKER, json.dumps({"manifest_sha256": contents.manifest_sha256, "trust_sizes": False,
-                                             "remove": stale}).encode())
-    dst.remove(MANIFEST_NAME)
+    _unpublish(dst, contents, remove=stale)
     dst.remove(*stale)
     log.info("replacing the cache at %s: removed its manifest and %d file(s); %d identical file(s) kept",
              dst.describe(), len(stale), len(keep))
     return keep
+
+
+def _unpublish(dst: Location, contents: CacheContents, remove: list[str] | None = None) -> None:
+    """The push marker first (with the old files still to delete, which a rerun then finishes), then the old
+    manifest removed: from here new readers of ``dst`` see no cache until the new one is complete."""
+    marker: dict[str, Any] = {"manifest_sha256": contents.manifest_sha256, "trust_sizes": False}
+    if remove is not None:
+        marker["remove"] = remove
+    dst.write_bytes(PUSH_MARKER, json.dumps(marker).encode())
+    dst.remove(MANIFEST_NAME)
 
 
 def _raise_failed(failed: dict[str, str], url: str, total: int) -> None:

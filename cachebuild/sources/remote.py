@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 from cachebuild.errors import DecodeError, SourceError
-from cachebuild.storage.names import redact
+from cachebuild.storage.names import is_web_url, redact
 
 __all__ = ["Shard", "close_handles", "filesystem", "is_url", "list_shards", "open_shard", "read_range", "retrying"]
 
@@ -170,7 +170,7 @@ def list_shards(src: str | os.PathLike[str], suffixes: tuple[str, ...], what: st
                 raise SourceError(f"{url}: the server does not tell its size (no Content-Length), so it cannot "
                                   f"be read by range")
             name = url[len(root):].lstrip("/")
-            if src.split("://", 1)[0].lower() in ("http", "https"):  # index pages link names percent-encoded:
+            if is_web_url(src):  # index pages link names percent-encoded:
                 name = urllib.parse.unquote(name)  # decoded, they sort (and read in provenance) as the local copy's
             shards.append(Shard(name, url, int(info["size"]), _version(info)))
     else:

@@ -19,6 +19,7 @@ from cachebuild.sources.folder import IMG_EXTENSIONS
 from cachebuild.sources.plan import Plan
 from cachebuild.sources.remote import _infos, _version, filesystem
 from cachebuild.storage import FsspecLocation, redact
+from cachebuild.storage.names import is_web_url
 
 __all__ = ["UrlFileReader", "url_folder_plan"]
 
@@ -34,11 +35,7 @@ class UrlFileReader:
         if not self._location:
             self._location.append(FsspecLocation(self.root))
         # Keys are file names (decoded, as on disk); an http(s) path needs them percent-encoded again ('#', '%').
-        return self._location[0].read_bytes(urllib.parse.quote(key) if _is_web(self.root) else key)
-
-
-def _is_web(url: str) -> bool:
-    return url.split("://", 1)[0].lower() in ("http", "https")
+        return self._location[0].read_bytes(urllib.parse.quote(key) if is_web_url(self.root) else key)
 
 
 def _listing(url: str) -> dict[str, dict[str, Any]]:
@@ -46,7 +43,7 @@ def _listing(url: str) -> dict[str, dict[str, Any]]:
     are decoded, so that classes, their order and keys are the local copy's."""
     fs, path = filesystem(url)
     base = path.rstrip("/")
-    name_of = urllib.parse.unquote if _is_web(url) else str
+    name_of = urllib.parse.unquote if is_web_url(url) else str
     prefix = name_of(fs._strip_protocol(base))
     try:
         found = fs.find(base, detail=True)

@@ -49,6 +49,7 @@ _PRESENT = np.uint64(1 << 32)
 _EVICT_EVERY = 1 / 16  # check the bound after fetching this fraction of it
 STALE_TMP_S = 3600.0  # a temporary file this old belongs to a writer that died
 
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a disk (or a quota) too full for the block cache: BlockCacheFullError
 Fetch = Callable[[Sequence[tuple[int, int]]], list[bytes]]
 
 
@@ -83,7 +84,7 @@ class CachedFile:
         try:
             os.posix_fallocate(self._crc_fd, 0, self.nblocks * 8)
         except OSError as e:
-            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            if e.errno in _NO_SPACE:
                 os.close(self._fd)
                 os.close(self._crc_fd)
                 raise cache.full_error(self.crc_path) from None
@@ -157,7 +158,7 @@ class CachedFile:
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
                 done += n
         except OSError as e:
-            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            if e.errno in _NO_SPACE:
                 raise self.cache.full_error(self.data_path) from None
             raise
 
@@ -234,7 +235,7 @@ class BlockCache:
                 f.file.write(data)
                 f.file.write(_crc(data).to_bytes(4, "little"))
         except OSError as e:
-            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            if e.errno in _NO_SPACE:
                 raise self.full_error(path) from None
             raise
         self.fetched(len(data))

@@ -7,7 +7,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from cachebuild.errors import CacheCorruptError
 
-__all__ = ["check_name", "is_url", "redact"]
+__all__ = ["check_name", "is_url", "is_web_url", "redact"]
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -15,6 +15,11 @@ _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 def is_url(where: str) -> bool:
     """True for ``scheme://...`` (s3, gs, http(s), file, memory...)."""
     return bool(_SCHEME.match(where))
+
+
+def is_web_url(where: str) -> bool:
+    """True for ``http://`` and ``https://`` URLs, whose index pages link names percent-encoded."""
+    return is_url(where) and where.split("://", 1)[0].lower() in ("http", "https")
 
 
 def check_name(name: object, what: str = "file name") -> str:

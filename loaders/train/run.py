@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cachebuild.atomic import is_temporary_name, write_bytes_atomic
+from cachebuild.atomic import is_temporary_name, temporary_writer, write_bytes_atomic
 from cachebuild.errors import CacheBuildError, OptionError
 from cachebuild.options import (
     parse_bool,
@@ -571,7 +571,8 @@ def _remove_dead_temporaries(out: Path) -> None:
     from cachebuild.locks import pid_alive
 
     for f in _run_files(out):
-        if is_temporary_name(f.name) and not pid_alive(int(f.name.split(".")[-3])):
+        writer = temporary_writer(f.name)
+        if writer is not None and not pid_alive(writer):
             f.unlink(missing_ok=True)
 
 
