@@ -6,7 +6,7 @@ Prints one JSON line: ``seconds`` (the timed part only: imports and the warm-up 
 come before it), ``images``, ``bytes_written``. Contenders:
   bare_decode      cv2.imdecode of every file (IMREAD_COLOR), J processes: the decode limit
   naive_npy        one process: cv2.imread, cvtColor, resize (S, S) INTER_AREA, then one np.save
-  cachebuild_npy   cachebuild.pipeline.build(..., storage="npy"), J processes
+  cachebuild_npy   cachebuild.build.pipeline.build(..., storage="npy"), J processes
   cachebuild_zarr  the same, storage="zarr"
 """
 
@@ -42,8 +42,8 @@ def _warm(sample: str, contender: str) -> int:
     else:
         import torch
 
-        from cachebuild.decode import ResizeSpec, decode_into
-        from cachebuild.pipeline import _init_worker
+        from cachebuild.build.decode import ResizeSpec, decode_into
+        from cachebuild.build.pipeline import _init_worker
 
         if contender == "cachebuild_zarr":
             import zarr  # noqa: F401
@@ -104,7 +104,7 @@ def main() -> None:
         seconds = time.perf_counter() - t0
         written = len(images) * a.size * a.size * 3
     else:
-        from cachebuild.pipeline import BuildOptions, build
+        from cachebuild.build.pipeline import BuildOptions, build
         from cachebuild.sources.folder import folder_plan
 
         plan = folder_plan(a.src, dataset="bench", split="train")

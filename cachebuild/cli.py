@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from cachebuild.decode import DEFAULT_MAX_PIXELS, FITS, INTERPOLATIONS
+from cachebuild.build.decode import DEFAULT_MAX_PIXELS, FITS, INTERPOLATIONS
 from cachebuild.errors import CacheBuildError, DecodeError, OptionError
 from cachebuild.share.cli import WAIT_OPTION, quick_verify, register
 from cachebuild.storage import DEFAULT_STORAGE, backend_names
@@ -95,7 +95,7 @@ def build_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _build_plans(plans: list[Any], root: Path, opts: Any) -> None:
-    from cachebuild.pipeline import build
+    from cachebuild.build.pipeline import build
 
     for plan in plans:
         dest = root / plan.split
@@ -137,7 +137,7 @@ def _parallel_backend(scheduler: str | None) -> Iterator[None]:
 
 def _run_builds(plans_fn: Callable[[], list[Any]], dataset: str, size: int, out: Path | None,
                 **kw: Any) -> None:
-    from cachebuild.pipeline import BuildOptions
+    from cachebuild.build.pipeline import BuildOptions
 
     _setup_logging(kw.pop("quiet"), kw.pop("verbose"))
     if kw["jobs"] == 0:
@@ -159,7 +159,7 @@ def _run_builds(plans_fn: Callable[[], list[Any]], dataset: str, size: int, out:
     root = out if out is not None else default_out(dataset, size, opts.fit, opts.storage)
     try:
         if opts.decode_device != "cpu":  # before listing a large source: no GPU, no build
-            from cachebuild.gpu_build import check_decode_device
+            from cachebuild.build.gpu_build import check_decode_device
 
             check_decode_device(opts.decode_device)
         plans = plans_fn()
@@ -352,7 +352,7 @@ def parquet(src: str, split: str | None, size: int, classes_file: str | None, im
 
 
 def _open(where: str):
-    from cachebuild.format import open_cache
+    from cachebuild.storage.reader import open_cache
 
     try:
         return open_cache(where)

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from cachebuild.locks import pid_alive
+from cachebuild.processes import pid_alive
 
 __all__ = ["MAX_SLOTS", "WAIT_S", "InlineTensor", "SlotTensor", "WorkerRing", "drop_dead_rings", "ring_bytes",
            "ring_stats"]

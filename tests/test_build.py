@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from cachebuild.build.pipeline import BuildOptions, build
 from cachebuild.cli import main
 from cachebuild.errors import CacheExistsError, DecodeError
-from cachebuild.format import open_cache, read_manifest
-from cachebuild.pipeline import BuildOptions, build
+from cachebuild.format import read_manifest
 from cachebuild.sources.folder import folder_plan
 from cachebuild.sources.imagenet import imagenet_plans
+from cachebuild.storage.reader import open_cache
 from tests.kill_helpers import build_killed_after_blocks
 from tests.manifest_edits import load_unsealed
 
@@ -184,7 +185,7 @@ def test_a_source_file_rewritten_after_planning_is_skipped_not_built_under_the_o
     """The fingerprint is taken when the build plans; a file rewritten before its worker reads it used to
     be decoded anyway: new pixels under the old (size, mtime). It is a listed skip now, and `status`
     calls the cache stale, naming the file."""
-    from cachebuild.share.status import cache_status
+    from cachebuild.build.status import cache_status
 
     src = tmp_path / "src"
     shutil.copytree(imagenet_clean["train_dir"], src)
@@ -379,7 +380,7 @@ def test_cli_builds_on_a_dask_cluster(imagenet_tree, tmp_path):
 def test_zarr_build_killed_after_moving_blocks_does_not_move_them_twice(imagenet_tree, tmp_path, monkeypatch):
     """Killed after the blocks moved but before the commit: the resumed build must not move them again
     (their sources are gone), only commit."""
-    import cachebuild.pipeline as pipeline
+    import cachebuild.build.pipeline as pipeline
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt

@@ -27,7 +27,7 @@ def test_cachebuild_never_imports_loaders() -> None:
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             offenders += [f"{path.relative_to(PACKAGE)}: {n}" for n in names if n.split(".")[0] == "loaders"]
     assert offenders == []
-    code = ("import sys, cachebuild.cli, cachebuild.pipeline, cachebuild.format; "
+    code = ("import sys, cachebuild.cli, cachebuild.build.pipeline, cachebuild.format; "
             "from click.testing import CliRunner; CliRunner().invoke(cachebuild.cli.main, ['--help']); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'loaders'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), check=True)

@@ -18,12 +18,13 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-import cachebuild.gpu_build as gpu_build
-from cachebuild.decode import ResizeSpec, _reduction, decode_into, probe
+import cachebuild.build.gpu_build as gpu_build
+from cachebuild.build.decode import ResizeSpec, _reduction, decode_into, probe
+from cachebuild.build.pipeline import BuildOptions, build
 from cachebuild.errors import DecodeError
-from cachebuild.format import open_cache, read_manifest
-from cachebuild.pipeline import BuildOptions, build
+from cachebuild.format import read_manifest
 from cachebuild.sources.imagenet import imagenet_plans
+from cachebuild.storage.reader import open_cache
 from loaders.dataset import CachedImageDataset, collate_batch
 from loaders.device import device_loader
 from tests.compact_fixtures import jpeg_index_cache, read_index

@@ -12,11 +12,19 @@ import torch
 import torchvision.transforms as T
 from PIL import Image
 
-from cachebuild.decode import ANTIALIAS_FROM, ResizeSpec, _jpeg_or_png_size, _pil_size, _resize_into, decode_into, probe
+from cachebuild.build.decode import (
+    ANTIALIAS_FROM,
+    ResizeSpec,
+    _jpeg_or_png_size,
+    _pil_size,
+    _resize_into,
+    decode_into,
+    probe,
+)
+from cachebuild.build.pipeline import BuildOptions, build
 from cachebuild.errors import DecodeError
-from cachebuild.format import open_cache
-from cachebuild.pipeline import BuildOptions, build
 from cachebuild.sources.imagenet import imagenet_plans
+from cachebuild.storage.reader import open_cache
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -149,7 +157,7 @@ def test_jpegs_go_through_turbojpeg_with_opencvs_pixels(imagenet_tree, monkeypat
     The cache must hold exactly what OpenCV decodes, for every JPEG flavour and every file of a tree with
     ImageNet's quirks and broken files; what simplejpeg refuses (any libjpeg warning: damaged data) goes to
     OpenCV as before."""
-    from cachebuild import decode
+    from cachebuild.build import decode
 
     files = sorted(p for p in Path(imagenet_tree["root"]).rglob("*") if p.is_file() and p.suffix == ".JPEG")
     photo = Image.open(files[0]).convert("RGB")
@@ -188,7 +196,7 @@ def test_opencv_without_rgb_decoding_gives_the_same_pixels(imagenet_clean, monke
     DCT-reduced scale."""
     import cv2
 
-    from cachebuild import decode
+    from cachebuild.build import decode
 
     paths = sorted(Path(imagenet_clean["train_dir"]).rglob("*.JPEG"))[:12]
     specs = [ResizeSpec(size=64), ResizeSpec(size=160, fit="pad")]  # 64: most sources decode reduced

@@ -13,7 +13,7 @@ import pytest
 import torchvision.transforms as T
 from PIL import Image
 
-from cachebuild.decode import ResizeSpec, _reduction, decode_into, fit_into, letterbox
+from cachebuild.build.decode import ResizeSpec, _reduction, decode_into, fit_into, letterbox
 from cachebuild.samples.photos import photo_bank
 
 

@@ -62,7 +62,7 @@ try:
     to_device(batch, "cuda")
 except RuntimeError as e:
     print(e)
-print(sorted(m for m in sys.modules if m in ("cachebuild.nvjpeg", "loaders.cuda_decode")))
+print(sorted(m for m in sys.modules if m in ("cachebuild.storage.nvjpeg", "loaders.cuda_decode")))
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1])
     assert r.returncode == 0, r.stderr

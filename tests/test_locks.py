@@ -14,11 +14,11 @@ import time
 import pytest
 from click.testing import CliRunner
 
+from cachebuild.build.locks import exclusive_lock, lock_path, read_holder
+from cachebuild.build.pipeline import BuildOptions, build
 from cachebuild.cli import main
 from cachebuild.errors import LockHeldError
 from cachebuild.format import read_manifest
-from cachebuild.locks import exclusive_lock, lock_path, read_holder
-from cachebuild.pipeline import BuildOptions, build
 from cachebuild.provenance import current_host, current_user
 from cachebuild.sources.folder import folder_plan
 

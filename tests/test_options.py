@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
+from cachebuild.build.pipeline import BuildOptions
 from cachebuild.errors import CacheBuildError, OptionError
-from cachebuild.pipeline import BuildOptions
 from loaders.train.run import TrainConfig
 
 BAD_BUILD = [

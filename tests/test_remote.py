@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 from cachebuild.cli import main
 from cachebuild.errors import CacheChangedError, CacheCorruptError, CacheNotFoundError, RemoteError
-from cachebuild.format import open_cache
+from cachebuild.storage.reader import open_cache
 from loaders.dataset import CachedImageDataset, collate_batch
 from loaders.sampler import CacheSampler
 from tests.loaders_fixtures import decode_index, make_cache

@@ -11,13 +11,13 @@ import pytest
 import torchvision
 from PIL import Image
 
+from cachebuild.build.pipeline import BuildOptions, build
 from cachebuild.errors import SourceError
-from cachebuild.format import open_cache
-from cachebuild.pipeline import BuildOptions, build
 from cachebuild.samples.imagenet_layout import write_imagenet
 from cachebuild.samples.photos import photo_bank, render_sample
 from cachebuild.sources.folder import folder_plan
 from cachebuild.sources.imagenet import imagenet_plans
+from cachebuild.storage.reader import open_cache
 
 # Class names as users name them: sorted by code point, 'cafz' < 'café', but percent-encoded (as HTTP index
 # pages link them) 'caf%C3%A9' < 'cafz': a plan of the encoded names swaps the two classes' labels.

@@ -15,9 +15,10 @@ import pytest
 from torch.utils.data import DataLoader
 
 from cachebuild.errors import CacheCorruptError, CacheExistsError, UnsupportedFormatError
-from cachebuild.format import open_cache, write_cache
+from cachebuild.format import write_cache
 from cachebuild.format.manifest import ShardInfo
 from cachebuild.storage import Backend, ImageStore, get_backend, register_backend
+from cachebuild.storage.reader import open_cache
 from cachebuild.storage.replacement import replaced_folders
 from cachebuild.storage.rows import RowFiles, Segment
 from loaders.dataset import CachedImageDataset, collate_batch

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from cachebuild.build.pipeline import BuildOptions, build
 from cachebuild.errors import CacheBuildError, CacheCorruptError
-from cachebuild.format import open_cache, read_manifest
+from cachebuild.format import read_manifest
 from cachebuild.format.manifest import CHECKSUM_FIELD
-from cachebuild.pipeline import BuildOptions, build
 from cachebuild.sources.imagenet import imagenet_plans
+from cachebuild.storage.reader import open_cache
 
 KINDS = {
     "npy": {},

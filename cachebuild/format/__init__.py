@@ -11,7 +11,6 @@ from cachebuild.format.manifest import (
     ShardInfo,
     read_manifest,
 )
-from cachebuild.format.reader import CacheReader, open_cache
 from cachebuild.format.writer import commit_cache, staging_path, write_cache
 
 __all__ = [
@@ -19,12 +18,10 @@ __all__ = [
     "FORMAT_VERSION",
     "MANIFEST_NAME",
     "ArrayInfo",
-    "CacheReader",
     "Failure",
     "Manifest",
     "ShardInfo",
     "commit_cache",
-    "open_cache",
     "read_manifest",
     "staging_path",
     "write_cache",

@@ -24,7 +24,11 @@ from typing import Any
 
 from cachebuild.errors import CacheCorruptError
 
-__all__ = ["decode_path", "decode_paths", "encode_path", "encode_paths"]
+__all__ = ["CACHE_SUBFOLDER", "decode_path", "decode_paths", "encode_path", "encode_paths"]
+
+# The one folder inside a source tree that may hold caches of it: sources never list it, and a build may
+# write there (cachebuild.build.destination).
+CACHE_SUBFOLDER = ".cachebuild"
 
 _ESCAPE = re.compile(r"\\(\\|x[0-9a-f]{2})")
 

@@ -7,7 +7,7 @@ pull never looks like a cache. The staging folder records which source manifest 
 after it matched its checksum, and fsynced) and fetches the rest. A ``DEST`` holding a different cache is
 replaced only with ``force``, the way ``--force`` replaces a build (jobs reading the old one keep it); a
 ``DEST`` that is not a cache is never replaced, nor one holding files its manifest does not name, nor a
-``DEST.partial`` we did not make (``cachebuild.destination``, as for a build). A ``DEST`` holding this cache
+``DEST.partial`` we did not make (``cachebuild.build.destination``, as for a build). A ``DEST`` holding this cache
 with a file missing or of the wrong size is not "up to date": ``force`` pulls it again. The same lock as a
 build of ``DEST`` is held throughout.
 """
@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from cachebuild.atomic import write_bytes_atomic, write_json_atomic
-from cachebuild.destination import check_replaceable, is_own_staging, some_names
+from cachebuild.build.destination import check_replaceable, is_own_staging, some_names
+from cachebuild.build.locks import exclusive_lock
 from cachebuild.errors import (
     CacheBuildError,
     CacheCorruptError,
@@ -36,12 +37,11 @@ from cachebuild.errors import (
 from cachebuild.format.file_table import local_files
 from cachebuild.format.identity import different_cache
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest, parse_manifest
-from cachebuild.format.reader import CacheReader
 from cachebuild.format.writer import install_staged, remove_unfinished_writes, staging_path
-from cachebuild.locks import exclusive_lock
 from cachebuild.share.contents import CacheContents, read_contents, read_manifest_bytes, split_caches
 from cachebuild.share.transfer import DEFAULT_JOBS, download
 from cachebuild.storage import LocalLocation, Location, open_location
+from cachebuild.storage.reader import CacheReader
 from cachebuild.storage.replacement import ReaderLock
 
 __all__ = ["PULL_MARKER", "PullResult", "pull"]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cachebuild.destination import CACHE_SUBFOLDER
 from cachebuild.errors import SourceError
+from cachebuild.format.pathnames import CACHE_SUBFOLDER
 from cachebuild.sources.plan import Plan, file_plan
 from cachebuild.sources.recipe import with_recipe
 from cachebuild.storage import is_url

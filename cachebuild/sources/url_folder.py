@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from cachebuild.destination import CACHE_SUBFOLDER
 from cachebuild.errors import SourceError
+from cachebuild.format.pathnames import CACHE_SUBFOLDER
 from cachebuild.sources.folder import IMG_EXTENSIONS
 from cachebuild.sources.plan import Plan
 from cachebuild.sources.remote import _infos, _version, filesystem

@@ -43,7 +43,7 @@ class Sink(Protocol):
 
 
 class StorageParams(Protocol):
-    """The build options a backend reads (``cachebuild.pipeline.BuildOptions`` has them all)."""
+    """The build options a backend reads (``cachebuild.build.pipeline.BuildOptions`` has them all)."""
 
     @property
     def size(self) -> int: ...

@@ -568,7 +568,7 @@ def _remove_dead_temporaries(out: Path) -> None:
     """Temporaries of the run's files whose writer died (a kill during a checkpoint write leaves a
     checkpoint-sized one each time): removed on resume, so repeated kills do not fill the disk. The name
     carries the writer's pid (``cachebuild.atomic``); a live writer's file is left alone."""
-    from cachebuild.locks import pid_alive
+    from cachebuild.processes import pid_alive
 
     for f in _run_files(out):
         writer = temporary_writer(f.name)

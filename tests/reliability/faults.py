@@ -20,7 +20,7 @@ points (where the build is when it fires):
 - ``compact``: during zarr compaction, before the n-th block move
 - ``shard-write``: the n-th sample written to an npy shard (for ``enospc``, ``erofs``)
 
-The points name today's functions (``cachebuild.pipeline``, ``format.writer``, the storage backends
+The points name today's functions (``cachebuild.build.pipeline``, ``format.writer``, the storage backends
 ``cachebuild.storage.zarr_write`` and ``npy_backend``); when they move, move the patches here, not the tests.
 """
 
@@ -61,7 +61,7 @@ def install(spec: str) -> None:
     counter = _Counter(action, int(n))
 
     if point == "decode":
-        import cachebuild.pipeline as pipeline
+        import cachebuild.build.pipeline as pipeline
 
         real_decode = pipeline.decode_into
 
@@ -71,7 +71,7 @@ def install(spec: str) -> None:
 
         pipeline.decode_into = decode_into
     elif point == "record":
-        import cachebuild.pipeline as pipeline
+        import cachebuild.build.pipeline as pipeline
 
         real_write = pipeline.write_json_atomic
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cachebuild.format import open_cache
+from cachebuild.storage.reader import open_cache
 
 __all__ = ["FAULT_HOOKS", "REPO", "ReadTally", "cli", "cli_env", "file_hashes", "read_under_load", "same_cache",
            "without_dac_override"]

@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cachebuild.format import open_cache, read_manifest, write_cache
-from cachebuild.pipeline import BuildOptions, build
+from cachebuild.build.pipeline import BuildOptions, build
+from cachebuild.format import read_manifest, write_cache
 from cachebuild.samples.broken import write_truncated_jpeg
 from cachebuild.sources.folder import folder_plan
+from cachebuild.storage.reader import open_cache
 from tests.reliability.helpers import read_under_load
 
 READERS = 8

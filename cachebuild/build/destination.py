@@ -25,6 +25,7 @@ from typing import Any
 
 from cachebuild.errors import CacheBuildError, CacheExistsError, OptionError, OutputError
 from cachebuild.format.manifest import FORMAT_NAME, MANIFEST_NAME
+from cachebuild.format.pathnames import CACHE_SUBFOLDER
 
 __all__ = [
     "CACHE_SUBFOLDER",
@@ -35,8 +36,6 @@ __all__ = [
     "read_raw_manifest",
     "some_names",
 ]
-
-CACHE_SUBFOLDER = ".cachebuild"  # the one folder inside a source tree that may hold caches of it
 
 # Top-level names a cache may hold beyond the files its manifest lists: the zarr group metadata that
 # makes a zarr cache's folder readable by xarray (cachebuild.storage.zarr_backend.finalize_folder).

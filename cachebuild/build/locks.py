@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from cachebuild.errors import LockHeldError
+from cachebuild.processes import pid_alive
 from cachebuild.provenance import command_line, current_host, current_user
 
 __all__ = ["Holder", "exclusive_lock", "lock_path", "read_holder"]
@@ -79,17 +80,6 @@ def _holder_text(lock: Path) -> str:
         # not write the file, e.g. another user without write permission on it).
         return f"holder not named in the lock file (it still names pid {holder.pid}, which is not running)"
     return holder.describe()
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` runs on this host (one we may not signal still runs)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _open(lock: Path) -> tuple[int, bool]:

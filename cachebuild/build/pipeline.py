@@ -32,14 +32,14 @@ from joblib import Parallel, delayed
 from joblib.externals.loky.process_executor import TerminatedWorkerError
 
 from cachebuild.atomic import write_json_atomic
-from cachebuild.decode import ANTIALIAS_FROM, DEFAULT_MAX_PIXELS, FITS, INTERPOLATIONS, ResizeSpec, decode_into
-from cachebuild.destination import check_outside_source, check_replaceable, is_own_staging, output_error
+from cachebuild.build.decode import ANTIALIAS_FROM, DEFAULT_MAX_PIXELS, FITS, INTERPOLATIONS, ResizeSpec, decode_into
+from cachebuild.build.destination import check_outside_source, check_replaceable, is_own_staging, output_error
 from cachebuild.errors import CacheBuildError, CacheExistsError, DecodeError, OptionError, SourceError
 from cachebuild.format.manifest import FORMAT_VERSION, MANIFEST_NAME, Failure, Manifest, read_manifest
 from cachebuild.format.pathnames import decode_path, encode_path
 from cachebuild.format.source_inputs import save_source_inputs
 from cachebuild.format.writer import commit_cache, save_side_arrays, staging_path, tool_versions, utc_now
-from cachebuild.locks import exclusive_lock
+from cachebuild.build.locks import exclusive_lock
 from cachebuild.options import parse_bool, parse_choice, parse_float, parse_int, parse_optional_bool
 from cachebuild.sources.plan import Plan, block_reader
 from cachebuild.storage import backend_names, get_backend, is_url
@@ -69,7 +69,7 @@ class BuildOptions:
     compression: str = "none"
     quality: int = 90  # storage kinds that encode samples (jpeg): encoder quality 1..100
     subsampling: str = "420"  # ... and chroma subsampling, "420" or "444"
-    decode_device: str = "cpu"  # "cuda": decode source JPEGs in batches on the GPU (cachebuild.gpu_build)
+    decode_device: str = "cpu"  # "cuda": decode source JPEGs in batches on the GPU (cachebuild.build.gpu_build)
     on_error: str = "skip"  # or "fail"
     max_pixels: int = DEFAULT_MAX_PIXELS
     reduced_decode: bool = True
@@ -175,7 +175,7 @@ def _run_block(plan_reader: Any, keys: list[str], start: int, block: int, spec: 
     cache (``Sink.close``). No fsync: a finished
     block survives any kill of the build (the kernel holds the pages); after a machine crash,
     ``cachebuild verify`` checks every shard against its checksum. ``decode_device="cuda"`` decodes the
-    block's sources in batches on this worker's GPU instead (``cachebuild.gpu_build``).
+    block's sources in batches on this worker's GPU instead (``cachebuild.build.gpu_build``).
     """
     _init_worker()
     folder = Path(staging)
@@ -186,7 +186,7 @@ def _run_block(plan_reader: Any, keys: list[str], start: int, block: int, spec: 
         def fill(i: int, key: str, slot: np.ndarray) -> Any:
             return decode_into(plan_reader(start + i, key), spec, slot, path=key)
     else:
-        from cachebuild.gpu_build import GpuBlockDecoder  # only imported where a GPU build runs
+        from cachebuild.build.gpu_build import GpuBlockDecoder  # only imported where a GPU build runs
 
         fill = GpuBlockDecoder(plan_reader, keys, start, spec, claim)
     try:
@@ -327,7 +327,7 @@ def _progress(total: int, initial: int, desc: str, enabled: bool | None):
 def _exclusive(out: Path, wait: float | None = None) -> Iterator[None]:
     """One build per output at a time: two would share one staging folder. The lock names its holder and
     the kernel drops it when the process dies, so a killed build never leaves a stale lock behind
-    (``cachebuild.locks``)."""
+    (``cachebuild.build.locks``)."""
     with exclusive_lock(out, wait=wait):
         yield
 
@@ -368,7 +368,7 @@ def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
     key, params = _build_key(plan, opts)
     jobs, claim = opts.jobs, ""
     if opts.decode_device != "cpu":
-        from cachebuild.gpu_build import gpu_workers  # only imported where a GPU build is asked for
+        from cachebuild.build.gpu_build import gpu_workers  # only imported where a GPU build is asked for
 
         jobs, claim = gpu_workers(opts.decode_device)
     m = _check_destination(out, key, opts.force)
