@@ -65,6 +65,7 @@ device-wheels: $(STAMP)  ## zarr, simplejpeg, psutil, matplotlib for the GPU dev
 lint: $(STAMP)
 	$(BIN)/ruff check cachebuild loaders tests bench
 	$(BIN)/mypy  # cachebuild/ and loaders/, settings in pyproject.toml
+	$(BIN)/lint-imports  # the layers and no cycles: [tool.importlinter] in pyproject.toml
 
 clean:
 	rm -rf $(DEMO) bench/work reliability-out .pytest_cache

@@ -41,8 +41,8 @@ def make_cache(dest: Path, n: int, size: int) -> Path:
     """n samples at size x size cut from the real photos that ship in scikit-image / scikit-learn."""
     import cv2
 
-    from cachebuild.format import write_cache
     from cachebuild.samples.photos import photo_bank
+    from cachebuild.storage.writer import write_cache
 
     bank = [cv2.resize(img, (size, size), interpolation=cv2.INTER_AREA) for _, img in photo_bank()]
     rng = np.random.default_rng(0)

@@ -24,8 +24,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cachebuild.format import write_cache
 from cachebuild.share.pull import pull
+from cachebuild.storage.writer import write_cache
 from tests.servers import HttpServer, _Loop
 
 

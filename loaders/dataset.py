@@ -35,10 +35,10 @@ from torch.utils.data import Dataset, get_worker_info
 from cachebuild.errors import CacheChangedError
 from cachebuild.format import Manifest
 from cachebuild.format.identity import check_fingerprint
-from cachebuild.format.side_arrays import load_paths
 from cachebuild.storage import BlockCache, ImageStore
 from cachebuild.storage.reader import open_cache
 from cachebuild.storage.replacement import ReaderLock
+from cachebuild.storage.side_arrays import load_paths
 from loaders.batch_ring import MAX_SLOTS, InlineTensor, WorkerRing, ring_bytes
 from loaders.collate import CacheBatch, collate_batch
 from loaders.encoded import EncodedImages

@@ -18,10 +18,9 @@ from click.testing import CliRunner
 from cachebuild.build.pipeline import BuildOptions, build
 from cachebuild.cli import main
 from cachebuild.errors import CacheExistsError, DecodeError
-from cachebuild.format import read_manifest
 from cachebuild.sources.folder import folder_plan
 from cachebuild.sources.imagenet import imagenet_plans
-from cachebuild.storage.reader import open_cache
+from cachebuild.storage.reader import open_cache, read_manifest
 from tests.kill_helpers import build_killed_after_blocks
 from tests.manifest_edits import load_unsealed
 

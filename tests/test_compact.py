@@ -23,9 +23,8 @@ import cachebuild.storage.jpeg_backend as jpeg_backend
 from cachebuild.build.pipeline import BuildOptions, build
 from cachebuild.cli import main
 from cachebuild.errors import CacheCorruptError, CacheExistsError
-from cachebuild.format import read_manifest
 from cachebuild.sources.imagenet import imagenet_plans
-from cachebuild.storage.reader import open_cache
+from cachebuild.storage.reader import open_cache, read_manifest
 from loaders.dataset import CachedImageDataset, collate_batch
 from loaders.device import device_loader
 from loaders.encoded import EncodedImages

@@ -22,9 +22,8 @@ import cachebuild.build.gpu_build as gpu_build
 from cachebuild.build.decode import ResizeSpec, _reduction, decode_into, probe
 from cachebuild.build.pipeline import BuildOptions, build
 from cachebuild.errors import DecodeError
-from cachebuild.format import read_manifest
 from cachebuild.sources.imagenet import imagenet_plans
-from cachebuild.storage.reader import open_cache
+from cachebuild.storage.reader import open_cache, read_manifest
 from loaders.dataset import CachedImageDataset, collate_batch
 from loaders.device import device_loader
 from tests.compact_fixtures import jpeg_index_cache, read_index

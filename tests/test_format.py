@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from cachebuild.errors import CacheCorruptError, CacheNotFoundError, UnsupportedFormatError
-from cachebuild.format import FORMAT_VERSION, Manifest, read_manifest, write_cache
+from cachebuild.format import FORMAT_VERSION, Manifest
 from cachebuild.storage.npy_backend import shrink_npy_shard
-from cachebuild.storage.reader import open_cache
+from cachebuild.storage.reader import open_cache, read_manifest
+from cachebuild.storage.writer import write_cache
 from tests.manifest_edits import load_unsealed
 
 

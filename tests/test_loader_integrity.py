@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, Subset
 
-from cachebuild.format import read_manifest
+from cachebuild.storage.reader import read_manifest
 from loaders import CachedImageDataset, FastLoader, collate_batch, device_loader
 from loaders.encoded import EncodedImages
 from tests.compact_fixtures import jpeg_index_cache, shard_payloads

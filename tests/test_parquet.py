@@ -16,11 +16,10 @@ from click.testing import CliRunner
 from cachebuild.build.pipeline import BuildOptions, build
 from cachebuild.cli import main
 from cachebuild.errors import SourceError
-from cachebuild.format import read_manifest
 from cachebuild.samples.parquet_layout import hf_features_metadata, write_hf_parquet
 from cachebuild.sources.parquet import ParquetColumns, parquet_plan
 from cachebuild.sources.remote import close_handles
-from cachebuild.storage.reader import open_cache
+from cachebuild.storage.reader import open_cache, read_manifest
 from tests.shard_fixtures import SIZE, cache_view
 
 

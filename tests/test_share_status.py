@@ -15,8 +15,9 @@ from click.testing import CliRunner
 
 from cachebuild.cli import main
 from cachebuild.errors import FingerprintMismatchError
-from cachebuild.format import read_manifest, write_cache
-from cachebuild.provenance import current_host, current_user
+from cachebuild.storage.provenance import current_host, current_user
+from cachebuild.storage.reader import read_manifest
+from cachebuild.storage.writer import write_cache
 from loaders.dataset import CachedImageDataset
 from tests.loaders_fixtures import make_cache, make_images
 

@@ -15,12 +15,12 @@ import pytest
 from torch.utils.data import DataLoader
 
 from cachebuild.errors import CacheCorruptError, CacheExistsError, UnsupportedFormatError
-from cachebuild.format import write_cache
 from cachebuild.format.manifest import ShardInfo
 from cachebuild.storage import Backend, ImageStore, get_backend, register_backend
 from cachebuild.storage.reader import open_cache
 from cachebuild.storage.replacement import replaced_folders
 from cachebuild.storage.rows import RowFiles, Segment
+from cachebuild.storage.writer import write_cache
 from loaders.dataset import CachedImageDataset, collate_batch
 from tests.loaders_fixtures import decode_index, make_cache, make_images
 from tests.manifest_edits import load_unsealed

@@ -16,7 +16,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from cachebuild.format import write_cache
+from cachebuild.storage.writer import write_cache
 from loaders.train.cli import train
 from loaders.train.run import STOP_EXIT_CODE
 

@@ -18,10 +18,9 @@ import pytest
 
 from cachebuild.build.pipeline import BuildOptions, build
 from cachebuild.errors import CacheBuildError, CacheCorruptError
-from cachebuild.format import read_manifest
 from cachebuild.format.manifest import CHECKSUM_FIELD
 from cachebuild.sources.imagenet import imagenet_plans
-from cachebuild.storage.reader import open_cache
+from cachebuild.storage.reader import open_cache, read_manifest
 
 KINDS = {
     "npy": {},

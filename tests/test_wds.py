@@ -21,12 +21,11 @@ from click.testing import CliRunner
 from cachebuild.build.pipeline import BuildOptions, build
 from cachebuild.cli import main
 from cachebuild.errors import CacheExistsError, SourceError
-from cachebuild.format import read_manifest
 from cachebuild.sources.plan import block_reader
 from cachebuild.sources.remote import close_handles
 from cachebuild.sources.tar_index import index_tar
 from cachebuild.sources.wds import IMAGE_KEYS, WdsLayout, wds_plan
-from cachebuild.storage.reader import open_cache
+from cachebuild.storage.reader import open_cache, read_manifest
 from tests.kill_helpers import build_killed_after_blocks
 from tests.shard_fixtures import SIZE, cache_view
 

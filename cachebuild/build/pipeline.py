@@ -35,10 +35,11 @@ from cachebuild.atomic import write_json_atomic
 from cachebuild.build.decode import ANTIALIAS_FROM, DEFAULT_MAX_PIXELS, FITS, INTERPOLATIONS, ResizeSpec, decode_into
 from cachebuild.build.destination import check_outside_source, check_replaceable, is_own_staging, output_error
 from cachebuild.errors import CacheBuildError, CacheExistsError, DecodeError, OptionError, SourceError
-from cachebuild.format.manifest import FORMAT_VERSION, MANIFEST_NAME, Failure, Manifest, read_manifest
+from cachebuild.format.manifest import FORMAT_VERSION, MANIFEST_NAME, Failure, Manifest
+from cachebuild.storage.reader import read_manifest
 from cachebuild.format.pathnames import decode_path, encode_path
-from cachebuild.format.source_inputs import save_source_inputs
-from cachebuild.format.writer import commit_cache, save_side_arrays, staging_path, tool_versions, utc_now
+from cachebuild.storage.source_inputs import save_source_inputs
+from cachebuild.storage.writer import commit_cache, save_side_arrays, staging_path, tool_versions, utc_now
 from cachebuild.build.locks import exclusive_lock
 from cachebuild.options import parse_bool, parse_choice, parse_float, parse_int, parse_optional_bool
 from cachebuild.sources.plan import Plan, block_reader

@@ -1,5 +1,7 @@
-"""The on-disk cache format: spec in ``docs/FORMAT.md``, code here (manifest, side arrays, reader, writer).
-How pixels are stored is each storage backend's business (``cachebuild.storage``)."""
+"""The on-disk cache format, as a leaf spec: the manifest's fields, their parsing and serialisation, the
+encoding of file names, a cache's identity. Prose in ``docs/FORMAT.md``. No file I/O and no backend registry
+here: reading and writing a cache's files is ``cachebuild.storage`` (``reader``, ``writer``, ``side_arrays``,
+``file_table``); how pixels are stored is each storage backend's business."""
 
 from cachebuild.format.manifest import (
     FORMAT_NAME,
@@ -9,9 +11,7 @@ from cachebuild.format.manifest import (
     Failure,
     Manifest,
     ShardInfo,
-    read_manifest,
 )
-from cachebuild.format.writer import commit_cache, staging_path, write_cache
 
 __all__ = [
     "FORMAT_NAME",
@@ -21,8 +21,4 @@ __all__ = [
     "Failure",
     "Manifest",
     "ShardInfo",
-    "commit_cache",
-    "read_manifest",
-    "staging_path",
-    "write_cache",
 ]

@@ -9,22 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from cachebuild.atomic import write_json_atomic
-from cachebuild.errors import (
-    CacheCorruptError,
-    CacheNotFoundError,
-    RemoteError,
-    RemoteNotFoundError,
-    UnsupportedFormatError,
-)
-from cachebuild.format.pathnames import decode_path, encode_path
-from cachebuild.storage import Location, backend_names, check_name, open_location
+from cachebuild.errors import CacheCorruptError, UnsupportedFormatError
+from cachebuild.format.pathnames import check_name, decode_path, encode_path
 
 __all__ = [
     "CHECKSUM_FIELD",
@@ -37,10 +28,7 @@ __all__ = [
     "Manifest",
     "ShardInfo",
     "manifest_bytes",
-    "not_a_cache",
     "parse_manifest",
-    "read_manifest",
-    "write_json_atomic",
 ]
 
 FORMAT_NAME = "cachebuild"
@@ -195,7 +183,7 @@ class Manifest:
         return {**head, **d}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Manifest:
+    def from_dict(cls, d: Mapping[str, Any], storage_kinds: tuple[str, ...] | None = None) -> Manifest:
         version = _check_format(d)
         try:
             shape = _parse_shape("shape", d["shape"])
@@ -230,7 +218,7 @@ class Manifest:
                 split=_parse_str("split", d["split"]),
                 count=_parse_int("count", d["count"]),
                 shape=(shape[0], shape[1], shape[2]),
-                storage=_parse_str("storage", d["storage"], backend_names()),
+                storage=_parse_str("storage", d["storage"], storage_kinds),
                 classes=_parse_str_list("classes", d["classes"]),
                 fit=_parse_str("fit", d["fit"], FITS),
                 interpolation=_parse_str("interpolation", d["interpolation"]),
@@ -307,36 +295,9 @@ def _check_seal(raw: bytes, d: Mapping[str, Any], where: str) -> None:
         )
 
 
-def read_manifest(where: str | os.PathLike[str] | Location) -> Manifest:
-    """Parse and validate ``<where>/manifest.json`` (a folder or a URL); a named error for anything that is
-    not a cache."""
-    location = open_location(where)
-    try:
-        raw = location.read_bytes(MANIFEST_NAME)
-    except (FileNotFoundError, NotADirectoryError, RemoteError) as e:
-        hint = ""
-        if location.is_local:
-            root = location.local_path()
-            if root.is_dir():
-                subs = sorted(p.name for p in root.iterdir()
-                              if (p / MANIFEST_NAME).is_file() and ".replaced-" not in p.name)
-                if subs:
-                    hint = f"; it holds the caches {subs}: pass one of them, e.g. {root / subs[0]}"
-                elif any(root.glob("*.partial")) or root.name.endswith(".partial"):
-                    hint = "; a build into it is unfinished: rerun the same cachebuild command to resume it"
-        elif isinstance(e, RemoteError) and not isinstance(e, RemoteNotFoundError):
-            raise  # access denied, unreachable...: that, not "not a cache", is the news
-        raise not_a_cache(location, hint) from None
-    return parse_manifest(raw, location.describe(MANIFEST_NAME))
-
-
-def not_a_cache(location: Location, hint: str = "") -> CacheNotFoundError:
-    """The error for a location that holds no manifest."""
-    return CacheNotFoundError(f"{location.describe()} is not a cachebuild cache (no {MANIFEST_NAME}){hint}")
-
-
-def parse_manifest(raw: bytes, where: str) -> Manifest:
-    """Parse and validate a manifest's bytes; ``where`` names it in errors."""
+def parse_manifest(raw: bytes, where: str, storage_kinds: tuple[str, ...] | None = None) -> Manifest:
+    """Parse and validate a manifest's bytes; ``where`` names it in errors. ``storage_kinds``: the kinds
+    the caller can read (the storage registry's names; None: any name). The spec knows no registry."""
     try:
         data = json.loads(raw.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -345,4 +306,4 @@ def parse_manifest(raw: bytes, where: str) -> Manifest:
         raise CacheCorruptError(f"{where} must hold a JSON object")
     _check_format(data)  # first: a newer format may seal differently, and "unsupported version" is the news
     _check_seal(raw, data, where)
-    return Manifest.from_dict(data)
+    return Manifest.from_dict(data, storage_kinds)

@@ -24,11 +24,12 @@ from typing import Any
 
 from cachebuild.errors import CacheCorruptError
 
-__all__ = ["CACHE_SUBFOLDER", "decode_path", "decode_paths", "encode_path", "encode_paths"]
+__all__ = ["CACHE_SUBFOLDER", "URL_SCHEME", "check_name", "decode_path", "decode_paths", "encode_path", "encode_paths"]
 
 # The one folder inside a source tree that may hold caches of it: sources never list it, and a build may
 # write there (cachebuild.build.destination).
 CACHE_SUBFOLDER = ".cachebuild"
+URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # s3://, gs://, http(s)://, file://, memory://...
 
 _ESCAPE = re.compile(r"\\(\\|x[0-9a-f]{2})")
 
@@ -81,3 +82,28 @@ def encode_paths(paths: list[str]) -> list[str | dict[str, str]]:
 
 def decode_paths(entries: list[Any], where: str = "paths.json") -> list[str]:
     return [decode_path(e, where) for e in entries]
+
+
+def check_name(name: object, what: str = "file name") -> str:
+    """A name a manifest gives for a file of the cache: plain, relative, inside the cache.
+
+    Refused: absolute paths, ``..`` or ``.`` segments, empty segments, backslashes, URLs, control
+    characters. A backend only ever opens ``<cache>/<name>`` for names that pass, so a crafted manifest
+    cannot make a reader open ``/etc/passwd``, a sibling folder or another host.
+    """
+    if not isinstance(name, str) or not name:
+        raise CacheCorruptError(f"manifest {what} must be a non-empty string, got {name!r}")
+    bad = (
+        name.startswith("/")
+        or "\\" in name
+        or URL_SCHEME.match(name) is not None
+        or ":" in name.split("/", 1)[0]  # drive letters, "c:foo", scheme-like prefixes
+        or any(ord(ch) < 32 for ch in name)
+        or any(part in ("", ".", "..") for part in name.split("/"))
+    )
+    if bad:
+        raise CacheCorruptError(
+            f"manifest {what} {name!r} is not a plain relative name inside the cache (no '..', no absolute "
+            f"path, no URL); the manifest is damaged or was crafted: rebuild or re-fetch the cache"
+        )
+    return name

@@ -34,15 +34,15 @@ from cachebuild.errors import (
     OutputError,
     TransferError,
 )
-from cachebuild.format.file_table import local_files
 from cachebuild.format.identity import different_cache
-from cachebuild.format.manifest import MANIFEST_NAME, Manifest, parse_manifest
-from cachebuild.format.writer import install_staged, remove_unfinished_writes, staging_path
+from cachebuild.format.manifest import MANIFEST_NAME, Manifest
 from cachebuild.share.contents import CacheContents, read_contents, read_manifest_bytes, split_caches
 from cachebuild.share.transfer import DEFAULT_JOBS, download
 from cachebuild.storage import LocalLocation, Location, open_location
-from cachebuild.storage.reader import CacheReader
+from cachebuild.storage.file_table import local_files
+from cachebuild.storage.reader import CacheReader, parse_manifest
 from cachebuild.storage.replacement import ReaderLock
+from cachebuild.storage.writer import install_staged, remove_unfinished_writes, staging_path
 
 __all__ = ["PULL_MARKER", "PullResult", "pull"]
 

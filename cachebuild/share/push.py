@@ -39,13 +39,13 @@ from cachebuild.errors import (
     RemoteNotFoundError,
     TransferError,
 )
-from cachebuild.format.file_table import read_file_table
 from cachebuild.format.identity import different_cache
-from cachebuild.format.manifest import FORMAT_NAME, MANIFEST_NAME, parse_manifest
+from cachebuild.format.manifest import FORMAT_NAME, MANIFEST_NAME
 from cachebuild.share.contents import PUSH_MARKER, CacheContents, read_contents, split_caches
 from cachebuild.share.transfer import DEFAULT_JOBS, upload
 from cachebuild.storage import LocalLocation, Location, open_location
-from cachebuild.storage.reader import CacheReader
+from cachebuild.storage.file_table import read_file_table
+from cachebuild.storage.reader import CacheReader, parse_manifest
 from cachebuild.storage.replacement import ReaderLock
 
 __all__ = ["PushResult", "push"]

@@ -28,8 +28,8 @@ from typing import Any
 
 from cachebuild.atomic import AtomicFile
 from cachebuild.errors import CacheBuildError
-from cachebuild.format.file_table import sha256_file
 from cachebuild.storage import Location
+from cachebuild.storage.file_table import sha256_file
 
 __all__ = ["DEFAULT_JOBS", "PIECE_BYTES", "Item", "Outcome", "download", "upload"]
 

@@ -126,7 +126,7 @@ class JpegImages(ImageStore):
         shard = self.files.shard_of(i)
         source = ""
         try:  # the source file's name helps the user; reading it must never hide the real error
-            from cachebuild.format.side_arrays import load_paths
+            from cachebuild.storage.side_arrays import load_paths
 
             source = f" ({load_paths(self.location, self.manifest)[i]})"
         except (CacheCorruptError, RemoteError, OSError, IndexError, ValueError):

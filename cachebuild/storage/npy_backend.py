@@ -97,7 +97,7 @@ class NpyShardSink:
         self.out.file.close()
         sha = self.digest.hexdigest()
         if self.count < self.planned:  # the header changes: hash the shrunk file again
-            from cachebuild.format.file_table import sha256_file
+            from cachebuild.storage.file_table import sha256_file
 
             shrink_npy_shard(self.out.tmp, self.count)
             sha = sha256_file(self.out.tmp)

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cachebuild.errors import CacheCorruptError, RemoteError, RemoteNotFoundError
-from cachebuild.format.file_table import read_file_table
-from cachebuild.format.manifest import Manifest, read_manifest
+from cachebuild.format.manifest import Manifest
 from cachebuild.storage import Location, get_backend, open_location
+from cachebuild.storage.file_table import read_file_table
+from cachebuild.storage.reader import read_manifest
 from cachebuild.storage.rows import npy_header
 
 __all__ = ["QuickReport", "quick_check"]

@@ -1,5 +1,6 @@
-"""Open a finished cache, local or at a URL: validated manifest, the backend's image store, side arrays,
-verification. Every reader of a cache (``info``, ``verify``, ``CachedImageDataset``, the benches) goes
+"""Open a finished cache, local or at a URL: its manifest read and validated (against the storage kinds this
+release knows), the backend's image store, side arrays, verification. Every reader of a cache (``info``,
+``verify``, ``CachedImageDataset``, the benches) goes
 through :class:`CacheReader`; the storage kind is the backend's business.
 """
 
@@ -12,14 +13,49 @@ from typing import Any
 
 import numpy as np
 
-from cachebuild.errors import CacheCorruptError, RemoteError, RemoteNotFoundError
-from cachebuild.format.file_table import read_file_table
-from cachebuild.format.manifest import MANIFEST_NAME, Manifest, not_a_cache, read_manifest
-from cachebuild.format.side_arrays import load_array, load_paths, sha256_bytes
-from cachebuild.storage import BlockCache, ImageStore, Location, get_backend, open_location
+from cachebuild.errors import CacheCorruptError, CacheNotFoundError, RemoteError, RemoteNotFoundError
+from cachebuild.format.manifest import MANIFEST_NAME, Manifest
+from cachebuild.format.manifest import parse_manifest as parse_spec
+from cachebuild.storage import BlockCache, ImageStore, Location, backend_names, get_backend, open_location
+from cachebuild.storage.file_table import read_file_table
 from cachebuild.storage.replacement import ReaderLock
+from cachebuild.storage.side_arrays import load_array, load_paths, sha256_bytes
 
-__all__ = ["CacheReader", "open_cache"]
+__all__ = ["CacheReader", "not_a_cache", "open_cache", "parse_manifest", "read_manifest"]
+
+
+def parse_manifest(raw: bytes, where: str) -> Manifest:
+    """Parse and validate a manifest's bytes (``cachebuild.format.manifest``), refusing a storage kind this
+    release has no backend for; ``where`` names it in errors."""
+    return parse_spec(raw, where, backend_names())
+
+
+def read_manifest(where: str | os.PathLike[str] | Location) -> Manifest:
+    """Parse and validate ``<where>/manifest.json`` (a folder or a URL); a named error for anything that is
+    not a cache."""
+    location = open_location(where)
+    try:
+        raw = location.read_bytes(MANIFEST_NAME)
+    except (FileNotFoundError, NotADirectoryError, RemoteError) as e:
+        hint = ""
+        if location.is_local:
+            root = location.local_path()
+            if root.is_dir():
+                subs = sorted(p.name for p in root.iterdir()
+                              if (p / MANIFEST_NAME).is_file() and ".replaced-" not in p.name)
+                if subs:
+                    hint = f"; it holds the caches {subs}: pass one of them, e.g. {root / subs[0]}"
+                elif any(root.glob("*.partial")) or root.name.endswith(".partial"):
+                    hint = "; a build into it is unfinished: rerun the same cachebuild command to resume it"
+        elif isinstance(e, RemoteError) and not isinstance(e, RemoteNotFoundError):
+            raise  # access denied, unreachable...: that, not "not a cache", is the news
+        raise not_a_cache(location, hint) from None
+    return parse_manifest(raw, location.describe(MANIFEST_NAME))
+
+
+def not_a_cache(location: Location, hint: str = "") -> CacheNotFoundError:
+    """The error for a location that holds no manifest."""
+    return CacheNotFoundError(f"{location.describe()} is not a cachebuild cache (no {MANIFEST_NAME}){hint}")
 
 
 class CacheReader:

@@ -82,7 +82,7 @@ def install(spec: str) -> None:
 
         pipeline.write_json_atomic = write_json_atomic
     elif point == "manifest":
-        import cachebuild.format.writer as writer
+        import cachebuild.storage.writer as writer
 
         real_write = writer.write_bytes_atomic
 

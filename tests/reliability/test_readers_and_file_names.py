@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 from cachebuild.build.pipeline import BuildOptions, build
-from cachebuild.format import read_manifest, write_cache
 from cachebuild.samples.broken import write_truncated_jpeg
 from cachebuild.sources.folder import folder_plan
-from cachebuild.storage.reader import open_cache
+from cachebuild.storage.reader import open_cache, read_manifest
+from cachebuild.storage.writer import write_cache
 from tests.reliability.helpers import read_under_load
 
 READERS = 8

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cachebuild.format import write_cache
 from cachebuild.share.push import push
+from cachebuild.storage.writer import write_cache
 from tests.reliability.helpers import read_under_load
 
 READERS = 4

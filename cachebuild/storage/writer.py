@@ -14,12 +14,12 @@ import numpy as np
 
 from cachebuild.atomic import fsync_dir, write_bytes_atomic
 from cachebuild.errors import CacheExistsError, OptionError
-from cachebuild.format.file_table import is_unfinished_write, with_file_table
 from cachebuild.format.manifest import MANIFEST_NAME, ArrayInfo, Failure, Manifest, manifest_bytes
-from cachebuild.format.side_arrays import save_array, save_paths, sha256_bytes
-from cachebuild.provenance import built_by
 from cachebuild.storage import get_backend
+from cachebuild.storage.file_table import is_unfinished_write, with_file_table
+from cachebuild.storage.provenance import built_by
 from cachebuild.storage.replacement import set_aside, sweep_replaced
+from cachebuild.storage.side_arrays import save_array, save_paths, sha256_bytes
 
 __all__ = ["commit_cache", "install_staged", "remove_unfinished_writes", "save_side_arrays", "staging_path",
            "tool_versions", "utc_now", "write_cache"]
