@@ -42,8 +42,8 @@ def _warm(sample: str, contender: str) -> int:
     else:
         import torch
 
+        from cachebuild.build.block import _init_worker
         from cachebuild.build.decode import ResizeSpec, decode_into
-        from cachebuild.build.pipeline import _init_worker
 
         if contender == "cachebuild_zarr":
             import zarr  # noqa: F401

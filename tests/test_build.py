@@ -379,10 +379,10 @@ def test_cli_builds_on_a_dask_cluster(imagenet_tree, tmp_path):
 def test_zarr_build_killed_after_moving_blocks_does_not_move_them_twice(imagenet_tree, tmp_path, monkeypatch):
     """Killed after the blocks moved but before the commit: the resumed build must not move them again
     (their sources are gone), only commit."""
-    import cachebuild.build.pipeline as pipeline
+    import cachebuild.build.finish as finish
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt
 
-    path = _zarr_build_killed_then_resumed(imagenet_tree, tmp_path, monkeypatch, pipeline, "save_side_arrays", killed)
+    path = _zarr_build_killed_then_resumed(imagenet_tree, tmp_path, monkeypatch, finish, "save_side_arrays", killed)
     assert not (path / "compacting.json").exists()

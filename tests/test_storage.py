@@ -15,8 +15,8 @@ import pytest
 from torch.utils.data import DataLoader
 
 from cachebuild.errors import CacheCorruptError, CacheExistsError, UnsupportedFormatError
-from cachebuild.format.manifest import ShardInfo
 from cachebuild.storage import Backend, ImageStore, get_backend, register_backend
+from cachebuild.storage.base import one_file_per_block
 from cachebuild.storage.reader import open_cache
 from cachebuild.storage.replacement import replaced_folders
 from cachebuild.storage.rows import RowFiles, Segment
@@ -47,27 +47,45 @@ class _RawImages(ImageStore):
         return bad
 
 
+class _RawSink:
+    """One block's rows appended to its file; the sha256 covers the pixels (= the file)."""
+
+    stored_bytes = None
+
+    def __init__(self, path, sample_shape):
+        self.path, self.file, self.digest = path, path.open("wb"), hashlib.sha256()
+        self.slot = np.empty(sample_shape, np.uint8)
+
+    def next_slot(self):
+        return self.slot
+
+    def commit(self):
+        self.file.write(self.slot.tobytes())
+        self.digest.update(self.slot)
+
+    def abort(self):
+        self.file.close()
+        self.path.unlink()
+
+    def close(self):
+        self.file.close()
+        return self.path.name, self.digest.hexdigest()
+
+
 class _RawBackend(Backend):
     """Headerless ``.raw`` files of C-order rows: the smallest backend there is."""
 
     name = "raw-test"
+    staging_names = r"part-\d+\.raw"
 
     def build_params(self, opts):
         return {"chunk_size": None, "compression": "none"}
 
     def sink(self, staging, block, start, planned, sample_shape, params):
-        raise NotImplementedError
+        return _RawSink(staging / f"part-{block}.raw", sample_shape)
 
     def finish(self, staging, ordered, count, planned):
-        raise NotImplementedError
-
-    def write_arrays(self, staging, images, shard_size, compression):
-        shards = []
-        for i, lo in enumerate(range(0, len(images), shard_size)):
-            block = np.ascontiguousarray(images[lo : lo + shard_size])
-            (staging / f"part-{i}.raw").write_bytes(block.tobytes())
-            shards.append(ShardInfo(f"part-{i}.raw", lo, len(block), hashlib.sha256(block).hexdigest()))
-        return shards
+        return one_file_per_block(staging, ordered)
 
     def open(self, location, manifest, *, block_cache=None):
         return _RawImages(location, manifest)

@@ -26,6 +26,7 @@ from typing import Any
 from cachebuild.errors import CacheBuildError, CacheExistsError, OptionError, OutputError
 from cachebuild.format.manifest import FORMAT_NAME, MANIFEST_NAME
 from cachebuild.format.pathnames import CACHE_SUBFOLDER
+from cachebuild.storage import cache_names, staging_names
 
 __all__ = [
     "CACHE_SUBFOLDER",
@@ -37,17 +38,16 @@ __all__ = [
     "some_names",
 ]
 
-# Top-level names a cache may hold beyond the files its manifest lists: the zarr group metadata that
-# makes a zarr cache's folder readable by xarray (cachebuild.storage.zarr_backend.finalize_folder).
-_CACHE_EXTRA_NAMES: frozenset[str] = frozenset({"zarr.json"})
+# What a build writes into its staging folder beyond the storage kind's own names (each backend lists those:
+# ``Backend.staging_names``): the build's bookkeeping, storage.writer's side arrays, file table and manifest,
+# atomic writes' temporaries, and the marker of a pull's (cachebuild.share.pull: a pull and a build of one
+# output share the staging folder).
+_BUILD_NAMES = (r"blocks|build\.json|pull\.json|manifest\.json|paths\.json|(labels|sizes|boxes|[a-z_]*labels)\.npy"
+                r"|\..+\.tmp(-\d+)?|files\.json|source_files\.json")
 
-# What a build writes into its staging folder (pipeline, sinks, zarr_staging, format.writer), and the
-# marker of a pull's (cachebuild.share.pull: a pull and a build of one output share the staging folder).
-_STAGING_NAMES = re.compile(
-    r"blocks|build\.json|pull\.json|compacting\.json|manifest\.json|paths\.json|images\.zarr(\.tmp)?"
-    r"|images-\d+\.(npy|jpegs)(\.tmp|\.shrink)?|(labels|sizes|boxes|[a-z_]*labels)\.npy|\..+\.tmp(-\d+)?"
-    r"|zarr\.json|files\.json|source_files\.json"
-)
+
+def _staging_names() -> re.Pattern[str]:
+    return re.compile(f"{_BUILD_NAMES}|{staging_names()}")
 
 
 def _inside(path: Path, folder: Path) -> bool:
@@ -131,7 +131,7 @@ def check_replaceable(out: Path, problem: str | None, other: str = "another --ou
     if raw.get("format") != FORMAT_NAME:
         raise CacheExistsError(f"{out}/{MANIFEST_NAME} is not a cachebuild manifest (format "
                                f"{raw.get('format')!r}); {never}: choose {other}")
-    foreign = sorted(set(os.listdir(out)) - _listed_names(raw) - _CACHE_EXTRA_NAMES)
+    foreign = sorted(set(os.listdir(out)) - _listed_names(raw) - cache_names())
     if foreign:
         shown = some_names(foreign)
         damage = f" (its manifest: {problem})" if problem else ""
@@ -152,7 +152,8 @@ def is_own_staging(staging: Path) -> bool:
             return True
     except (OSError, CacheBuildError):
         pass
-    return all(_STAGING_NAMES.fullmatch(name) for name in os.listdir(staging))
+    names = _staging_names()
+    return all(names.fullmatch(name) for name in os.listdir(staging))
 
 
 _ADVICE = {

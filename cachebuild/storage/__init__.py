@@ -26,12 +26,15 @@ __all__ = [
     "Location",
     "Sink",
     "backend_names",
+    "cache_names",
     "check_name",
+    "codecs",
     "get_backend",
     "is_url",
     "open_location",
     "redact",
     "register_backend",
+    "staging_names",
 ]
 
 DEFAULT_STORAGE = "npy"
@@ -71,3 +74,18 @@ def get_backend(name: str) -> Backend:
         module, cls = _BACKENDS[name].split(":")
         backend = _LOADED[name] = getattr(importlib.import_module(module), cls)()
     return backend
+
+
+def staging_names() -> str:
+    """A regex (fullmatch) of every name some storage kind writes at the top of a staging folder."""
+    return "|".join(f"(?:{b.staging_names})" for b in map(get_backend, _BACKENDS) if b.staging_names)
+
+
+def cache_names() -> frozenset[str]:
+    """Names some storage kind keeps in a finished cache beyond the files its manifest lists."""
+    return frozenset().union(*(get_backend(name).cache_names for name in _BACKENDS))
+
+
+def codecs() -> dict[str, str]:
+    """codec name -> the storage kind that stores samples encoded with it (``--codec jpeg`` -> ``jpeg``)."""
+    return {b.codec: name for name, b in ((n, get_backend(n)) for n in _BACKENDS) if b.codec}

@@ -1,7 +1,9 @@
 """What a storage backend is: one class per way of laying out a cache's pixels, owning both sides.
 
-Write side (the build): ``prepare`` the staging folder, give each worker a :class:`Sink` for its block,
-``resume`` after a kill, ``finish`` into the manifest's shard list; ``write_arrays`` for in-memory images.
+Write side (the build, and ``storage.writer.write_cache`` for in-memory images: one path): ``prepare`` the
+staging folder, give each worker a :class:`Sink` for its block, ``resume`` after a kill, ``finish`` the
+:class:`BlockRecord` s into the manifest's shard list. Each backend lists the names it writes
+(``staging_names``, ``cache_names``), so the build's destination rules never name a kind's files.
 Read side: ``open`` a location + manifest into an :class:`ImageStore` that gathers samples into a caller's
 buffer, tells its read geometry and verifies itself. Nothing outside the backends asks which kind a cache is.
 """
@@ -9,7 +11,8 @@ buffer, tells its read geometry and verifies itself. Nothing outside the backend
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -21,9 +24,53 @@ from cachebuild.storage.location import Location
 if TYPE_CHECKING:
     from cachebuild.format.manifest import Manifest, ShardInfo
 
-__all__ = ["Backend", "BlockRecord", "ImageStore", "Sink", "StorageParams", "one_file_per_block", "sha256_of_file"]
+__all__ = ["Backend", "BlockFailure", "BlockRecord", "ImageStore", "Sink", "StorageParams", "one_file_per_block",
+           "sha256_of_file"]
 
-BlockRecord = dict[str, Any]  # a finished block: {"block", "start", "planned", "count", "file", "sha256", ...}
+
+@dataclass(frozen=True)
+class BlockFailure:
+    """A source file of a block that gave no sample: its plan position, its name as
+    ``format.pathnames.encode_path`` writes it, and why."""
+
+    index: int
+    path: str | dict[str, str]
+    reason: str
+
+
+@dataclass(frozen=True)
+class BlockRecord:
+    """A finished block, as its worker returns it and ``blocks/block-NNNNN.json`` keeps it (a killed build
+    resumes by skipping the blocks that have one). ``ok``, ``sizes``, ``boxes``: per kept sample, its plan
+    position, source (height, width) and placement box."""
+
+    block: int
+    start: int  # plan position of the block's first file
+    planned: int  # files in the block
+    count: int  # samples kept (planned minus failures)
+    file: str  # the file the sink wrote (npy, jpeg: the shard; zarr: the array)
+    sha256: str  # what the manifest keeps for the shard (the kind says what it covers)
+    ok: tuple[int, ...] = ()
+    sizes: tuple[tuple[int, int], ...] = ()
+    boxes: tuple[tuple[int, int, int, int], ...] = ()
+    failures: tuple[BlockFailure, ...] = ()
+    stored_bytes: int | None = None  # kinds that encode samples: bytes as stored (None: raw pixels)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        if self.stored_bytes is None:
+            del d["stored_bytes"]
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> BlockRecord:
+        """A record read back (KeyError, TypeError or ValueError for one that is not)."""
+        return cls(int(d["block"]), int(d["start"]), int(d["planned"]), int(d["count"]), str(d["file"]),
+                   str(d["sha256"]), tuple(int(i) for i in d["ok"]),
+                   tuple((int(h), int(w)) for h, w in d["sizes"]),
+                   tuple((int(a), int(b), int(c), int(e)) for a, b, c, e in d["boxes"]),
+                   tuple(BlockFailure(int(f["index"]), f["path"], str(f["reason"])) for f in d["failures"]),
+                   None if d.get("stored_bytes") is None else int(d["stored_bytes"]))
 
 
 class Sink(Protocol):
@@ -39,6 +86,12 @@ class Sink(Protocol):
         """Finish the block; returns the file name its record names and the sha256 the manifest keeps for
         it. The kind says what the digest covers (npy and jpeg: the shard file's every byte, so the file
         table takes it as is; zarr: the samples' pixels), and the sink hashes as it writes: one pass."""
+        ...
+
+    @property
+    def stored_bytes(self) -> int | None:
+        """After :meth:`close`: the bytes the block takes as stored, for kinds that encode samples (jpeg);
+        None for raw pixels (count x sample bytes)."""
         ...
 
 
@@ -94,6 +147,13 @@ class Backend(ABC):
     """One storage kind. Registered once in :mod:`cachebuild.storage` under ``name`` (= ``manifest.storage``)."""
 
     name: ClassVar[str]
+    #: regex (fullmatch) of every name this kind writes at the top of a staging folder, temporaries included:
+    #: with the build's own names, what lets ``--force`` discard an unfinished build it can prove it made
+    staging_names: ClassVar[str] = ""
+    #: names a finished cache of this kind holds beyond the files its manifest lists (zarr: the group metadata)
+    cache_names: ClassVar[frozenset[str]] = frozenset()
+    #: kinds that store each sample encoded: the codec's name (the CLI's ``--codec``; None: raw pixels)
+    codec: ClassVar[str | None] = None
     #: True when a shard's manifest sha256 is the sha256 of its whole file (one file per shard): the
     #: commit's file table then takes it from the manifest instead of hashing the file a second time
     shard_sha256_is_file: ClassVar[bool] = False
@@ -129,10 +189,6 @@ class Backend(ABC):
         """Remove the backend's build bookkeeping from the staging folder (just before the commit)."""
         return None  # nothing to do for kinds without such a step
 
-    @abstractmethod
-    def write_arrays(self, staging: Path, images: np.ndarray, shard_size: int, compression: str) -> list[ShardInfo]:
-        """Write in-memory uint8 (N, H, W, 3) images (``cachebuild.format.write_cache``)."""
-
     def finalize_folder(self, staging: Path, manifest: Manifest) -> None:
         """Last touches with the manifest known (e.g. metadata other readers need), before it is written."""
         return None  # nothing to do for kinds without such a step
@@ -150,11 +206,11 @@ def one_file_per_block(staging: Path, ordered: list[BlockRecord]) -> list[ShardI
 
     shards, pos = [], 0
     for r in ordered:
-        if r["count"]:
-            shards.append(ShardInfo(r["file"], pos, r["count"], r["sha256"]))
-            pos += r["count"]
+        if r.count:
+            shards.append(ShardInfo(r.file, pos, r.count, r.sha256))
+            pos += r.count
         else:
-            (staging / r["file"]).unlink(missing_ok=True)
+            (staging / r.file).unlink(missing_ok=True)
     return shards
 
 

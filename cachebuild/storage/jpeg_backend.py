@@ -77,7 +77,7 @@ class JpegShardSink:
         self.payloads: list[bytes] = []
         self.crcs: list[int] = []
         #: extra fields for the block record: the shard's size as stored
-        self.record_fields: dict[str, Any] = {}
+        self.stored_bytes: int | None = None  # known at close
 
     def next_slot(self) -> np.ndarray:
         return self.slot
@@ -93,7 +93,7 @@ class JpegShardSink:
     def close(self) -> tuple[str, str]:
         with AtomicFile(self.path) as f:
             sha, size = write_shard(f.file, self.payloads, self.crcs)
-        self.record_fields = {"stored_bytes": size}
+        self.stored_bytes = size
         return self.path.name, sha
 
 
@@ -214,6 +214,8 @@ class JpegImages(ImageStore):
 class JpegBackend(Backend):
     name = "jpeg"
     shard_sha256_is_file = True
+    staging_names = r"images-\d+\.jpegs(\.tmp)?"  # payload shards and AtomicFile's temporaries
+    codec = "jpeg"
 
     def build_params(self, opts: StorageParams) -> dict[str, Any]:
         quality, subsampling = opts.quality, opts.subsampling
@@ -230,22 +232,6 @@ class JpegBackend(Backend):
 
     def finish(self, staging: Path, ordered: list[BlockRecord], count: int, planned: int) -> list[ShardInfo]:
         return one_file_per_block(staging, ordered)
-
-    def write_arrays(self, staging: Path, images: np.ndarray, shard_size: int, compression: str) -> list[ShardInfo]:
-        """In-memory images at the default quality and subsampling."""
-        from cachebuild.format.manifest import ShardInfo
-
-        if compression != "none":
-            raise OptionError(f"jpeg caches take no chunk compression; got compression={compression!r}")
-        shards = []
-        for i, lo in enumerate(range(0, len(images), shard_size)):
-            block = images[lo : lo + shard_size]
-            payloads = [jpeg_codec.encode(np.ascontiguousarray(im), jpeg_codec.DEFAULT_QUALITY,
-                                          jpeg_codec.DEFAULT_SUBSAMPLING) for im in block]
-            with AtomicFile(staging / shard_file_name(i)) as f:
-                sha, _ = write_shard(f.file, payloads, [zlib.crc32(p) for p in payloads])
-            shards.append(ShardInfo(shard_file_name(i), lo, len(block), sha))
-        return shards
 
     def open(self, location: Location, manifest: Manifest, *, block_cache: BlockCache | None = None) -> JpegImages:
         """Read every shard's index (12 bytes a sample) and check it against the manifest and, locally, the

@@ -81,6 +81,7 @@ class NpyShardSink:
         self.digest = hashlib.sha256(head)  # of the file as written, while each slot is hot in cache
         self.slot = np.empty(sample_shape, dtype=np.uint8)
         self.planned, self.count = planned, 0
+        self.stored_bytes: int | None = None  # raw pixels
 
     def next_slot(self) -> np.ndarray:
         return self.slot
@@ -151,6 +152,7 @@ class NpyImages(ImageStore):
 class NpyBackend(Backend):
     name = "npy"
     shard_sha256_is_file = True
+    staging_names = r"images-\d+\.npy(\.tmp|\.shrink)?"  # shards; AtomicFile's temporary; shrink_npy_shard's
 
     def build_params(self, opts: StorageParams) -> dict[str, Any]:
         if opts.compression != "none":
@@ -164,23 +166,6 @@ class NpyBackend(Backend):
 
     def finish(self, staging: Path, ordered: list[BlockRecord], count: int, planned: int) -> list[ShardInfo]:
         return one_file_per_block(staging, ordered)
-
-    def write_arrays(self, staging: Path, images: np.ndarray, shard_size: int, compression: str) -> list[ShardInfo]:
-        from cachebuild.format.manifest import ShardInfo
-
-        if compression != "none":
-            raise OptionError(f"npy shards are not compressed; got compression={compression!r}")
-        shards = []
-        for i, lo in enumerate(range(0, len(images), shard_size)):
-            block = np.ascontiguousarray(images[lo : lo + shard_size])
-            head = _header(len(block), block.shape[1:])
-            with AtomicFile(staging / shard_file_name(i)) as f:
-                f.file.write(head)
-                f.file.write(memoryview(block).cast("B"))
-            digest = hashlib.sha256(head)
-            digest.update(block)
-            shards.append(ShardInfo(shard_file_name(i), lo, len(block), digest.hexdigest()))
-        return shards
 
     def open(self, location: Location, manifest: Manifest, *, block_cache: BlockCache | None = None) -> NpyImages:
         """Check every shard's header against the manifest (and, locally, its size); no pixel is read."""

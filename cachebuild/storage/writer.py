@@ -7,6 +7,7 @@ import datetime as _dt
 import os
 import platform
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,9 @@ import numpy as np
 
 from cachebuild.atomic import fsync_dir, write_bytes_atomic
 from cachebuild.errors import CacheExistsError, OptionError
-from cachebuild.format.manifest import MANIFEST_NAME, ArrayInfo, Failure, Manifest, manifest_bytes
-from cachebuild.storage import get_backend
+from cachebuild.format.manifest import MANIFEST_NAME, ArrayInfo, Failure, Manifest, ShardInfo, manifest_bytes
+from cachebuild.storage import get_backend, jpeg_codec
+from cachebuild.storage.base import BlockRecord
 from cachebuild.storage.file_table import is_unfinished_write, with_file_table
 from cachebuild.storage.provenance import built_by
 from cachebuild.storage.replacement import set_aside, sweep_replaced
@@ -111,6 +113,46 @@ def install_staged(staging: Path, out: Path, *, replace: bool = False) -> None:
     sweep_replaced(out)
 
 
+@dataclass(frozen=True)
+class _ArrayOptions:
+    """The ``StorageParams`` of in-memory images."""
+
+    size: int
+    chunk_size: int | None
+    compression: str
+    quality: int = jpeg_codec.DEFAULT_QUALITY
+    subsampling: str = jpeg_codec.DEFAULT_SUBSAMPLING
+
+
+def _write_through_sinks(staging: Path, images: np.ndarray, storage: str, shard_size: int,
+                         compression: str) -> list[ShardInfo]:
+    backend = get_backend(storage)
+    sample_shape = (int(images.shape[1]), int(images.shape[2]), 3)
+    opts = _ArrayOptions(size=sample_shape[0], chunk_size=min(shard_size, 64), compression=compression)
+    try:
+        params = backend.build_params(opts)
+    except ValueError as e:  # what only the storage kind knows (npy and jpeg shards take no compression)
+        raise OptionError(str(e)) from None
+    block = backend.align_block(shard_size, opts)
+    backend.prepare(staging, len(images), sample_shape, opts)
+    records = []
+    for b, lo in enumerate(range(0, len(images), block)):
+        part = images[lo : lo + block]
+        sink = backend.sink(staging, b, lo, len(part), sample_shape, params)
+        try:
+            for image in part:
+                sink.next_slot()[...] = image
+                sink.commit()
+        except BaseException:
+            sink.abort()
+            raise
+        file, sha256 = sink.close()
+        records.append(BlockRecord(b, lo, len(part), len(part), file, sha256, stored_bytes=sink.stored_bytes))
+    shards = backend.finish(staging, records, len(images), len(images))
+    backend.cleanup(staging)
+    return shards
+
+
 def write_cache(
     out: str | os.PathLike[str],
     images: np.ndarray,
@@ -128,7 +170,10 @@ def write_cache(
     compression: str = "none",
     replace: bool = False,
 ) -> Manifest:
-    """Write an in-memory (N, H, W, 3) uint8 array as a cache (tests, tools, small synthetic sets)."""
+    """Write an in-memory (N, H, W, 3) uint8 array as a cache (tests, tools, small synthetic sets), through
+    the storage kind's build path (prepare, one sink per block of ``shard_size`` samples, finish, commit):
+    the files are those a build writes. jpeg: at the default quality and subsampling; zarr: chunks of
+    ``min(shard_size, 64)`` samples, blocks of whole chunks."""
     out = Path(out)
     images = np.asarray(images)
     if images.dtype != np.uint8 or images.ndim != 4 or images.shape[3] != 3:
@@ -138,7 +183,7 @@ def write_cache(
     staging = staging_path(out)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    shards = get_backend(storage).write_arrays(staging, images, shard_size, compression)
+    shards = _write_through_sinks(staging, images, storage, shard_size, compression)
     if sizes is None:
         sizes = np.tile(np.array(sample_shape[:2], dtype=np.int32), (n, 1))
     arrays = save_side_arrays(staging, labels, sizes,

@@ -7,13 +7,10 @@ it (variable ``images.zarr``, dimensions ``sample, y, x, channel``).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from cachebuild.atomic import write_json_atomic
 from cachebuild.errors import OptionError
@@ -27,7 +24,6 @@ from cachebuild.storage.zarr_write import (
     ZARR_NAME,
     ZarrChunkSink,
     create_staging_zarr,
-    create_zarr_images,
     place_zarr_blocks,
     undo_interrupted_compaction,
 )
@@ -49,6 +45,9 @@ def resolved_chunk(opts: StorageParams) -> int:
 
 class ZarrBackend(Backend):
     name = "zarr"
+    # the array (and its temporary, create_staging_zarr), the compaction marker, the group metadata
+    staging_names = r"images\.zarr(\.tmp)?|compacting\.json|zarr\.json"
+    cache_names = frozenset({"zarr.json"})  # the group metadata that makes the folder readable by xarray
 
     def align_block(self, block: int, opts: StorageParams) -> int:
         chunk = resolved_chunk(opts)  # whole chunks per block: workers never share a chunk
@@ -74,16 +73,6 @@ class ZarrBackend(Backend):
 
     def cleanup(self, staging: Path) -> None:
         (staging / COMPACTING).unlink(missing_ok=True)
-
-    def write_arrays(self, staging: Path, images: np.ndarray, shard_size: int, compression: str) -> list[ShardInfo]:
-        from cachebuild.format.manifest import ShardInfo
-
-        arr = create_zarr_images(staging / ZARR_NAME, len(images), images.shape[1:], chunk=min(shard_size, 64),
-                                 compression=compression)
-        arr[:] = images
-        return [ShardInfo(ZARR_NAME, lo, len(images[lo : lo + shard_size]),
-                          hashlib.sha256(np.ascontiguousarray(images[lo : lo + shard_size])).hexdigest())
-                for lo in range(0, len(images), shard_size)]
 
     def finalize_folder(self, staging: Path, manifest: Manifest) -> None:
         """Make the cache folder a zarr group with consolidated metadata (what ``xarray.open_zarr`` reads)."""

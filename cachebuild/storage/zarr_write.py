@@ -106,6 +106,7 @@ class ZarrChunkSink:
         self.buffer = np.empty((chunk * chunks, *sample_shape), dtype=np.uint8)
         self.pos, self.fill = start, 0
         self.digest = hashlib.sha256()  # of the samples' pixels: zarr chunk files are not shards
+        self.stored_bytes: int | None = None  # raw pixels (compressed or not, the manifest counts pixels)
 
     def next_slot(self) -> np.ndarray:
         return self.buffer[self.fill]
@@ -156,15 +157,15 @@ def place_zarr_blocks(staging: Path, ordered: list[BlockRecord], count: int, pla
 
     shards, moves, pos = [], [], 0
     for r in ordered:
-        if r["count"]:
-            if r["start"] != pos:
-                moves.append((r["start"], pos, r["count"]))
-            shards.append(ShardInfo(ZARR_NAME, pos, r["count"], r["sha256"]))
-            pos += r["count"]
+        if r.count:
+            if r.start != pos:
+                moves.append((r.start, pos, r.count))
+            shards.append(ShardInfo(ZARR_NAME, pos, r.count, r.sha256))
+            pos += r.count
     marker = staging / COMPACTING
     if count < planned and not marker.exists():  # an existing marker here is a finished one
-        first = next(r["block"] for r in ordered if r["count"] < r["planned"])
-        info = {"planned": planned, "redo": [r["block"] for r in ordered if r["block"] > first], "done": False}
+        first = next(r.block for r in ordered if r.count < r.planned)
+        info = {"planned": planned, "redo": [r.block for r in ordered if r.block > first], "done": False}
         write_json_atomic(marker, info)
         Parallel(n_jobs=1)([delayed(compact_zarr)(str(staging), moves, count)])
         write_json_atomic(marker, {**info, "done": True})

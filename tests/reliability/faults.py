@@ -20,7 +20,7 @@ points (where the build is when it fires):
 - ``compact``: during zarr compaction, before the n-th block move
 - ``shard-write``: the n-th sample written to an npy shard (for ``enospc``, ``erofs``)
 
-The points name today's functions (``cachebuild.build.pipeline``, ``format.writer``, the storage backends
+The points name today's functions (``cachebuild.build.block``, ``storage.writer``, the storage backends
 ``cachebuild.storage.zarr_write`` and ``npy_backend``); when they move, move the patches here, not the tests.
 """
 
@@ -61,26 +61,26 @@ def install(spec: str) -> None:
     counter = _Counter(action, int(n))
 
     if point == "decode":
-        import cachebuild.build.pipeline as pipeline
+        import cachebuild.build.block as block
 
-        real_decode = pipeline.decode_into
+        real_decode = block.decode_into
 
         def decode_into(*a: Any, **k: Any) -> Any:
             counter.tick()
             return real_decode(*a, **k)
 
-        pipeline.decode_into = decode_into
+        block.decode_into = decode_into
     elif point == "record":
-        import cachebuild.build.pipeline as pipeline
+        import cachebuild.build.block as block
 
-        real_write = pipeline.write_json_atomic
+        real_write = block.write_json_atomic
 
         def write_json_atomic(path: pathlib.Path, obj: Any, **k: Any) -> None:
             real_write(path, obj, **k)
             if path.name.startswith("block-"):
                 counter.tick()
 
-        pipeline.write_json_atomic = write_json_atomic
+        block.write_json_atomic = write_json_atomic
     elif point == "manifest":
         import cachebuild.storage.writer as writer
 
