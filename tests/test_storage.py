@@ -104,6 +104,47 @@ def test_a_new_storage_kind_is_one_class_and_one_registry_line(tmp_path):
     assert np.array_equal(np.concatenate([x.numpy() for x, _ in dl]), images)
 
 
+def test_a_kind_names_its_own_staging_files_and_destination_asks_it(tmp_path):
+    """A staging folder holding a kind's files is the build's own only once that kind is registered: the
+    destination rules know no kind's file names."""
+    from cachebuild.build.destination import is_own_staging
+
+    staging = tmp_path / "out.partial"
+    staging.mkdir()
+    (staging / "part-3.raw").write_bytes(b"")
+    (staging / "labels.npy").write_bytes(b"")
+    register_backend("raw-names-test", "tests.test_storage:_RawNamesBackend")
+    assert is_own_staging(staging)
+    (staging / "part-3.rawx").write_bytes(b"")  # not a name any kind writes: not provably ours
+    assert not is_own_staging(staging)
+
+
+class _RawNamesBackend(_RawBackend):
+    name = "raw-names-test"
+    staging_names = r"part-\d+\.raw"
+
+
+def test_write_cache_writes_the_files_a_build_writes(tmp_path):
+    """One write path: write_cache goes through the kind's sinks, so an npy cache of in-memory images has
+    one shard per block, each hashed whole, as a build's."""
+    images = make_images(10, 8, 6)
+    m = write_cache(tmp_path / "c", images, np.arange(10) % 2, ["a", "b"], shard_size=4)
+    assert [(s.file, s.start, s.count) for s in m.shards] == [
+        ("images-00000.npy", 0, 4), ("images-00001.npy", 4, 4), ("images-00002.npy", 8, 2)]
+    for s in m.shards:
+        assert hashlib.sha256((tmp_path / "c" / s.file).read_bytes()).hexdigest() == s.sha256
+        assert np.array_equal(np.load(tmp_path / "c" / s.file), images[s.start : s.start + s.count])
+
+
+def test_a_block_record_reads_back_as_written():
+    from cachebuild.storage.base import BlockFailure, BlockRecord
+
+    rec = BlockRecord(2, 8, 4, 3, "images-00002.npy", "0" * 64, (8, 9, 11), ((5, 6), (7, 8), (9, 10)),
+                      ((0, 0, 8, 8),) * 3, (BlockFailure(10, {"bytes": "bad_\\xff"}, "truncated"),), 123)
+    assert BlockRecord.from_json(json.loads(json.dumps(rec.to_json()))) == rec
+    assert "stored_bytes" not in BlockRecord(0, 0, 1, 1, "f", "0" * 64).to_json()  # raw kinds: as before
+
+
 def test_an_unknown_storage_kind_is_a_named_error(tmp_path):
     with pytest.raises(UnsupportedFormatError, match="storage kind 'tar' is not known"):
         get_backend("tar")
