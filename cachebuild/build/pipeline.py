@@ -21,7 +21,6 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from joblib import Parallel, delayed
 from joblib.externals.loky.process_executor import TerminatedWorkerError

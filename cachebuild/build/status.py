@@ -24,11 +24,11 @@ import numpy as np
 
 from cachebuild.errors import CacheNotFoundError
 from cachebuild.format.manifest import Manifest
-from cachebuild.storage.reader import read_manifest
-from cachebuild.storage.source_inputs import SourceInputs, load_source_inputs
 from cachebuild.sources.plan import Plan
 from cachebuild.sources.recipe import replan
 from cachebuild.storage import Location, open_location
+from cachebuild.storage.reader import read_manifest
+from cachebuild.storage.source_inputs import SourceInputs, load_source_inputs
 
 __all__ = ["EXIT_CODES", "SourceStatus", "cache_status", "register_planner"]
 
