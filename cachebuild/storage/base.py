@@ -97,6 +97,8 @@ class Backend(ABC):
     #: True when a shard's manifest sha256 is the sha256 of its whole file (one file per shard): the
     #: commit's file table then takes it from the manifest instead of hashing the file a second time
     shard_sha256_is_file: ClassVar[bool] = False
+    #: True when the kind stores each sample encoded: ``cachebuild <source> --codec NAME`` picks it
+    encodes: ClassVar[bool] = False
 
     # ------------------------------------------------------------ write side
     def align_block(self, block: int, opts: StorageParams) -> int:

@@ -213,6 +213,7 @@ class JpegImages(ImageStore):
 
 class JpegBackend(Backend):
     name = "jpeg"
+    encodes = True
     shard_sha256_is_file = True
 
     def build_params(self, opts: StorageParams) -> dict[str, Any]:
