@@ -55,10 +55,8 @@ class _Commands(click.Group):
         command = super().get_command(ctx, cmd_name)
         if command is not None:
             return command
-        if cmd_name in source_names():
-            command = build_command(get_source(cmd_name))
-            self.add_command(command)
-            return command
+        if cmd_name in source_names():  # made afresh: a kind registered later is seen as it is now
+            return build_command(get_source(cmd_name))
         ep = _command_entry_points().get(cmd_name)
         if ep is None:
             return None

@@ -76,22 +76,27 @@ class CifarOptions(SourceOptions):
 
 
 class CifarSource(SourceKind):
-    """CIFAR-10 or CIFAR-100: one class, two registered kinds."""
+    """CIFAR-10 or CIFAR-100 (the kind's name is the variant)."""
 
     options = CifarOptions
     url_src = False
     default_size = 32
     size_help = "Output side; 32 keeps CIFAR's pixels."
 
-    def __init__(self, variant: str) -> None:
-        self.name = variant  # type: ignore[misc]
-        self.help = (f"{variant.upper()} python batches at SRC: the folder holding them, their folder, "  # type: ignore[misc]
-                     f"or the .tar.gz.")
-
     def plan(self, src: str, options: CifarOptions, *, classes: list[str] | None = None,
              jobs: int = 1) -> list[Plan]:
         return cifar_plans(src, self.name, options.split)
 
 
-CIFAR10 = CifarSource("cifar10")
-CIFAR100 = CifarSource("cifar100")
+def _help(variant: str) -> str:
+    return f"{variant.upper()} python batches at SRC: the folder holding them, their folder, or the .tar.gz."
+
+
+class CIFAR10(CifarSource):
+    name = "cifar10"
+    help = _help(name)
+
+
+class CIFAR100(CifarSource):
+    name = "cifar100"
+    help = _help(name)

@@ -11,6 +11,7 @@ import numpy as np
 
 from cachebuild.destination import CACHE_SUBFOLDER
 from cachebuild.errors import SourceError
+from cachebuild.sources.image_files import IMG_EXTENSIONS
 from cachebuild.sources.kind import SourceKind, SourceOptions, option
 from cachebuild.sources.plan import Plan, file_plan
 from cachebuild.storage import is_url
@@ -18,9 +19,6 @@ from cachebuild.storage import is_url
 __all__ = ["IMG_EXTENSIONS", "FolderOptions", "FolderSource", "find_classes", "folder_plan", "list_class_folder"]
 
 log = logging.getLogger("cachebuild")
-
-# torchvision.datasets.folder.IMG_EXTENSIONS, matched case-insensitively as ImageFolder does.
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
 def find_classes(root: Path) -> list[str]:

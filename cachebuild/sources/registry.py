@@ -23,7 +23,7 @@ from cachebuild.storage.names import redact
 
 __all__ = ["get_source", "plan_source", "recipe_of_old_cache", "register_source", "replan", "source_names"]
 
-# name -> "module:attribute" (a SourceKind class, or an instance where one class serves several kinds)
+# name -> "module:attribute" (a SourceKind class or instance)
 _KINDS: dict[str, str] = {
     "imagenet": "cachebuild.sources.imagenet:ImagenetSource",
     "cifar10": "cachebuild.sources.cifar:CIFAR10",
