@@ -43,7 +43,7 @@ def _unloadable(name: str, ep: EntryPoint, error: Exception) -> click.Command:
 
 
 class _Commands(click.Group):
-    """The built-in commands, one build command per registered source kind (made when first asked for, so
+    """The built-in commands, one build command per registered source kind (made when asked for, so
     that ``cachebuild info`` imports no source), plus those registered under the ``cachebuild.commands``
     entry point group (the training loop's ``train``): ``cachebuild`` never imports the packages that
     provide them."""
