@@ -296,3 +296,12 @@ def test_sources_import_neither_their_registry_nor_the_cli():
     share_cli = ROOT / "cachebuild" / "share" / "cli.py"
     offenders += [f"share/cli.py: {m}" for m in _imports(share_cli) if m == "cachebuild.cli"]
     assert offenders == []
+
+
+def test_options_refuse_values_of_the_wrong_type():
+    with pytest.raises(OptionError, match="image_keys must be a list of strings; got 'jpg'"):
+        WdsOptions(image_keys="jpg")  # type: ignore[arg-type]
+    with pytest.raises(OptionError, match="dataset must be a string; got 3"):
+        FolderOptions.from_dict({"split": "train", "dataset": 3})
+    with pytest.raises(OptionError, match="cls_key must be a string; got None"):
+        WdsOptions.from_dict({"layout": {"cls_key": None}})

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from cachebuild.errors import OptionError
+from cachebuild.options import parse_choice
 from cachebuild.sources.plan import Plan
 
 __all__ = ["Flag", "SourceKind", "SourceOptions", "flag_of", "option"]
@@ -48,13 +49,19 @@ class SourceOptions:
     (a kind whose recorded recipes nest some fields overrides both)."""
 
     def __post_init__(self) -> None:
+        """Each flagged field checked as its default says: one of its choices, else of its default's type (a
+        string where the default is None), so a recipe or call that cannot plan fails here, naming the field."""
         for f in dataclasses.fields(self):
-            flag = flag_of(f)
-            value = getattr(self, f.name)
-            if flag is not None and flag.choices is not None and value not in flag.choices:
-                raise OptionError(f"{f.name} must be one of {', '.join(map(repr, flag.choices))}; got {value!r}")
-            if value is not None and not isinstance(value, str | int | bool | tuple):
-                raise OptionError(f"{f.name} must be a JSON value; got {value!r} ({type(value).__name__})")
+            flag, value = flag_of(f), getattr(self, f.name)
+            default: Any = f.default
+            if flag is None:
+                continue
+            if flag.choices is not None:
+                parse_choice(f.name, value, flag.choices)
+            elif value is not None or default is not None:
+                want = type(default) if default is not None else str
+                if not isinstance(value, want) or (want is tuple and not all(isinstance(v, str) for v in value)):
+                    raise OptionError(f"{f.name} must be {_WORDS.get(want, want.__name__)}; got {value!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: _json(getattr(self, f.name)) for f in dataclasses.fields(self)}
@@ -69,6 +76,9 @@ class SourceOptions:
         (``--split all``, no ``--name``), so that planning them again gives this plan alone."""
         names = {f.name for f in dataclasses.fields(self)}
         return dataclasses.replace(self, **{k: getattr(plan, k) for k in ("split", "dataset") if k in names})
+
+
+_WORDS = {str: "a string", tuple: "a list of strings", int: "an integer", bool: "True or False"}
 
 
 def _json(value: Any) -> Any:
