@@ -2,7 +2,22 @@
 
 Registered once in :mod:`cachebuild.sources.registry` (which attaches each plan's recipe, so that ``cachebuild
 status`` can make it again); the ``cachebuild`` build command of a kind is generated from its options'
-fields (:func:`option` puts the flag, help and choices beside the field's one default).
+fields (:func:`option` puts the flag, help and choices beside the field's one default). A new kind::
+
+    @dataclass(frozen=True)
+    class ListingOptions(SourceOptions):
+        split: str = option("train", "Name of the split the listing is.")
+        dataset: str | None = option(None, "Dataset name.", flag="--name")
+
+    class ListingSource(SourceKind):
+        name, options, help = "listing", ListingOptions, "A listing of path,label rows at SRC."
+
+        def plan(self, src, options, *, classes=None, jobs=1):
+            return [file_plan(options.dataset or "listing", options.split, root, keys, labels, classes)]
+
+    register_source("listing", ListingSource())  # or one line in registry._KINDS
+
+(``tests/test_sources_registry.py`` builds and re-plans such a kind through the CLI.)
 """
 
 from __future__ import annotations
