@@ -53,3 +53,16 @@ def test_a_command_that_cannot_be_imported_says_so(monkeypatch: pytest.MonkeyPat
     assert res.output.strip() == ("Error: `cachebuild train` is registered (no_such_package.cli:train) but cannot "
                                   "be loaded: ModuleNotFoundError: No module named 'no_such_package'; reinstall "
                                   "the package that provides it")
+
+
+def test_build_commands_are_generated_from_the_sources_registry_on_demand() -> None:
+    """Every registered kind is a command; one that is not asked for is never imported (`cachebuild info`)."""
+    from cachebuild.sources.registry import source_names
+
+    listed = CliRunner().invoke(cli.main, ["--help"]).output
+    assert all(f"  {name} " in listed for name in source_names())
+    code = ("import sys, cachebuild.cli; from click.testing import CliRunner; "
+            "r = CliRunner().invoke(cachebuild.cli.main, ['info', '--help']); assert r.exit_code == 0, r.output; "
+            "print(sorted(m for m in sys.modules if m.startswith(('cachebuild.sources.', 'cachebuild.pipeline'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), check=True)
+    assert out.stdout.strip() == "['cachebuild.sources.kind', 'cachebuild.sources.plan', 'cachebuild.sources.registry']"

@@ -9,14 +9,15 @@ from pathlib import Path
 from cachebuild.build.decode import DEFAULT_MAX_PIXELS, FITS, INTERPOLATIONS
 from cachebuild.errors import OptionError
 from cachebuild.options import parse_bool, parse_choice, parse_float, parse_int, parse_optional_bool
-from cachebuild.storage import backend_names, get_backend
+from cachebuild.storage import DEFAULT_STORAGE, backend_names, get_backend, jpeg_codec, zarr_write
 
 __all__ = ["COMPRESSIONS", "DECODE_DEVICES", "MAX_SIZE", "ON_ERROR", "SUBSAMPLINGS", "BuildOptions", "BuildResult"]
 
 BLOCK_TARGET_BYTES = 64 << 20  # ~64 MB of pixels per block/shard: few files, tasks long enough to amortise
 MIN_BLOCKS = 64  # a plan of n files makes at least min(64, n / 64) blocks
-COMPRESSIONS = ("none", "zstd", "blosc")  # chunk codecs, for the storage kinds that compress (zarr)
-SUBSAMPLINGS = ("420", "444")  # chroma subsampling, for the storage kinds that encode samples (jpeg)
+# chunk codecs (zarr) and chroma subsampling (jpeg): declared once, by the storage kinds that use them
+COMPRESSIONS = zarr_write.COMPRESSIONS
+SUBSAMPLINGS = jpeg_codec.SUBSAMPLINGS
 DECODE_DEVICES = ("cpu", "cuda")
 ON_ERROR = ("skip", "fail")
 MAX_SIZE = 16384  # output side: one sample is then 768 MB
@@ -27,7 +28,7 @@ class BuildOptions:
     size: int
     fit: str = "crop"
     interpolation: str = "antialias"
-    storage: str = "npy"
+    storage: str = DEFAULT_STORAGE
     jobs: int = -1
     block_size: int | None = None  # samples per block (= per npy shard); default from BLOCK_TARGET_BYTES
     chunk_size: int | None = None  # samples per chunk, for storage kinds that chunk (zarr)

@@ -7,15 +7,14 @@ file by file: added, removed, modified (size, mtime or label). CIFAR sources are
 pixels, so a stale CIFAR cache says only that it is stale.
 
 The source is planned again from the recipe the build recorded (``source.recipe``: the kind of source,
-what was named, the options; ``cachebuild.sources.recipe``). Caches built before recipes were recorded
-are planned by the manifest's ``dataset`` (``imagenet``, ``cifar10``, ``cifar100``; any other name is a
-class-folder tree); :func:`register_planner` adds one for another name.
+what was named, the options), through the registry of source kinds (``cachebuild.sources.registry``).
+Caches built before recipes were recorded are planned by the manifest's ``dataset`` (``imagenet``,
+``cifar10``, ``cifar100``; any other name is a class-folder tree).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,46 +22,16 @@ from typing import Any
 import numpy as np
 
 from cachebuild.errors import CacheNotFoundError
-from cachebuild.format.manifest import Manifest
 from cachebuild.sources.plan import Plan
-from cachebuild.sources.recipe import replan
+from cachebuild.sources.registry import recipe_of_old_cache, replan
 from cachebuild.storage import Location, open_location
 from cachebuild.storage.reader import read_manifest
 from cachebuild.storage.source_inputs import SourceInputs, load_source_inputs
 
-__all__ = ["EXIT_CODES", "SourceStatus", "cache_status", "register_planner"]
+__all__ = ["EXIT_CODES", "SourceStatus", "cache_status"]
 
 EXIT_CODES = {"up to date": 0, "stale": 1, "not a cache": 2}
 EXAMPLES = 5
-
-Planner = Callable[[Path, Manifest], Plan]
-
-
-def _imagenet(src: Path, m: Manifest) -> Plan:
-    from cachebuild.sources.imagenet import imagenet_plans
-
-    return imagenet_plans(src, m.split)[0]
-
-
-def _cifar(src: Path, m: Manifest) -> Plan:
-    from cachebuild.sources.cifar import cifar_plans
-
-    return cifar_plans(src, m.dataset, m.split)[0]
-
-
-def _folder(src: Path, m: Manifest) -> Plan:
-    from cachebuild.sources.folder import folder_plan
-
-    return folder_plan(src, dataset=m.dataset, split=m.split)
-
-
-_PLANNERS: dict[str, Planner] = {"imagenet": _imagenet, "cifar10": _cifar, "cifar100": _cifar}
-
-
-def register_planner(dataset: str, planner: Planner) -> None:
-    """How to plan the source of caches whose manifest says ``dataset`` (default: a class-folder tree)."""
-    _PLANNERS[dataset] = planner
-
 
 @dataclass(frozen=True)
 class SourceStatus:
@@ -127,10 +96,10 @@ def cache_status(cache: str | os.PathLike[str] | Location, source: str | os.Path
     if isinstance(recipe, dict) and recipe.get("kind"):  # built by a release that records how it planned
         shown_src = str(source if source is not None else recipe.get("src", ""))
         plan = replan(recipe, source, list(m.classes))  # SourceError for a missing or foreign source
-    else:
+    else:  # built before recipes were recorded: planned by the manifest's dataset name
         src = Path(source) if source is not None else Path(str(m.source.get("root", "")))
         shown_src = str(src)
-        plan = _PLANNERS.get(m.dataset, _folder)(src, m)
+        plan = replan(recipe_of_old_cache(m.dataset, m.split), src, list(m.classes))
     fingerprints = {"cache": str(m.source.get("fingerprint", "")), "source": plan.fingerprint}
     if plan.fingerprint == fingerprints["cache"]:
         return SourceStatus(shown, shown_src, "up to date", 0, 0, 0, fingerprint=fingerprints)

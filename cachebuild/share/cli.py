@@ -4,31 +4,22 @@ library, print; registered on the main group by ``cachebuild.cli``."""
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 import click
 
+from cachebuild.cli_common import WAIT, setup_logging
 from cachebuild.errors import CacheBuildError, TransferError
 
-__all__ = ["WAIT_OPTION", "register"]
+__all__ = ["WAIT_OPTION", "quick_verify", "register"]
 
-WAIT_OPTION = click.option(
-    "--wait", type=click.FloatRange(min=0), is_flag=False, flag_value=math.inf, default=None, metavar="[SECONDS]",
-    help="If another cachebuild process builds or pulls the same output: wait for it (up to SECONDS; forever "
-         "without a value) instead of exiting with its name.")
+WAIT_OPTION = click.option("--wait", **WAIT)
 
 _JOBS = click.option("--jobs", "-j", type=click.IntRange(min=1), default=8, show_default=True,
                      help="Files moved at once.")
 _PROGRESS = click.option("--progress/--no-progress", default=None,
                          help="Progress bar: bytes, files, rate (default: on a terminal).")
 _QUIET = click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors.")
-
-
-def _logging(quiet: bool) -> None:
-    from cachebuild.cli import _setup_logging
-
-    _setup_logging(quiet, False)
 
 
 def _fail(e: CacheBuildError) -> None:
@@ -40,7 +31,7 @@ def _fail(e: CacheBuildError) -> None:
 
 def _transfer(run: Any, src: str, dest: str, *, quiet: bool, **options: Any) -> None:
     """pull or push: run it, one line per cache moved, a one-line error otherwise."""
-    _logging(quiet)
+    setup_logging(quiet, False)
     try:
         results = run(src, dest, **options)
     except CacheBuildError as e:

@@ -1,4 +1,7 @@
-"""Sources: turn a dataset on disk into a :class:`Plan` (what to build, in which order, with which labels)."""
+"""Sources: turn a dataset on disk into a :class:`Plan` (what to build, in which order, with which labels).
+
+One :class:`~cachebuild.sources.kind.SourceKind` per kind of source, all in one registry
+(:mod:`cachebuild.sources.registry`: plan, recipe, re-plan; the build commands are generated from it)."""
 
 from cachebuild.sources.plan import FileReader, Plan, SampleReader, fingerprint_files
 

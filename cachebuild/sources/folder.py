@@ -4,22 +4,21 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from cachebuild.errors import SourceError
 from cachebuild.format.pathnames import CACHE_SUBFOLDER
+from cachebuild.sources.image_files import IMG_EXTENSIONS
+from cachebuild.sources.kind import SourceKind, SourceOptions, option
 from cachebuild.sources.plan import Plan, file_plan
-from cachebuild.sources.recipe import with_recipe
 from cachebuild.storage import is_url
 
-__all__ = ["IMG_EXTENSIONS", "find_classes", "folder_plan", "list_class_folder"]
+__all__ = ["IMG_EXTENSIONS", "FolderOptions", "FolderSource", "find_classes", "folder_plan", "list_class_folder"]
 
 log = logging.getLogger("cachebuild")
-
-# torchvision.datasets.folder.IMG_EXTENSIONS, matched case-insensitively as ImageFolder does.
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
 def find_classes(root: Path) -> list[str]:
@@ -85,11 +84,9 @@ def folder_plan(root: str | os.PathLike[str], *, dataset: str = "folder", split:
     if is_url(os.fspath(root)):
         from cachebuild.sources.url_folder import url_folder_plan
 
-        plan = url_folder_plan(os.fspath(root), dataset=dataset, split=split, classes=classes)
-        return with_recipe(plan, "folder", root, dataset=dataset, split=split, classes_given=classes is not None)
+        return url_folder_plan(os.fspath(root), dataset=dataset, split=split, classes=classes)
     root = Path(root)
     found = find_classes(root)
-    given = classes is not None
     if classes is None:
         classes = found
     else:
@@ -104,5 +101,25 @@ def folder_plan(root: str | os.PathLike[str], *, dataset: str = "folder", split:
         raise SourceError(
             f"{root} has class folders but no image files with extensions {', '.join(IMG_EXTENSIONS)}"
         )
-    return with_recipe(file_plan(dataset, split, root, keys, labels, classes), "folder", root, dataset=dataset,
-                       split=split, classes_given=given)
+    return file_plan(dataset, split, root, keys, labels, classes)
+
+
+@dataclass(frozen=True)
+class FolderOptions(SourceOptions):
+    split: str = option("train", "Name of the split this tree is.")
+    dataset: str | None = option(None, "Dataset name (default: the folder's name).", flag="--name")
+
+
+class FolderSource(SourceKind):
+    name = "folder"
+    options = FolderOptions
+    help = ("Any class-folder tree at SRC, a path or a URL (s3://bucket/images, https://...): ImageFolder's "
+            "rules, one sub-folder per class.")
+    size_at = 0
+    pins_classes = True
+
+    def plan(self, src: str, options: FolderOptions, *, classes: list[str] | None = None,
+             jobs: int = 1) -> list[Plan]:
+        last = src.rstrip("/").rsplit("/", 1)[-1] if is_url(src) else Path(src).resolve().name
+        dataset = options.dataset or last or "folder"
+        return [folder_plan(src, dataset=dataset, split=options.split, classes=classes)]

@@ -10,16 +10,17 @@ import logging
 import os
 import re
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from cachebuild.errors import SourceError
 from cachebuild.sources.folder import IMG_EXTENSIONS, find_classes, folder_plan
+from cachebuild.sources.kind import SourceKind, SourceOptions, option
 from cachebuild.sources.plan import Plan, file_plan
-from cachebuild.sources.recipe import with_recipe
 
-__all__ = ["SPLITS", "imagenet_plans"]
+__all__ = ["SPLITS", "ImagenetOptions", "ImagenetSource", "imagenet_plans"]
 
 log = logging.getLogger("cachebuild")
 
@@ -184,5 +185,22 @@ def imagenet_plans(src: str | os.PathLike[str], split: str = "all") -> list[Plan
             plan = folder_plan(folder, dataset="imagenet", split=s, classes=train_classes)
         else:
             raise SourceError(f"{folder} has no class folders (expected {folder}/nXXXXXXXX/*.JPEG)")
-        plans.append(with_recipe(plan, "imagenet", src, split=s))
+        plans.append(plan)
     return plans
+
+
+@dataclass(frozen=True)
+class ImagenetOptions(SourceOptions):
+    split: str = option("all", None, choices=(*SPLITS, "all"))
+
+
+class ImagenetSource(SourceKind):
+    name = "imagenet"
+    options = ImagenetOptions
+    help = "ILSVRC2012 at SRC: the root (train/, val/), the Kaggle root, or one split folder."
+    url_src = False
+    size_help = "Output side S (samples are S x S x 3)."
+
+    def plan(self, src: str, options: ImagenetOptions, *, classes: list[str] | None = None,
+             jobs: int = 1) -> list[Plan]:
+        return imagenet_plans(src, options.split)

@@ -25,13 +25,13 @@ from typing import Any
 import numpy as np
 
 from cachebuild.errors import DecodeError, SourceError
+from cachebuild.sources.kind import SourceKind, SourceOptions, option
 from cachebuild.sources.plan import Plan
-from cachebuild.sources.recipe import with_recipe
-from cachebuild.sources.remote import Shard, filesystem, is_url, list_shards, open_shard, retrying
+from cachebuild.sources.remote import Shard, filesystem, is_url, open_shard, retrying
 from cachebuild.sources.sample_table import SampleTable
-from cachebuild.sources.shard_plan import check_labels, dataset_name, fingerprint_shards, select_split
+from cachebuild.sources.shard_plan import ShardPart, plan_shards, split_option
 
-__all__ = ["ParquetColumns", "ParquetRowReader", "hf_features", "parquet_plan"]
+__all__ = ["ParquetColumns", "ParquetOptions", "ParquetRowReader", "ParquetSource", "hf_features", "parquet_plan"]
 
 log = logging.getLogger("cachebuild")
 
@@ -212,60 +212,87 @@ class ParquetRowReader:
         return data
 
 
-def _plan_all(files: list[Shard], columns: ParquetColumns, jobs: int) -> list[_FilePlan]:
-    def plan(shard: Shard) -> _FilePlan:
-        return retrying(shard, lambda: _plan_file(shard, columns), lambda: None)
+def _rows(fp: _FilePlan) -> ShardPart:
+    """A file's rows for :func:`~cachebuild.sources.shard_plan.plan_shards`: row group and row within it."""
+    n = int(sum(fp.row_groups))
+    groups = np.repeat(np.arange(len(fp.row_groups), dtype=np.int32), fp.row_groups)
+    rows = np.concatenate([np.arange(g, dtype=np.int32) for g in fp.row_groups]) if n else np.zeros(0, np.int32)
+    problems = {int(r): "no label (null)" for r in np.flatnonzero(fp.null_labels)}
+    return ShardPart([str(r) for r in range(n)], fp.labels, {"group": groups, "row": rows}, problems, fp)
 
-    if jobs == 1 or len(files) == 1:
-        return [plan(s) for s in files]
-    from joblib import Parallel, delayed
 
-    return Parallel(n_jobs=jobs, prefer="threads")(delayed(plan)(s) for s in files)
+@dataclass(frozen=True)
+class _ParquetFiles:
+    """Parquet files for :func:`~cachebuild.sources.shard_plan.plan_shards`."""
+
+    columns: ParquetColumns
+    suffix = ".parquet"
+    what = "Parquet files"
+    source_format = "parquet"
+    shard_column = "file"
+    threads = True  # a footer and a label column per file: I/O, and pyarrow releases the GIL
+    nothing = "Parquet file(s) hold no rows"
+
+    def index(self, shard: Shard) -> ShardPart:
+        return _rows(_plan_file(shard, self.columns))
+
+    def found_classes(self, parts: list[ShardPart], src: str) -> list[str] | None:
+        named = [p.info.class_names for p in parts if p.info.class_names is not None]
+        if named and any(n != named[0] for n in named):
+            raise SourceError(f"{src}: its files name different classes in their metadata; pass --classes FILE")
+        return named[0] if named else None
+
+    def fingerprint_extra(self, parts: list[ShardPart], classes: list[str]) -> dict[str, Any]:
+        return {"columns": self.columns.__dict__, "fields": [p.info.image_field for p in parts], "classes": classes}
+
+    def reader(self, shards: tuple[Shard, ...], parts: list[ShardPart], table: SampleTable) -> ParquetRowReader:
+        return ParquetRowReader(shards, tuple(p.info.image_field for p in parts), table)
 
 
 def parquet_plan(src: str | os.PathLike[str], *, split: str | None = None, classes: list[str] | None = None,
                  columns: ParquetColumns = ParquetColumns(), dataset: str | None = None, jobs: int = 1) -> Plan:
     """Plan the Parquet files at ``src`` (a folder, prefix, glob, brace pattern or file; local or URL)."""
-    src = os.fspath(src)
-    classes_given = classes is not None
-    root, files = list_shards(src, (".parquet",), "Parquet files")
-    split, files = select_split(files, split, src)
-    planned = _plan_all(files, columns, jobs)
-    keys: list[str] = []
-    file_col, group_col, row_col, label_parts = [], [], [], []
-    problems: dict[int, str] = {}
-    for i, (shard, fp) in enumerate(zip(files, planned, strict=True)):
-        n = int(sum(fp.row_groups))
-        base = len(keys)
-        keys += [f"{shard.name}#{r}" for r in range(n)]
-        file_col.append(np.full(n, i, np.int32))
-        group_col.append(np.repeat(np.arange(len(fp.row_groups), dtype=np.int32), fp.row_groups))
-        row_col.append(np.concatenate([np.arange(g, dtype=np.int32) for g in fp.row_groups]) if n else
-                       np.zeros(0, np.int32))
-        label_parts.append(fp.labels)
-        problems.update({base + int(r): "no label (null)" for r in np.flatnonzero(fp.null_labels)})
-    if not keys:
-        raise SourceError(f"{src}: its {len(files)} Parquet file(s) hold no rows")
-    if classes is None:
-        named = [fp.class_names for fp in planned if fp.class_names is not None]
-        if named and any(n != named[0] for n in named):
-            raise SourceError(f"{src}: its files name different classes in their metadata; pass --classes FILE")
-        classes = named[0] if named else None
-    labels = np.concatenate(label_parts)
-    classes = check_labels(labels, classes, problems, src)
-    table = SampleTable(0, {"file": np.concatenate(file_col), "group": np.concatenate(group_col),
-                            "row": np.concatenate(row_col)}, problems)
-    extra = {"columns": columns.__dict__, "fields": [fp.image_field for fp in planned], "classes": classes}
-    plan = Plan(
-        dataset=dataset or dataset_name(src),
-        split=split,
-        root=root,
-        keys=keys,
-        labels=labels,
-        classes=classes,
-        fingerprint=fingerprint_shards(files, keys, labels, extra),
-        reader=ParquetRowReader(tuple(files), tuple(fp.image_field for fp in planned), table),
-        extra={"source_format": "parquet", "shards": len(files)},
-    )
-    return with_recipe(plan, "parquet", src, dataset=plan.dataset, split=split, classes_given=classes_given,
-                       columns=dict(columns.__dict__))
+    return plan_shards(_ParquetFiles(columns), src, split=split, classes=classes, dataset=dataset, jobs=jobs)
+
+
+@dataclass(frozen=True)
+class ParquetOptions(SourceOptions):
+    split: str | None = split_option()
+    image_column: str | None = option(None, "Column of image bytes (binary, or Hugging Face's struct<bytes, "
+                                            "path>). Default: image, else the column the metadata calls an Image.",
+                                      metavar="NAME")
+    label_column: str | None = option(None, "Column of class indices. Default: label, else the column the "
+                                            "metadata calls a ClassLabel.", metavar="NAME")
+    dataset: str | None = option(None, "Dataset name (default: from SRC).", flag="--name")
+
+    def to_dict(self) -> dict[str, Any]:  # recipes nest the columns (as this release's first recipes did)
+        return {"split": self.split, "dataset": self.dataset,
+                "columns": {"image": self.image_column, "label": self.label_column}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ParquetOptions:
+        columns = dict(data.get("columns") or {})
+        return cls(split=data.get("split"), dataset=data.get("dataset"), image_column=columns.get("image"),
+                   label_column=columns.get("label"))
+
+
+class ParquetSource(SourceKind):
+    name = "parquet"
+    options = ParquetOptions
+    help = ("Parquet files at SRC in the Hugging Face layout (data/train-00000-of-00004.parquet): a folder or "
+            "prefix, a glob, a brace pattern or one file; local or a URL. Class names come from the ClassLabel in "
+            "the files' metadata unless --classes is given. Needs pyarrow (cachebuild[parquet]).")
+    pins_classes = True
+    classes_flag = True
+
+    def check(self) -> None:
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise SourceError("reading Parquet needs pyarrow: pip install 'cachebuild[parquet]'") from None
+
+    def plan(self, src: str, options: ParquetOptions, *, classes: list[str] | None = None,
+             jobs: int = 1) -> list[Plan]:
+        columns = ParquetColumns(image=options.image_column, label=options.label_column)
+        return [parquet_plan(src, split=options.split, classes=classes, columns=columns, dataset=options.dataset,
+                             jobs=jobs)]

@@ -1,5 +1,7 @@
-"""What the shard sources (WebDataset tars, Parquet files) share when planning: which shards a split is,
-class names, label checks, the fingerprint."""
+"""What the shard sources (WebDataset tars, Parquet files) share when planning: the skeleton of a plan
+(:func:`plan_shards`: list the shards, pick the split, index every shard once in parallel, put their samples in
+order, check labels, fingerprint) and its parts (split names, class names, label checks, the fingerprint). A
+shard format brings a :class:`ShardFormat`: how to index one shard and how its reader reads the samples."""
 
 from __future__ import annotations
 
@@ -9,14 +11,19 @@ import logging
 import os
 import re
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 
 from cachebuild.errors import SourceError
-from cachebuild.sources.remote import Shard, is_url
+from cachebuild.sources.kind import option
+from cachebuild.sources.plan import Plan, SampleReader
+from cachebuild.sources.remote import Shard, is_url, list_shards, retrying
+from cachebuild.sources.sample_table import SampleTable
 
-__all__ = ["SPLIT_WORDS", "check_labels", "dataset_name", "fingerprint_shards", "read_classes", "select_split"]
+__all__ = ["SPLIT_WORDS", "ShardFormat", "ShardPart", "check_labels", "dataset_name",
+           "fingerprint_shards", "plan_shards", "read_classes", "select_split", "split_option"]
 
 log = logging.getLogger("cachebuild")
 
@@ -120,3 +127,87 @@ def fingerprint_shards(shards: Sequence[Shard], keys: Sequence[str], labels: np.
     h.update("\n".join(keys).encode("utf-8", "surrogateescape"))
     h.update(np.ascontiguousarray(labels, dtype="<i8").tobytes())
     return h.hexdigest()
+
+
+def split_option() -> Any:
+    """The ``split`` field of the shard sources' options: picked from the shard names."""
+    return option(None, "Split to build: picks the shards whose names carry it (train-*, *-validation-*, test/...) "
+                        "and names the output sub-folder. Default: the one split the names carry, else train.")
+
+
+@dataclass
+class ShardPart:
+    """One shard's samples as indexed, in shard order: names within the shard, labels (-1: none), the reader's
+    columns for them, problems by position in the shard, and what else the format needs of it."""
+
+    keys: list[str]
+    labels: np.ndarray
+    columns: dict[str, np.ndarray]
+    problems: dict[int, str] = field(default_factory=dict)
+    info: Any = None
+
+
+class ShardFormat(Protocol):
+    """What :func:`plan_shards` needs of a shard format (picklable: shards are indexed in workers)."""
+
+    suffix: str  # of shard files in a folder or prefix: ".tar"
+    what: str  # in errors: "WebDataset .tar shards"
+    source_format: str  # the plan's extra["source_format"]
+    shard_column: str  # the reader's column of shard indices
+    threads: bool  # index in threads (else joblib's default: processes)
+    nothing: str  # "shard(s) hold no samples"
+
+    def index(self, shard: Shard) -> ShardPart: ...
+
+    def found_classes(self, parts: list[ShardPart], src: str) -> list[str] | None: ...
+
+    def fingerprint_extra(self, parts: list[ShardPart], classes: list[str]) -> dict[str, Any]: ...
+
+    def reader(self, shards: tuple[Shard, ...], parts: list[ShardPart], table: SampleTable) -> SampleReader: ...
+
+
+def _index(fmt: ShardFormat, shard: Shard) -> ShardPart:
+    return retrying(shard, lambda: fmt.index(shard), lambda: None)
+
+
+def _index_all(fmt: ShardFormat, shards: list[Shard], jobs: int) -> list[ShardPart]:
+    """Each shard indexed once, in parallel (joblib: the caller's backend)."""
+    if jobs == 1 or len(shards) == 1:
+        return [_index(fmt, s) for s in shards]
+    from joblib import Parallel, delayed
+
+    return Parallel(n_jobs=jobs, prefer="threads" if fmt.threads else None)(delayed(_index)(fmt, s) for s in shards)
+
+
+def plan_shards(fmt: ShardFormat, src: str | os.PathLike[str], *, split: str | None, classes: list[str] | None,
+                dataset: str | None, jobs: int) -> Plan:
+    """Plan the shards of ``fmt`` at ``src`` (a brace pattern, glob, folder, prefix or file; local or URL).
+    Order: shards by name, then samples in shard order; provenance ``shard#key``."""
+    src = os.fspath(src)
+    root, shards = list_shards(src, (fmt.suffix,), fmt.what)
+    split, shards = select_split(shards, split, src)
+    parts = _index_all(fmt, shards, jobs)
+    keys: list[str] = []
+    problems: dict[int, str] = {}
+    for i, (shard, part) in enumerate(zip(shards, parts, strict=True)):
+        problems.update({len(keys) + p: r for p, r in part.problems.items()})
+        keys += [f"{shard.name}#{k}" for k in part.keys]
+        part.columns[fmt.shard_column] = np.full(len(part.keys), i, np.int32)
+    if not keys:
+        raise SourceError(f"{src}: its {len(shards)} {fmt.nothing}")
+    if classes is None:
+        classes = fmt.found_classes(parts, src)
+    labels = np.concatenate([p.labels for p in parts]).astype(np.int64, copy=False)
+    classes = check_labels(labels, classes, problems, src)
+    table = SampleTable(0, {c: np.concatenate([p.columns[c] for p in parts]) for c in parts[0].columns}, problems)
+    return Plan(
+        dataset=dataset or dataset_name(src),
+        split=split,
+        root=root,
+        keys=keys,
+        labels=labels,
+        classes=classes,
+        fingerprint=fingerprint_shards(shards, keys, labels, fmt.fingerprint_extra(parts, classes)),
+        reader=fmt.reader(tuple(shards), parts, table),
+        extra={"source_format": fmt.source_format, "shards": len(shards)},
+    )

@@ -15,7 +15,7 @@ import numpy as np
 
 from cachebuild.errors import SourceError
 from cachebuild.format.pathnames import CACHE_SUBFOLDER
-from cachebuild.sources.folder import IMG_EXTENSIONS
+from cachebuild.sources.image_files import IMG_EXTENSIONS
 from cachebuild.sources.plan import Plan
 from cachebuild.sources.remote import _infos, _version, filesystem
 from cachebuild.storage import FsspecLocation, redact

@@ -23,14 +23,14 @@ from typing import Any
 import numpy as np
 
 from cachebuild.errors import SourceError
+from cachebuild.sources.kind import SourceKind, SourceOptions, option
 from cachebuild.sources.plan import Plan
-from cachebuild.sources.recipe import with_recipe
-from cachebuild.sources.remote import Shard, list_shards, open_shard, read_range, retrying
+from cachebuild.sources.remote import Shard, open_shard, read_range
 from cachebuild.sources.sample_table import SampleTable
-from cachebuild.sources.shard_plan import check_labels, dataset_name, fingerprint_shards, select_split
+from cachebuild.sources.shard_plan import ShardPart, plan_shards, split_option
 from cachebuild.sources.tar_index import TarMember, index_tar
 
-__all__ = ["IMAGE_KEYS", "TarSampleReader", "WdsLayout", "index_wds_shard", "wds_plan"]
+__all__ = ["IMAGE_KEYS", "TarSampleReader", "WdsLayout", "WdsOptions", "WdsSource", "index_wds_shard", "wds_plan"]
 
 log = logging.getLogger("cachebuild")
 
@@ -162,56 +162,89 @@ class TarSampleReader:
         return read_range(self.shards[int(c["shard"][row])], int(c["offset"][row]), int(c["size"][row]))
 
 
-def _index_retrying(shard: Shard, layout: WdsLayout) -> ShardSamples:
-    return retrying(shard, lambda: index_wds_shard(shard, layout), lambda: None)
+@dataclass(frozen=True)
+class _WdsShards:
+    """WebDataset tars for :func:`~cachebuild.sources.shard_plan.plan_shards`."""
 
+    layout: WdsLayout
+    suffix = ".tar"
+    what = "WebDataset .tar shards"
+    source_format = "webdataset"
+    shard_column = "shard"
+    threads = False
+    nothing = "shard(s) hold no samples"
 
-def _index_all(shards: list[Shard], layout: WdsLayout, jobs: int) -> list[ShardSamples]:
-    """Each shard indexed once, in parallel (joblib: the caller's backend, processes by default)."""
-    if jobs == 1 or len(shards) == 1:
-        return [_index_retrying(s, layout) for s in shards]
-    from joblib import Parallel, delayed
+    def index(self, shard: Shard) -> ShardPart:
+        s = index_wds_shard(shard, self.layout)
+        return ShardPart(s.keys, np.asarray(s.labels, np.int64), {"offset": np.asarray(s.offsets, np.int64),
+                                                                  "size": np.asarray(s.sizes, np.int64)}, s.problems)
 
-    return Parallel(n_jobs=jobs)(delayed(_index_retrying)(s, layout) for s in shards)
+    def found_classes(self, parts: list[ShardPart], src: str) -> list[str] | None:
+        return None  # tars carry no class names: --classes FILE, else 0..max
+
+    def fingerprint_extra(self, parts: list[ShardPart], classes: list[str]) -> dict[str, Any]:
+        return {"layout": self.layout.__dict__, "classes": classes}
+
+    def reader(self, shards: tuple[Shard, ...], parts: list[ShardPart], table: SampleTable) -> TarSampleReader:
+        return TarSampleReader(shards, table)
 
 
 def wds_plan(src: str | os.PathLike[str], *, split: str | None = None, classes: list[str] | None = None,
              layout: WdsLayout = WdsLayout(), dataset: str | None = None, jobs: int = 1) -> Plan:
     """Plan the WebDataset shards at ``src`` (a brace pattern, glob, folder, prefix or file; local or URL)."""
-    src = os.fspath(src)
-    classes_given = classes is not None
-    root, shards = list_shards(src, (".tar",), "WebDataset .tar shards")
-    split, shards = select_split(shards, split, src)
-    indexed = _index_all(shards, layout, jobs)
-    keys: list[str] = []
-    shard_of: list[np.ndarray] = []
-    problems: dict[int, str] = {}
-    for i, (shard, samples) in enumerate(zip(shards, indexed, strict=True)):
-        base = len(keys)
-        keys += [f"{shard.name}#{k}" for k in samples.keys]
-        shard_of.append(np.full(len(samples.keys), i, np.int32))
-        problems.update({base + p: r for p, r in samples.problems.items()})
+    return plan_shards(_WdsShards(layout), src, split=split, classes=classes, dataset=dataset, jobs=jobs)
+
+
+def _extensions(text: str) -> tuple[str, ...]:
+    """``jpg,JPEG,.png`` -> ("jpg", "jpeg", "png")."""
+    keys = tuple(k.strip().lower().lstrip(".") for k in text.split(",") if k.strip())
     if not keys:
-        raise SourceError(f"{src}: its {len(shards)} shard(s) hold no samples")
-    labels = np.asarray([lab for s in indexed for lab in s.labels], np.int64)
-    classes = check_labels(labels, classes, problems, src)
-    table = SampleTable(0, {
-        "shard": np.concatenate(shard_of),
-        "offset": np.asarray([o for s in indexed for o in s.offsets], np.int64),
-        "size": np.asarray([n for s in indexed for n in s.sizes], np.int64),
-    }, problems)
-    extra = {"layout": layout.__dict__, "classes": classes}
-    given = classes_given
-    plan = Plan(
-        dataset=dataset or dataset_name(src),
-        split=split,
-        root=root,
-        keys=keys,
-        labels=labels,
-        classes=classes,
-        fingerprint=fingerprint_shards(shards, keys, labels, extra),
-        reader=TarSampleReader(tuple(shards), table),
-        extra={"source_format": "webdataset", "shards": len(shards)},
-    )
-    return with_recipe(plan, "wds", src, dataset=plan.dataset, split=split, classes_given=given,
-                       layout={**layout.__dict__, "image_keys": list(layout.image_keys)})
+        raise ValueError("name at least one extension")
+    return keys
+
+
+def _extension(text: str) -> str:
+    return text.lower().lstrip(".")
+
+
+@dataclass(frozen=True)
+class WdsOptions(SourceOptions):
+    split: str | None = split_option()
+    label_key: str | None = option(None, "Take each label from this field of the sample's .json member instead "
+                                         "of its .cls member.", metavar="FIELD")
+    cls_key: str = option("cls", "Extension of the member holding the class index (ASCII digits).",
+                          metavar="EXT", parse=_extension)
+    image_keys: tuple[str, ...] = option(IMAGE_KEYS, "Extensions of the image member; the first one a sample has "
+                                                     "is used (content is sniffed).", metavar="EXT,...",
+                                         parse=_extensions)
+    dataset: str | None = option(None, "Dataset name (default: from the shard names).", flag="--name")
+    json_key: str = "json"  # no flag: webdataset's name for the member of per-sample JSON
+
+    @property
+    def layout(self) -> WdsLayout:
+        return WdsLayout(self.image_keys, self.cls_key, self.label_key, self.json_key)
+
+    def to_dict(self) -> dict[str, Any]:  # recipes nest the layout (as this release's first recipes did)
+        return {"split": self.split, "dataset": self.dataset,
+                "layout": {**self.layout.__dict__, "image_keys": list(self.image_keys)}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WdsOptions:
+        layout = dict(data.get("layout") or {})
+        return cls(split=data.get("split"), dataset=data.get("dataset"), label_key=layout.get("label_key"),
+                   cls_key=layout.get("cls_key", "cls"), image_keys=tuple(layout.get("image_keys", IMAGE_KEYS)),
+                   json_key=layout.get("json_key", "json"))
+
+
+class WdsSource(SourceKind):
+    name = "wds"
+    options = WdsOptions
+    help = ("WebDataset tar shards at SRC: a brace pattern (x-{0000..1023}.tar), a glob, a folder or prefix of .tar "
+            "files, or one file; local or a URL (s3://, https://...). Shards in name order, samples in archive "
+            "order.")
+    pins_classes = True
+    classes_flag = True
+
+    def plan(self, src: str, options: WdsOptions, *, classes: list[str] | None = None, jobs: int = 1) -> list[Plan]:
+        return [wds_plan(src, split=options.split, classes=classes, layout=options.layout, dataset=options.dataset,
+                         jobs=jobs)]

@@ -1,0 +1,132 @@
+"""What a source kind is: a name, a frozen options dataclass that parses and serialises itself, and ``plan()``.
+
+Registered once in :mod:`cachebuild.sources.registry` (which attaches each plan's recipe, so that ``cachebuild
+status`` can make it again); the ``cachebuild`` build command of a kind is generated from its options'
+fields (:func:`option` puts the flag, help and choices beside the field's one default). A new kind::
+
+    @dataclass(frozen=True)
+    class ListingOptions(SourceOptions):
+        split: str = option("train", "Name of the split the listing is.")
+        dataset: str | None = option(None, "Dataset name.", flag="--name")
+
+    class ListingSource(SourceKind):
+        name, options, help = "listing", ListingOptions, "A listing of path,label rows at SRC."
+
+        def plan(self, src, options, *, classes=None, jobs=1):
+            return [file_plan(options.dataset or "listing", options.split, root, keys, labels, classes)]
+
+    register_source("listing", ListingSource())  # or one line in registry._KINDS
+
+(``tests/test_sources_registry.py`` builds and re-plans such a kind through the CLI.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+from cachebuild.errors import OptionError
+from cachebuild.options import parse_choice
+from cachebuild.sources.plan import Plan
+
+__all__ = ["Flag", "SourceKind", "SourceOptions", "flag_of", "option"]
+
+O = TypeVar("O", bound="SourceOptions")
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How a field is offered on the command line (default and choices stay with the field)."""
+
+    help: str | None
+    flag: str | None = None  # default: --field-name
+    metavar: str | None = None
+    choices: Sequence[str] | None = None
+    parse: Callable[[str], Any] | None = None  # the typed text to the value (ValueError: a bad value)
+    show_default: bool | str = True
+
+
+def option(default: Any, help: str | None, **cli: Any) -> Any:
+    """A dataclass field with its command-line flag: ``option("all", "Split.", choices=("train", "all"))``."""
+    return dataclasses.field(default=default, metadata={"cli": Flag(help, **cli)})
+
+
+def flag_of(f: dataclasses.Field[Any]) -> Flag | None:
+    return f.metadata.get("cli")
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """Base of the options of a source kind: JSON values, checked when made, flat ``to_dict``/``from_dict``
+    (a kind whose recorded recipes nest some fields overrides both)."""
+
+    def __post_init__(self) -> None:
+        """Each flagged field checked as its default says: one of its choices, else of its default's type (a
+        string where the default is None), so a recipe or call that cannot plan fails here, naming the field."""
+        for f in dataclasses.fields(self):
+            flag, value = flag_of(f), getattr(self, f.name)
+            default: Any = f.default
+            if flag is None:
+                continue
+            if flag.choices is not None:
+                parse_choice(f.name, value, flag.choices)
+            elif value is not None or default is not None:
+                want = type(default) if default is not None else str
+                if not isinstance(value, want) or (want is tuple and not all(isinstance(v, str) for v in value)):
+                    raise OptionError(f"{f.name} must be {_WORDS.get(want, want.__name__)}; got {value!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: _json(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls: type[O], data: dict[str, Any]) -> O:
+        """The options ``data`` records; keys this release does not know are ignored, missing ones default."""
+        return cls(**{f.name: _from_json(data[f.name]) for f in dataclasses.fields(cls) if f.name in data})
+
+    def resolved(self: O, plan: Plan) -> O:
+        """These options as they made ``plan``: its split and dataset name, where the options left them open
+        (``--split all``, no ``--name``), so that planning them again gives this plan alone."""
+        names = {f.name for f in dataclasses.fields(self)}
+        return dataclasses.replace(self, **{k: getattr(plan, k) for k in ("split", "dataset") if k in names})
+
+
+_WORDS = {str: "a string", tuple: "a list of strings", int: "an integer", bool: "True or False"}
+
+
+def _json(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _from_json(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+class SourceKind(ABC):
+    """One kind of source. ``name`` is the ``cachebuild`` command and the recipe's ``kind``."""
+
+    name: ClassVar[str]
+    options: ClassVar[type[SourceOptions]]
+    #: the command's help: what SRC may be
+    help: ClassVar[str]
+    #: SRC may be a URL (else a local path)
+    url_src: ClassVar[bool] = True
+    #: --size: default, help, and where it sits among the kind's own flags (help order)
+    default_size: ClassVar[int] = 224
+    size_help: ClassVar[str] = "Output side S."
+    size_at: ClassVar[int] = 1
+    #: plans take a given class list (the recipe records whether one was; re-planning passes the cache's)
+    pins_classes: ClassVar[bool] = False
+    #: the command offers --classes FILE (after --size)
+    classes_flag: ClassVar[bool] = False
+
+    def check(self) -> None:
+        """Before planning: raise :class:`~cachebuild.errors.SourceError` for a missing optional dependency."""
+        return None  # most kinds need nothing beyond the base install
+
+    @abstractmethod
+    def plan(self, src: str, options: Any, *, classes: list[str] | None = None, jobs: int = 1) -> list[Plan]:
+        """The plans of ``src`` (one per split the options ask for), without recipes: the registry adds them."""
+
