@@ -387,7 +387,8 @@ def test_a_pad_cache_trains_on_crops_inside_its_boxes(tmp_path: Path, loader: st
     """A letterboxed cache's training batches carry its boxes, and the train transform crops inside them:
     no pixel of the black bars reaches the model (batches used to come without boxes: crops took bars)."""
     from loaders.train.distributed import DistInfo
-    from loaders.train.run import TrainConfig, _build_data
+    from loaders.train.config import TrainConfig
+    from loaders.train.data import build_data
 
     n, side = 24, 40
     images = np.zeros((n, side, side, 3), np.uint8)
@@ -396,7 +397,7 @@ def test_a_pad_cache_trains_on_crops_inside_its_boxes(tmp_path: Path, loader: st
     write_cache(tmp_path / "pad", images, np.arange(n) % 3, ["a", "b", "c"], boxes=boxes, fit="pad")
     cfg = TrainConfig(train=str(tmp_path / "pad"), out=str(tmp_path / "run"), model="linear", batch_size=8,
                       workers=1, loader=loader, device="cpu", augment="imagenet")
-    data = _build_data(cfg, DistInfo(0, 1, 0, torch.device("cpu")))
+    data = build_data(cfg, DistInfo(0, 1, 0, torch.device("cpu")))
     torch.manual_seed(0)
     inside = (200 / 255 - torch.tensor([0.485, 0.456, 0.406])) / torch.tensor([0.229, 0.224, 0.225])
     seen = 0
