@@ -71,14 +71,16 @@ def _check_model(ctx: click.Context, param: click.Parameter, value: str) -> str:
               help="Load the cache into shared RAM once (auto: when it fits half the free memory).")
 @click.option("--device", default=_default("device"), help="cpu, cuda, cuda:N or auto.")
 @click.option("--seed", type=int, default=_default("seed"))
-@click.option("--compile", "compile_", is_flag=True, help="torch.compile the model.")
-@click.option("--deterministic", is_flag=True, help="Deterministic algorithms (slower; for exact resume).")
+@click.option("--compile", "compile_", is_flag=True, default=_default("compile"), help="torch.compile the model.")
+@click.option("--deterministic", is_flag=True, default=_default("deterministic"),
+              help="Deterministic algorithms (slower; for exact resume).")
 @click.option("--log-every", type=click.IntRange(min=0), default=_default("log_every"),
               help="Optimizer steps between log lines.")
 @click.option("--ckpt-every", type=click.IntRange(min=0), default=_default("ckpt_every"),
               help="Optimizer steps between checkpoints (0: end of each epoch only).")
-@click.option("--resume", is_flag=True, help="Continue from OUT/checkpoint.pt, mid-epoch if it was written so.")
-@click.option("--overwrite", is_flag=True,
+@click.option("--resume", is_flag=True, default=_default("resume"),
+              help="Continue from OUT/checkpoint.pt, mid-epoch if it was written so.")
+@click.option("--overwrite", is_flag=True, default=_default("overwrite"),
               help="Start over in an OUT that holds a run: removes that run's files there (only those), not others.")
 @click.option("--progress/--no-progress", default=_default("progress"),
               help="Progress bar [default: when on a terminal].")
