@@ -16,6 +16,7 @@ __all__ = [
     "CachedImageDataset",
     "DeviceLoader",
     "FastLoader",
+    "ThreadLoader",
     "collate_batch",
     "device_loader",
 ]
@@ -25,7 +26,8 @@ _HOME = {
     "CachedImageDataset": "loaders.dataset",
     "collate_batch": "loaders.dataset",
     "DeviceLoader": "loaders.device",
-    "FastLoader": "loaders.device",
+    "FastLoader": "loaders.device",  # ThreadLoader's name in earlier releases
+    "ThreadLoader": "loaders.thread_loader",
     "device_loader": "loaders.device",
     "CacheSampler": "loaders.sampler",
 }

@@ -38,11 +38,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
 from cachebuild.processes import pid_alive
+from loaders.shared_memory import shm_free_bytes
 
 __all__ = ["MAX_SLOTS", "WAIT_S", "InlineTensor", "SlotTensor", "WorkerRing", "drop_dead_rings", "ring_bytes",
-           "ring_stats"]
+           "ring_stats", "rings_fit"]
 
 WAIT_S = 0.005  # longest wait for a free slot; a fresh 38 MB batch costs ~30 ms, so waiting longer never pays
 
@@ -61,6 +63,21 @@ def _round_up(n: int, k: int) -> int:
 def ring_bytes(slots: int, slot_bytes: int) -> int:
     """Shared memory one :class:`WorkerRing` of ``slots`` x ``slot_bytes`` takes (header page included)."""
     return _PAGE + slots * _round_up(max(slot_bytes, 1), _PAGE)
+
+
+def rings_fit(slots: int, slot_bytes: int) -> bool:
+    """Whether a ring per DataLoader worker takes at most half of the space free in /dev/shm.
+
+    A ring holds ~2x the batches torch keeps in flight. Where /dev/shm is small (Docker's 64 MB), the
+    workers that got one would leave too little for the fresh batches of those that did not, and a
+    loader that runs without rings would fail with them.
+    """
+    free = shm_free_bytes()
+    if free is None:
+        return True
+    info = get_worker_info()
+    workers = 1 if info is None else info.num_workers
+    return workers * ring_bytes(slots, slot_bytes) <= free // 2
 
 
 def _storage_bytes(storage: torch.UntypedStorage) -> np.ndarray:

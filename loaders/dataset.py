@@ -39,10 +39,10 @@ from cachebuild.storage import BlockCache, ImageStore
 from cachebuild.storage.reader import open_cache
 from cachebuild.storage.replacement import ReaderLock
 from cachebuild.storage.side_arrays import load_paths
-from loaders.batch_ring import MAX_SLOTS, InlineTensor, WorkerRing, ring_bytes
+from loaders.batch_ring import MAX_SLOTS, InlineTensor, WorkerRing, rings_fit
 from loaders.collate import CacheBatch, collate_batch
 from loaders.encoded import EncodedImages
-from loaders.shared_memory import load_shared, shared_uint8, shm_free_bytes
+from loaders.shared_memory import auto_budget, load_shared, shared_uint8
 
 __all__ = ["CacheBatch", "CachedImageDataset", "collate_batch"]
 
@@ -159,7 +159,7 @@ class CachedImageDataset(Dataset):
         self._ring: WorkerRing | None = None  # per worker process, made on its first batch
         self._ring_failed = False  # shared memory refused (small /dev/shm): fresh batches in this process
         if in_memory == "auto":
-            in_memory = self.nbytes <= _auto_budget(memory_budget)
+            in_memory = self.nbytes <= auto_budget(memory_budget)
         if in_memory:
             self._shared = load_shared(self)
 
@@ -316,7 +316,7 @@ class CachedImageDataset(Dataset):
             return None
         if ring is None or ring.slot_bytes < nbytes or ring.slots != self.ring_slots:
             self._ring = None  # the old ring lives on while its batches do
-            if not _rings_fit(self.ring_slots, nbytes):
+            if not rings_fit(self.ring_slots, nbytes):
                 self._ring_failed = True
                 return None
             try:
@@ -368,7 +368,6 @@ class CachedImageDataset(Dataset):
             return [(self.transform(s[0]), *s[1:]) for s in batch]
         return CacheBatch(images, labels, boxes)
 
-
     def _encoded_batch(self, idx: np.ndarray, worker: bool) -> CacheBatch:
         """The batch's stored JPEGs, checked against their checksums, undecoded (for decoding on a GPU)."""
         data, offsets = self._images.read_encoded(idx)
@@ -379,48 +378,3 @@ class CachedImageDataset(Dataset):
             boxes = None if boxes is None else boxes.as_subclass(InlineTensor)
         images = EncodedImages(torch.from_numpy(data), torch.from_numpy(offsets), self.shape)
         return CacheBatch(images, labels, boxes)  # type: ignore[arg-type]
-
-
-def _rings_fit(slots: int, slot_bytes: int) -> bool:
-    """Whether a ring per DataLoader worker takes at most half of the space free in /dev/shm.
-
-    A ring holds ~2x the batches torch keeps in flight. Where /dev/shm is small (Docker's 64 MB), the
-    workers that got one would leave too little for the fresh batches of those that did not, and a
-    loader that runs without rings would fail with them.
-    """
-    free = shm_free_bytes()
-    if free is None:
-        return True
-    info = get_worker_info()
-    workers = 1 if info is None else info.num_workers
-    return workers * ring_bytes(slots, slot_bytes) <= free // 2
-
-
-def _auto_budget(memory_budget: int | None) -> int:
-    """Bytes this process may load for ``in_memory="auto"``.
-
-    Each process loads its own copy, and torchrun starts LOCAL_WORLD_SIZE of them on a node at once,
-    each seeing the same free memory: the node-wide figures (half of MemAvailable unless the caller set
-    a budget, half of /dev/shm's free space) are split between them.
-    """
-    try:
-        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        local = 1
-    budget = _default_budget() // local if memory_budget is None else int(memory_budget)
-    shm_free = shm_free_bytes()
-    if shm_free is not None:
-        budget = min(budget, shm_free // 2 // local)
-    return budget
-
-
-def _default_budget() -> int:
-    """Half of MemAvailable (Linux); 0 (never automatic) where it cannot be read."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024 // 2
-    except OSError:
-        pass
-    return 0

@@ -31,8 +31,9 @@ def test_cachebuild_never_imports_loaders() -> None:
             "from click.testing import CliRunner; CliRunner().invoke(cachebuild.cli.main, ['--help']); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'loaders'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), check=True)
-    # --help lists train: its entry point is loaded (loaders.train.cli, which imports no torch), nothing more.
-    assert out.stdout.strip() == "['loaders', 'loaders.train', 'loaders.train.cli']", out.stdout
+    # --help lists train: its entry point is loaded (loaders.train.cli and the config its options come from,
+    # which import no torch), nothing more.
+    assert out.stdout.strip() == "['loaders', 'loaders.train', 'loaders.train.cli', 'loaders.train.config']", out.stdout
 
 
 def test_train_is_a_registered_command() -> None:
@@ -63,6 +64,7 @@ def test_build_commands_are_generated_from_the_sources_registry_on_demand() -> N
     assert all(f"  {name} " in listed for name in source_names())
     code = ("import sys, cachebuild.cli; from click.testing import CliRunner; "
             "r = CliRunner().invoke(cachebuild.cli.main, ['info', '--help']); assert r.exit_code == 0, r.output; "
-            "print(sorted(m for m in sys.modules if m.startswith(('cachebuild.sources.', 'cachebuild.pipeline'))))")
+            "print(sorted(m for m in sys.modules "
+            "if m.startswith(('cachebuild.sources.', 'cachebuild.build.pipeline'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), check=True)
     assert out.stdout.strip() == "['cachebuild.sources.kind', 'cachebuild.sources.plan', 'cachebuild.sources.registry']"

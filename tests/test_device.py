@@ -121,7 +121,7 @@ def test_fast_loader_buffers_are_not_shared_with_a_forked_child(tmp_path) -> Non
 
 
 def _gather_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("FastLoader")]
+    return [t for t in threading.enumerate() if t.name.startswith("ThreadLoader")]
 
 
 def test_fast_loader_early_break_stops_its_threads(cache) -> None:

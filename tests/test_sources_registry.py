@@ -19,11 +19,10 @@ from click.testing import CliRunner
 
 import cachebuild.sources.registry as registry
 import cachebuild.storage as storage
+from cachebuild.build.pipeline import BuildOptions
 from cachebuild.cli import main
 from cachebuild.cli_build import build_params
 from cachebuild.errors import OptionError, SourceError
-from cachebuild.format import open_cache
-from cachebuild.pipeline import BuildOptions
 from cachebuild.samples.cifar_layout import write_cifar10
 from cachebuild.sources.folder import FolderOptions
 from cachebuild.sources.imagenet import ImagenetOptions
@@ -40,6 +39,7 @@ from cachebuild.sources.registry import (
 )
 from cachebuild.sources.wds import WdsOptions
 from cachebuild.storage.jpeg_backend import JpegBackend
+from cachebuild.storage.reader import open_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -214,8 +214,8 @@ def test_options_refuse_values_outside_their_choices():
 
 
 def test_build_flags_take_their_defaults_and_choices_from_build_options(scratch_registries):
-    from cachebuild.decode import FITS
-    from cachebuild.pipeline import COMPRESSIONS, DECODE_DEVICES, ON_ERROR, SUBSAMPLINGS
+    from cachebuild.build.decode import FITS
+    from cachebuild.build.pipeline import COMPRESSIONS, DECODE_DEVICES, ON_ERROR, SUBSAMPLINGS
 
     defaults = {f.name: f.default for f in dataclasses.fields(BuildOptions)}
     params = {p.name: p for p in build_params()}

@@ -386,8 +386,9 @@ def test_accumulation_with_a_short_last_micro_batch_equals_the_union_batches(cac
 def test_a_pad_cache_trains_on_crops_inside_its_boxes(tmp_path: Path, loader: str) -> None:
     """A letterboxed cache's training batches carry its boxes, and the train transform crops inside them:
     no pixel of the black bars reaches the model (batches used to come without boxes: crops took bars)."""
+    from loaders.train.config import TrainConfig
+    from loaders.train.data import build_data
     from loaders.train.distributed import DistInfo
-    from loaders.train.run import TrainConfig, _build_data
 
     n, side = 24, 40
     images = np.zeros((n, side, side, 3), np.uint8)
@@ -396,7 +397,7 @@ def test_a_pad_cache_trains_on_crops_inside_its_boxes(tmp_path: Path, loader: st
     write_cache(tmp_path / "pad", images, np.arange(n) % 3, ["a", "b", "c"], boxes=boxes, fit="pad")
     cfg = TrainConfig(train=str(tmp_path / "pad"), out=str(tmp_path / "run"), model="linear", batch_size=8,
                       workers=1, loader=loader, device="cpu", augment="imagenet")
-    data = _build_data(cfg, DistInfo(0, 1, 0, torch.device("cpu")))
+    data = build_data(cfg, DistInfo(0, 1, 0, torch.device("cpu")))
     torch.manual_seed(0)
     inside = (200 / 255 - torch.tensor([0.485, 0.456, 0.406])) / torch.tensor([0.229, 0.224, 0.225])
     seen = 0
@@ -424,3 +425,27 @@ def test_resume_removes_temporaries_of_killed_checkpoint_writes(caches: dict[str
     res = _invoke(*common, "--resume")
     assert res.exit_code == 0, res.output
     assert not dead.exists() and live.exists() and other.exists()
+
+
+def test_the_options_take_their_choices_and_defaults_from_train_config() -> None:
+    """Each choice and default is declared once, in loaders.train.config: the CLI cannot drift from it."""
+    import dataclasses
+
+    import click
+
+    from loaders.train import config
+
+    fields = {f.name: f.default for f in dataclasses.fields(config.TrainConfig)}
+    params = {p.name: p for p in train.params}
+    choices = {"amp": config.AMP_CHOICES, "optimizer": config.OPTIMIZERS, "augment": config.AUGMENTS,
+               "loader": config.LOADERS, "in_memory": config.IN_MEMORY}
+    for name, tuple_ in choices.items():
+        assert isinstance(params[name].type, click.Choice) and tuple(params[name].type.choices) == tuple_, name
+    named = {"cache": "train", "compile_": "compile"}
+    checked = 0
+    for name, p in params.items():
+        field = named.get(name, name)
+        if field in fields and field not in ("train", "out"):  # CACHE is required; --out has the CLI's default
+            assert p.default == fields[field], name
+            checked += 1
+    assert checked == len(fields) - 2

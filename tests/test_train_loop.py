@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -10,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from loaders.train import amp as amp_mod
-from loaders.train.loop import evaluate, num_optimizer_steps, train_one_epoch, window_size
+from loaders.train.loop import EpochConfig, evaluate, num_optimizer_steps, train_one_epoch, window_size
 from loaders.train.models import build_model
 
 
@@ -47,7 +48,7 @@ def test_accumulation_equals_one_big_batch(n_batches: int, accum: int) -> None:
     sched_calls: list[int] = []
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: sched_calls.append(s) or 1.0)
     sched_calls.clear()  # LambdaLR calls the lambda once at construction
-    res = train_one_epoch(model, data, opt, accum=accum, scheduler=sched)
+    res = train_one_epoch(model, data, opt, EpochConfig(accum=accum), scheduler=sched)
 
     ref_opt = RecordingSGD(ref.parameters(), lr=0.1)
     for lo in range(0, n_batches, accum):
@@ -80,7 +81,7 @@ def test_a_short_last_micro_batch_weighs_per_sample(sizes: list[int], accum: int
             for n in sizes]
     model, ref = _mlp(), _mlp()
     opt = RecordingSGD(model.parameters(), lr=0.1)
-    res = train_one_epoch(model, data, opt, accum=accum, num_samples=sum(sizes))
+    res = train_one_epoch(model, data, opt, EpochConfig(accum=accum, num_samples=sum(sizes)))
     ref_opt = RecordingSGD(ref.parameters(), lr=0.1)
     for lo in range(0, len(data), accum):
         ref_opt.zero_grad()
@@ -95,9 +96,9 @@ def test_a_short_last_micro_batch_weighs_per_sample(sizes: list[int], accum: int
     resumed = _mlp()
     opt_r = torch.optim.SGD(resumed.parameters(), lr=0.1)
     cut = accum * ((len(sizes) - 1) // accum)  # where the last window starts
-    train_one_epoch(resumed, data[:cut], opt_r, accum=accum, num_batches=len(sizes), num_samples=sum(sizes))
-    train_one_epoch(resumed, data[cut:], opt_r, accum=accum, num_batches=len(sizes), start_batch=cut,
-                    num_samples=sum(sizes))
+    whole = EpochConfig(accum=accum, num_batches=len(sizes), num_samples=sum(sizes))
+    train_one_epoch(resumed, data[:cut], opt_r, whole)
+    train_one_epoch(resumed, data[cut:], opt_r, dataclasses.replace(whole, start_batch=cut))
     for p, q in zip(resumed.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12)
 
@@ -107,7 +108,7 @@ def test_num_samples_that_do_not_fit_the_batches_are_refused_before_the_step() -
     before = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(ValueError, match="held 3 samples, 4 expected"):  # a short micro-batch mid-epoch
         train_one_epoch(model, [_batches(1, 2)[0], _batches(1, 1)[0], _batches(1, 2)[0]],
-                        torch.optim.SGD(model.parameters(), lr=0.1), accum=2, num_samples=5)
+                        torch.optim.SGD(model.parameters(), lr=0.1), EpochConfig(accum=2, num_samples=5))
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
 
 
@@ -125,9 +126,65 @@ def test_logged_lr_is_the_one_the_step_applied() -> None:
     opt = LrSGD(model.parameters(), lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (s + 1))
     logged: list[float] = []
-    train_one_epoch(model, _batches(6, 2), opt, accum=2, scheduler=sched, log_every=1,
+    train_one_epoch(model, _batches(6, 2), opt, EpochConfig(accum=2, log_every=1), scheduler=sched,
                     on_log=lambda e: logged.append(e["lr"]))
     assert applied == logged == [1.0, 0.5, 1 / 3]
+
+
+def test_keyword_settings_of_earlier_releases_equal_the_config() -> None:
+    """``accum=2, num_samples=...`` as keywords (the signature of earlier releases) trains exactly as the
+    same values in an EpochConfig; keywords override the config's; an unknown one is a TypeError."""
+    g = torch.Generator().manual_seed(3)
+    sizes = [4, 4, 4, 2]
+    data = [(torch.randn(n, 3, 2, 2, generator=g, dtype=torch.float64), torch.randint(0, 5, (n,), generator=g))
+            for n in sizes]
+    a, b, c = _mlp(), _mlp(), _mlp()
+    res_a = train_one_epoch(a, data, torch.optim.SGD(a.parameters(), lr=0.1), accum=3, num_samples=sum(sizes))
+    res_b = train_one_epoch(b, data, torch.optim.SGD(b.parameters(), lr=0.1),
+                            EpochConfig(accum=3, num_samples=sum(sizes)))
+    res_c = train_one_epoch(c, data, torch.optim.SGD(c.parameters(), lr=0.1), EpochConfig(accum=1),
+                            accum=3, num_samples=sum(sizes))
+    assert res_a.steps == res_b.steps == res_c.steps == 2
+    for p, q, r in zip(a.parameters(), b.parameters(), c.parameters(), strict=True):
+        assert torch.equal(p, q) and torch.equal(p, r)
+    with pytest.raises(TypeError, match="accumulate"):
+        train_one_epoch(a, data, torch.optim.SGD(a.parameters(), lr=0.1), accumulate=2)
+
+
+def test_batch_transform_runs_after_the_transform_and_takes_soft_targets() -> None:
+    """A batch-level mix (MixUp / CutMix) sees the transformed batch and may return soft (N, C) targets:
+    one-hot targets train exactly as the hard labels, and mixed ones reach the loss as returned."""
+    data = _batches(4, 4)
+    hard, soft = _mlp(), _mlp()
+    train_one_epoch(hard, data, torch.optim.SGD(hard.parameters(), lr=0.1), EpochConfig(accum=2),
+                    transform=lambda x: x * 2)
+    seen: list[torch.Tensor] = []
+
+    def one_hot(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        seen.append(x)
+        return x, F.one_hot(y, 5).to(x.dtype)
+
+    train_one_epoch(soft, data, torch.optim.SGD(soft.parameters(), lr=0.1), EpochConfig(accum=2),
+                    transform=lambda x: x * 2, batch_transform=one_hot)
+    assert [torch.equal(s, d[0] * 2) for s, d in zip(seen, data, strict=True)] == [True] * 4
+    for p, q in zip(hard.parameters(), soft.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12)
+
+    made: list[torch.Tensor] = []
+    targets: list[torch.Tensor] = []
+
+    def mix(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        made.append(0.7 * F.one_hot(y, 5).to(x.dtype) + 0.3 * F.one_hot(y.roll(1), 5).to(x.dtype))
+        return 0.7 * x + 0.3 * x.roll(1, 0), made[-1]
+
+    def loss_fn(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        targets.append(t)
+        return F.cross_entropy(out, t)
+
+    res = train_one_epoch(_mlp(), data, torch.optim.SGD(_mlp().parameters(), lr=0.1), loss_fn=loss_fn,
+                          batch_transform=mix)
+    assert res.samples == 16 and [t.shape for t in targets] == [(4, 5)] * 4
+    assert len(made) == 4 and all(t is m for t, m in zip(targets, made, strict=True))
 
 
 def test_window_size_shortens_only_the_last_window() -> None:
@@ -141,19 +198,19 @@ def test_resume_mid_epoch_matches_one_pass() -> None:
     train_one_epoch(a, data, torch.optim.SGD(a.parameters(), lr=0.1), accum=2)
     opt_b = torch.optim.SGD(b.parameters(), lr=0.1)
     stops: list[int] = []
-    train_one_epoch(b, data[:4], opt_b, accum=2, num_batches=7, on_step=lambda s: stops.append(s.batch))
-    train_one_epoch(b, data[4:], opt_b, accum=2, num_batches=7, start_batch=4)
+    train_one_epoch(b, data[:4], opt_b, EpochConfig(accum=2, num_batches=7), on_step=lambda s: stops.append(s.batch))
+    train_one_epoch(b, data[4:], opt_b, EpochConfig(accum=2, num_batches=7, start_batch=4))
     assert stops == [2, 4]
     for p, q in zip(a.parameters(), b.parameters(), strict=True):
         torch.testing.assert_close(p, q)
     with pytest.raises(ValueError, match="boundary"):
-        train_one_epoch(b, data[3:], opt_b, accum=2, num_batches=7, start_batch=3)
+        train_one_epoch(b, data[3:], opt_b, EpochConfig(accum=2, num_batches=7, start_batch=3))
 
 
 def test_bad_accum_is_a_clear_error() -> None:
     model = _mlp()
     with pytest.raises(ValueError, match="accum must be >= 1"):
-        train_one_epoch(model, _batches(2, 2), torch.optim.SGD(model.parameters(), lr=0.1), accum=0)
+        train_one_epoch(model, _batches(2, 2), torch.optim.SGD(model.parameters(), lr=0.1), EpochConfig(accum=0))
 
 
 def _separable(n: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -200,7 +257,7 @@ def test_gradscaler_skips_inf_step_on_cpu_without_touching_weights() -> None:
 
     snapshots: list[dict[str, torch.Tensor]] = []
     res = train_one_epoch(
-        model, data, opt, loss_fn=loss_fn, scaler=scaler, clip_grad=1.0,
+        model, data, opt, EpochConfig(clip_grad=1.0), loss_fn=loss_fn, scaler=scaler,
         on_step=lambda s: snapshots.append({k: v.clone() for k, v in model.state_dict().items()}),
     )
     assert res.steps == 3 and res.skipped_steps == 1
@@ -218,7 +275,7 @@ def test_clip_grad_unscales_before_clipping() -> None:
     for scaler in (None, torch.amp.GradScaler("cpu", init_scale=2.0**16)):
         model = _mlp()
         opt = RecordingSGD(model.parameters(), lr=0.1)
-        train_one_epoch(model, data, opt, scaler=scaler, clip_grad=0.01)
+        train_one_epoch(model, data, opt, EpochConfig(clip_grad=0.01), scaler=scaler)
         runs.append(opt.seen[0])
     for g, w in zip(*runs, strict=True):
         torch.testing.assert_close(g, w)
@@ -284,7 +341,7 @@ def test_fp16_gradscaler_on_cuda() -> None:
     scaler = amp_mod.make_scaler(dtype, dev)
     assert dtype is torch.float16 and scaler is not None
     data = [(x.to(dev), y.to(dev)) for x, y in _separable(12)]
-    losses = [train_one_epoch(model, data, opt, amp_dtype=dtype, scaler=scaler, accum=2, clip_grad=5.0).loss
-              for _ in range(3)]
+    settings = EpochConfig(accum=2, amp_dtype=dtype, clip_grad=5.0)
+    losses = [train_one_epoch(model, data, opt, settings, scaler=scaler).loss for _ in range(3)]
     assert losses[-1] < 0.6 * losses[0], losses
     assert all(torch.isfinite(p).all() for p in model.parameters())

@@ -15,6 +15,7 @@ from typing import Any
 __all__ = [
     "AmpUnsupportedError",
     "CheckpointError",
+    "EpochConfig",
     "EpochResult",
     "SmallCNN",
     "StepInfo",
@@ -36,10 +37,10 @@ __all__ = [
 _WHERE = {
     "AmpUnsupportedError": "amp", "autocast": "amp", "make_scaler": "amp", "resolve_amp": "amp",
     "CheckpointError": "checkpoint", "load_checkpoint": "checkpoint", "save_checkpoint": "checkpoint",
-    "EpochResult": "loop", "StepInfo": "loop", "evaluate": "loop", "num_optimizer_steps": "loop",
+    "EpochConfig": "loop", "EpochResult": "loop", "StepInfo": "loop", "evaluate": "loop", "num_optimizer_steps": "loop",
     "train_one_epoch": "loop",
     "SmallCNN": "models", "available_models": "models", "build_model": "models",
-    "TrainConfig": "run", "TrainSetupError": "run", "fit": "run",
+    "TrainConfig": "config", "TrainSetupError": "config", "fit": "run",
 }
 
 

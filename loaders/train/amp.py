@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from cachebuild.errors import CacheBuildError
+from loaders.train.config import AMP_CHOICES
 
 __all__ = [
     "AMP_CHOICES",
@@ -18,8 +19,6 @@ __all__ = [
     "make_scaler",
     "resolve_amp",
 ]
-
-AMP_CHOICES: tuple[str, ...] = ("auto", "bf16", "fp16", "off")
 
 
 class AmpUnsupportedError(CacheBuildError, ValueError):

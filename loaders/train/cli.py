@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
+from typing import Any
 
 import click
 
 from cachebuild.errors import CacheBuildError, OptionError
+from loaders.train.config import AMP_CHOICES, AUGMENTS, IN_MEMORY, LOADERS, OPTIMIZERS, TrainConfig
 
 __all__ = ["main", "train"]
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+
+
+def _default(field: str) -> Any:
+    """An option's default is ``TrainConfig``'s, so that the two cannot drift."""
+    return _DEFAULTS[field]
 
 
 def _check_model(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -25,49 +35,56 @@ def _check_model(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 @click.command("train", context_settings={"show_default": True, "max_content_width": 110})
 @click.argument("cache", type=click.Path(file_okay=False))
-@click.option("--val", type=click.Path(file_okay=False), default=None,
+@click.option("--val", type=click.Path(file_okay=False), default=_default("val"),
               help="Validation cache (same classes): top-1/top-5 after every epoch.")
 @click.option("--out", type=click.Path(file_okay=False), default="runs/train",
               help="Run folder: checkpoint.pt, metrics.jsonl, metrics.png, config.json, summary.json.")
-@click.option("--model", default="small_cnn", callback=_check_model,
+@click.option("--model", default=_default("model"), callback=_check_model,
               help="small_cnn / tiny_cnn / linear (CPU demos) or a torchvision model name (weights=None).")
-@click.option("--epochs", type=click.IntRange(min=1), default=1)
-@click.option("--batch-size", type=click.IntRange(min=1), default=64, help="Per process, per micro-batch.")
-@click.option("--accum", type=click.IntRange(min=1), default=1,
+@click.option("--epochs", type=click.IntRange(min=1), default=_default("epochs"))
+@click.option("--batch-size", type=click.IntRange(min=1), default=_default("batch_size"),
+              help="Per process, per micro-batch.")
+@click.option("--accum", type=click.IntRange(min=1), default=_default("accum"),
               help="Micro-batches per optimizer step (gradient accumulation).")
-@click.option("--amp", type=click.Choice(["auto", "bf16", "fp16", "off"]), default="auto",
+@click.option("--amp", type=click.Choice(AMP_CHOICES), default=_default("amp"),
               help="autocast dtype; auto: bf16 where native, fp16 on older GPUs, off on CPUs without bf16.")
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=0.1, help="Peak learning rate.")
-@click.option("--optimizer", type=click.Choice(["sgd", "adamw"]), default="sgd")
-@click.option("--momentum", type=click.FloatRange(0, 1), default=0.9)
-@click.option("--weight-decay", type=click.FloatRange(min=0), default=5e-5)
-@click.option("--warmup-epochs", type=click.FloatRange(min=0), default=0.0,
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=_default("lr"), help="Peak learning rate.")
+@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=_default("optimizer"))
+@click.option("--momentum", type=click.FloatRange(0, 1), default=_default("momentum"))
+@click.option("--weight-decay", type=click.FloatRange(min=0), default=_default("weight_decay"))
+@click.option("--warmup-epochs", type=click.FloatRange(min=0), default=_default("warmup_epochs"),
               help="Linear warm-up, then cosine decay to 0 (stepped per optimizer step).")
-@click.option("--label-smoothing", type=click.FloatRange(0, 1, max_open=True), default=0.0)
-@click.option("--clip-grad", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--label-smoothing", type=click.FloatRange(0, 1, max_open=True), default=_default("label_smoothing"))
+@click.option("--clip-grad", type=click.FloatRange(min=0, min_open=True), default=_default("clip_grad"),
               help="Clip the gradient norm (after unscaling, under fp16).")
-@click.option("--augment", type=click.Choice(["auto", "imagenet", "cifar", "none"]), default="auto",
+@click.option("--augment", type=click.Choice(AUGMENTS), default=_default("augment"),
               help="Device transform preset; auto: cifar for 32x32 caches, else imagenet (RandomResizedCrop).")
-@click.option("--crop", type=click.IntRange(min=8), default=None,
+@click.option("--crop", type=click.IntRange(min=8), default=_default("crop"),
               help="Train/eval resolution [default: the cache's image size].")
-@click.option("--workers", type=click.IntRange(min=0), default=2,
-              help="DataLoader worker processes (--loader dataloader) or gather threads (threads).")
-@click.option("--loader", type=click.Choice(["auto", "dataloader", "threads"]), default="auto",
-              help="auto: FastLoader threads on CPU (no processes competing for the cores), DataLoader on CUDA.")
-@click.option("--in-memory", type=click.Choice(["auto", "yes", "no"]), default="auto",
+@click.option("--workers", type=click.IntRange(min=0), default=_default("workers"),
+              help="DataLoader worker processes (--loader dataloader) or ThreadLoader threads (--loader threads).")
+@click.option("--loader", type=click.Choice(LOADERS), default=_default("loader"),
+              help="threads: a ThreadLoader (batches gathered by threads of this process); dataloader: "
+                   "DataLoader worker processes; auto: threads on CPU (no processes competing for the cores), "
+                   "dataloader on CUDA.")
+@click.option("--in-memory", type=click.Choice(IN_MEMORY), default=_default("in_memory"),
               help="Load the cache into shared RAM once (auto: when it fits half the free memory).")
-@click.option("--device", default="auto", help="cpu, cuda, cuda:N or auto.")
-@click.option("--seed", type=int, default=0)
-@click.option("--compile", "compile_", is_flag=True, help="torch.compile the model.")
-@click.option("--deterministic", is_flag=True, help="Deterministic algorithms (slower; for exact resume).")
-@click.option("--log-every", type=click.IntRange(min=0), default=20, help="Optimizer steps between log lines.")
-@click.option("--ckpt-every", type=click.IntRange(min=0), default=0,
+@click.option("--device", default=_default("device"), help="cpu, cuda, cuda:N or auto.")
+@click.option("--seed", type=int, default=_default("seed"))
+@click.option("--compile", "compile_", is_flag=True, default=_default("compile"), help="torch.compile the model.")
+@click.option("--deterministic", is_flag=True, default=_default("deterministic"),
+              help="Deterministic algorithms (slower; for exact resume).")
+@click.option("--log-every", type=click.IntRange(min=0), default=_default("log_every"),
+              help="Optimizer steps between log lines.")
+@click.option("--ckpt-every", type=click.IntRange(min=0), default=_default("ckpt_every"),
               help="Optimizer steps between checkpoints (0: end of each epoch only).")
-@click.option("--resume", is_flag=True, help="Continue from OUT/checkpoint.pt, mid-epoch if it was written so.")
-@click.option("--overwrite", is_flag=True,
+@click.option("--resume", is_flag=True, default=_default("resume"),
+              help="Continue from OUT/checkpoint.pt, mid-epoch if it was written so.")
+@click.option("--overwrite", is_flag=True, default=_default("overwrite"),
               help="Start over in an OUT that holds a run: removes that run's files there (only those), not others.")
-@click.option("--progress/--no-progress", default=None, help="Progress bar [default: when on a terminal].")
-@click.option("--stop-after-steps", type=click.IntRange(min=1), default=None, hidden=True,
+@click.option("--progress/--no-progress", default=_default("progress"),
+              help="Progress bar [default: when on a terminal].")
+@click.option("--stop-after-steps", type=click.IntRange(min=1), default=_default("stop_after_steps"), hidden=True,
               help="Testing: exit hard (os._exit) after this many optimizer steps, like a crash.")
 def train(
     cache: str, val: str | None, out: str, model: str, epochs: int, batch_size: int, accum: int, amp: str,
@@ -83,7 +100,7 @@ def train(
     """
     from loaders.train.amp import resolve_amp
     from loaders.train.distributed import resolve_device
-    from loaders.train.run import TrainConfig, fit
+    from loaders.train.run import fit
 
     try:
         dev = resolve_device(device, int(os.environ.get("LOCAL_RANK", "0")))

@@ -1,0 +1,145 @@
+"""The data side of a run: the caches opened and checked against each other, the sampler, the loaders
+(``ThreadLoader`` or DataLoader workers) and the device transforms of the augmentation preset."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from loaders.train.config import TrainConfig, TrainSetupError
+from loaders.train.distributed import DistInfo
+from loaders.train.loop import BatchTransform
+
+__all__ = ["TrainData", "build_data", "make_loader", "on_device", "transforms_for"]
+
+
+@dataclass
+class TrainData:
+    train_ds: Any
+    classes: list[str]
+    shape: tuple[int, int, int]
+    sampler: Any
+    loader: Any
+    val_ds: Any | None
+    val_loader: Any | None
+    train_tf: Callable[..., torch.Tensor]
+    eval_tf: Callable[..., torch.Tensor]
+    augment: str
+    crop: int
+    loader_kind: str  # "threads" or "dataloader" (LOADERS, resolved)
+    notes: list[str] = dataclasses.field(default_factory=list)  # said once at the start of the run
+    # A batch-level mix after train_tf ((x, labels) -> (x, soft targets): MixUp, CutMix); None: none.
+    batch_tf: BatchTransform | None = None
+
+
+def transforms_for(augment: str, crop: int) -> tuple[Any, Any]:
+    """(train, eval) device transforms of a preset: uint8 NCHW batch -> normalised float channels_last."""
+    from loaders import transforms as T
+
+    if augment == "cifar":
+        return T.cifar_train(), T.cifar_eval()
+    ev = T.imagenet_eval(crop)
+    if augment == "none":  # deterministic: the eval pipeline for training too (tests, debugging)
+        return ev, ev
+    return T.imagenet_train(crop), ev
+
+
+def _open_caches(cfg: TrainConfig) -> tuple[Any, Any | None]:
+    """The train cache and the val cache (if any), refused when empty or when their classes differ."""
+    from loaders.dataset import CachedImageDataset
+
+    in_memory: bool | str = {"yes": True, "no": False}.get(cfg.in_memory, cfg.in_memory)
+    train_ds = CachedImageDataset(cfg.train, in_memory=in_memory)
+    # A letterboxed (--fit pad) cache: batches carry each sample's valid box, so crops stay off the bars.
+    train_ds.return_boxes = "boxes" in train_ds.manifest.arrays
+    classes = list(train_ds.classes)
+    if len(train_ds) == 0:
+        raise TrainSetupError(f"{cfg.train}: the cache holds no samples")
+    val_ds = None
+    if cfg.val is not None:
+        val_ds = CachedImageDataset(cfg.val, in_memory=in_memory)
+        if list(val_ds.classes) != classes:
+            only_t = sorted(set(classes) - set(val_ds.classes))[:3]
+            only_v = sorted(set(val_ds.classes) - set(classes))[:3]
+            raise TrainSetupError(
+                f"val cache {cfg.val} has {len(val_ds.classes)} classes, train has {len(classes)}; "
+                f"they must be the same list in the same order (only in train: {only_t}, only in val: {only_v})"
+            )
+    return train_ds, val_ds
+
+
+def _resolution(cfg: TrainConfig, shape: tuple[int, int, int], val_ds: Any | None) -> tuple[str, int, list[str]]:
+    """(augment preset, crop, notes): ``auto`` resolved for the cache's size, a val cache of another size
+    checked (refused under cifar, whose eval does not resize)."""
+    side = min(shape[0], shape[1])
+    augment = cfg.augment if cfg.augment != "auto" else ("cifar" if shape[:2] == (32, 32) else "imagenet")
+    crop = cfg.crop or side
+    if augment == "cifar" and (shape[:2] != (32, 32) or crop != 32):
+        raise TrainSetupError(f"--augment cifar needs a 32x32 cache and crop, got {shape[0]}x{shape[1]}, crop {crop}")
+    notes = []
+    if val_ds is not None and tuple(int(v) for v in val_ds.shape) != shape:
+        vh, vw = int(val_ds.shape[0]), int(val_ds.shape[1])
+        if augment == "cifar":  # cifar_eval only normalises: the model would see another resolution
+            raise TrainSetupError(
+                f"val cache {cfg.val} holds {vh}x{vw} images, train {shape[0]}x{shape[1]}; --augment cifar "
+                f"evaluates without resizing: build the val cache at --size {shape[0]}"
+            )
+        notes.append(f"val cache {cfg.val} is {vh}x{vw}, train {shape[0]}x{shape[1]}: val images are resized to "
+                     f"{round(crop / 0.875)} (short side) and centre-cropped to {crop}, the training crop")
+    return augment, crop, notes
+
+
+def build_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
+    """Open the caches and make the sampler, loaders and device transforms of the run."""
+    from loaders.sampler import CacheSampler
+
+    train_ds, val_ds = _open_caches(cfg)
+    h, w, c = (int(s) for s in train_ds.shape)
+    shape = (h, w, c)
+    augment, crop, notes = _resolution(cfg, shape, val_ds)
+    train_tf, eval_tf = transforms_for(augment, crop)
+    if hasattr(train_tf, "to"):
+        train_tf = train_tf.to(info.device)
+        eval_tf = eval_tf.to(info.device)
+
+    kind = cfg.loader if cfg.loader != "auto" else ("threads" if info.device.type == "cpu" else "dataloader")
+    sampler = CacheSampler(train_ds, shuffle=True, seed=cfg.seed, num_replicas=info.world_size,
+                           rank=info.rank, drop_last=False)
+    # Evaluation shards without padding (each sample counted once when the counts are summed).
+    val_idx = list(range(info.rank, len(val_ds), info.world_size)) if val_ds is not None else []
+    pin = info.device.type == "cuda"
+    return TrainData(train_ds, list(train_ds.classes), shape, sampler, make_loader(train_ds, sampler, cfg, kind, pin),
+                     val_ds, make_loader(val_ds, val_idx, cfg, kind, pin) if val_ds is not None else None,
+                     train_tf, eval_tf, augment, crop, kind, notes)
+
+
+def make_loader(ds: Any, order: Any, cfg: TrainConfig, kind: str, pin: bool) -> Any:
+    """A loader of ``ds`` in ``order``: a ThreadLoader (``kind`` "threads") or a DataLoader with workers."""
+    if kind == "threads":
+        from loaders.thread_loader import ThreadLoader
+
+        # On CPU, worker processes compete with the model for the same cores; gather threads
+        # release the GIL in their copies and leave the cores to the step.
+        return ThreadLoader(ds, cfg.batch_size, sampler=order, num_threads=max(1, cfg.workers), pin_memory=pin)
+    from torch.utils.data import DataLoader
+
+    from loaders.collate import collate_batch
+
+    kw: dict[str, Any] = {"num_workers": cfg.workers, "pin_memory": pin, "collate_fn": collate_batch}
+    if cfg.workers > 0:
+        prefetch = 4
+        kw.update(persistent_workers=True, prefetch_factor=prefetch)
+        ds.ring_slots = prefetch + 3  # batch-ring slots per worker to match (CachedImageDataset)
+    # Its own generator: the DataLoader then never draws from the global RNG, which a resume restores.
+    return DataLoader(ds, batch_size=cfg.batch_size, sampler=order,
+                      generator=torch.Generator().manual_seed(cfg.seed), **kw)
+
+
+def on_device(loader: Any, device: torch.device) -> Any:
+    from loaders.device import device_loader
+
+    return device_loader(loader, device)
