@@ -33,7 +33,8 @@ def _open(where: str) -> Any:
 @click.command("show", context_settings={"show_default": True})
 @click.argument("cache", metavar="PATH|URL")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="The PNG to write.")
-@click.option("--n", "n", type=click.IntRange(min=1), default=64, help="Random samples (without --per-class/--indices).")
+@click.option("--n", "n", type=click.IntRange(min=1), default=64,
+              help="Random samples (without --per-class/--indices).")
 @click.option("--seed", type=int, default=0, help="Seed of the random picks and of --augment's random parameters.")
 @click.option("--per-class", type=click.IntRange(min=1), default=None,
               help="Samples of each class in --classes, one class per row [default with --classes: 8].")

@@ -5,12 +5,12 @@ random, per-class and given selections; ``--augment`` through the device presets
 from __future__ import annotations
 
 import json
-import tomllib
 from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tomllib
 import torch
 from click.testing import CliRunner
 from PIL import Image
@@ -22,7 +22,8 @@ from cachebuild.format.pathnames import encode_paths
 from cachebuild.inspect import Selection, paths_at, pick_per_class, select, show
 from cachebuild.inspect.paths import element_bounds
 from cachebuild.inspect.sheet import BACKGROUND
-from loaders.augment_view import augment_view
+from loaders import inspect_cli
+from loaders.augment_view import PRESETS, augment_view
 from loaders.inspect_cli import show as show_command
 from loaders.transforms import presets
 from tests.inspect_fixtures import AWKWARD_PATHS, inspect_cache
@@ -38,6 +39,13 @@ def _tile_pixels(sheet_image: np.ndarray, box: tuple[int, int, int, int], scale:
     small = block[::scale, ::scale]
     assert np.array_equal(np.repeat(np.repeat(small, scale, 0), scale, 1), block)
     return small
+
+
+def _displayed(y: torch.Tensor) -> np.ndarray:
+    """A normalised ImageNet-preset batch back as uint8 NHWC pixels."""
+    mean = torch.tensor(presets.IMAGENET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(presets.IMAGENET_STD).view(1, 3, 1, 1)
+    return ((y * std + mean) * 255).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
 
 
 @pytest.mark.parametrize("storage", KINDS)
@@ -113,8 +121,7 @@ def test_augment_shows_what_the_preset_makes_of_the_batch(tmp_path: Path) -> Non
     sheet = show(reader, Selection(idx), augment=augment_view("imagenet", reader.manifest.shape, crop=24, seed=5))
     expected_pipeline = presets.imagenet_train(24, generator=torch.Generator().manual_seed(5))
     y = expected_pipeline(torch.from_numpy(reader.read(idx)).permute(0, 3, 1, 2))
-    mean, std = torch.tensor(presets.IMAGENET_MEAN).view(1, 3, 1, 1), torch.tensor(presets.IMAGENET_STD).view(1, 3, 1, 1)
-    want = ((y * std + mean) * 255).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    want = _displayed(y)
     differs = 0
     for k, tile in enumerate(sheet.tiles):
         x0, y0, x1, y1 = tile.augmented
@@ -136,8 +143,7 @@ def test_augment_on_a_pad_cache_passes_the_boxes(tmp_path: Path) -> None:
     sheet = show(reader, Selection(idx), augment=view)
     pipeline = presets.imagenet_train(16, generator=torch.Generator().manual_seed(0))
     y = pipeline(torch.from_numpy(reader.read(idx)).permute(0, 3, 1, 2), torch.from_numpy(reader.boxes[idx]))
-    mean, std = torch.tensor(presets.IMAGENET_MEAN).view(1, 3, 1, 1), torch.tensor(presets.IMAGENET_STD).view(1, 3, 1, 1)
-    want = ((y * std + mean) * 255).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    want = _displayed(y)
     got = np.stack([_tile_pixels(sheet.image, t.augmented, sheet.scale) for t in sheet.tiles])
     assert np.array_equal(got, want)
 
@@ -158,7 +164,7 @@ def test_cli_writes_the_png_and_its_layout(tmp_path: Path) -> None:
 
 
 def test_show_of_a_cache_at_a_url(tmp_path: Path, http_server) -> None:
-    root, images, _, paths = inspect_cache(tmp_path / "site" / "c", "npy", n=50, awkward=True)
+    _root, images, _, paths = inspect_cache(tmp_path / "site" / "c", "npy", n=50, awkward=True)
     server = http_server(tmp_path / "site")
     url = server.url_for("c")
     res = CliRunner().invoke(show_command, [url, "--indices", "0-9", "--out", str(tmp_path / "u.png"),
@@ -220,3 +226,4 @@ def test_the_commands_are_registered_entry_points(monkeypatch: pytest.MonkeyPatc
     assert res.exit_code == 0 and (tmp_path / "e.png").is_file(), res.output
     res = CliRunner().invoke(cli.main, ["--help"])
     assert "  show " in res.output and "  report " in res.output
+    assert inspect_cli._PRESETS == PRESETS  # the CLI names them without importing augment_view (numpy)

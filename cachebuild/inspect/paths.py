@@ -19,7 +19,7 @@ from cachebuild.format.manifest import Manifest
 from cachebuild.format.pathnames import decode_path
 from cachebuild.storage import Location
 
-__all__ = ["element_bounds", "paths_at"]
+__all__ = ["PathTable", "element_bounds", "paths_at"]
 
 _QUOTE, _BACKSLASH, _COMMA = 0x22, 0x5C, 0x2C
 
@@ -55,25 +55,41 @@ def element_bounds(data: bytes, where: str) -> np.ndarray:
     return np.concatenate([[start], outside, [end]]).astype(np.int64)
 
 
+class PathTable:
+    """``paths.json`` read once, its element boundaries found once; entries decoded on demand."""
+
+    def __init__(self, location: Location, manifest: Manifest) -> None:
+        self.count = manifest.count
+        info = manifest.arrays.get("paths")
+        self._data: bytes | None = None
+        if info is None:  # caches without provenance: "?" for every sample
+            return
+        self._where = location.describe(info.file)
+        try:
+            self._data = location.read_bytes(info.file)
+        except (FileNotFoundError, RemoteError) as e:
+            raise CacheCorruptError(f"provenance file {self._where}, listed in the manifest, cannot be read: "
+                                    f"{e}") from None
+        self._bounds = element_bounds(self._data, self._where)
+        if len(self._bounds) - 1 != manifest.count:
+            raise CacheCorruptError(f"{self._where} lists {len(self._bounds) - 1} paths, the manifest counts "
+                                    f"{manifest.count} samples")
+
+    def at(self, indices: Sequence[int] | np.ndarray) -> list[str]:
+        """The source path of each sample in ``indices`` (in that order)."""
+        idx = [int(i) for i in np.asarray(indices).reshape(-1)]
+        if self._data is None:
+            return ["?"] * len(idx)
+        out = []
+        for i in idx:
+            try:
+                entry = json.loads(self._data[self._bounds[i] + 1 : self._bounds[i + 1]])
+            except ValueError as e:
+                raise CacheCorruptError(f"{self._where}: entry {i} is damaged: {e}") from None
+            out.append(decode_path(entry, self._where))
+        return out
+
+
 def paths_at(location: Location, manifest: Manifest, indices: Sequence[int] | np.ndarray) -> list[str]:
     """The source path of each sample in ``indices`` (in that order); ``"?"`` for caches without paths."""
-    idx = [int(i) for i in np.asarray(indices).reshape(-1)]
-    info = manifest.arrays.get("paths")
-    if info is None:
-        return ["?"] * len(idx)
-    where = location.describe(info.file)
-    try:
-        data = location.read_bytes(info.file)
-    except (FileNotFoundError, RemoteError) as e:
-        raise CacheCorruptError(f"provenance file {where}, listed in the manifest, cannot be read: {e}") from None
-    bounds = element_bounds(data, where)
-    if len(bounds) - 1 != manifest.count:
-        raise CacheCorruptError(f"{where} lists {len(bounds) - 1} paths, the manifest counts {manifest.count} samples")
-    out = []
-    for i in idx:
-        try:
-            entry = json.loads(data[bounds[i] + 1 : bounds[i + 1]])
-        except ValueError as e:
-            raise CacheCorruptError(f"{where}: entry {i} is damaged: {e}") from None
-        out.append(decode_path(entry, where))
-    return out
+    return PathTable(location, manifest).at(indices)

@@ -18,6 +18,7 @@ from cachebuild.errors import OutputError
 from cachebuild.format import CacheReader
 from cachebuild.inspect import page as P
 from cachebuild.inspect.charts import counts_chart, histogram_chart
+from cachebuild.inspect.paths import PathTable
 from cachebuild.inspect.select import pick_per_class, pick_random
 from cachebuild.inspect.show import Selection, show
 from cachebuild.inspect.stats import PixelStats, pixel_stats
@@ -65,7 +66,7 @@ def _prepare(out: Path) -> None:
 def _words(reader: CacheReader) -> dict[str, object]:
     m = reader.manifest
     src, b = m.source, m.build
-    recipe = src.get("recipe") if isinstance(src.get("recipe"), dict) else {}
+    recipe: dict[str, object] = src["recipe"] if isinstance(src.get("recipe"), dict) else {}
     who = f"{m.built_by.get('user')}@{m.built_by.get('host')}" if m.built_by else "not recorded (older release)"
     h, w, _ = m.shape
     return {
@@ -120,6 +121,7 @@ def _class_pages(reader: CacheReader, out: Path, counts: np.ndarray, opts: Repor
     m = reader.manifest
     n_pages = max(1, math.ceil(len(m.classes) / opts.classes_per_page))
     picks = pick_per_class(reader.labels, range(len(m.classes)), opts.per_class, opts.seed)
+    table = PathTable(reader.location, m)
     written = []
     for p in range(n_pages):
         lo, hi = p * opts.classes_per_page, min(len(m.classes), (p + 1) * opts.classes_per_page)
@@ -132,7 +134,7 @@ def _class_pages(reader: CacheReader, out: Path, counts: np.ndarray, opts: Repor
             if not len(picks[c]):
                 parts.append('<p class="muted">no samples</p>\n')
                 continue
-            sheet = show(reader, Selection(picks[c]), columns=opts.per_class)
+            sheet = show(reader, Selection(picks[c]), columns=opts.per_class, paths=table)
             name = f"{IMG}/class-{c:05d}.png"
             sheet.save(out / name)
             written.append(name)

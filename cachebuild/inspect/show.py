@@ -14,7 +14,7 @@ import numpy as np
 
 from cachebuild.errors import OptionError
 from cachebuild.format import CacheReader
-from cachebuild.inspect.paths import paths_at
+from cachebuild.inspect.paths import PathTable
 from cachebuild.inspect.select import parse_class_spec, parse_index_spec, pick_per_class, pick_random
 from cachebuild.inspect.sheet import Sheet, compose_sheet
 
@@ -63,8 +63,9 @@ def class_label(classes: Sequence[str], descriptions: object, label: int) -> str
 
 
 def show(reader: CacheReader, selection: Selection, *, augment: Augment | None = None,
-         columns: int | None = None) -> Sheet:
-    """Read the selected samples and lay them out, captioned; with ``augment``, its output beside each."""
+         columns: int | None = None, paths: PathTable | None = None) -> Sheet:
+    """Read the selected samples and lay them out, captioned; with ``augment``, its output beside each.
+    ``paths``: the cache's path table, when the caller shows many selections of one cache."""
     m = reader.manifest
     idx = selection.indices
     if not len(idx):
@@ -74,10 +75,10 @@ def show(reader: CacheReader, selection: Selection, *, augment: Augment | None =
     stored[order] = reader.read(idx[order])
     labels = reader.labels[idx]
     names = [class_label(m.classes, m.extra.get("class_descriptions"), int(c)) for c in labels]
-    paths = paths_at(reader.location, m, idx)
+    names_of = (paths or PathTable(reader.location, m)).at(idx)
     augmented = None
     if augment is not None:
         boxes = reader.boxes[idx] if reader.boxes is not None else None
         augmented = augment(stored, boxes)
-    return compose_sheet(stored, idx.tolist(), labels.tolist(), names, paths, augmented=augmented,
+    return compose_sheet(stored, idx.tolist(), labels.tolist(), names, names_of, augmented=augmented,
                          columns=columns or selection.columns)
