@@ -69,11 +69,16 @@ def show(cache: str, out: Path, n: int, seed: int, per_class: int | None, classe
         sheet = make_sheet(reader, selection, augment=fn, columns=columns)
     except CacheBuildError as e:
         raise click.ClickException(str(e)) from None
-    sheet.save(out)
-    if layout is not None:
-        tiles = [{"index": t.index, "label": t.label, "class": t.class_name, "path": t.path, "stored": t.stored,
-                  "augmented": t.augmented, "caption": t.caption} for t in sheet.tiles]
-        layout.write_text(json.dumps({"scale": sheet.scale, "columns": sheet.columns, "tiles": tiles}, indent=1))
+    tiles = [{"index": t.index, "label": t.label, "class": t.class_name, "path": t.path, "stored": t.stored,
+              "augmented": t.augmented, "caption": t.caption} for t in sheet.tiles]
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        sheet.save(out)
+        if layout is not None:
+            doc = {"scale": sheet.scale, "columns": sheet.columns, "tiles": tiles}
+            layout.write_text(json.dumps(doc, indent=1))  # ASCII: non-UTF-8 names survive as \udcXX escapes
+    except OSError as e:
+        raise click.ClickException(f"cannot write {e.filename or out}: {e.strerror or e}") from None
     extra = f", --augment {augment} beside each" if augment else ""
     click.echo(f"{out}: {len(sheet.tiles)} samples of {reader.location.describe()} ({sheet.columns} per row{extra}), "
                f"{time.perf_counter() - t0:.2f} s")
@@ -124,6 +129,8 @@ def report(cache: str, out: Path, run: Path | None, stats_sample: int, per_class
         index = write_report(reader, out, opts, run=run, run_curves=run_curves)
     except CacheBuildError as e:
         raise click.ClickException(str(e)) from None
+    except OSError as e:
+        raise click.ClickException(f"cannot write {e.filename or out}: {e.strerror or e}") from None
     click.echo(f"{index}: report of {reader.manifest.count} samples of {reader.location.describe()}, "
                f"{time.perf_counter() - t0:.1f} s (pixel statistics over "
                f"{min(stats_sample, reader.manifest.count)} samples)")

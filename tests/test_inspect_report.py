@@ -164,3 +164,8 @@ def test_no_cache_is_a_one_line_error(tmp_path: Path) -> None:
     assert res.exit_code == 1
     assert res.output.strip() == f"Error: {tmp_path / 'none'} is not a cachebuild cache (no manifest.json)"
     assert not (tmp_path / "r").exists()
+    root, *_ = inspect_cache(tmp_path / "c", n=10)
+    (tmp_path / "file").write_text("x")
+    res = CliRunner().invoke(report_command, [str(root), "--out", str(tmp_path / "file" / "r")])
+    assert res.exit_code == 1 and res.output.startswith(f"Error: cannot write {tmp_path / 'file'}")
+    assert len(res.output.strip().splitlines()) == 1

@@ -227,3 +227,13 @@ def test_the_commands_are_registered_entry_points(monkeypatch: pytest.MonkeyPatc
     res = CliRunner().invoke(cli.main, ["--help"])
     assert "  show " in res.output and "  report " in res.output
     assert inspect_cli._PRESETS == PRESETS  # the CLI names them without importing augment_view (numpy)
+
+
+def test_an_unwritable_out_is_a_one_line_error(tmp_path: Path) -> None:
+    root, *_ = inspect_cache(tmp_path / "c")
+    (tmp_path / "file").write_text("x")
+    res = CliRunner().invoke(show_command, [str(root), "--n", "3", "--out", str(tmp_path / "file" / "s.png")])
+    assert res.exit_code == 1 and res.output.startswith(f"Error: cannot write {tmp_path / 'file'}")
+    assert len(res.output.strip().splitlines()) == 1
+    res = CliRunner().invoke(show_command, [str(root), "--n", "3", "--out", str(tmp_path / "new" / "dir" / "s.png")])
+    assert res.exit_code == 0 and (tmp_path / "new" / "dir" / "s.png").is_file()
