@@ -237,3 +237,34 @@ def test_an_unwritable_out_is_a_one_line_error(tmp_path: Path) -> None:
     assert len(res.output.strip().splitlines()) == 1
     res = CliRunner().invoke(show_command, [str(root), "--n", "3", "--out", str(tmp_path / "new" / "dir" / "s.png")])
     assert res.exit_code == 0 and (tmp_path / "new" / "dir" / "s.png").is_file()
+
+
+@pytest.mark.parametrize(("preset", "side", "crop", "out_side"), [
+    ("auto", 32, None, 32),  # a 32x32 cache: cifar's RandomCrop(32, padding=4)
+    ("cifar-eval", 32, None, 32),
+    ("auto", 40, 24, 24),  # else imagenet's RandomResizedCrop(crop)
+    ("imagenet-eval", 40, 32, 32),  # Resize(round(32 / 0.875)) + CenterCrop(32)
+])
+def test_each_preset_gives_its_geometry(tmp_path: Path, preset: str, side: int, crop: int | None,
+                                        out_side: int) -> None:
+    root, *_ = inspect_cache(tmp_path / "c", n=20, h=side, w=side)
+    reader = open_cache(root)
+    sheet = show(reader, Selection(np.arange(20)), augment=augment_view(preset, reader.manifest.shape, crop, 1))
+    for t in sheet.tiles:
+        x0, y0, x1, y1 = t.augmented
+        assert (x1 - x0, y1 - y0) == (out_side * sheet.scale,) * 2
+    stored = np.stack([_tile_pixels(sheet.image, t.stored, sheet.scale) for t in sheet.tiles])
+    shown = np.stack([_tile_pixels(sheet.image, t.augmented, sheet.scale) for t in sheet.tiles])
+    if preset == "cifar-eval":  # Normalize only: undone for display, the stored pixels to rounding
+        assert np.abs(shown.astype(int) - stored.astype(int)).max() <= 1
+    else:
+        assert not np.array_equal(shown, stored[:, :out_side, :out_side])
+
+
+def test_class_names_carry_imagenet_words() -> None:
+    from cachebuild.inspect.show import class_label
+
+    classes = ("n01440764", "n01443537")
+    assert class_label(classes, ["tench, Tinca tinca", ""], 0) == "n01440764 tench, Tinca tinca"
+    assert class_label(classes, ["tench, Tinca tinca", ""], 1) == "n01443537"
+    assert class_label(classes, None, 1) == "n01443537" and class_label(classes, None, 7) == "class 7"
