@@ -113,6 +113,14 @@ def test_report_of_every_kind(tmp_path: Path, http_server, storage: str) -> None
     page = (tmp_path / "r" / "index.html").read_text(encoding="utf-8")
     assert f"<td>R</td><td>{st.mean[0]:.4f}</td><td>{st.std[0]:.4f}</td>" in page
     assert ("letterbox padding included" in page) == (storage == "pad")
+    assert (st.inside is not None) == (storage == "pad") == ("Over the real pixels only" in page)
+    if st.inside is not None:  # numpy over the pixels inside each sample's box
+        idx = pick_random(60, 25, 0)
+        real = np.concatenate([reader.read([i])[0, y0:y1, x0:x1].reshape(-1, 3)
+                               for i, (y0, x0, y1, x1) in zip(idx, reader.boxes[idx].tolist(), strict=True)])
+        np.testing.assert_allclose(st.inside.mean, (real / 255.0).mean(axis=0), atol=1e-12)
+        np.testing.assert_allclose(st.inside.std, (real / 255.0).std(axis=0), atol=1e-12)
+        assert st.inside.pixels == len(real) < st.pixels
     assert len(list((tmp_path / "r" / "img").glob("class-*.png"))) == 6
 
 

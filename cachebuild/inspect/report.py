@@ -101,11 +101,16 @@ def _stats_html(st: PixelStats, pad: bool) -> str:
     how = "all samples" if st.samples == st.count else \
         f"a random sample of {st.samples} of the {st.count} samples (seed {st.seed}, drawn without replacement)"
     rows = [(ch, f"{st.mean[c]:.4f}", f"{st.std[c]:.4f}") for c, ch in enumerate("RGB")]
-    return (f"<p>Over {how}: {st.pixels} pixels per channel, values divided by 255"
+    text = (f"<p>Over {how}: {st.pixels} pixels per channel, values divided by 255"
             f"{' (letterbox padding included: it is what the model sees)' if pad else ''}.</p>\n"
             + P.table(["channel", "mean", "std"], rows)
-            + f"<pre>transforms.Normalize(mean=({mean}), std=({std}))</pre>\n"
-            f'<img src="{IMG}/histogram.png" alt="pixel value histograms">\n')
+            + f"<pre>transforms.Normalize(mean=({mean}), std=({std}))</pre>\n")
+    if st.inside is not None:
+        real = st.inside
+        text += (f"<p>Over the real pixels only (inside each sample's box, {real.pixels} per channel): mean "
+                 f"({', '.join(f'{v:.4f}' for v in real.mean)}), std ({', '.join(f'{v:.4f}' for v in real.std)})."
+                 f"</p>\n")
+    return text + f'<img src="{IMG}/histogram.png" alt="pixel value histograms">\n'
 
 
 def _failures_html(reader: CacheReader) -> str:
