@@ -166,6 +166,16 @@ def test_report_replaces_only_its_own_files(tmp_path: Path) -> None:
     assert (out / "img" / "extra.png").read_bytes() == b"user's"
     assert "classes-001.html" in (out / FILE_LIST).read_text().split()
 
+    def killed(run: Path, png: Path) -> None:
+        raise KeyboardInterrupt  # a report stopped half-way, its class pages written
+
+    with pytest.raises(KeyboardInterrupt):
+        write_report(open_cache(root), out, ReportOptions(classes_per_page=2), run=tmp_path, run_curves=killed)
+    assert len(list(out.glob("classes-*.html"))) == 3 and not (out / "index.html").exists()
+    write_report(open_cache(root), out, ReportOptions(classes_per_page=3))  # still replaced, file by file
+    assert sorted(p.name for p in out.glob("classes-*.html")) == ["classes-001.html", "classes-002.html"]
+    assert (out / "index.html").is_file() and (out / "img" / "extra.png").read_bytes() == b"user's"
+
 
 def test_no_cache_is_a_one_line_error(tmp_path: Path) -> None:
     res = CliRunner().invoke(report_command, [str(tmp_path / "none"), "--out", str(tmp_path / "r")])

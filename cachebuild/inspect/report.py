@@ -45,6 +45,20 @@ class ReportOptions:
     seed: int = 0
 
 
+class _Ledger:
+    """The report's own files, listed in ``FILE_LIST`` as each is written: an interrupted report is still
+    replaced by the next one, file by file, and nothing else in the folder ever is."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = out / FILE_LIST
+        self.path.write_text(f"{FILE_LIST}\n", encoding="utf-8")
+
+    def add(self, name: str) -> str:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(f"{name}\n")
+        return name
+
+
 def _prepare(out: Path) -> None:
     """Make ``out``; a previous report there is replaced (only the files it listed), anything else refused."""
     listing = out / FILE_LIST
@@ -121,12 +135,12 @@ def _failures_html(reader: CacheReader) -> str:
             f"manifest):</p>\n" + P.table(["file", "reason"], [(f.path, f.reason) for f in fails]))
 
 
-def _class_pages(reader: CacheReader, out: Path, counts: np.ndarray, opts: ReportOptions) -> list[str]:
-    """One contact sheet per class, ``classes_per_page`` classes per page; returns the files written."""
+def _class_pages(reader: CacheReader, out: Path, counts: np.ndarray, opts: ReportOptions, table: PathTable,
+                 ledger: _Ledger) -> list[str]:
+    """One contact sheet per class, ``classes_per_page`` classes per page; returns the pages written."""
     m = reader.manifest
     n_pages = max(1, math.ceil(len(m.classes) / opts.classes_per_page))
     picks = pick_per_class(reader.labels, range(len(m.classes)), opts.per_class, opts.seed)
-    table = PathTable(reader.location, m)
     written = []
     for p in range(n_pages):
         lo, hi = p * opts.classes_per_page, min(len(m.classes), (p + 1) * opts.classes_per_page)
@@ -140,12 +154,11 @@ def _class_pages(reader: CacheReader, out: Path, counts: np.ndarray, opts: Repor
                 parts.append('<p class="muted">no samples</p>\n')
                 continue
             sheet = show(reader, Selection(picks[c]), columns=opts.per_class, paths=table)
-            name = f"{IMG}/class-{c:05d}.png"
+            name = ledger.add(f"{IMG}/class-{c:05d}.png")
             sheet.save(out / name)
-            written.append(name)
             parts.append(f'<img src="{name}" alt="samples of class {P.esc(m.classes[c])}">\n')
         title = f"{m.dataset}/{m.split}: classes {lo}-{hi - 1}"
-        (out / _page_name(p)).write_text(P.page(title, "".join(parts), " ".join(nav)), encoding="utf-8")
+        (out / ledger.add(_page_name(p))).write_text(P.page(title, "".join(parts), " ".join(nav)), encoding="utf-8")
         written.append(_page_name(p))
     return written
 
@@ -160,24 +173,23 @@ def write_report(reader: CacheReader, out: str | Path, options: ReportOptions | 
     opts = options or ReportOptions()
     out = Path(out)
     _prepare(out)
+    ledger = _Ledger(out)
     m = reader.manifest
-    written = [f"{IMG}/counts.png", f"{IMG}/histogram.png"]
     counts = _counts(reader)
-    counts_chart(counts, m.classes, out / written[0])
+    counts_chart(counts, m.classes, out / ledger.add(f"{IMG}/counts.png"))
     st = pixel_stats(reader, opts.stats_sample, opts.seed)
-    histogram_chart(st.histogram, out / written[1])
+    histogram_chart(st.histogram, out / ledger.add(f"{IMG}/histogram.png"))
+    table = PathTable(reader.location, m)
     body = [f"<h2>The cache</h2>\n{P.definition_list(_words(reader))}",
             "<h2>Build parameters</h2>\n" + P.table(["parameter", "value"], sorted(m.build.items()))]
     if m.count:
-        sheet = show(reader, Selection(pick_random(m.count, opts.overview, opts.seed)))
-        sheet.save(out / f"{IMG}/samples.png")
-        written.append(f"{IMG}/samples.png")
+        sheet = show(reader, Selection(pick_random(m.count, opts.overview, opts.seed)), paths=table)
+        sheet.save(out / ledger.add(f"{IMG}/samples.png"))
         body.append(f"<h2>Samples</h2>\n<p>{len(sheet.tiles)} at random (seed {opts.seed}); each captioned "
                     f"with its index, label, class and source file.</p>\n"
                     f'<img src="{IMG}/samples.png" alt="random samples">')
-    pages = _class_pages(reader, out, counts, opts) if m.classes else []
-    written += pages
-    links = " ".join(f'<a href="{n}">{n.removesuffix(".html")}</a>' for n in pages if n.endswith(".html"))
+    pages = _class_pages(reader, out, counts, opts, table, ledger) if m.classes else []
+    links = " ".join(f'<a href="{n}">{n.removesuffix(".html")}</a>' for n in pages)
     nonzero = counts[counts > 0] if len(counts) else counts
     spread = (f"min {int(counts.min())}, median {int(np.median(counts))}, max {int(counts.max())}"
               if len(counts) else "no classes")
@@ -188,20 +200,17 @@ def write_report(reader: CacheReader, out: str | Path, options: ReportOptions | 
     body.append("<h2>Pixel statistics</h2>\n" + _stats_html(st, m.fit == "pad"))
     body.append("<h2>Skipped files</h2>\n" + _failures_html(reader))
     if run is not None and run_curves is not None:
-        body.append(_run_html(run, out, run_curves, written))
+        body.append(_run_html(run, out, run_curves, ledger))
     title = f"{m.dataset}/{m.split}: {m.count} samples, {m.shape[0]}x{m.shape[1]}"
-    (out / "index.html").write_text(P.page(title, "\n".join(body), " ".join(['<a href="index.html">overview</a>',
-                                                                            links])), encoding="utf-8")
-    written.append("index.html")
-    (out / FILE_LIST).write_text("\n".join([*written, FILE_LIST]) + "\n", encoding="utf-8")
+    nav = " ".join(['<a href="index.html">overview</a>', links])
+    (out / ledger.add("index.html")).write_text(P.page(title, "\n".join(body), nav), encoding="utf-8")
     return out / "index.html"
 
 
-def _run_html(run: Path, out: Path, run_curves: RunCurves, written: list[str]) -> str:
-    got = run_curves(run, out / f"{IMG}/curves.png")
+def _run_html(run: Path, out: Path, run_curves: RunCurves, ledger: _Ledger) -> str:
+    got = run_curves(run, out / ledger.add(f"{IMG}/curves.png"))
     if got is None:
         return f"<h2>Training</h2>\n<p>{P.esc(run)} holds no metrics file: no curves to show.</p>\n"
-    written.append(f"{IMG}/curves.png")
     _png, summary = got
     return (f"<h2>Training</h2>\n<p>Run folder {P.esc(run)}.</p>\n"
             + (P.definition_list(summary) if summary else "")
