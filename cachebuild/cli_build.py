@@ -79,7 +79,7 @@ def _codecs() -> list[str]:
 def build_params() -> list[click.Option]:
     """The flags every build command shares. Those named as a ``BuildOptions`` field go to it as they are."""
     from cachebuild.build.decode import FITS, INTERPOLATIONS
-    from cachebuild.build.pipeline import COMPRESSIONS, DECODE_DEVICES, ON_ERROR, SUBSAMPLINGS, BuildOptions
+    from cachebuild.build.options import COMPRESSIONS, DECODE_DEVICES, ON_ERROR, SUBSAMPLINGS, BuildOptions
 
     default = {f.name: f.default for f in dataclasses.fields(BuildOptions)}
 

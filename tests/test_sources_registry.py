@@ -215,7 +215,7 @@ def test_options_refuse_values_outside_their_choices():
 
 def test_build_flags_take_their_defaults_and_choices_from_build_options(scratch_registries):
     from cachebuild.build.decode import FITS
-    from cachebuild.build.pipeline import COMPRESSIONS, DECODE_DEVICES, ON_ERROR, SUBSAMPLINGS
+    from cachebuild.build.options import COMPRESSIONS, DECODE_DEVICES, ON_ERROR, SUBSAMPLINGS
 
     defaults = {f.name: f.default for f in dataclasses.fields(BuildOptions)}
     params = {p.name: p for p in build_params()}
@@ -232,6 +232,7 @@ def test_build_flags_take_their_defaults_and_choices_from_build_options(scratch_
 
     class _Jpeg2(JpegBackend):
         name = "jpeg2-test"
+        codec = "jpeg2-test"
 
     # --codec lists the storage kinds that encode samples, as the storage registry says
     assert list(params["codec"].type.choices) == ["none", "jpeg"]  # type: ignore[attr-defined]

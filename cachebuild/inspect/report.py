@@ -94,7 +94,7 @@ def _words(reader: CacheReader) -> dict[str, object]:
         "fit": f"{m.fit}: {_FITS.get(m.fit, m.fit)}; interpolation {m.interpolation}",
         "storage": f"{m.storage}, {len(m.shards)} shard(s)"
                    + (f", quality {b.get('quality')}, subsampling {b.get('subsampling')}"
-                      if m.storage == "jpeg" else ""),
+                      if b.get("codec") else ""),
         "fingerprint": f"{m.build_key} (build key: source fingerprint + parameters; "
                        f"CachedImageDataset(expect_fingerprint=...))",
         "source fingerprint": str(src.get("fingerprint")),
