@@ -133,6 +133,14 @@ def test_ddp_two_ranks_every_sample_once_and_resume(caches: tuple[Path, Path], t
         assert _flat(resumed[r]["seen"]) == _flat(runs[r]["seen"])[12:]  # 3 steps of 4 per rank done
 
 
+def test_after_transfer_is_a_view_without_a_transform(caches: tuple[Path, Path]) -> None:
+    dm = CacheDataModule(caches[0], batch_size=4, num_workers=0)
+    x, y = torch.zeros(4, 8, 6, 3, dtype=torch.uint8), torch.arange(4)
+    out, labels = dm.on_after_batch_transfer((x, y), 0)
+    assert out.data_ptr() == x.data_ptr() and out.shape == (4, 3, 8, 6)  # NCHW view: the module adds no copy
+    assert out.is_contiguous(memory_format=torch.channels_last) and labels is y
+
+
 def test_no_val_cache_means_no_val_loop(caches: tuple[Path, Path]) -> None:
     dm = CacheDataModule(caches[0], batch_size=16, num_workers=0)
     with pytest.warns(UserWarning, match="no `val_dataloader`. Skipping val loop"):
