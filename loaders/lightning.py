@@ -141,9 +141,21 @@ class CacheDataModule(pl.LightningDataModule):
         self.val_ds: CachedImageDataset | None = None
         self.train_sampler: DistributedCacheSampler | None = None
         self._moved: dict[int, str] = {}  # id(transform) -> device it was last moved to
-        if val is None:
+        self._no_val()
+
+    def _no_val(self) -> None:
+        if self.val_source is None:
             # No val cache: Lightning runs a val loop only when val_dataloader is overridden, so un-override it.
             self.val_dataloader = super().val_dataloader  # type: ignore[method-assign]
+
+    def __getstate__(self) -> dict[str, Any]:  # ddp_spawn pickles the module: the bound method stays behind
+        state = dict(self.__dict__)
+        state.pop("val_dataloader", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._no_val()
 
     # ------------------------------------------------------------------ datasets and loaders
     def setup(self, stage: str | None = None) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import socket
 import subprocess
 import sys
@@ -146,6 +147,11 @@ def test_no_val_cache_means_no_val_loop(caches: tuple[Path, Path]) -> None:
     with pytest.warns(UserWarning, match="no `val_dataloader`. Skipping val loop"):
         model = fit(dm, epochs=1)
     assert model.val_seen == [] and len(_flat(model.seen)) == 50
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    again = pickle.loads(pickle.dumps(CacheDataModule(caches[0], num_workers=0)))  # as ddp_spawn sends it
+    assert not is_overridden("val_dataloader", again)
+    assert is_overridden("val_dataloader", pickle.loads(pickle.dumps(CacheDataModule(*caches, num_workers=0))))
 
 
 def test_bad_sources_are_named(tmp_path: Path) -> None:
