@@ -5,6 +5,7 @@ per-sample parameters; ``presets`` ready pipelines. Recommended: ``torch.compile
 """
 
 from . import functional
+from .mix import CutMix, MixUp, MixUpCutMix
 from .modules import (
     BatchTransform,
     CenterCrop,
@@ -34,6 +35,9 @@ __all__ = [
     "BatchTransform",
     "CenterCrop",
     "Compose",
+    "CutMix",
+    "MixUp",
+    "MixUpCutMix",
     "Normalize",
     "RandomCrop",
     "RandomHorizontalFlip",
