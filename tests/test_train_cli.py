@@ -4,6 +4,7 @@ and refuses bad input with one line before training starts."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import socket
@@ -449,3 +450,47 @@ def test_the_options_take_their_choices_and_defaults_from_train_config() -> None
             assert p.default == fields[field], name
             checked += 1
     assert checked == len(fields) - 2
+
+
+def test_mixup_and_cutmix_reach_the_loss_as_soft_targets_smoothed_once(tmp_path: Path) -> None:
+    """--mixup/--cutmix: the run's batch transform is MixUpCutMix with the run's alphas and label smoothing;
+    its targets are soft and smoothed, and the loss then smooths nothing (smoothing twice would flatten them)."""
+    from loaders.train.config import TrainConfig
+    from loaders.train.data import build_data
+    from loaders.train.distributed import DistInfo
+    from loaders.train.run import loss_function
+    from loaders.transforms import MixUpCutMix
+
+    n, classes = 16, ["a", "b", "c", "d"]
+    labels = np.arange(n) % 4
+    write_cache(tmp_path / "c", _colour_images(n, 0)[0], labels, classes)
+    common = dict(train=str(tmp_path / "c"), out=str(tmp_path / "run"), model="linear", batch_size=8, workers=0,
+                  device="cpu", label_smoothing=0.1)
+    plain = build_data(TrainConfig(**common), DistInfo(0, 1, 0, torch.device("cpu")))
+    assert plain.batch_tf is None and loss_function(TrainConfig(**common), plain).label_smoothing == 0.1
+    cfg = TrainConfig(**common, mixup=0.8, cutmix=1.0)
+    data = build_data(cfg, DistInfo(0, 1, 0, torch.device("cpu")))
+    mix = data.batch_tf
+    assert isinstance(mix, MixUpCutMix) and (mix.mixup_alpha, mix.cutmix_alpha) == (0.8, 1.0)
+    assert loss_function(cfg, data).label_smoothing == 0.0
+    torch.manual_seed(0)
+    x = torch.rand(8, 3, 32, 32)
+    y = torch.from_numpy(labels[:8]).long()
+    _, t = mix(x, y)
+    assert t.shape == (8, 4) and torch.allclose(t.sum(1), torch.ones(8))
+    assert float(t.min()) >= 0.1 / 4 - 1e-6  # smoothed: no class below eps / C
+    # mixed: each row weighs its own class and its partner's (the batch rolled by one: another label here)
+    assert ((t > 0.1 / 4 + 1e-6).sum(1) == 2).all(), t
+
+
+def test_a_run_with_mixup_and_cutmix_trains_and_records_them(tmp_path: Path) -> None:
+    images, labels = _colour_images(64, 3)
+    write_cache(tmp_path / "c", images, labels, [f"c{k}" for k in range(int(labels.max()) + 1)])
+    out = tmp_path / "run"
+    res = CliRunner().invoke(train, [str(tmp_path / "c"), "--out", str(out), "--model", "tiny_cnn", "--epochs", "1",
+                                     "--batch-size", "16", "--workers", "0", "--device", "cpu", "--amp", "off",
+                                     "--mixup", "0.8", "--cutmix", "1.0", "--label-smoothing", "0.1"])
+    assert res.exit_code == 0, res.output
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["mixup"], cfg["cutmix"], cfg["label_smoothing"]) == (0.8, 1.0, 0.1)
+    assert math.isfinite(json.loads((out / "summary.json").read_text())["train_loss"])

@@ -55,6 +55,11 @@ def _check_model(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--warmup-epochs", type=click.FloatRange(min=0), default=_default("warmup_epochs"),
               help="Linear warm-up, then cosine decay to 0 (stepped per optimizer step).")
 @click.option("--label-smoothing", type=click.FloatRange(0, 1, max_open=True), default=_default("label_smoothing"))
+@click.option("--mixup", type=click.FloatRange(min=0), default=_default("mixup"), metavar="ALPHA",
+              help="MixUp on the device batch with Beta(ALPHA, ALPHA) lambdas (0: off; DeiT uses 0.8).")
+@click.option("--cutmix", type=click.FloatRange(min=0), default=_default("cutmix"), metavar="ALPHA",
+              help="CutMix on the device batch (0: off; DeiT uses 1.0); with --mixup too, one of the two per "
+                   "batch, each with probability 0.5. Targets become soft; --label-smoothing smooths them.")
 @click.option("--clip-grad", type=click.FloatRange(min=0, min_open=True), default=_default("clip_grad"),
               help="Clip the gradient norm (after unscaling, under fp16).")
 @click.option("--augment", type=click.Choice(AUGMENTS), default=_default("augment"),
@@ -89,9 +94,9 @@ def _check_model(ctx: click.Context, param: click.Parameter, value: str) -> str:
 def train(
     cache: str, val: str | None, out: str, model: str, epochs: int, batch_size: int, accum: int, amp: str,
     lr: float, optimizer: str, momentum: float, weight_decay: float, warmup_epochs: float,
-    label_smoothing: float, clip_grad: float | None, augment: str, crop: int | None, workers: int,
-    loader: str, in_memory: str, device: str, seed: int, compile_: bool, deterministic: bool, log_every: int,
-    ckpt_every: int, resume: bool, overwrite: bool, progress: bool | None, stop_after_steps: int | None,
+    label_smoothing: float, mixup: float, cutmix: float, clip_grad: float | None, augment: str, crop: int | None,
+    workers: int, loader: str, in_memory: str, device: str, seed: int, compile_: bool, deterministic: bool,
+    log_every: int, ckpt_every: int, resume: bool, overwrite: bool, progress: bool | None, stop_after_steps: int | None,
 ) -> None:
     """Train a classifier on a cachebuild CACHE: cache -> loader -> device transforms -> model.
 
@@ -114,7 +119,8 @@ def train(
         cfg = TrainConfig(
             train=cache, val=val, out=out, model=model, epochs=epochs, batch_size=batch_size, accum=accum,
             amp=amp, lr=lr, optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,
-            warmup_epochs=warmup_epochs, label_smoothing=label_smoothing, clip_grad=clip_grad, augment=augment,
+            warmup_epochs=warmup_epochs, label_smoothing=label_smoothing, mixup=mixup, cutmix=cutmix,
+            clip_grad=clip_grad, augment=augment,
             crop=crop, workers=workers, loader=loader, in_memory=in_memory, device=device, seed=seed,
             compile=compile_, deterministic=deterministic, log_every=log_every, ckpt_every=ckpt_every,
             resume=resume, overwrite=overwrite, progress=progress, stop_after_steps=stop_after_steps,

@@ -66,6 +66,9 @@ class TrainConfig:
     weight_decay: float = 5e-5
     warmup_epochs: float = 0.0
     label_smoothing: float = 0.0
+    # batch-level mixing (loaders.transforms.MixUpCutMix): Beta(alpha, alpha) lambdas; 0 switches one off
+    mixup: float = 0.0
+    cutmix: float = 0.0
     clip_grad: float | None = None
     augment: str = "auto"
     crop: int | None = None  # training/eval resolution; default: the cache's image size
@@ -102,6 +105,8 @@ class TrainConfig:
         parse_float("weight_decay", self.weight_decay, 0)
         parse_float("warmup_epochs", self.warmup_epochs, 0)
         parse_float("label_smoothing", self.label_smoothing, 0, 1, max_open=True)
+        parse_float("mixup", self.mixup, 0)
+        parse_float("cutmix", self.cutmix, 0)
         parse_float("clip_grad", self.clip_grad, 0, min_open=True, optional=True)
         parse_choice("augment", self.augment, AUGMENTS)
         parse_int("crop", self.crop, 8, optional=True)

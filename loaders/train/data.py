@@ -14,7 +14,7 @@ from loaders.train.config import TrainConfig, TrainSetupError
 from loaders.train.distributed import DistInfo
 from loaders.train.loop import BatchTransform
 
-__all__ = ["TrainData", "build_data", "make_loader", "on_device", "transforms_for"]
+__all__ = ["TrainData", "build_data", "make_loader", "mixing", "on_device", "transforms_for"]
 
 
 @dataclass
@@ -114,7 +114,19 @@ def build_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
     pin = info.device.type == "cuda"
     return TrainData(train_ds, list(train_ds.classes), shape, sampler, make_loader(train_ds, sampler, cfg, kind, pin),
                      val_ds, make_loader(val_ds, val_idx, cfg, kind, pin) if val_ds is not None else None,
-                     train_tf, eval_tf, augment, crop, kind, notes)
+                     train_tf, eval_tf, augment, crop, kind, notes, mixing(cfg, len(train_ds.classes)))
+
+
+def mixing(cfg: TrainConfig, num_classes: int) -> BatchTransform | None:
+    """The run's MixUp / CutMix (None when both alphas are 0). It draws from torch's global RNG, as the device
+    transforms do: the run seeds it per rank and a resume restores it. The label smoothing is applied to the
+    mixed targets here, so the loss must not smooth them again (``run`` gives it 0 then)."""
+    if cfg.mixup == 0 and cfg.cutmix == 0:
+        return None
+    from loaders.transforms import MixUpCutMix
+
+    return MixUpCutMix(num_classes, mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix,
+                       label_smoothing=cfg.label_smoothing)
 
 
 def make_loader(ds: Any, order: Any, cfg: TrainConfig, kind: str, pin: bool) -> Any:

@@ -22,7 +22,7 @@ from torch import nn
 from loaders.batch_ring import drop_dead_rings
 from loaders.train.amp import make_scaler, resolve_amp
 from loaders.train.config import AUGMENTS, IN_MEMORY, LOADERS, OPTIMIZERS, TrainConfig, TrainSetupError
-from loaders.train.data import build_data, transforms_for
+from loaders.train.data import TrainData, build_data, transforms_for
 from loaders.train.distributed import DistInfo, cleanup_distributed, init_distributed
 from loaders.train.epochs import STOP_EXIT_CODE, EpochLoop
 from loaders.train.loop import num_optimizer_steps
@@ -110,7 +110,7 @@ def _fit(cfg: TrainConfig, info: DistInfo, echo: Callable[[str], None]) -> dict[
         model = nn.parallel.DistributedDataParallel(
             eval_model, device_ids=[info.device.index] if info.device.type == "cuda" else None
         )
-    loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)  # takes soft (N, C) targets too
+    loss_fn = loss_function(cfg, data)
     for f in stale:
         f.unlink(missing_ok=True)
     metrics = MetricsWriter(out / METRICS_NAME, enabled=main)
@@ -130,6 +130,12 @@ def _fit(cfg: TrainConfig, info: DistInfo, echo: Callable[[str], None]) -> dict[
     if main:
         write_summary(say, cfg, info, summary)
     return summary
+
+
+def loss_function(cfg: TrainConfig, data: TrainData) -> nn.CrossEntropyLoss:
+    """Cross-entropy with the run's label smoothing, taking soft (N, C) targets too; a mixed batch's targets
+    are already smoothed by the mix (``data.mixing``), so then the loss smooths nothing."""
+    return nn.CrossEntropyLoss(label_smoothing=0.0 if data.batch_tf is not None else cfg.label_smoothing)
 
 
 def _set_determinism(cfg: TrainConfig, info: DistInfo) -> None:
