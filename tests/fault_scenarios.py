@@ -41,6 +41,7 @@ class Served:
     url: str  # the same cache through the proxy
     images: np.ndarray
     parent_url: str  # the folder holding it (what `ls` lists)
+    push_url: str = ""  # where `push` sends the local cache (through the proxy), on a writable store
     read_back: Callable[[str], bytes] | None = None  # a pushed file's bytes, read around the proxy
 
 
@@ -72,8 +73,8 @@ def pull_all(s: Served, tmp: Path) -> None:
 
 
 def push_all(s: Served, tmp: Path) -> None:
-    assert s.read_back is not None, "push needs a writable store"
-    push(s.root, s.url, force=True, progress=False)
+    assert s.read_back is not None and s.push_url, "push needs a writable store"
+    push(s.root, s.push_url, force=True, progress=False)
     bad = [n for n, data in cache_files(s.root).items() if s.read_back(n) != data]
     assert not bad, f"pushed objects differ from the local cache: {bad}"
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import glob
 import logging
 import os
@@ -128,9 +129,9 @@ def _infos(fs: Any, paths: list[str]) -> list[dict[str, Any]]:
 def _listing_error(src: str, protocol: str, e: BaseException) -> SourceError:
     """A listing that failed for good, named by what the failure was (its type and status)."""
     if isinstance(e, remote_io.Exhausted):
-        status = f"HTTP {e.status}" if e.status is not None else type(e.last).__name__
+        last = f"HTTP {e.status}" if e.status is not None else type(e.last).__name__
         return SourceError(f"{redact(src)} cannot be listed: still failing after {e.attempts} attempts in "
-                           f"{e.elapsed:.1f} s (last answer: {status}); run the command again later")
+                           f"{e.elapsed:.1f} s (last answer: {last}); run the command again later")
     status = remote_io.classify(e).status
     if isinstance(e, FileNotFoundError) or status == 404:  # fsspec's HTTP info() says so for a 403 as well
         missing = getattr(e, "filename", None) or next((a for a in e.args if isinstance(a, str)), src)
@@ -153,10 +154,10 @@ def _url_shards(src: str, suffixes: tuple[str, ...]) -> tuple[str, list[tuple[st
         for pattern in expanded:
             _, path = filesystem(pattern)
             if _has_glob(pattern):
-                found.update(remote_io.call(lambda p=path: fs.glob(p, detail=True), budget))
+                found.update(remote_io.call(functools.partial(fs.glob, path, detail=True), budget))
             elif len(expanded) == 1 and (pattern.endswith("/") or _is_folder(fs, path, budget)):
                 folder = True  # a prefix ends in '/'; s3 and friends also say "directory"
-                listed = remote_io.call(lambda p=path: fs.find(p, detail=True), budget)
+                listed = remote_io.call(functools.partial(fs.find, path, detail=True), budget)
                 found.update({p: i for p, i in listed.items() if p.lower().endswith(suffixes)})
             else:
                 named.append(path)
@@ -286,9 +287,9 @@ def retrying(shard: Shard, read: Callable[[], T], forget: Callable[[], None]) ->
     except expected:
         raise
     except remote_io.Exhausted as e:
-        status = f"HTTP {e.status}" if e.status is not None else type(e.last).__name__
+        last = f"HTTP {e.status}" if e.status is not None else type(e.last).__name__
         raise SourceError(f"{redact(shard.url)}: reading failed {e.attempts} times in {e.elapsed:.1f} s (last "
-                          f"answer: {status}: {e.last}); run the same command again to resume (finished blocks "
+                          f"answer: {last}: {e.last}); run the same command again to resume (finished blocks "
                           f"are kept)") from None
     except Exception as e:  # a permanent failure of another type: one line naming the shard
         status = remote_io.classify(e).status

@@ -7,6 +7,7 @@ without its credentials. Credentials come from each store's own standard environ
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -220,9 +221,10 @@ class FsspecLocation(Location):
         paths = [self._path(n) for n in listed]
         what = f"get the version of {len(listed)} file(s)"
         if self._async:
-            infos = self._group(listed, what, [lambda p=p: fs._info(p, **fresh) for p in paths])
+            infos = self._group(listed, what, [functools.partial(fs._info, p, **fresh) for p in paths])
         else:
-            infos = [self._call(n, what, lambda p=p: fs.info(p, **fresh)) for n, p in zip(listed, paths, strict=True)]
+            infos = [self._call(n, what, functools.partial(fs.info, p, **fresh))
+                     for n, p in zip(listed, paths, strict=True)]
         anchor = self.pins.anchor_url
         try:
             now = etag_of(self._call("", "check its manifest", lambda: fs.info(anchor, **fresh)))
@@ -274,14 +276,15 @@ class FsspecLocation(Location):
                 raise ShortRead(f"bytes [{start}, {end}) came back as {len(data)} bytes")
             return bytes(data)
 
-        if not self._async:
-            return [self._call(name, what, lambda s=s, e=e: check(s, e, fs.cat_file(path, start=s, end=e, **kw)))
-                    for s, e in ranges]
+        def one_sync(start: int, end: int) -> bytes:
+            return check(start, end, fs.cat_file(path, start=start, end=end, **kw))
 
         async def one(start: int, end: int) -> bytes:
             return check(start, end, await fs._cat_file(path, start=start, end=end, **kw))
 
-        return self._group([name] * len(ranges), what, [lambda s=s, e=e: one(s, e) for s, e in ranges])
+        if not self._async:
+            return [self._call(name, what, functools.partial(one_sync, s, e)) for s, e in ranges]
+        return self._group([name] * len(ranges), what, [functools.partial(one, s, e) for s, e in ranges])
 
     def read_heads(self, names: Sequence[str], nbytes: int) -> list[bytes]:
         if not names:
@@ -290,14 +293,16 @@ class FsspecLocation(Location):
         fs = self.fs
         what = f"read the headers of {len(names)} file(s)"
         paths = [self._path(n) for n in names]
-        if not self._async:
-            return [self._call(n, what, lambda p=p, kw=kw: bytes(fs.cat_file(p, start=0, end=nbytes, **kw)))
-                    for n, p, kw in zip(names, paths, matches, strict=True)]
+        def one_sync(path: str, kw: dict[str, Any]) -> bytes:
+            return bytes(fs.cat_file(path, start=0, end=nbytes, **kw))
 
         async def one(path: str, kw: dict[str, Any]) -> bytes:
             return bytes(await fs._cat_file(path, start=0, end=nbytes, **kw))
 
-        return self._group(list(names), what, [lambda p=p, kw=kw: one(p, kw)
+        if not self._async:
+            return [self._call(n, what, functools.partial(one_sync, p, kw))
+                    for n, p, kw in zip(names, paths, matches, strict=True)]
+        return self._group(list(names), what, [functools.partial(one, p, kw)
                                                for p, kw in zip(paths, matches, strict=True)])
 
     # ---------------------------------------------------------------- listings
@@ -324,7 +329,7 @@ class FsspecLocation(Location):
         seen = {self.url.rstrip("/")}
         todo = [self.url]
         while todo:
-            pages = self._group([""] * len(todo), "list it", [lambda p=p: fs._ls(p, detail=True) for p in todo])
+            pages = self._group([""] * len(todo), "list it", [functools.partial(fs._ls, p, detail=True) for p in todo])
             todo = []
             for page in pages:
                 for info in page:

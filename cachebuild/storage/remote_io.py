@@ -129,7 +129,7 @@ def _answer(e: BaseException) -> Failure | None:
     except ImportError:  # pragma: no cover - only without the http extra
         aiohttp = None  # type: ignore[assignment]
     if aiohttp is not None and isinstance(e, aiohttp.ClientResponseError):
-        headers = e.headers or {}
+        headers: Any = e.headers or {}
         return Failure(_transient_status(e.status), e.status, parse_retry_after(headers.get("Retry-After")))
     response = getattr(e, "response", None)  # botocore.exceptions.ClientError
     if isinstance(response, dict) and "ResponseMetadata" in response:
@@ -156,8 +156,8 @@ def _network_types() -> tuple[type[BaseException], ...]:
     try:
         import http.client
 
-        from botocore import exceptions as bx
-        from botocore.parsers import ResponseParserError  # rate-limit answers with broken XML
+        from botocore import exceptions as bx  # type: ignore[import-untyped]
+        from botocore.parsers import ResponseParserError  # type: ignore[import-untyped]  # rate-limit answers, broken XML
 
         found += [bx.ConnectionError, bx.HTTPClientError, bx.IncompleteReadError, ResponseParserError,
                   http.client.IncompleteRead]
@@ -301,4 +301,4 @@ def first_error(results: Sequence[Any]) -> BaseException | None:
     """The error to raise for a group: a permanent one before an exhausted one (it says more)."""
     errors = [r for r in results if isinstance(r, BaseException)]
     permanent = [e for e in errors if not isinstance(e, Exhausted)]
-    return (permanent or errors or [None])[0]
+    return (permanent or errors)[0] if errors else None
