@@ -15,7 +15,8 @@ Contenders, each a shuffled epoch (CacheSampler) through a DataLoader with 2 wor
                    500, 503 with Retry-After: 1, reset mid-body, short body, stalled answer; seeded), at RATE
                    of requests and at 0 (the fault-free figure: same proxy, same run, rounds interleaved):
                    a cold epoch (no block cache) and block-cache epochs (the first fills it, later ones warm).
-                   CACHEBUILD_HTTP_TIMEOUT=1 there, so a stalled answer costs 1 s. --only-faults skips the rest.
+                   CACHEBUILD_HTTP_TIMEOUT=1 there, so a stalled answer costs 1 s. --only-faults skips the rest;
+                   --fault-kinds 500,reset,short draws only those.
 Bytes fetched are counted at the server (Content-Length of every response) and divided by the samples
 the epoch delivered; "needed" is the samples' pixel bytes. Worker start-up is excluded from img/s; the
 first epoch of each warm contender is a warm-up and left out of its median.
@@ -129,7 +130,7 @@ def fault_rounds(url_root: str, work: Path, args: argparse.Namespace) -> dict[st
     injected: dict[str, int] = {}
     for r in range(args.rounds):
         for label, rate in (("clean", 0.0), ("faulty", args.faults)):
-            proxy = FaultProxy(url_root, rate=rate, seed=r)
+            proxy = FaultProxy(url_root, rate=rate, seed=r, kinds=tuple(args.fault_kinds.split(",")))
             loop.run(proxy._start())
             url = f"{proxy.url}/cache"
             rows[f"cold_{label}"].append(epochs(CachedImageDataset(url), args, 1, persistent=False)[0])
@@ -146,6 +147,7 @@ def fault_rounds(url_root: str, work: Path, args: argparse.Namespace) -> dict[st
         ratios = [f / c for f, c in zip(rows[f"{kind}_faulty"], rows[f"{kind}_clean"], strict=True)]
         out[f"faults_{kind}_ratio"] = {"median": statistics.median(ratios), "rounds": ratios}
     out["faults_rate"] = args.faults
+    out["faults_kinds"] = args.fault_kinds
     out["faults_injected"] = injected
     return out
 
@@ -169,6 +171,8 @@ def main() -> None:
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--faults", type=float, default=None, help="fault rate of the proxy section (e.g. 0.1)")
     p.add_argument("--only-faults", action="store_true", help="run only the --faults section")
+    p.add_argument("--fault-kinds", default="500,503,reset,short,stall",
+                   help="comma-separated kinds the proxy draws from (tests/fault_proxy.py KINDS)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--cache", type=Path, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
