@@ -87,7 +87,9 @@ def test_backoff_waits_at_least_what_retry_after_asks_and_never_past_the_budget(
     b = Budget(RemoteSettings(budget_s=100))
     waits = [b.wait(1, Failure(True, 503, 0.7)) for _ in range(50)]
     assert min(waits) >= 0.7
-    jitter = [b.wait(3, Failure(True)) for _ in range(200)]
+    assert b.wait(1, Failure(True)) == 0  # a dropped connection: again at once, on a fresh one
+    assert b.wait(2, Failure(True)) > 0 or b.wait(2, Failure(True)) > 0
+    jitter = [b.wait(3, Failure(True, 500)) for _ in range(200)]
     assert 0 <= min(jitter) < max(jitter) <= 0.2 and len(set(jitter)) > 100  # full jitter, doubling per try
     short = Budget(RemoteSettings(budget_s=0.3))
     assert short.wait(1, Failure(True, 503, 30)) <= 0.3

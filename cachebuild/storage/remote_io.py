@@ -211,10 +211,14 @@ class Budget:
 
     def wait(self, attempt: int, failure: Failure) -> float:
         """Seconds before try ``attempt + 1``: full-jitter exponential backoff, at least the server's
-        ``Retry-After`` (capped), never past the deadline."""
+        ``Retry-After`` (capped), never past the deadline. A first failure without an answer (a connection
+        reset, a body cut short, a timeout) is tried again at once, on a fresh connection: it says nothing
+        about the server's load, and a batch waits for its slowest request."""
         import random
 
         s = self.settings
+        if attempt == 1 and failure.status is None:
+            return 0.0
         w = random.uniform(0, min(s.backoff_max_s, s.backoff_s * 2 ** (attempt - 1)))
         if failure.retry_after is not None:
             w = max(w, min(failure.retry_after, s.retry_after_max_s))
