@@ -11,6 +11,12 @@ Contenders, each a shuffled epoch (CacheSampler) through a DataLoader with 2 wor
                    requests on 127.0.0.1 (aiohttp static server, files in the page cache)
   http block cache CachedImageDataset(url, local_cache=DIR): epoch 1 fills the block cache (cold), later
                    epochs read local disk (warm); persistent workers
+  --faults RATE    the same URL epochs through the fault-injecting proxy of the tests (tests/fault_proxy.py:
+                   500, 503 with Retry-After: 1, reset mid-body, short body, stalled answer; seeded), at RATE
+                   of requests and at 0 (the fault-free figure: same proxy, same run, rounds interleaved):
+                   a cold epoch (no block cache) and block-cache epochs (the first fills it, later ones warm).
+                   CACHEBUILD_HTTP_TIMEOUT=1 there, so a stalled answer costs 1 s. --only-faults skips the rest;
+                   --fault-kinds 500,reset,short draws only those.
 Bytes fetched are counted at the server (Content-Length of every response) and divided by the samples
 the epoch delivered; "needed" is the samples' pixel bytes. Worker start-up is excluded from img/s; the
 first epoch of each warm contender is a warm-up and left out of its median.
@@ -111,6 +117,41 @@ def median_warm(rates: list[float]) -> float:
     return statistics.median(rates[1:] if len(rates) > 2 else rates)
 
 
+def fault_rounds(url_root: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Cold and warm-block-cache epochs through the fault proxy at ``args.faults`` and at 0, per round."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from loaders.dataset import CachedImageDataset
+    from tests.fault_proxy import FaultProxy
+    from tests.servers import _Loop
+
+    os.environ.setdefault("CACHEBUILD_HTTP_TIMEOUT", "1")
+    loop = _Loop()
+    rows: dict[str, list[float]] = {k: [] for k in ("cold_clean", "cold_faulty", "warm_clean", "warm_faulty")}
+    injected: dict[str, int] = {}
+    for r in range(args.rounds):
+        for label, rate in (("clean", 0.0), ("faulty", args.faults)):
+            proxy = FaultProxy(url_root, rate=rate, seed=r, kinds=tuple(args.fault_kinds.split(",")))
+            loop.run(proxy._start())
+            url = f"{proxy.url}/cache"
+            rows[f"cold_{label}"].append(epochs(CachedImageDataset(url), args, 1, persistent=False)[0])
+            blocks = work / f"blocks-{label}-{r}"
+            rates = epochs(CachedImageDataset(url, local_cache=blocks), args, max(3, args.epochs))
+            rows[f"warm_{label}"].append(median_warm(rates))
+            for k, v in proxy.faults.items():
+                injected[k] = injected.get(k, 0) + v
+            loop.run(proxy._stop())
+            shutil.rmtree(blocks, ignore_errors=True)
+    loop.close()
+    out: dict[str, Any] = {f"faults_{k}_img_s": statistics.median(v) for k, v in rows.items()}
+    for kind in ("cold", "warm"):
+        ratios = [f / c for f, c in zip(rows[f"{kind}_faulty"], rows[f"{kind}_clean"], strict=True)]
+        out[f"faults_{kind}_ratio"] = {"median": statistics.median(ratios), "rounds": ratios}
+    out["faults_rate"] = args.faults
+    out["faults_kinds"] = args.fault_kinds
+    out["faults_injected"] = injected
+    return out
+
+
 def child(args: argparse.Namespace) -> None:
     """--child: the local contender in whatever tree PYTHONPATH names (the baseline)."""
     from loaders.dataset import CachedImageDataset
@@ -128,6 +169,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--baseline-tree", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--faults", type=float, default=None, help="fault rate of the proxy section (e.g. 0.1)")
+    p.add_argument("--only-faults", action="store_true", help="run only the --faults section")
+    p.add_argument("--fault-kinds", default="500,503,reset,short,stall",
+                   help="comma-separated kinds the proxy draws from (tests/fault_proxy.py KINDS)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--cache", type=Path, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -143,6 +188,11 @@ def main() -> None:
         cache = make_cache(work / "site" / "cache", args.n, args.size)
         server = Server(work / "site")
         url = f"{server.url}/cache"
+        if args.faults is not None:
+            results.update(fault_rounds(server.url, work, args))
+        if args.only_faults:
+            server.close()
+            raise SystemExit(_report(results, args))
         row = args.size * args.size * 3
         local_rates, base_rates, ratios = [], [], []
         for _ in range(args.rounds):
@@ -178,11 +228,16 @@ def main() -> None:
         server.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    _report(results, args)
+
+
+def _report(results: dict[str, Any], args: argparse.Namespace) -> int:
     for k, v in results.items():
         print(f"{k:36s} {json.dumps(v) if isinstance(v, dict) else f'{v:,.2f}' if isinstance(v, float) else v}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=1) + "\n")
+    return 0
 
 
 if __name__ == "__main__":

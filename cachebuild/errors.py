@@ -15,6 +15,7 @@ __all__ = [
     "OutputError",
     "RemoteError",
     "RemoteNotFoundError",
+    "RemoteUnavailableError",
     "SourceError",
     "TransferError",
     "UnsupportedFormatError",
@@ -52,6 +53,19 @@ class RemoteError(CacheBuildError, OSError):
 
 class RemoteNotFoundError(RemoteError):
     """A URL that answers "not found" (404, or the store's own no-such-key)."""
+
+
+class RemoteUnavailableError(RemoteError):
+    """A URL whose requests kept failing in a transient way (5xx, 429, dropped or stalled connections) past
+    the retries or the time budget of the call. ``url``, ``status`` (the last HTTP status, or None) and
+    ``attempts`` say which, how it last answered and how often it was asked."""
+
+    def __init__(self, message: str, url: str = "", status: int | None = None, attempts: int = 0) -> None:
+        super().__init__(message)
+        self.url, self.status, self.attempts = url, status, attempts
+
+    def __reduce__(self):  # keep the fields across process boundaries (DataLoader workers)
+        return (type(self), (str(self), self.url, self.status, self.attempts))
 
 
 class LockHeldError(CacheBuildError, BlockingIOError):

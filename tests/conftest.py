@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from cachebuild.samples.imagenet_layout import write_imagenet
+from tests.fault_proxy import fault_proxy  # noqa: F401  (a fault-injecting proxy in front of them)
 from tests.servers import _http_loop, http_server, s3, s3_server  # noqa: F401  (loopback HTTP and S3 fixtures)
 from tests.shard_fixtures import folder_cache, hf_set, wds_set  # noqa: F401  (the tree as tar / Parquet shards)
 

@@ -133,14 +133,12 @@ def test_a_server_without_strong_etags_is_read_unpinned(tmp_path, http_server):
 
 
 def test_pinning_can_be_turned_off_for_a_server_that_answers_if_match_wrongly(tmp_path, http_server, monkeypatch):
-    import cachebuild.storage.location as location
-
     a, _, a_img, _ = _pair(tmp_path, "npy", "none")
     site = tmp_path / "site"
     shutil.copytree(a, site / "c")
     url = http_server(site).url_for("c")
     assert CachedImageDataset(url).location.pins is not None
-    monkeypatch.setattr(location, "PIN_VERSIONS", False)  # what CACHEBUILD_PIN_VERSIONS=0 sets at import
+    monkeypatch.setenv("CACHEBUILD_PIN_VERSIONS", "0")  # read when a location is pinned
     ds = CachedImageDataset(url)
     assert ds.location.pins is None and np.array_equal(ds.gather(np.arange(N)), a_img)
 

@@ -9,14 +9,17 @@ for URLs), which the plan's fingerprint covers.
 
 Workers read ranges through :func:`read_range`: each thread keeps its shard handles open (a few, LRU), so a
 block of samples costs one open per shard and, for URLs, a few large readahead requests, not one request or
-one listing per sample. A URL read that fails (a dropped connection, a 5xx) is retried on a fresh handle;
-one that keeps failing stops the build with a :class:`SourceError`; finished blocks are kept.
+one listing per sample. Retries are the storage layer's one policy (:mod:`cachebuild.storage.remote_io`): a
+URL read that fails in a transient way (a dropped connection, a 5xx) is retried on a fresh handle; one that
+keeps failing stops the build with a :class:`SourceError`; finished blocks are kept. Listings and the size
+of each shard are asked one request at a time, each retried on its own.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import glob
 import logging
 import os
@@ -31,7 +34,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 from cachebuild.errors import DecodeError, SourceError
-from cachebuild.storage.names import is_web_url, redact
+from cachebuild.storage import remote_io
+from cachebuild.storage.names import is_url, is_web_url, redact
 
 __all__ = ["Shard", "close_handles", "filesystem", "is_url", "list_shards", "open_shard", "read_range", "retrying"]
 
@@ -40,12 +44,7 @@ T = TypeVar("T")
 
 READ_BLOCK = 8 << 20  # readahead of a worker's URL handle: a block's samples sit together in a shard
 INDEX_BLOCK = 16 << 10  # readahead while indexing: headers and small members, not the images between
-RETRIES = 3
 _OPEN_HANDLES = 8  # per thread
-
-
-def is_url(path: str) -> bool:
-    return "://" in path
 
 
 @dataclass(frozen=True)
@@ -114,11 +113,33 @@ def _local_shards(src: str, suffixes: tuple[str, ...]) -> tuple[str, list[str]]:
 
 
 def _infos(fs: Any, paths: list[str]) -> list[dict[str, Any]]:
-    """``fs.info`` of many files at once (one HEAD each over HTTP or S3: 1024 in sequence would take minutes)."""
+    """``fs.info`` of many files at once (one HEAD each over HTTP or S3: 1024 in sequence would take minutes),
+    each request retried on its own under one budget."""
+    budget = remote_io.Budget()
+
+    def info(p: str) -> dict[str, Any]:
+        return remote_io.call(lambda: fs.info(p), budget)
+
     if len(paths) <= 1:
-        return [fs.info(p) for p in paths]
+        return [info(p) for p in paths]
     with ThreadPoolExecutor(max_workers=min(16, len(paths))) as pool:
-        return list(pool.map(fs.info, paths))
+        return list(pool.map(info, paths))
+
+
+def _listing_error(src: str, protocol: str, e: BaseException) -> SourceError:
+    """A listing that failed for good, named by what the failure was (its type and status)."""
+    if isinstance(e, remote_io.Exhausted):
+        last = f"HTTP {e.status}" if e.status is not None else type(e.last).__name__
+        return SourceError(f"{redact(src)} cannot be listed: still failing after {e.attempts} attempts in "
+                           f"{e.elapsed:.1f} s (last answer: {last}); run the command again later")
+    status = remote_io.classify(e).status
+    if isinstance(e, FileNotFoundError) or status == 404:  # fsspec's HTTP info() says so for a 403 as well
+        missing = getattr(e, "filename", None) or next((a for a in e.args if isinstance(a, str)), src)
+        return SourceError(f"{missing} does not exist (or cannot be listed)")
+    if isinstance(e, PermissionError) or status in (401, 403):
+        return SourceError(f"{src}: access denied ({e}); check the credentials for {protocol}://")
+    first = str(e).splitlines()[0] if str(e) else ""
+    return SourceError(f"{src} cannot be listed ({type(e).__name__}: {first})")
 
 
 def _url_shards(src: str, suffixes: tuple[str, ...]) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
@@ -127,35 +148,34 @@ def _url_shards(src: str, suffixes: tuple[str, ...]) -> tuple[str, list[tuple[st
     found: dict[str, dict[str, Any]] = {}
     expanded = _brace_expand(src)
     folder = False
+    budget = remote_io.Budget()
     try:
         named = []
         for pattern in expanded:
             _, path = filesystem(pattern)
             if _has_glob(pattern):
-                found.update(fs.glob(path, detail=True))
-            elif len(expanded) == 1 and (pattern.endswith("/") or fs.info(path).get("type") == "directory"):
+                found.update(remote_io.call(functools.partial(fs.glob, path, detail=True), budget))
+            elif len(expanded) == 1 and (pattern.endswith("/") or _is_folder(fs, path, budget)):
                 folder = True  # a prefix ends in '/'; s3 and friends also say "directory"
-                found.update({p: i for p, i in fs.find(path, detail=True).items() if p.lower().endswith(suffixes)})
+                listed = remote_io.call(functools.partial(fs.find, path, detail=True), budget)
+                found.update({p: i for p, i in listed.items() if p.lower().endswith(suffixes)})
             else:
                 named.append(path)
         found.update(zip(named, _infos(fs, named), strict=True))
         found = {p: i for p, i in found.items() if i.get("type", "file") != "directory"}
         unsized = [p for p, i in found.items() if i.get("size") is None]  # HTTP index pages give no sizes
         found.update(zip(unsized, _infos(fs, unsized), strict=True))
-    except FileNotFoundError as e:
-        missing = e.filename or next((a for a in e.args if isinstance(a, str)), src)
-        raise SourceError(f"{missing} does not exist (or cannot be listed)") from None
-    except PermissionError as e:
-        raise SourceError(f"{src}: access denied ({e}); check the credentials for {protocol}://") from None
-    except (OSError, ValueError, RuntimeError) as e:  # what fsspec backends raise for a failed request
-        raise SourceError(f"{src} cannot be listed ({type(e).__name__}: {e})") from None
-    except Exception as e:  # aiohttp's ClientResponseError (e.g. a 403) is none of the above
-        raise SourceError(f"{src} cannot be listed ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    except Exception as e:  # aiohttp / botocore / OSError types: told apart by type and status
+        raise _listing_error(src, protocol, e) from None
     files = sorted(found)
     urls = [p if is_url(p) else fs.unstrip_protocol(p) for p in files]
     bare = [u.split("://", 1)[1] for u in urls]
     root = _root(src.split("://", 1)[1], bare, folder, posixpath)
     return f"{protocol}://{root}", [(u, found[p]) for u, p in zip(urls, files, strict=True)]
+
+
+def _is_folder(fs: Any, path: str, budget: remote_io.Budget) -> bool:
+    return remote_io.call(lambda: fs.info(path), budget).get("type") == "directory"
 
 
 def list_shards(src: str | os.PathLike[str], suffixes: tuple[str, ...], what: str) -> tuple[str, list[Shard]]:
@@ -257,23 +277,27 @@ def retrying(shard: Shard, read: Callable[[], T], forget: Callable[[], None]) ->
     shards are read once, as they are."""
     if not is_url(shard.url):
         return read()
-    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+    expected = (FileNotFoundError, PermissionError, SourceError, DecodeError)
 
-    def worth_retrying(e: BaseException) -> bool:
+    def dropped(e: BaseException) -> None:
         forget()  # whatever happened, the next attempt (or the next sample) opens a fresh handle
-        return not isinstance(e, (FileNotFoundError, PermissionError, SourceError, DecodeError))
 
     try:
-        for attempt in Retrying(stop=stop_after_attempt(RETRIES), wait=wait_exponential(multiplier=0.2, max=2.0),
-                                retry=retry_if_exception(worth_retrying), reraise=True):
-            with attempt:
-                return read()
-    except (FileNotFoundError, PermissionError, SourceError, DecodeError):
+        return remote_io.call(read, on_failure=dropped)
+    except expected:
         raise
-    except Exception as e:  # network faults come as aiohttp / botocore / OSError types
-        raise SourceError(f"{redact(shard.url)}: reading failed {RETRIES} times ({type(e).__name__}: {e}); run the "
-                          f"same command again to resume (finished blocks are kept)") from None
-    raise AssertionError("unreachable")  # pragma: no cover
+    except remote_io.Exhausted as e:
+        last = f"HTTP {e.status}" if e.status is not None else type(e.last).__name__
+        raise SourceError(f"{redact(shard.url)}: reading failed {e.attempts} times in {e.elapsed:.1f} s (last "
+                          f"answer: {last}: {e.last}); run the same command again to resume (finished blocks "
+                          f"are kept)") from None
+    except Exception as e:  # a permanent failure of another type: one line naming the shard
+        status = remote_io.classify(e).status
+        if status in (401, 403):  # not retried: asking again is refused again
+            raise SourceError(f"{redact(shard.url)}: access denied (HTTP {status}); check the credentials for "
+                              f"this store, then run the same command again to resume") from None
+        raise SourceError(f"{redact(shard.url)}: reading failed ({type(e).__name__}: {e}); run the same "
+                          f"command again to resume (finished blocks are kept)") from None
 
 
 def read_range(shard: Shard, offset: int, size: int) -> bytes:
@@ -290,7 +314,7 @@ def read_range(shard: Shard, offset: int, size: int) -> bytes:
         f.seek(offset)
         data = f.read(size)
         if len(data) != size:
-            raise OSError(f"short read: {len(data)} of {size} bytes at {offset}")
+            raise remote_io.ShortRead(f"short read: {len(data)} of {size} bytes at {offset}")
         return data
 
     return retrying(shard, read, lambda: _drop(shard))

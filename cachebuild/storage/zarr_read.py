@@ -22,10 +22,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cachebuild.errors import CacheChangedError, CacheCorruptError, RemoteError, RemoteNotFoundError
+from cachebuild.errors import (
+    CacheChangedError,
+    CacheCorruptError,
+    RemoteError,
+    RemoteNotFoundError,
+    RemoteUnavailableError,
+)
 from cachebuild.storage.base import ImageStore
 from cachebuild.storage.block_cache import BlockCache, BlockCacheFullError
-from cachebuild.storage.location import RETRY_ATTEMPTS, FsspecLocation, Location, is_transient
+from cachebuild.storage.location import FsspecLocation, Location
+from cachebuild.storage.remote_io import Budget, Exhausted, acall
 from cachebuild.storage.rows import RowFiles, Segment
 from cachebuild.storage.zarr_write import ZARR_NAME
 
@@ -112,7 +119,6 @@ def check_chunks(location: Location, manifest: Manifest, layout: ZarrLayout) -> 
 
 
 def _strict_store_class() -> type:
-    from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
     from zarr.storage import WrapperStore
 
     class StrictStore(WrapperStore):
@@ -151,13 +157,13 @@ def _strict_store_class() -> type:
                 if self.pinned is not None and byte_range is None:
                     buf = await self._get_pinned(key, prototype)
                 else:
-                    async for attempt in AsyncRetrying(stop=stop_after_attempt(max(1, RETRY_ATTEMPTS)),
-                                                       wait=wait_exponential(multiplier=0.1, max=2.0),
-                                                       retry=retry_if_exception(is_transient), reraise=True):
-                        with attempt:
-                            buf = await self._store.get(key, prototype, byte_range)
-            except CacheChangedError:
+                    buf = await acall(lambda: self._store.get(key, prototype, byte_range), Budget())
+            except (CacheChangedError, RemoteUnavailableError):
                 raise
+            except Exhausted as e:
+                raise RemoteUnavailableError(f"zarr key {self.where}/{key}: cannot read it after {e.attempts} "
+                                             f"attempts in {e.elapsed:.1f} s; last answer: {e}", self.where,
+                                             e.status, e.attempts) from None
             except Exception as e:
                 raise CacheCorruptError(f"zarr {'chunk' if is_chunk else 'key'} {self.where}/{key}: cannot read it: "
                                         f"{type(e).__name__}: {str(e)[:200]}") from None

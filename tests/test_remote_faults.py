@@ -1,0 +1,152 @@
+"""The remote layer under a flaky store: requests retried one by one, transient and permanent failures told
+apart by type and status, Retry-After honoured, a time budget per call, and a named error at the end.
+
+Through the fault proxy (tests/fault_proxy.py) in front of the range server (tests/servers.py). The full
+matrix (every fault kind, 1%, 10% and 33%, HTTP and S3) is tests/reliability/test_remote_fault_matrix.py.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cachebuild.errors import RemoteError, RemoteUnavailableError
+from cachebuild.storage import FsspecLocation
+from cachebuild.storage.remote_io import Budget, Failure, RemoteSettings, classify
+from loaders.dataset import CachedImageDataset
+from tests.fault_scenarios import Served, run_op, set_fault_env
+from tests.loaders_fixtures import make_cache
+
+
+def _site(tmp_path: Path, http_server, n: int = 128, storage: str = "npy"):
+    root, images, _ = make_cache(tmp_path / "site" / "c", n=n, storage=storage, shard_size=16, h=16, w=12)
+    return root, images, http_server(tmp_path / "site")
+
+
+def test_the_headers_of_8_files_open_when_every_third_request_fails(tmp_path, http_server, fault_proxy):
+    """The report of issue 27: each header is retried on its own, so a group of 8 opens."""
+    _root, images, server = _site(tmp_path, http_server)
+    proxy = fault_proxy(server.url, every=3, kinds=("500",))
+    ds = CachedImageDataset(f"{proxy.url}/c")
+    assert len(ds.manifest.shards) == 8
+    assert np.array_equal(ds.gather(np.random.default_rng(0).permutation(128)),
+                          images[np.random.default_rng(0).permutation(128)])
+    assert proxy.faults["500"] >= 5  # every third request of the open and the reads failed
+
+
+def _response_error(status: int, retry_after: str | None = None):
+    import aiohttp
+    from multidict import CIMultiDict, CIMultiDictProxy
+    from yarl import URL
+
+    url = URL("http://127.0.0.1/x")
+    info = aiohttp.RequestInfo(url, "GET", CIMultiDictProxy(CIMultiDict()), url)
+    headers = CIMultiDict({"Retry-After": retry_after} if retry_after else {})
+    return aiohttp.ClientResponseError(info, (), status=status, message="m", headers=headers)
+
+
+def _boto_error(status: int, code: str):
+    from botocore.exceptions import ClientError
+
+    return ClientError({"Error": {"Code": code, "Message": "m"},
+                        "ResponseMetadata": {"HTTPStatusCode": status, "HTTPHeaders": {}}}, "GetObject")
+
+
+def test_failures_are_told_apart_by_type_and_status():
+    import aiohttp
+    from s3fs.errors import translate_boto_error
+
+    assert classify(_response_error(503, "7")) == Failure(True, 503, 7.0)
+    assert classify(_response_error(429)).transient and classify(_response_error(408)).transient
+    for status in (403, 404, 412, 400):
+        assert not classify(_response_error(status)).transient
+    assert classify(aiohttp.ClientPayloadError("cut")).transient
+    assert classify(aiohttp.ServerDisconnectedError()).transient
+    assert classify(TimeoutError()).transient
+    # fsspec's HTTP info() raises FileNotFoundError *from* whatever failed: a 500 is still transient
+    try:
+        try:
+            raise _response_error(500)
+        except aiohttp.ClientResponseError as e:
+            raise FileNotFoundError("http://127.0.0.1/x") from e
+    except FileNotFoundError as wrapped:
+        assert classify(wrapped) == Failure(True, 500, None)
+    assert not classify(FileNotFoundError("x")).transient
+    # s3fs turns botocore's errors into OSError subclasses with the ClientError as the cause
+    assert classify(translate_boto_error(_boto_error(503, "SlowDown"))).transient
+    assert classify(translate_boto_error(_boto_error(500, "InternalError"))).transient
+    assert not classify(translate_boto_error(_boto_error(403, "AccessDenied"))).transient
+    assert not classify(translate_boto_error(_boto_error(404, "NoSuchKey"))).transient
+    assert not classify(ValueError("500 Internal Server Error")).transient  # never by the message text
+
+
+def test_backoff_waits_at_least_what_retry_after_asks_and_never_past_the_budget():
+    b = Budget(RemoteSettings(budget_s=100))
+    waits = [b.wait(1, Failure(True, 503, 0.7)) for _ in range(50)]
+    assert min(waits) >= 0.7
+    assert b.wait(1, Failure(True)) == 0  # a dropped connection: again at once, on a fresh one
+    assert b.wait(2, Failure(True)) > 0 or b.wait(2, Failure(True)) > 0
+    jitter = [b.wait(3, Failure(True, 500)) for _ in range(200)]
+    assert 0 <= min(jitter) < max(jitter) <= 0.2 and len(set(jitter)) > 100  # full jitter, doubling per try
+    short = Budget(RemoteSettings(budget_s=0.3))
+    assert short.wait(1, Failure(True, 503, 30)) <= 0.3
+
+
+def test_a_503_with_retry_after_is_waited_for(tmp_path, http_server, fault_proxy):
+    (tmp_path / "f.bin").write_bytes(b"x" * 1000)
+    server = http_server(tmp_path)
+    proxy = fault_proxy(server.url, every=2, kinds=("503",), retry_after=0.6)
+    loc = FsspecLocation(f"{proxy.url}")
+    assert loc.read_bytes("f.bin") == b"x" * 1000  # request 1
+    t0 = time.perf_counter()
+    assert loc.read_bytes("f.bin") == b"x" * 1000  # request 2 answers 503, Retry-After: 0.6; request 3 reads
+    assert time.perf_counter() - t0 >= 0.6 and proxy.faults["503"] == 1
+
+
+def test_a_store_that_keeps_failing_ends_in_one_named_error_within_the_budget(tmp_path, http_server, fault_proxy,
+                                                                              monkeypatch):
+    _root, _images, server = _site(tmp_path, http_server, n=32)
+    proxy = fault_proxy(server.url, rate=1.0, kinds=("500",))
+    monkeypatch.setenv("CACHEBUILD_RETRIES", "1000")
+    monkeypatch.setenv("CACHEBUILD_RETRY_BUDGET", "1.5")
+    t0 = time.perf_counter()
+    with pytest.raises(RemoteUnavailableError, match=r"/c/manifest\.json: cannot .* after \d+ attempts.*HTTP 500") \
+            as e:
+        CachedImageDataset(f"{proxy.url}/c")
+    assert time.perf_counter() - t0 < 4  # the budget, plus one request's time
+    assert e.value.status == 500 and e.value.attempts >= 3 and "manifest.json" in e.value.url
+
+
+def test_a_stalled_store_is_given_up_by_its_read_timeout(tmp_path, http_server, fault_proxy, monkeypatch):
+    _root, _images, server = _site(tmp_path, http_server, n=32)
+    proxy = fault_proxy(server.url, rate=1.0, kinds=("stall",))
+    monkeypatch.setenv("CACHEBUILD_HTTP_TIMEOUT", "0.3")
+    monkeypatch.setenv("CACHEBUILD_RETRY_BUDGET", "1")
+    t0 = time.perf_counter()
+    with pytest.raises(RemoteUnavailableError, match=r"manifest\.json.*attempts"):
+        CachedImageDataset(f"{proxy.url}/c")
+    assert time.perf_counter() - t0 < 4 and proxy.faults["stall"] >= 2
+
+
+def test_a_permanent_failure_is_asked_once(tmp_path, http_server):
+    _root, _images, server = _site(tmp_path, http_server, n=32)
+    ds = CachedImageDataset(server.url_for("c"))
+    server.fail("c/images-00001.npy", 403, times=None)
+    server.log.clear()
+    with pytest.raises(RemoteError, match=r"images-00001\.npy: access denied \(HTTP 403\)"):
+        ds.gather(np.arange(16, 20))
+    assert len(server.log.matching("GET", "/c/images-00001.npy")) == 1
+
+
+@pytest.mark.parametrize("op", ["epoch+block cache", "pull", "verify"])
+def test_operations_complete_with_the_local_bytes_at_a_10_percent_fault_rate(tmp_path, http_server, fault_proxy,
+                                                                             monkeypatch, op):
+    """The default share of the fault matrix: one rate, every kind of fault, a small cache."""
+    set_fault_env(monkeypatch)
+    root, images, server = _site(tmp_path, http_server, n=64)
+    proxy = fault_proxy(server.url, rate=0.1, seed=1)
+    run_op(op, Served(root, f"{proxy.url}/c", images, proxy.url), tmp_path / "work", limit_s=120)
+    assert sum(proxy.faults.values()) > 0
