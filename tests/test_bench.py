@@ -41,6 +41,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, 
     return out, res
 
 
+@pytest.mark.slow  # the whole tiny run: ~35 s of children (builds, loaders, training)
 def test_results_json_has_every_section_and_the_machine(tiny_run) -> None:
     out, res = tiny_run
     on_disk = json.loads((out / "results.json").read_text())
@@ -57,6 +58,7 @@ def test_results_json_has_every_section_and_the_machine(tiny_run) -> None:
                for p in on_disk["peers"].values())
 
 
+@pytest.mark.slow  # the whole tiny run: ~35 s of children (builds, loaders, training)
 def test_build_section(tiny_run) -> None:
     _, res = tiny_run
     b = res["build"]
@@ -70,6 +72,7 @@ def test_build_section(tiny_run) -> None:
     assert res["build"]["contenders"]["cachebuild_npy"]["bytes_on_disk"] >= 40 * 64 * 64 * 3
 
 
+@pytest.mark.slow  # the whole tiny run: ~35 s of children (builds, loaders, training)
 def test_load_section(tiny_run) -> None:
     _, res = tiny_run
     raw, aug = res["load"]["groups"]["raw"], res["load"]["groups"]["augmented"]
@@ -88,6 +91,7 @@ def test_load_section(tiny_run) -> None:
     assert raw["limit_bare_gather"]["x_bare_gather"] == 1.0 and raw["cachebuild_npy_dataloader"]["gb_s"] > 0
 
 
+@pytest.mark.slow  # the whole tiny run: ~35 s of children (builds, loaders, training)
 def test_transforms_train_and_gpu_sections(tiny_run) -> None:
     _, res = tiny_run
     tf = res["transforms"]["contenders"]
@@ -110,6 +114,7 @@ def test_transforms_train_and_gpu_sections(tiny_run) -> None:
         assert res["gpu"] == {"skipped": "no CUDA device on this machine"}
 
 
+@pytest.mark.slow  # the whole tiny run: ~35 s of children (builds, loaders, training)
 def test_markdown_charts_and_goals(tiny_run) -> None:
     out, res = tiny_run
     md = (out / "results.md").read_text()
@@ -185,6 +190,7 @@ def test_a_peer_runs_in_the_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert res["peers"]["ffcv"]["status"].startswith("skipped: no venv")
 
 
+@pytest.mark.slow  # the whole tiny run: ~35 s of children (builds, loaders, training)
 def test_readme_sections_come_from_the_results_folder(tiny_run, tmp_path: Path) -> None:
     from bench.readme import update_readme
 
@@ -253,6 +259,12 @@ def test_the_script_sections_run_in_the_harness(tmp_path: Path, sections: tuple[
     md = (tmp_path / "out" / "results.md").read_text()
     assert all(EXTRA_SECTIONS[s][1] in md for s in sections)
     assert ("http_cold_bytes_vs_needed" in md) == ("remote" in sections)
+    # The harness's own part of results.json, in the default run too (the full tiny run is behind slow).
+    on_disk = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert on_disk == json.loads(json.dumps(res)) and on_disk["schema"] == SCHEMA and "error" not in on_disk
+    m = on_disk["machine"]
+    assert m["cpu"] and m["cores_logical"] >= 1 and m["ram_gb"] > 0 and m["os"] and m["python"]
+    assert set(on_disk["peers"]) == set(peers.PEERS)
 
 
 def test_a_timed_epoch_runs_with_the_harness_heap_collected_and_frozen() -> None:
