@@ -21,8 +21,8 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
-test: $(STAMP)
-	$(BIN)/python -m pytest
+test: $(STAMP)  ## the default run (< 5 min on 2 cores): not slow, not gpu; the 25 slowest listed at the end
+	$(BIN)/python -m pytest --durations=25
 
 test-all: $(STAMP)  ## slow tests too (GPU tests skip without CUDA)
 	$(BIN)/python -m pytest -m ""

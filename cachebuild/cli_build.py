@@ -206,17 +206,18 @@ def _parallel_backend(scheduler: str | None) -> Iterator[None]:
 
 
 def _build_options(size: int, kw: dict[str, Any]) -> Any:
-    """``BuildOptions`` of the shared flags; ``--codec NAME`` is the storage kind NAME."""
+    """``BuildOptions`` of the shared flags; ``--codec NAME`` is the storage kind that stores NAME."""
     from cachebuild.build.pipeline import BuildOptions
 
     if kw["jobs"] == 0:
         raise click.BadParameter("must be a positive count or -1 (all cores), not 0", param_hint="--jobs")
     storage = kw["storage"]
     if kw["codec"] != "none":
-        if storage not in (DEFAULT_STORAGE, kw["codec"]):
+        encoded = codecs()[kw["codec"]]  # the storage kind the registry maps this codec to
+        if storage not in (DEFAULT_STORAGE, encoded):
             raise click.BadParameter(f"--codec {kw['codec']} stores its own shards; drop --format {storage}",
                                      param_hint="--codec")
-        storage = kw["codec"]
+        storage = encoded
     fields = {f.name for f in dataclasses.fields(BuildOptions)}
     try:
         return BuildOptions(size=size, **{**{k: v for k, v in kw.items() if k in fields}, "storage": storage})

@@ -10,7 +10,7 @@ import pytest
 
 from cachebuild.samples.imagenet_layout import write_imagenet
 from tests.fault_proxy import fault_proxy  # noqa: F401  (a fault-injecting proxy in front of them)
-from tests.servers import _http_loop, http_server, s3, s3_server  # noqa: F401  (loopback HTTP and S3 fixtures)
+from tests.servers import _aws_home, _http_loop, http_server, joblib_workers_for, s3, s3_server  # noqa: F401
 from tests.shard_fixtures import folder_cache, hf_set, wds_set  # noqa: F401  (the tree as tar / Parquet shards)
 
 
@@ -28,6 +28,13 @@ def imagenet_clean(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The same without broken files, for tests that compare pixels with torchvision."""
     root = tmp_path_factory.mktemp("imagenet_clean")
     return write_imagenet(root, n_classes=5, train_per_class=10, val_per_class=2, val_layout="folders", seed=2)
+
+
+@pytest.fixture(autouse=True)
+def _joblib_workers_without_aws(request: pytest.FixtureRequest) -> None:
+    """Worker processes started under an ``s3`` test's AWS environment never serve another test."""
+    if "s3" not in request.fixturenames:
+        joblib_workers_for("plain")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

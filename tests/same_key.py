@@ -21,7 +21,8 @@ __all__ = ["same_key_caches"]
 
 
 def _build(src: Path, out: Path, flags: list[str]) -> Path:
-    r = CliRunner().invoke(main, ["folder", str(src), "--size", "32", "--out", str(out), *flags])
+    # In-process (-j 1): 12 samples need no worker pool, and jobs never change a byte (test_build).
+    r = CliRunner().invoke(main, ["folder", str(src), "--size", "32", "--out", str(out), "-j", "1", *flags])
     assert r.exit_code == 0, r.output
     return out / "train"
 

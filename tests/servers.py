@@ -33,7 +33,8 @@ from typing import Any
 
 import pytest
 
-__all__ = ["HttpServer", "LoggedRequest", "S3Bucket", "S3Server", "http_server", "s3", "s3_server"]
+__all__ = ["HttpServer", "LoggedRequest", "S3Bucket", "S3Server", "http_server", "joblib_workers_for", "s3",
+           "s3_server"]
 
 HOST = "127.0.0.1"
 
@@ -415,23 +416,40 @@ def _restart_joblib_workers() -> None:
     get_reusable_executor().shutdown(wait=True)
 
 
+_WORKERS_ENV = ["plain"]  # the environment loky's worker processes (if any) were started in: "plain" or "aws"
+
+
+def joblib_workers_for(env: str) -> None:
+    """loky reuses its worker processes, and they keep the environment they started in: restart them when
+    the tests go from the loopback AWS environment to none or back. Between two ``s3`` tests they stay
+    (the environment is the same: one server, one AWS home a session), which saves a pool start (two
+    interpreters importing the build and torch) per test. ``tests/conftest.py`` calls it with "plain"
+    before every test without ``s3``."""
+    if _WORKERS_ENV[0] != env:
+        _restart_joblib_workers()
+        _WORKERS_ENV[0] = env
+
+
+@pytest.fixture(scope="session")
+def _aws_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("aws")  # left empty: the user's profiles stay out
+
+
 @pytest.fixture
-def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch,
-       tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Bucket]:
+def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, _aws_home: Path) -> Iterator[S3Bucket]:
     """A fresh bucket, an s3fs filesystem for it, and an AWS environment pointing at the loopback server
     (restored when the test ends)."""
     import s3fs
 
     for name in _AWS_CLEARED:
         monkeypatch.delenv(name, raising=False)
-    env = aws_test_env(s3_server.endpoint_url, tmp_path_factory.mktemp("aws"))
+    env = aws_test_env(s3_server.endpoint_url, _aws_home)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    _restart_joblib_workers()  # loky reuses its worker processes: they must see this environment
+    joblib_workers_for("aws")  # workers must see this environment (and later tests' must not keep it)
     fs = s3fs.S3FileSystem(endpoint_url=s3_server.endpoint_url, key=_DUMMY_KEY, secret=_DUMMY_SECRET,
                            skip_instance_cache=True, use_listings_cache=False)
     bucket = f"test-{uuid.uuid4().hex[:12]}"
     fs.mkdir(bucket)
     s3_server.log.clear()
     yield S3Bucket(bucket, s3_server.endpoint_url, fs, s3_server.log, env)
-    _restart_joblib_workers()  # and later tests' workers must not keep it

@@ -41,6 +41,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, 
     return out, res
 
 
+@pytest.mark.slow  # the whole tiny run: ~35 s of children (builds, loaders, training)
 def test_results_json_has_every_section_and_the_machine(tiny_run) -> None:
     out, res = tiny_run
     on_disk = json.loads((out / "results.json").read_text())
@@ -57,6 +58,7 @@ def test_results_json_has_every_section_and_the_machine(tiny_run) -> None:
                for p in on_disk["peers"].values())
 
 
+@pytest.mark.slow  # the whole tiny run: ~35 s of children (builds, loaders, training)
 def test_build_section(tiny_run) -> None:
     _, res = tiny_run
     b = res["build"]
@@ -70,6 +72,7 @@ def test_build_section(tiny_run) -> None:
     assert res["build"]["contenders"]["cachebuild_npy"]["bytes_on_disk"] >= 40 * 64 * 64 * 3
 
 
+@pytest.mark.slow  # the whole tiny run: ~35 s of children (builds, loaders, training)
 def test_load_section(tiny_run) -> None:
     _, res = tiny_run
     raw, aug = res["load"]["groups"]["raw"], res["load"]["groups"]["augmented"]
@@ -88,6 +91,7 @@ def test_load_section(tiny_run) -> None:
     assert raw["limit_bare_gather"]["x_bare_gather"] == 1.0 and raw["cachebuild_npy_dataloader"]["gb_s"] > 0
 
 
+@pytest.mark.slow  # the whole tiny run: ~35 s of children (builds, loaders, training)
 def test_transforms_train_and_gpu_sections(tiny_run) -> None:
     _, res = tiny_run
     tf = res["transforms"]["contenders"]
@@ -110,6 +114,7 @@ def test_transforms_train_and_gpu_sections(tiny_run) -> None:
         assert res["gpu"] == {"skipped": "no CUDA device on this machine"}
 
 
+@pytest.mark.slow  # the whole tiny run: ~35 s of children (builds, loaders, training)
 def test_markdown_charts_and_goals(tiny_run) -> None:
     out, res = tiny_run
     md = (out / "results.md").read_text()
@@ -185,6 +190,7 @@ def test_a_peer_runs_in_the_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert res["peers"]["ffcv"]["status"].startswith("skipped: no venv")
 
 
+@pytest.mark.slow  # the whole tiny run: ~35 s of children (builds, loaders, training)
 def test_readme_sections_come_from_the_results_folder(tiny_run, tmp_path: Path) -> None:
     from bench.readme import update_readme
 
@@ -207,25 +213,58 @@ def test_readme_sections_come_from_the_results_folder(tiny_run, tmp_path: Path) 
         update_readme(out, tmp_path / "README.md")
 
 
-def test_the_script_sections_run_in_the_harness(tmp_path: Path) -> None:
+def _check_remote(f: dict[str, Any]) -> None:
+    assert 1.0 <= f["http_cold_bytes_vs_needed"] <= 1.2 and f["http_block_cache_warm_img_s"] > 0
+
+
+def _check_compact(f: dict[str, Any]) -> None:
+    assert f["served_equals_plain_decode"]["simplejpeg"] is True and f["size"]["jpeg_over_raw"] < 0.5
+    assert f["ffcv_jpeg"] == {"skipped": "peers not requested (--no-ffcv)"}
+
+
+def _check_share(f: list[dict[str, Any]]) -> None:
+    assert f and all(row["rerun"] == "up to date" for row in f)
+
+
+def _check_quality(f: dict[str, Any]) -> None:
+    quality = f["psnr_db_64"]  # against torchvision, on 20 real photos
+    assert quality["files"] == 20 and 0 < quality["decoded_reduced"] <= 20
+    assert quality["full_decode"]["median"] >= 45 and quality["default"]["median"] >= 40
+
+
+def _check_plan(f: dict[str, Any]) -> None:
+    n = f["shards"] * f["per_shard"]  # every sample of every WebDataset tar and Parquet file planned
+    assert all(f[k]["samples"] == n and f[k]["samples_per_s"] > 0 for k in ("wds", "wds_1job", "parquet"))
+
+
+SCRIPT_CHECKS = {"remote": _check_remote, "compact": _check_compact, "share": _check_share,
+                 "quality": _check_quality, "plan": _check_plan}
+
+
+@pytest.mark.parametrize("sections", [
+    pytest.param(("share", "plan"), id="share-plan"),  # seconds: the default run's share of the child protocol
+    pytest.param(("remote", "compact", "quality"), id="remote-compact-quality", marks=pytest.mark.slow),
+])
+def test_the_script_sections_run_in_the_harness(tmp_path: Path, sections: tuple[str, ...]) -> None:
     """remote, compact, share, quality, plan: each script runs as a section, its figures land in results.json and
     results.md, and they say what the scripts measure (not just that they ran)."""
     from bench.extras import EXTRA_SECTIONS
 
+    assert set(SCRIPT_CHECKS) == set(EXTRA_SECTIONS)  # a new script gets its checks here
     cfg = {**PROFILES["tiny"], "profile": "tiny", "peers": False, "gpu": False, "jobs": 1}
-    res = run(cfg, tmp_path / "out", tmp_path / "work", tuple(EXTRA_SECTIONS), "test", log=lambda _m: None)
-    assert all("figures" in res[s] for s in EXTRA_SECTIONS), {s: res[s].get("failed") for s in EXTRA_SECTIONS}
-    remote = res["remote"]["figures"]
-    assert 1.0 <= remote["http_cold_bytes_vs_needed"] <= 1.2 and remote["http_block_cache_warm_img_s"] > 0
-    compact = res["compact"]["figures"]
-    assert compact["served_equals_plain_decode"]["simplejpeg"] is True and compact["size"]["jpeg_over_raw"] < 0.5
-    assert compact["ffcv_jpeg"] == {"skipped": "peers not requested (--no-ffcv)"}
-    assert all(row["rerun"] == "up to date" for row in res["share"]["figures"])
-    quality = res["quality"]["figures"]["psnr_db_64"]  # against torchvision, on 20 real photos
-    assert quality["files"] == 20 and 0 < quality["decoded_reduced"] <= 20
-    assert quality["full_decode"]["median"] >= 45 and quality["default"]["median"] >= 40
+    res = run(cfg, tmp_path / "out", tmp_path / "work", sections, "test", log=lambda _m: None)
+    assert all("figures" in res[s] for s in sections), {s: res[s].get("failed") for s in sections}
+    for s in sections:
+        SCRIPT_CHECKS[s](res[s]["figures"])
     md = (tmp_path / "out" / "results.md").read_text()
-    assert all(EXTRA_SECTIONS[s][1] in md for s in EXTRA_SECTIONS) and "http_cold_bytes_vs_needed" in md
+    assert all(EXTRA_SECTIONS[s][1] in md for s in sections)
+    assert ("http_cold_bytes_vs_needed" in md) == ("remote" in sections)
+    # The harness's own part of results.json, in the default run too (the full tiny run is behind slow).
+    on_disk = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert on_disk == json.loads(json.dumps(res)) and on_disk["schema"] == SCHEMA and "error" not in on_disk
+    m = on_disk["machine"]
+    assert m["cpu"] and m["cores_logical"] >= 1 and m["ram_gb"] > 0 and m["os"] and m["python"]
+    assert set(on_disk["peers"]) == set(peers.PEERS)
 
 
 def test_a_timed_epoch_runs_with_the_harness_heap_collected_and_frozen() -> None:

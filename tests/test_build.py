@@ -204,7 +204,8 @@ def _cli(*args: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "cachebuild", *args], capture_output=True, text=True, **kw)
 
 
-@pytest.mark.parametrize("storage", ["npy", "zarr"])
+# npy behind slow: a killed and resumed npy build is in the default run too (tests/reliability/test_kill_points).
+@pytest.mark.parametrize("storage", [pytest.param("npy", marks=pytest.mark.slow), "zarr"])
 def test_sigkill_then_resume_is_byte_identical(imagenet_tree, tmp_path, storage):
     src = imagenet_tree["root"]
     common = ["--split", "train", "--size", "64", "--shard-size", "4", "--jobs", "1", "--no-progress",

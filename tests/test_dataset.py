@@ -244,8 +244,8 @@ def _rss_growth(root: Path) -> tuple[int, int, int, int]:
 
 
 def test_iterating_does_not_grow_anonymous_memory(tmp_path: Path) -> None:
-    n = 1000  # 1000 x 150 kB = 150 MB of images; growth allowed: a few 4.8 MB batches, not the cache
-    root, _, _ = make_cache(tmp_path / "c", n=n, h=224, w=224, shard_size=256)
+    n = 500  # 500 x 150 kB = 75 MB of images; growth allowed: a few 4.8 MB batches, not the cache
+    root, _, _ = make_cache(tmp_path / "c", n=n, h=224, w=224, shard_size=128)
     seen, grown, _, nbytes = _rss_growth(root)
     assert seen == n
     assert grown < 20e6, f"RssAnon grew {grown / 1e6:.1f} MB iterating {nbytes / 1e6:.0f} MB"

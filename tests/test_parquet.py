@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from cachebuild.build.pipeline import BuildOptions, build
 from cachebuild.cli import main
-from cachebuild.errors import SourceError
+from cachebuild.errors import DecodeError, SourceError
 from cachebuild.samples.parquet_layout import hf_features_metadata, write_hf_parquet
 from cachebuild.sources.parquet import ParquetColumns, parquet_plan
 from cachebuild.sources.remote import close_handles
@@ -60,7 +60,7 @@ def test_plan_sees_what_datasets_reads(hf_set, tmp_path, monkeypatch):
         assert plan.reader(i, plan.keys[i]) == row["image"]["bytes"], plan.keys[i]
     assert len(bad) == 2 and set(problems) == {i for i in bad if ds[i]["label"] is None}
     no_bytes = next(i for i in bad if ds[i]["image"]["bytes"] is None)
-    with pytest.raises(Exception, match="no image bytes"):
+    with pytest.raises(DecodeError, match="no image bytes"):
         plan.reader(no_bytes, plan.keys[no_bytes])
     assert plan.split == "train" and plan.dataset == "imagenet-1k"
 

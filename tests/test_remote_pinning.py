@@ -85,7 +85,9 @@ def test_http_reader_pinned_in_dataloader_workers(tmp_path, http_server):
     ds = CachedImageDataset(http_server(site).url_for("c"))
     shutil.rmtree(site / "c")
     shutil.copytree(b, site / "c")  # replaced by hand, files written again: new ETags
-    dl = DataLoader(ds, batch_size=16, num_workers=2, multiprocessing_context="spawn", collate_fn=collate_batch)
+    # One spawned worker: a second one still starting when the first one's error ends the loop failed its
+    # unpickling once the loader had shut down (an unraisable error at teardown, seen under load).
+    dl = DataLoader(ds, batch_size=16, num_workers=1, multiprocessing_context="spawn", collate_fn=collate_batch)
     with pytest.raises(CacheChangedError, match=r"images-0000\d\.npy changed since this job opened"):
         for _ in dl:
             pass

@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from cachebuild.cli import main
+from cachebuild.errors import CacheNotFoundError
 from loaders.dataset import CachedImageDataset
 from tests.loaders_fixtures import make_cache
 
@@ -156,7 +157,7 @@ def test_push_force_interrupted_while_taking_the_old_cache_down_resumes(tmp_path
         mp.setattr(FsspecLocation, "remove", half_then_reset)
         r = _cli("push", b, url, "--force", "--no-progress")
     assert r.exit_code == 1 and "connection reset" in r.output, r.output
-    with pytest.raises(Exception, match="not a cachebuild cache"):  # no cache, never a half one
+    with pytest.raises(CacheNotFoundError, match="not a cachebuild cache"):  # no cache, never a half one
         CachedImageDataset(url)
     r = _cli("push", b, url, "--force", "--no-progress")
     assert r.exit_code == 0 and "pushed" in r.output, r.output

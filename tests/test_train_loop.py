@@ -303,10 +303,35 @@ def test_evaluate_top1_top5_and_few_classes() -> None:
     assert r2["top5"] == 1.0
 
 
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return {w for line in f if line.startswith("flags") for w in line.split(":", 1)[1].split()}
+    except OSError:
+        return set()
+
+
+def _check_cpu_has_native_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """True where the CPU advertises bf16 instructions; oneDNN's answer as a bool; False without oneDNN."""
+    if _cpu_flags() & {"avx512_bf16", "amx_bf16"}:
+        assert amp_mod.cpu_has_native_bf16() is True
+    with monkeypatch.context() as mp:
+        mp.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: 1)
+        assert amp_mod.cpu_has_native_bf16() is True
+        mp.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: 0)
+        assert amp_mod.cpu_has_native_bf16() is False
+
+        def no_onednn() -> bool:
+            raise RuntimeError("no oneDNN in this build")
+
+        mp.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", no_onednn)
+        assert amp_mod.cpu_has_native_bf16() is False
+
+
 def test_resolve_amp(monkeypatch: pytest.MonkeyPatch) -> None:
     assert amp_mod.resolve_amp("off", "cpu") is None
     assert amp_mod.resolve_amp("bf16", "cpu") is torch.bfloat16
-    assert isinstance(amp_mod.cpu_has_native_bf16(), bool)
+    _check_cpu_has_native_bf16(monkeypatch)
     # auto on CPU: bf16 exactly where the CPU has native bf16 kernels, else full fp32.
     monkeypatch.setattr(amp_mod, "cpu_has_native_bf16", lambda: True)
     assert amp_mod.resolve_amp("auto", "cpu") is torch.bfloat16
