@@ -19,6 +19,7 @@ import pytest
 
 from loaders.dataset import CachedImageDataset
 from tests.loaders_fixtures import make_cache
+from tests.repo import REPO
 
 _UNSHARE = ["unshare", "-m", "--propagation", "private"] if os.geteuid() == 0 else ["unshare", "-rm"]
 
@@ -49,7 +50,7 @@ def _run_with_shm(mb: int, script: str, root: Path) -> subprocess.CompletedProce
     code = textwrap.dedent(_PRELUDE) + textwrap.dedent(script)
     shell = f'mount -t tmpfs -o size={mb}m tmpfs /dev/shm && exec "$0" -c "$1" "$2"'
     return subprocess.run([*_UNSHARE, "sh", "-c", shell, sys.executable, code, str(root)],
-                          capture_output=True, text=True, timeout=240, cwd=Path(__file__).parents[1])
+                          capture_output=True, text=True, timeout=240, cwd=REPO)
 
 
 def _answer(r: subprocess.CompletedProcess[str]) -> dict:

@@ -27,8 +27,8 @@ from cachebuild.storage import BlockCache
 from cachebuild.storage.reader import open_cache
 from tests.compact_fixtures import jpeg_index_cache, read_index
 from tests.loaders_fixtures import decode_index, make_cache
+from tests.repo import REPO
 
-ROOT = Path(__file__).parents[1]
 _UNSHARE = ["unshare", "-m", "--propagation", "private"] if os.geteuid() == 0 else ["unshare", "-rm"]
 
 
@@ -37,7 +37,7 @@ def _child(code: str, *args: str, shell: str | None = None) -> subprocess.Comple
     cmd = [sys.executable, "-c", textwrap.dedent(code), *args]
     if shell is not None:
         cmd = [*_UNSHARE, "sh", "-c", f'{shell} && exec "$@"', "sh", *cmd]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
 
 
 def _mounts(kind: str, tmp_path: Path) -> str | None:

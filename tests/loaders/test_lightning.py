@@ -24,8 +24,8 @@ from loaders.sampler import CacheSampler
 from loaders.transforms import Compose, MixUpCutMix, Normalize
 from tests.lightning_run import fit
 from tests.loaders_fixtures import make_cache
+from tests.repo import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 
 # lightning 2.6 on torch 2.14: its pytree use warns of a torch deprecation, nothing of ours.
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")

@@ -20,6 +20,7 @@ from loaders.dataset import CacheBatch, CachedImageDataset, collate_batch
 from loaders.sampler import CacheSampler
 from tests.loaders_fixtures import decode_index, make_cache
 from tests.manifest_edits import load_unsealed
+from tests.repo import REPO
 
 STORAGES = [("npy", "none"), ("zarr", "none"), ("zarr", "zstd")]  # zstd: through the zarr API
 
@@ -236,7 +237,7 @@ _RSS_SCRIPT = textwrap.dedent("""
 def _rss_growth(root: Path) -> tuple[int, int, int, int]:
     # A fixed mmap threshold makes glibc return freed batch buffers to the OS at once; otherwise its
     # dynamic threshold keeps a few freed batches on the heap and RssAnon measures allocator slack.
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "MALLOC_MMAP_THRESHOLD_": "131072"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MALLOC_MMAP_THRESHOLD_": "131072"}
     out = subprocess.run([sys.executable, "-c", _RSS_SCRIPT, str(root)], capture_output=True, text=True,
                          env=env, timeout=600, check=True)
     n, grown, file_rss, nbytes = map(int, out.stdout.split())

@@ -40,8 +40,8 @@ from cachebuild.sources.registry import (
 from cachebuild.sources.wds import WdsOptions
 from cachebuild.storage.jpeg_backend import JpegBackend
 from cachebuild.storage.reader import open_cache
+from tests.repo import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _cli(*args: object):
@@ -289,12 +289,12 @@ def _imports(path: Path) -> set[str]:
 
 def test_sources_import_neither_their_registry_nor_the_cli():
     offenders = []
-    for path in sorted((ROOT / "cachebuild" / "sources").glob("*.py")):
+    for path in sorted((REPO / "cachebuild" / "sources").glob("*.py")):
         if path.name == "registry.py":
             continue
         offenders += [f"{path.name}: {m}" for m in _imports(path)
                       if m == "cachebuild.sources.registry" or m.startswith("cachebuild.cli")]
-    share_cli = ROOT / "cachebuild" / "share" / "cli.py"
+    share_cli = REPO / "cachebuild" / "share" / "cli.py"
     offenders += [f"share/cli.py: {m}" for m in _imports(share_cli) if m == "cachebuild.cli"]
     assert offenders == []
 

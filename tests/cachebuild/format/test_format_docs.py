@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.compact_fixtures import jpeg_index_cache
 from tests.loaders_fixtures import make_cache
+from tests.repo import REPO
 
-FORMAT_MD = Path(__file__).resolve().parents[1] / "docs" / "FORMAT.md"
+FORMAT_MD = REPO / "docs" / "FORMAT.md"
 
 
 def _snippets() -> dict[str, str]:

@@ -31,6 +31,7 @@ from loaders.encoded import EncodedImages
 from loaders.sampler import CacheSampler
 from tests.compact_fixtures import jpeg_index_cache, read_index, shard_payloads
 from tests.kill_helpers import build_killed_after_blocks
+from tests.repo import REPO
 
 SIZE = 64
 
@@ -341,7 +342,7 @@ list(device_loader(DataLoader(CachedImageDataset({str(root)!r}, decode="none"), 
                               collate_fn=collate_batch), device="cpu"))
 print(sorted(m for m in sys.modules if m in ("cachebuild.build.gpu_build", "loaders.cuda_decode")))
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
 

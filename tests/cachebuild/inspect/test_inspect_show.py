@@ -27,8 +27,8 @@ from loaders.augment_view import PRESETS, augment_view
 from loaders.inspect_cli import show as show_command
 from loaders.transforms import presets
 from tests.inspect_fixtures import AWKWARD_PATHS, inspect_cache
+from tests.repo import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
 KINDS = ["npy", "zarr", "jpeg"]
 
 
@@ -217,7 +217,7 @@ def test_no_cache_is_a_one_line_error(tmp_path: Path) -> None:
 
 def test_the_commands_are_registered_entry_points(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """pyproject.toml registers show and report like train; the command group runs them from there."""
-    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"][cli.COMMAND_GROUP]
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"][cli.COMMAND_GROUP]
     assert declared["show"] == "loaders.inspect_cli:show" and declared["report"] == "loaders.inspect_cli:report"
     eps = {name: EntryPoint(name=name, value=value, group=cli.COMMAND_GROUP) for name, value in declared.items()}
     monkeypatch.setattr(cli, "_command_entry_points", lambda: eps)

@@ -22,6 +22,7 @@ from loaders import CachedImageDataset, FastLoader, collate_batch, device_loader
 from loaders.encoded import EncodedImages
 from tests.compact_fixtures import jpeg_index_cache, shard_payloads
 from tests.loaders_fixtures import decode_index, make_cache
+from tests.repo import REPO
 
 # ---------------------------------------------------------------- encoded batches, default collate
 
@@ -64,7 +65,7 @@ except RuntimeError as e:
     print(e)
 print(sorted(m for m in sys.modules if m in ("cachebuild.storage.nvjpeg", "loaders.cuda_decode")))
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr
     message, imported = r.stdout.strip().splitlines()
     assert "CUDA is not available" in message and "decode='cpu'" in message

@@ -24,6 +24,7 @@ from cachebuild.storage.writer import write_cache
 from loaders.dataset import CachedImageDataset, collate_batch
 from tests.loaders_fixtures import decode_index, make_cache, make_images
 from tests.manifest_edits import load_unsealed
+from tests.repo import REPO
 
 # ---------------------------------------------------------------- a new kind: one class, one registry line
 
@@ -113,7 +114,7 @@ def test_a_kind_names_its_own_staging_files_and_destination_asks_it(tmp_path):
     staging.mkdir()
     (staging / "part-3.raw").write_bytes(b"")
     (staging / "labels.npy").write_bytes(b"")
-    register_backend("raw-names-test", "tests.test_storage:_RawNamesBackend")
+    register_backend("raw-names-test", "tests.cachebuild.storage.test_storage:_RawNamesBackend")
     assert is_own_staging(staging)
     (staging / "part-3.rawx").write_bytes(b"")  # not a name any kind writes: not provably ours
     assert not is_own_staging(staging)
@@ -215,7 +216,7 @@ def test_nothing_outside_the_backends_asks_which_kind_a_cache_is():
     names, their file names) or compares a ``storage`` value with something other than the default."""
     from cachebuild.storage import backend_names
 
-    root = Path(__file__).resolve().parents[1]
+    root = REPO
     kinds = set(backend_names())
     seen: dict[tuple[str, str], int] = {}
     for path in sorted([*root.glob("cachebuild/**/*.py"), *root.glob("loaders/**/*.py")]):
