@@ -26,7 +26,6 @@ from tests.lightning_run import fit
 from tests.loaders_fixtures import make_cache
 from tests.repo import REPO
 
-
 # lightning 2.6 on torch 2.14: its pytree use warns of a torch deprecation, nothing of ours.
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
 

@@ -43,7 +43,6 @@ from cachebuild.storage.reader import open_cache
 from tests.repo import REPO
 
 
-
 def _cli(*args: object):
     return CliRunner().invoke(main, [str(a) for a in args])
 
