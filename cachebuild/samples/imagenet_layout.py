@@ -250,69 +250,85 @@ def write_imagenet(
         "broken": {},
     }
 
-    # Train: real files are <wnid>_<image id>.JPEG with sparse ids.
-    i = 0
+    _write_train(out, bank, rng, train_per_class, quirks)
+    if broken:
+        out["broken"] = write_all_broken(train_dir / wnids[-1], prefix=f"{wnids[-1]}_broken_", seed=seed)
+    # Val: 50 000 images in the real set, numbered 1.. in an order that mixes the classes.
+    val_labels = rng.permutation(np.repeat(np.arange(n_classes), val_per_class))
+    _write_val(out, bank, rng, val_labels)
+    if val_layout == "devkit":
+        _write_devkit(out, rng, val_labels, devkit_tar)
+    elif val_layout == "kaggle":
+        _write_kaggle_solution(out, rng)
+    return out
+
+
+def _write_train(out: dict[str, Any], bank: Any, rng: np.random.Generator, per_class: int, quirks: bool) -> None:
+    """Train: real files are <wnid>_<image id>.JPEG with sparse ids; the quirk files cycle over the classes."""
+    wnids, i = out["wnids"], 0
     for k, wnid in enumerate(wnids):
-        cls_dir = train_dir / wnid
+        cls_dir = out["train_dir"] / wnid
         cls_dir.mkdir(parents=True, exist_ok=True)
-        ids = np.sort(rng.choice(20000, size=train_per_class + len(_QUIRK_KINDS), replace=False)) + 1
-        for j in range(train_per_class):
+        ids = np.sort(rng.choice(20000, size=per_class + len(_QUIRK_KINDS), replace=False)) + 1
+        for j in range(per_class):
             entry = _write_image(cls_dir / f"{wnid}_{ids[j]}.JPEG", bank, k, _kind_for(i), rng)
             entry["wnid"] = wnid
             out["train"].append(entry)
             i += 1
         if quirks:
             for q, quirk in enumerate(_QUIRK_KINDS):
-                if q % n_classes == k:
-                    path = cls_dir / f"{wnid}_{ids[train_per_class + q]}.JPEG"
-                    entry = _write_quirk(path, bank, k, quirk, rng)
+                if q % len(wnids) == k:
+                    entry = _write_quirk(cls_dir / f"{wnid}_{ids[per_class + q]}.JPEG", bank, k, quirk, rng)
                     entry["wnid"] = wnid
                     out["train"].append(entry)
                     out["quirks"][quirk] = entry
-    if broken:
-        out["broken"] = write_all_broken(train_dir / wnids[-1], prefix=f"{wnids[-1]}_broken_", seed=seed)
 
-    # Val: 50 000 images in the real set, numbered 1.. in an order that mixes the classes.
-    val_labels = rng.permutation(np.repeat(np.arange(n_classes), val_per_class))
-    if val_layout != "folders":
+
+def _write_val(out: dict[str, Any], bank: Any, rng: np.random.Generator, val_labels: np.ndarray) -> None:
+    """Val images ``ILSVRC2012_val_<n>.JPEG``: in class folders, or flat (devkit, kaggle)."""
+    val_dir, wnids, in_folders = out["val_dir"], out["wnids"], out["val_layout"] == "folders"
+    if not in_folders:
         val_dir.mkdir(parents=True, exist_ok=True)
     for idx, k in enumerate(val_labels.tolist(), start=1):
-        name = f"ILSVRC2012_val_{idx:08d}.JPEG"
-        folder = val_dir / wnids[k] if val_layout == "folders" else val_dir
+        folder = val_dir / wnids[k] if in_folders else val_dir
         folder.mkdir(parents=True, exist_ok=True)
-        entry = _write_image(folder / name, bank, k, _kind_for(idx + 11), rng)
+        entry = _write_image(folder / f"ILSVRC2012_val_{idx:08d}.JPEG", bank, k, _kind_for(idx + 11), rng)
         entry.update(wnid=wnids[k], index=idx)
         out["val"].append(entry)
 
-    if val_layout == "devkit":
-        ilsvrc_ids = (rng.permutation(n_classes) + 1).tolist()  # real IDs are not in wnid order
-        n_train = [sum(1 for e in out["train"] if e["label"] == k) for k in range(n_classes)]
-        data_dir = root / "ILSVRC2012_devkit_t12" / "data"
-        _write_meta_mat(data_dir / "meta.mat", wnids, words, ilsvrc_ids, n_train)
-        gt = data_dir / "ILSVRC2012_validation_ground_truth.txt"
-        gt.write_text("".join(f"{ilsvrc_ids[k]}\n" for k in val_labels.tolist()), encoding="ascii")
-        out.update(
-            meta_mat=data_dir / "meta.mat",
-            ground_truth=gt,
-            ilsvrc_ids={wnids[k]: ilsvrc_ids[k] for k in range(n_classes)},
-        )
-        if devkit_tar:
-            out["devkit_tar"] = root / "ILSVRC2012_devkit_t12.tar.gz"
-            write_tar_gz(root / "ILSVRC2012_devkit_t12", out["devkit_tar"])
-    elif val_layout == "kaggle":
-        lines = ["ImageId,PredictionString\n"]
-        for e in (out["val"][r] for r in rng.permutation(len(out["val"]))):  # rows are not sorted
-            w, h = e["size"]
-            boxes = []
-            for _ in range(int(rng.integers(1, 4))):
-                x0, x1 = sorted(rng.integers(0, w, size=2).tolist())
-                y0, y1 = sorted(rng.integers(0, h, size=2).tolist())
-                boxes.append(f"{e['wnid']} {x0} {y0} {max(x1, x0 + 1)} {max(y1, y0 + 1)}")
-            lines.append(f"{e['path'].stem},{' '.join(boxes)} \n")
-        csv = root / "LOC_val_solution.csv"
-        csv.parent.mkdir(parents=True, exist_ok=True)
-        csv.write_text("".join(lines), encoding="ascii")
-        mapping = root / "LOC_synset_mapping.txt"
-        mapping.write_text("".join(f"{w} {t}\n" for w, t in zip(wnids, words, strict=True)), encoding="ascii")
-        out.update(solution_csv=csv, synset_mapping=mapping)
-    return out
+
+def _write_devkit(out: dict[str, Any], rng: np.random.Generator, val_labels: np.ndarray, tar: bool) -> None:
+    """The devkit: meta.mat (ILSVRC2012_IDs not in wnid order) and the val ground truth, one ID a line."""
+    root, wnids, n_classes = out["root"], out["wnids"], len(out["wnids"])
+    ilsvrc_ids = (rng.permutation(n_classes) + 1).tolist()  # real IDs are not in wnid order
+    n_train = [sum(1 for e in out["train"] if e["label"] == k) for k in range(n_classes)]
+    data_dir = root / "ILSVRC2012_devkit_t12" / "data"
+    _write_meta_mat(data_dir / "meta.mat", wnids, out["words"], ilsvrc_ids, n_train)
+    gt = data_dir / "ILSVRC2012_validation_ground_truth.txt"
+    gt.write_text("".join(f"{ilsvrc_ids[k]}\n" for k in val_labels.tolist()), encoding="ascii")
+    out.update(meta_mat=data_dir / "meta.mat", ground_truth=gt,
+               ilsvrc_ids={wnids[k]: ilsvrc_ids[k] for k in range(n_classes)})
+    if tar:
+        out["devkit_tar"] = root / "ILSVRC2012_devkit_t12.tar.gz"
+        write_tar_gz(root / "ILSVRC2012_devkit_t12", out["devkit_tar"])
+
+
+def _write_kaggle_solution(out: dict[str, Any], rng: np.random.Generator) -> None:
+    """Kaggle's LOC_val_solution.csv (unsorted rows, 1-3 boxes each) and LOC_synset_mapping.txt."""
+    root = out["root"]
+    lines = ["ImageId,PredictionString\n"]
+    for e in (out["val"][r] for r in rng.permutation(len(out["val"]))):  # rows are not sorted
+        w, h = e["size"]
+        boxes = []
+        for _ in range(int(rng.integers(1, 4))):
+            x0, x1 = sorted(rng.integers(0, w, size=2).tolist())
+            y0, y1 = sorted(rng.integers(0, h, size=2).tolist())
+            boxes.append(f"{e['wnid']} {x0} {y0} {max(x1, x0 + 1)} {max(y1, y0 + 1)}")
+        lines.append(f"{e['path'].stem},{' '.join(boxes)} \n")
+    csv = root / "LOC_val_solution.csv"
+    csv.parent.mkdir(parents=True, exist_ok=True)
+    csv.write_text("".join(lines), encoding="ascii")
+    mapping = root / "LOC_synset_mapping.txt"
+    mapping.write_text("".join(f"{w} {t}\n" for w, t in zip(out["wnids"], out["words"], strict=True)),
+                       encoding="ascii")
+    out.update(solution_csv=csv, synset_mapping=mapping)

@@ -113,35 +113,45 @@ def write_wds(images: list[PackedImage], dest: Path, *, prefix: str = "imagenet1
                 dir_info.type, dir_info.mtime, dir_info.mode = tarfile.DIRTYPE, _MTIME, 0o755
                 tar.addfile(dir_info)
             for s in samples[i * per_shard : (i + 1) * per_shard]:
-                members: dict[str, bytes] = {}
-                if s["image"] is not None:
-                    members[s["ext"]] = s["image"].data
-                if s["label"] is not None:
-                    members["cls"] = (s["cls_text"] or str(s["label"])).encode("ascii")
-                    name = s["image"].name if s["image"] is not None else f"{s['key']}.JPEG"
-                    meta = {"filename": name, "label": s["label"]}
-                    if class_names is not None:
-                        meta["class_name"] = class_names[s["label"]]
-                    members["json"] = json.dumps(meta).encode()
-                _sample(tar, s["key"], members)
+                _sample(tar, s["key"], _members(s, class_names))
                 entry = {"shard": shard, "key": s["key"], "ext": s["ext"], "label": s["label"], "image": s["image"],
                          "kind": s["kind"]}
                 out["samples"].append(entry)
                 if s["kind"] is not None:
                     out["quirks" if s["kind"] in ("png", "upper_ext", "subdir", "long_name", "cls_newline")
                         else "broken"][s["kind"]] = entry
-    if broken:  # cut the last shard inside its last image member (a download that stopped)
-        last = shards[-1]
-        with tarfile.open(last) as tar:
-            regular = [m for m in tar.getmembers() if m.isreg()]
-        victim = next(m for m in reversed(regular) if m.name.endswith(".jpg") and m.size > 100)
-        with open(last, "r+b") as f:
-            f.truncate(victim.offset_data + victim.size // 2)
-        cut_key = victim.name.rsplit(".", 1)[0]
-        cut = next(e for e in out["samples"] if e["shard"] == last and e["key"] == cut_key)
-        after = out["samples"].index(cut)
-        out["broken"]["truncated"] = cut
-        out["lost"] = [e for e in out["samples"][after + 1 :] if e["shard"] == last]
-        out["samples"] = [e for e in out["samples"] if e not in out["lost"]]
+    if broken:
+        _cut_last_shard(out, shards[-1])
     out["pattern"] = str(dest / f"{prefix}-{{{0:04d}..{n_shards - 1:04d}}}.tar")
     return out
+
+
+def _cut_last_shard(out: dict[str, Any], last: Path) -> None:
+    """Cut ``last`` inside its last image member (a download that stopped): that sample becomes the
+    ``truncated`` breakage, and the samples after it in that shard are ``lost``."""
+    with tarfile.open(last) as tar:
+        regular = [m for m in tar.getmembers() if m.isreg()]
+    victim = next(m for m in reversed(regular) if m.name.endswith(".jpg") and m.size > 100)
+    with open(last, "r+b") as f:
+        f.truncate(victim.offset_data + victim.size // 2)
+    cut_key = victim.name.rsplit(".", 1)[0]
+    cut = next(e for e in out["samples"] if e["shard"] == last and e["key"] == cut_key)
+    after = out["samples"].index(cut)
+    out["broken"]["truncated"] = cut
+    out["lost"] = [e for e in out["samples"][after + 1 :] if e["shard"] == last]
+    out["samples"] = [e for e in out["samples"] if e not in out["lost"]]
+
+
+def _members(s: dict[str, Any], class_names: list[str] | None) -> dict[str, bytes]:
+    """One sample's tar members: the image, and with a label its ``.cls`` and ``.json`` (timm's layout)."""
+    members: dict[str, bytes] = {}
+    if s["image"] is not None:
+        members[s["ext"]] = s["image"].data
+    if s["label"] is not None:
+        members["cls"] = (s["cls_text"] or str(s["label"])).encode("ascii")
+        name = s["image"].name if s["image"] is not None else f"{s['key']}.JPEG"
+        meta = {"filename": name, "label": s["label"]}
+        if class_names is not None:
+            meta["class_name"] = class_names[s["label"]]
+        members["json"] = json.dumps(meta).encode()
+    return members
