@@ -319,6 +319,9 @@ class S3Server:
         self._server.stop()
 
 
+_REQUESTS = threading.Lock()
+
+
 def _logged_wsgi(app: Callable[..., Any], log: _RequestLog) -> Callable[..., Any]:
     """WSGI middleware: one :class:`LoggedRequest` per request, appended before the body's last chunk goes
     out (so a client that has its answer finds it in the log)."""
@@ -330,7 +333,12 @@ def _logged_wsgi(app: Callable[..., Any], log: _RequestLog) -> Callable[..., Any
             status[0] = int(st.split()[0])
             return start_response(st, headers, exc_info)
 
-        body = app(environ, start)
+        # moto checks a conditional write's precondition, then writes, in the request's own thread (two such
+        # writes could both pass), and a read during a write of the same key can miss it. S3 decides
+        # conditional writes atomically and reads after writes consistently; one request at a time here does
+        # too (the bodies still stream concurrently).
+        with _REQUESTS:
+            body = app(environ, start)
         chunks = iter(body)
         sent = 0
         logged = False

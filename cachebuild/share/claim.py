@@ -39,16 +39,21 @@ from cachebuild.provenance import current_host
 from cachebuild.storage import Location
 from cachebuild.storage.pinning import etag_of, precondition_failed
 
-__all__ = ["HEARTBEAT_S", "STALE_S", "PushClaim"]
+__all__ = ["HEARTBEAT_S", "STALE_S", "ClaimRaced", "PushClaim"]
 
 log = logging.getLogger("cachebuild")
 
 HEARTBEAT_S = 30.0
 STALE_S = float(os.environ.get("CACHEBUILD_PUSH_STALE_S", "300"))  # a claim not renewed for this long is free
+HOLD_S = STALE_S / 2  # a holder whose last renewal is older than this stops: nobody can have taken it over yet
 CONDITIONAL_PROTOCOLS = frozenset({"s3", "s3a"})
 
 _ACTIVE: set[str] = set()  # tokens of the claims this process holds now
 _LOST = object()
+
+
+class ClaimRaced(LockHeldError):
+    """The claim went to another push that has already ended: look at the prefix again."""
 
 
 def _holder_text(doc: dict[str, Any]) -> str:
@@ -96,18 +101,19 @@ class PushClaim:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    @property
+    def taken(self) -> bool:
+        return self._etag is not None
+
     # ---------------------------------------------------------------- what is there
     def found(self) -> dict[str, Any]:
         """The marker at the prefix, checked free to take over (else a LockHeldError naming its holder)."""
         info = self._info()
         if info is None:
             return {}
-        try:
-            doc = json.loads(self.dst.read_bytes(self.name))
-        except (ValueError, RemoteNotFoundError):
-            doc = {}
-        if not isinstance(doc, dict):
-            doc = {}
+        doc = self._read_doc()
+        if not doc and self._read(self.name) is None:  # removed since: that push ended; what it left decides
+            raise ClaimRaced(f"{self.url}: another push ended while this one looked at it")
         if not _gone(doc, info, STALE_S):
             raise self._held(doc)
         self._found_etag = etag_of(info)
@@ -157,7 +163,10 @@ class PushClaim:
         got = self._conditional_put(self.name, data, kw)
         if got is _LOST:
             if first:
-                raise self._held(self._read_doc())
+                doc = self._read_doc()
+                if not doc:  # written and removed since: that push ended; what it left decides
+                    raise ClaimRaced(f"{self.url}: another push claimed it at the same moment and has ended")
+                raise self._held(doc)
             self._lost = f"its marker was taken over: {_holder_text(self._read_doc())}"
             raise self._conflict()
         self._etag, self._renewed = got, time.monotonic()  # type: ignore[assignment]
@@ -184,13 +193,22 @@ class PushClaim:
             return ""
         return _LOST
 
+    def _forget_listing(self) -> None:
+        # s3fs sizes a whole-object read from its listings cache: a marker written since this process listed
+        # the prefix would read as missing.
+        invalidate = getattr(self.dst.fs, "invalidate_cache", None)  # type: ignore[attr-defined]
+        if invalidate is not None:
+            invalidate(self.dst._path(self.name))  # type: ignore[attr-defined]
+
     def _read(self, name: str) -> bytes | None:
+        self._forget_listing()
         try:
             return self.dst.read_bytes(name)
         except RemoteNotFoundError:
             return None
 
     def _read_doc(self) -> dict[str, Any]:
+        self._forget_listing()
         try:
             doc = json.loads(self.dst.read_bytes(self.name))
         except (ValueError, RemoteNotFoundError):
@@ -216,7 +234,7 @@ class PushClaim:
         """Raise unless the claim is still ours (and recent enough that nobody may take it over)."""
         if self._lost:
             raise self._conflict()
-        if time.monotonic() - self._renewed > STALE_S / 2:
+        if time.monotonic() - self._renewed > HOLD_S:
             self._lost = f"its claim was not renewed for {time.monotonic() - self._renewed:.0f} s"
             raise self._conflict()
         if self.conditional and etag_of(self._info() or {}) != self._etag:

@@ -43,7 +43,7 @@ from cachebuild.format.file_table import read_file_table
 from cachebuild.format.identity import different_cache
 from cachebuild.format.manifest import FORMAT_NAME, MANIFEST_NAME, parse_manifest
 from cachebuild.format.reader import CacheReader
-from cachebuild.share.claim import PushClaim
+from cachebuild.share.claim import ClaimRaced, PushClaim
 from cachebuild.share.contents import PUSH_MARKER, CacheContents, read_contents, split_caches
 from cachebuild.share.transfer import DEFAULT_JOBS, upload
 from cachebuild.storage import LocalLocation, Location, open_location
@@ -120,11 +120,18 @@ def _verify_whole(local: Location, contents: CacheContents) -> None:
 
 def _send(folder: Path, dst: Location, contents: CacheContents, force: bool, jobs: int, progress: bool | None,
           t0: float) -> PushResult:
-    claim = PushClaim(dst, PUSH_MARKER)
-    try:
-        return _send_claimed(folder, dst, contents, force, jobs, progress, t0, claim)
-    finally:
-        claim.release()
+    for attempt in range(3):
+        claim = PushClaim(dst, PUSH_MARKER)
+        try:
+            return _send_claimed(folder, dst, contents, force, jobs, progress, t0, claim)
+        except (ClaimRaced, RemoteNotFoundError):
+            # Before the claim is ours, a file that vanished means another push is changing the prefix.
+            if attempt == 2 or claim.taken:
+                raise
+            log.info("%s changed while this push looked at it (another push); looking again", dst.describe())
+        finally:
+            claim.release()
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _send_claimed(folder: Path, dst: Location, contents: CacheContents, force: bool, jobs: int,
