@@ -30,6 +30,7 @@ from cachebuild.storage.pinning import (
     etag_of,
     install_s3_hook,
     precondition_failed,
+    version_of,
 )
 
 __all__ = ["FsspecLocation", "LocalLocation", "Location", "is_transient", "open_location"]
@@ -416,11 +417,12 @@ class FsspecLocation(Location):
         loc = FsspecLocation(self.url, self.storage_options, pins)
         # No anchor raises RemoteNotFoundError: returning a location unpinned instead would let a reader
         # whose manifest appears a moment later (a push finishing) read unpinned for good.
-        tag = etag_of(loc._call(anchor, "get its version", lambda: loc.fs.info(path, **loc._fresh())))
+        info = loc._call(anchor, "get its version", lambda: loc.fs.info(path, **loc._fresh()))
+        tag = etag_of(info)
         if tag is None:
             loc.pins = None  # the hook (if any) stays, with nothing to add: reads go unconditional
             return loc
-        pins.set_anchor(loc._key(path), tag)
+        pins.set_anchor(loc._key(path), tag, version_of(info))
         return loc
 
     def _fresh(self) -> dict[str, Any]:
@@ -476,7 +478,8 @@ class FsspecLocation(Location):
             now = None
         if now != self.pins.anchor_tag:
             raise self._changed(first)
-        self.pins.add({k: etag_of(info) for k, info in zip(paths, infos, strict=True)})
+        self.pins.add({k: etag_of(info) for k, info in zip(paths, infos, strict=True)},
+                      {k: version_of(info) for k, info in zip(paths, infos, strict=True)})
 
     def exists(self, name: str) -> bool:
         path = self._path(name)
