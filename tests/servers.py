@@ -319,7 +319,7 @@ class S3Server:
         self._server.stop()
 
 
-_REQUESTS = threading.Lock()
+_WRITES = threading.Lock()
 
 
 def _logged_wsgi(app: Callable[..., Any], log: _RequestLog) -> Callable[..., Any]:
@@ -333,11 +333,12 @@ def _logged_wsgi(app: Callable[..., Any], log: _RequestLog) -> Callable[..., Any
             status[0] = int(st.split()[0])
             return start_response(st, headers, exc_info)
 
-        # moto checks a conditional write's precondition, then writes, in the request's own thread (two such
-        # writes could both pass), and a read during a write of the same key can miss it. S3 decides
-        # conditional writes atomically and reads after writes consistently; one request at a time here does
-        # too (the bodies still stream concurrently).
-        with _REQUESTS:
+        if environ["REQUEST_METHOD"] in ("PUT", "POST", "DELETE"):
+            # moto checks a conditional write's precondition, then writes, in the request's own thread: two
+            # writes at once could both pass. S3 decides them atomically; one write at a time here does too.
+            with _WRITES:
+                body = app(environ, start)
+        else:
             body = app(environ, start)
         chunks = iter(body)
         sent = 0
