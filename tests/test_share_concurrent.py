@@ -204,3 +204,43 @@ def test_a_store_without_conditional_writes_says_pushes_are_not_locked_out(tmp_p
     assert r.output.count("offers no conditional writes") == 1 and "not locked out" in r.output, r.output
     assert np.array_equal(share_races.served(url, 20), make_images(20, 16, 12))
     assert np.array_equal(images, make_images(20, 16, 12))
+
+
+def test_a_push_that_failed_gives_its_claim_up_to_a_push_from_anywhere(tmp_path, s3):
+    """Before: the failed push's marker named a live process (this one), and another process's push was
+    refused until this process ended."""
+    from cachebuild.errors import RemoteError
+    from cachebuild.storage.location import FsspecLocation
+
+    caches = _two(tmp_path)
+    url = s3.url("team/f")
+    real = FsspecLocation.put_file
+
+    def dies_on_one(self, name, local):
+        if name == "images-00003.npy":
+            raise RemoteError(f"{self.describe(name)}: cannot upload it: connection reset")
+        return real(self, name, local)
+
+    with pytest.MonkeyPatch.context() as mp:  # not the fixture's monkeypatch: undoing that drops the AWS env
+        mp.setattr(FsspecLocation, "put_file", dies_on_one)
+        r = _cli("push", caches["a"][0], url, "--no-progress")
+    assert r.exit_code == 1 and "connection reset" in r.output, r.output
+    assert "holder" not in json.loads(s3.fs.cat(s3.url(f"team/f/{MARKER}")))
+    p = share_races.start_push(caches["a"][0], url, 0.0)
+    text, _ = p.communicate(timeout=120)
+    assert p.returncode == 0 and "already there" in text, text
+    assert _check_one_cache(url, caches, s3, "team/f") == "a"
+
+
+def test_a_marker_left_beside_a_complete_cache_is_removed_by_the_next_push_of_it(tmp_path, s3):
+    """A push killed after its manifest and before removing its marker: the rerun finds the cache up to date
+    and removes the marker (before: it stayed for good)."""
+    caches = _two(tmp_path)
+    url = s3.url("team/m")
+    assert _cli("push", caches["a"][0], url, "--no-progress").exit_code == 0
+    s3.fs.pipe(s3.url(f"team/m/{MARKER}"), json.dumps({"manifest_sha256": "0" * 64, "trust_sizes": True,
+               "holder": {"host": current_host(), "pid": 2 ** 22 + 17, "user": "x", "started": "t",
+                          "command": "c"}, "token": "t"}).encode())
+    r = _cli("push", caches["a"][0], url, "--no-progress")
+    assert r.exit_code == 0 and "up to date" in r.output, r.output
+    assert _check_one_cache(url, caches, s3, "team/m") == "a"

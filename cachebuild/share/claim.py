@@ -11,7 +11,8 @@ claim never publishes.
 
 A marker's holder is gone when it is a process of this host that no longer runs (or this process, whose push
 of it ended), when the marker was last renewed more than :data:`STALE_S` ago by the store's clock and ours
-(a holder on another host that stopped), or when it names no holder (a release before claims). A holder
+(a holder on another host that stopped), or when it names no holder (a push that failed gives its marker up
+so, and a release before claims wrote none). A holder
 stops uploading on its own once its last renewal is older than half of that, so a takeover never meets its
 writes. So a push killed at any point and rerun on the same host resumes at once; rerun elsewhere, after
 :data:`STALE_S`.
@@ -70,11 +71,13 @@ def _gone(doc: dict[str, Any], info: dict[str, Any], stale_s: float) -> bool:
     """Whether the holder of the marker ``doc`` (with the store's ``info`` of it) no longer pushes."""
     h = doc.get("holder")
     if not isinstance(h, dict) or not isinstance(h.get("pid"), int):
-        return True  # a marker of a release before claims: it was never locked either
+        return True  # given up by a push that failed, or a marker of a release before claims
     if h.get("host") == current_host():
         if h["pid"] == os.getpid():
             return doc.get("token") not in _ACTIVE
-        return not pid_alive(h["pid"])
+        if not pid_alive(h["pid"]):
+            return True
+        # alive: still pushing, or a long-lived process (a notebook) whose push died without a word
     modified = info.get("LastModified")
     if not isinstance(modified, _dt.datetime):
         return True  # a store that does not say when (plain HTTP): as before claims, the rerun takes over
@@ -250,6 +253,23 @@ class PushClaim:
         if self._conditional_put(name, data, {"mode": "create"}) is _LOST:
             self._lost = f"another push published {self.dst.describe(name)} first"
             raise self._conflict()
+
+    def abandon(self) -> None:
+        """The push failed: give the marker up (its holder removed, what it says for a rerun kept), so that a
+        rerun anywhere takes it over at once. Best effort: a store that cannot be reached keeps it until
+        :data:`STALE_S` has passed."""
+        self._stop.set()
+        with self._lock:
+            if self._etag is None or self._lost:
+                return
+            doc = {k: v for k, v in self._doc.items() if k not in ("holder", "token")}
+            try:
+                if self.conditional:
+                    self._conditional_put(self.name, json.dumps(doc).encode(), {"IfMatch": self._etag})
+                else:
+                    self.dst.write_bytes(self.name, json.dumps(doc).encode())
+            except Exception as e:  # the push's own error is the one to report
+                log.info("could not give up %s: %s", self.dst.describe(self.name), e)
 
     def release(self) -> None:
         """Stop renewing; the push then removes the marker (a push that failed leaves it for its rerun)."""

@@ -127,8 +127,12 @@ def _send(folder: Path, dst: Location, contents: CacheContents, force: bool, job
         except (ClaimRaced, RemoteNotFoundError):
             # Before the claim is ours, a file that vanished means another push is changing the prefix.
             if attempt == 2 or claim.taken:
+                claim.abandon()
                 raise
             log.info("%s changed while this push looked at it (another push); looking again", dst.describe())
+        except BaseException:
+            claim.abandon()  # a rerun, here or elsewhere, takes it over at once
+            raise
         finally:
             claim.release()
     raise AssertionError("unreachable")  # pragma: no cover
@@ -148,9 +152,14 @@ def _send_claimed(folder: Path, dst: Location, contents: CacheContents, force: b
             _check_ours(there, dst)
         if there == contents.raw or (old is not None and old.content_id == contents.manifest.content_id):
             # The same cache: send only what is missing or of the wrong size (a repair), manifest untouched.
+            stray = PUSH_MARKER in remote  # a push killed after its manifest, before removing the marker
+            if stray:
+                claim.found()  # unless that push still runs (then refused, naming it)
             todo = [i for i in contents.items if remote.get(i.name) != i.size]
             outcome = upload(folder, todo, dst, jobs=jobs, progress=progress, desc=url.rsplit("/", 1)[-1])
             _raise_failed(outcome.failed, url, len(contents.items))
+            if stray:
+                dst.remove(PUSH_MARKER)
             return PushResult(url, "up to date", len(contents.items), len(outcome.moved),
                               len(contents.items) - len(todo), outcome.bytes_moved, time.perf_counter() - t0)
         if not force:
