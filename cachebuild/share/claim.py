@@ -99,6 +99,7 @@ class PushClaim:
         self._etag: str | None = None  # the marker's tag as we last wrote it (None: not ours yet)
         self._found_etag: str | None = None  # the tag of a marker we may take over
         self._renewed = 0.0
+        self._watched: tuple[str, str | None] | None = None
         self._lost = ""
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -122,11 +123,23 @@ class PushClaim:
         self._found_etag = etag_of(info)
         return doc
 
-    def _info(self) -> dict[str, Any] | None:
-        fs, path = self.dst.fs, self.dst._path(self.name)  # type: ignore[attr-defined]
+    def watch(self, name: str) -> None:
+        """Note the version of ``name`` (the manifest) now, before the push looks at the prefix: if another
+        push changes it before this one's claim is taken, the claim is given back and the push looks again."""
+        self._watched = (name, etag_of(self._info(name) or {}) if self.conditional else None)
+
+    def _unchanged(self) -> bool:
+        if self._watched is None or not self.conditional:
+            return True
+        name, tag = self._watched
+        return etag_of(self._info(name) or {}) == tag
+
+    def _info(self, name: str = "") -> dict[str, Any] | None:
+        name = name or self.name
+        fs, path = self.dst.fs, self.dst._path(name)  # type: ignore[attr-defined]
         kw = {"refresh": True} if self.conditional else {}
         try:
-            return dict(self.dst._call(self.name, "check it", lambda: fs.info(path, **kw)))  # type: ignore[attr-defined]
+            return dict(self.dst._call(name, "check it", lambda: fs.info(path, **kw)))  # type: ignore[attr-defined]
         except RemoteNotFoundError:
             return None
 
@@ -146,6 +159,13 @@ class PushClaim:
         if first:
             _ACTIVE.add(self.token)
             self.check()  # read back: a store that raced two exclusive writes has one of them now
+            if not self._unchanged():
+                # Another push published while this one decided from what it saw before: give the claim
+                # back untouched (nothing else written yet) and look again.
+                self.dst.remove(self.name)
+                self._etag = None
+                _ACTIVE.discard(self.token)
+                raise ClaimRaced(f"{self.url}: another push published there while this one looked")
             if not self.conditional:
                 log.warning("%s offers no conditional writes: another push started at the same moment is not "
                             "locked out (run one push at a time there)", self.url)

@@ -141,6 +141,7 @@ def _send(folder: Path, dst: Location, contents: CacheContents, force: bool, job
 def _send_claimed(folder: Path, dst: Location, contents: CacheContents, force: bool, jobs: int,
                   progress: bool | None, t0: float, claim: PushClaim) -> PushResult:
     url = dst.describe()
+    claim.watch(MANIFEST_NAME)  # before the listing: a manifest published after it is seen when claiming
     remote = _remote_files(dst)
     trusted: set[str] = set()  # remote files known to hold what the new cache needs
     if MANIFEST_NAME in remote:
