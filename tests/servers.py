@@ -320,6 +320,9 @@ class S3Server:
         self._server.stop()
 
 
+_WRITES = threading.Lock()
+
+
 def _logged_wsgi(app: Callable[..., Any], log: _RequestLog) -> Callable[..., Any]:
     """WSGI middleware: one :class:`LoggedRequest` per request, appended before the body's last chunk goes
     out (so a client that has its answer finds it in the log)."""
@@ -331,7 +334,13 @@ def _logged_wsgi(app: Callable[..., Any], log: _RequestLog) -> Callable[..., Any
             status[0] = int(st.split()[0])
             return start_response(st, headers, exc_info)
 
-        body = app(environ, start)
+        if environ["REQUEST_METHOD"] in ("PUT", "POST", "DELETE"):
+            # moto checks a conditional write's precondition, then writes, in the request's own thread: two
+            # writes at once could both pass. S3 decides them atomically; one write at a time here does too.
+            with _WRITES:
+                body = app(environ, start)
+        else:
+            body = app(environ, start)
         chunks = iter(body)
         sent = 0
         logged = False

@@ -41,6 +41,7 @@ from cachebuild.errors import (
 )
 from cachebuild.format.identity import different_cache
 from cachebuild.format.manifest import FORMAT_NAME, MANIFEST_NAME
+from cachebuild.share.claim import ClaimRaced, PushClaim
 from cachebuild.share.contents import PUSH_MARKER, CacheContents, read_contents, split_caches
 from cachebuild.share.transfer import DEFAULT_JOBS, upload
 from cachebuild.storage import LocalLocation, Location, open_location
@@ -119,7 +120,28 @@ def _verify_whole(local: Location, contents: CacheContents) -> None:
 
 def _send(folder: Path, dst: Location, contents: CacheContents, force: bool, jobs: int, progress: bool | None,
           t0: float) -> PushResult:
+    for attempt in range(3):
+        claim = PushClaim(dst, PUSH_MARKER)
+        try:
+            return _send_claimed(folder, dst, contents, force, jobs, progress, t0, claim)
+        except (ClaimRaced, RemoteNotFoundError):
+            # Before the claim is ours, a file that vanished means another push is changing the prefix.
+            if attempt == 2 or claim.taken:
+                claim.abandon()
+                raise
+            log.info("%s changed while this push looked at it (another push); looking again", dst.describe())
+        except BaseException:
+            claim.abandon()  # a rerun, here or elsewhere, takes it over at once
+            raise
+        finally:
+            claim.release()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _send_claimed(folder: Path, dst: Location, contents: CacheContents, force: bool, jobs: int,
+                  progress: bool | None, t0: float, claim: PushClaim) -> PushResult:
     url = dst.describe()
+    claim.watch(MANIFEST_NAME)  # before the listing: a manifest published after it is seen when claiming
     remote = _remote_files(dst)
     trusted: set[str] = set()  # remote files known to hold what the new cache needs
     if MANIFEST_NAME in remote:
@@ -131,28 +153,31 @@ def _send(folder: Path, dst: Location, contents: CacheContents, force: bool, job
             _check_ours(there, dst)
         if there == contents.raw or (old is not None and old.content_id == contents.manifest.content_id):
             # The same cache: send only what is missing or of the wrong size (a repair), manifest untouched.
+            stray = PUSH_MARKER in remote  # a push killed after its manifest, before removing the marker
+            if stray:
+                claim.found()  # unless that push still runs (then refused, naming it)
             todo = [i for i in contents.items if remote.get(i.name) != i.size]
             outcome = upload(folder, todo, dst, jobs=jobs, progress=progress, desc=url.rsplit("/", 1)[-1])
             _raise_failed(outcome.failed, url, len(contents.items))
+            if stray:
+                dst.remove(PUSH_MARKER)
             return PushResult(url, "up to date", len(contents.items), len(outcome.moved),
                               len(contents.items) - len(todo), outcome.bytes_moved, time.perf_counter() - t0)
         if not force:
             raise CacheExistsError(f"{url} holds {different_cache(old, contents.manifest, 'this one')}; pass --force "
                                    f"to replace it (jobs reading it from the URL will then fail: see "
                                    f"`cachebuild push --help`)")
-        kept = _clear_old_cache(dst, old, contents, remote)
+        if PUSH_MARKER in remote:  # left by a push killed after its manifest, or another push starting
+            claim.found()
+        kept = _clear_old_cache(dst, old, contents, remote, claim)
         trusted = kept or set()
         # Without the old table, old files of the same name and size cannot be told from ours on a rerun.
         marker = {"manifest_sha256": contents.manifest_sha256, "trust_sizes": kept is not None}
     elif PUSH_MARKER in remote:
-        try:
-            marker = json.loads(dst.read_bytes(PUSH_MARKER))
-        except (ValueError, RemoteError):
-            marker = {}
-        if not isinstance(marker, dict):
-            marker = {}
+        marker = claim.found()  # raises naming its holder unless that push is gone
         remove = marker.get("remove")
         if isinstance(remove, list):
+            claim.write(marker)  # the claim first: only its holder deletes
             # A --force push stopped while it took the old cache down (nothing new is sent before the list is
             # gone from the marker, so every name still listed is an old file): finish that first. After it,
             # that push's files of the right size are its own, as after an uninterrupted replacement.
@@ -173,13 +198,15 @@ def _send(folder: Path, dst: Location, contents: CacheContents, force: bool, job
                                f"there: choose an empty prefix")
     else:
         marker = {"manifest_sha256": contents.manifest_sha256, "trust_sizes": True}
-    dst.write_bytes(PUSH_MARKER, json.dumps(marker).encode())
+    claim.write(marker)
     todo = [i for i in contents.items if i.name not in trusted]
     outcome = upload(folder, todo, dst, jobs=jobs, progress=progress, desc=url.rsplit("/", 1)[-1])
     _raise_failed(outcome.failed, url, len(contents.items))
     if contents.table is not None:
+        claim.check()
         dst.write_bytes(contents.manifest.files["table"], contents.table)
-    dst.write_bytes(MANIFEST_NAME, contents.raw)  # last: from here the URL holds the complete cache
+    claim.publish(MANIFEST_NAME, contents.raw)  # last: from here the URL holds the complete cache
+    claim.release()  # no renewal after this: the marker goes
     try:
         dst.remove(PUSH_MARKER)
     except RemoteError as e:  # a store that cannot delete (plain HTTP PUT): the marker is harmless
@@ -200,7 +227,8 @@ def _check_ours(raw: bytes, dst: Location) -> None:
                                f"it or write beside it, even with --force: choose another prefix")
 
 
-def _clear_old_cache(dst: Location, old: Any, contents: CacheContents, remote: dict[str, int]) -> set[str] | None:
+def _clear_old_cache(dst: Location, old: Any, contents: CacheContents, remote: dict[str, int],
+                     claim: PushClaim) -> set[str] | None:
     """Take down the different cache at ``dst``: marker first (naming what is to go, so an interrupted run is
     resumed), then the manifest, then the files the new cache does not hold identically. Returns the old files
     kept because the new cache has them byte for byte (None: the old cache had no file table, so nothing was
@@ -214,7 +242,7 @@ def _clear_old_cache(dst: Location, old: Any, contents: CacheContents, remote: d
             old_table = None
     if old_table is None:
         # No table to tell the old cache's files from anything else: delete nothing, trust nothing.
-        _unpublish(dst, contents)
+        _unpublish(dst, contents, claim)
         log.warning("%s held a cache without a file table: its files are left in place and every file is sent",
                     dst.describe())
         return None
@@ -224,20 +252,20 @@ def _clear_old_cache(dst: Location, old: Any, contents: CacheContents, remote: d
     stale = sorted(n for n in old_table if n not in keep and n in remote)
     if old.files.get("table") in remote:
         stale.append(old.files["table"])
-    _unpublish(dst, contents, remove=stale)
+    _unpublish(dst, contents, claim, remove=stale)
     dst.remove(*stale)
     log.info("replacing the cache at %s: removed its manifest and %d file(s); %d identical file(s) kept",
              dst.describe(), len(stale), len(keep))
     return keep
 
 
-def _unpublish(dst: Location, contents: CacheContents, remove: list[str] | None = None) -> None:
+def _unpublish(dst: Location, contents: CacheContents, claim: PushClaim, remove: list[str] | None = None) -> None:
     """The push marker first (with the old files still to delete, which a rerun then finishes), then the old
     manifest removed: from here new readers of ``dst`` see no cache until the new one is complete."""
     marker: dict[str, Any] = {"manifest_sha256": contents.manifest_sha256, "trust_sizes": False}
     if remove is not None:
         marker["remove"] = remove
-    dst.write_bytes(PUSH_MARKER, json.dumps(marker).encode())
+    claim.write(marker)  # takes the claim: a second push of another cache stops here
     dst.remove(MANIFEST_NAME)
 
 

@@ -13,7 +13,10 @@ there; concurrent fetches of one block write identical bytes. Each process check
 first time it uses it (a damaged or half-written block is fetched again), then reads rows straight from
 the page cache through a memory map. Whole remote objects (compressed zarr chunks) are kept as
 ``<key>.obj`` files with a checksum trailer, written atomically. A disk with no room for a block (or for a
-table, whose pages are allocated when it is opened) is a :class:`BlockCacheFullError` naming the folder.
+table, whose pages are allocated when it is opened) is a :class:`BlockCacheFullError` naming the folder
+inside this module; a reader then goes on without the cache: that process warns once, naming the folder,
+and reads the rest uncached (the blocks it holds are still used). A block is trusted only once its table
+entry is written, after the whole block: a partly written one is never served.
 
 Keys name immutable content: the reader derives them from the cache's build key and the file name, so
 a rebuilt cache never meets another cache's blocks (and a block size other than the default is part of the
@@ -28,6 +31,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import logging
 import mmap
 import os
 import shutil
@@ -48,6 +52,8 @@ DEFAULT_MAX_BYTES = 64 << 30
 _PRESENT = np.uint64(1 << 32)
 _EVICT_EVERY = 1 / 16  # check the bound after fetching this fraction of it
 STALE_TMP_S = 3600.0  # a temporary file this old belongs to a writer that died
+
+log = logging.getLogger("cachebuild")
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a disk (or a quota) too full for the block cache: BlockCacheFullError
 Fetch = Callable[[Sequence[tuple[int, int]]], list[bytes]]
@@ -70,13 +76,24 @@ class CachedFile:
         self.block = cache.block_bytes
         self.nblocks = max(1, -(-size // self.block))
         base = cache.folder / key[:2] / key
-        base.parent.mkdir(parents=True, exist_ok=True)
         self.data_path = base.with_suffix(".data")
         self.crc_path = base.with_suffix(".crc")
-        self._fd = os.open(self.data_path, os.O_RDWR | os.O_CREAT, 0o664)
+        try:  # a full disk may have no room for a new folder or file either
+            base.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.data_path, os.O_RDWR | os.O_CREAT, 0o664)
+        except OSError as e:
+            if e.errno in _NO_SPACE:
+                raise cache.full_error(self.data_path) from None
+            raise
         if os.fstat(self._fd).st_size != size:
             os.ftruncate(self._fd, size)  # sparse: no disk used until blocks are written
-        self._crc_fd = os.open(self.crc_path, os.O_RDWR | os.O_CREAT, 0o664)
+        try:
+            self._crc_fd = os.open(self.crc_path, os.O_RDWR | os.O_CREAT, 0o664)
+        except OSError as e:
+            os.close(self._fd)
+            if e.errno in _NO_SPACE:
+                raise cache.full_error(self.crc_path) from None
+            raise
         if os.fstat(self._crc_fd).st_size != self.nblocks * 8:
             os.ftruncate(self._crc_fd, self.nblocks * 8)
         # The table is written through a memory map: a store into a page the disk has no room for is a SIGBUS
@@ -96,8 +113,30 @@ class CachedFile:
         self.checked = np.zeros(self.nblocks, dtype=bool)  # verified by this process
         os.utime(self.crc_path)  # "recently used", for eviction
 
-    def read(self, ranges: Sequence[tuple[int, int]], fetch: Fetch) -> list[np.ndarray]:
-        """The bytes of each ``[start, end)`` range as read-only arrays over the local copy."""
+    def read(self, ranges: Sequence[tuple[int, int]], fetch: Fetch) -> list[np.ndarray] | list[bytes]:
+        """The bytes of each ``[start, end)`` range as read-only arrays over the local copy; fetched bytes
+        instead when the disk is too full to hold their blocks (warned once: :meth:`BlockCache.note_full`)."""
+        if self.cache.full:
+            return self._uncached(ranges, fetch)
+        try:
+            return self._read_local(ranges, fetch)
+        except BlockCacheFullError as e:
+            self.cache.note_full(e)
+            return self._uncached(ranges, fetch)
+
+    def _uncached(self, ranges: Sequence[tuple[int, int]], fetch: Fetch) -> list[np.ndarray] | list[bytes]:
+        """Blocks already held and intact from here, everything else fetched (and not kept)."""
+        if ranges and all(self._held(start, end) for start, end in ranges):
+            return [self.data[start:end] for start, end in ranges]
+        return fetch(ranges)
+
+    def _held(self, start: int, end: int) -> bool:
+        if end <= start:
+            return True
+        blocks = range(start // self.block, (end - 1) // self.block + 1)
+        return all(self.checked[b] or (self.table[b] != 0 and self._check(b)) for b in blocks)
+
+    def _read_local(self, ranges: Sequence[tuple[int, int]], fetch: Fetch) -> list[np.ndarray]:
         need = np.zeros(self.nblocks, dtype=bool)
         for start, end in ranges:
             if start < 0 or end > self.size or start > end:
@@ -183,10 +222,18 @@ class BlockCache:
         self.max_bytes = int(max_bytes)
         self.block_bytes = int(block_bytes)
         self._since_check = 0
+        self.full = False  # this process found no room: it reads uncached from then on
         self.folder.mkdir(parents=True, exist_ok=True)
 
     def __getstate__(self) -> dict[str, object]:
-        return {**self.__dict__, "_since_check": 0}
+        return {**self.__dict__, "_since_check": 0, "full": False}
+
+    def note_full(self, error: BlockCacheFullError) -> None:
+        """Go on without caching in this process; say so once (a full disk stops no training)."""
+        if not self.full:
+            self.full = True
+            log.warning("%s; reading on without it (uncached: every block is fetched from the store again)",
+                        error.strerror or error)
 
     @staticmethod
     def key(*parts: str) -> str:
@@ -228,15 +275,19 @@ class BlockCache:
         return None
 
     def store_object(self, key: str, data: bytes) -> None:
+        """Keep ``data`` under ``key`` (a disk too full for it: not kept, warned once)."""
+        if self.full:
+            return
         path = self._object_path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             with AtomicFile(path) as f:
                 f.file.write(data)
                 f.file.write(_crc(data).to_bytes(4, "little"))
         except OSError as e:
             if e.errno in _NO_SPACE:
-                raise self.full_error(path) from None
+                self.note_full(self.full_error(path))
+                return
             raise
         self.fetched(len(data))
 

@@ -22,7 +22,14 @@ from cachebuild.errors import (
 from cachebuild.storage import remote_io
 from cachebuild.storage.location_base import Location
 from cachebuild.storage.names import check_name, is_url, redact
-from cachebuild.storage.pinning import PINNABLE_PROTOCOLS, Pins, etag_of, install_s3_hook, precondition_failed
+from cachebuild.storage.pinning import (
+    PINNABLE_PROTOCOLS,
+    Pins,
+    etag_of,
+    install_s3_hook,
+    precondition_failed,
+    version_of,
+)
 from cachebuild.storage.remote_io import Budget, Exhausted, RangeIgnored, ShortRead
 
 __all__ = ["FsspecLocation"]
@@ -182,11 +189,12 @@ class FsspecLocation(Location):
         loc = FsspecLocation(self.url, self.storage_options, pins)
         # No anchor raises RemoteNotFoundError: returning a location unpinned instead would let a reader
         # whose manifest appears a moment later (a push finishing) read unpinned for good.
-        tag = etag_of(loc._call(anchor, "get its version", lambda: loc.fs.info(path, **loc._fresh())))
+        info = loc._call(anchor, "get its version", lambda: loc.fs.info(path, **loc._fresh()))
+        tag = etag_of(info)
         if tag is None:
             loc.pins = None  # the hook (if any) stays, with nothing to add: reads go unconditional
             return loc
-        pins.set_anchor(loc._key(path), tag)
+        pins.set_anchor(loc._key(path), tag, version_of(info))
         return loc
 
     def _fresh(self) -> dict[str, Any]:
@@ -232,7 +240,8 @@ class FsspecLocation(Location):
             now = None
         if now != self.pins.anchor_tag:
             raise self._changed(listed[0])
-        self.pins.add({k: etag_of(info) for k, info in zip(names, infos, strict=True)})
+        self.pins.add({k: etag_of(info) for k, info in zip(names, infos, strict=True)},
+                      {k: version_of(info) for k, info in zip(names, infos, strict=True)})
 
     # ---------------------------------------------------------------- reads
     def exists(self, name: str) -> bool:

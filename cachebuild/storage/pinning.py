@@ -11,9 +11,16 @@ A file's tag is taken on its first read and vouched for by the *anchor* (the man
 manifest before it changes any file and writes it last, so a tag taken while the anchor still carries the
 tag it had when the cache was opened belongs to the opened cache.
 
+On a bucket with versioning a reader does better than stop: each file's ``VersionId`` is pinned with its
+tag, and the hook asks for that version, which ``push --force`` does not remove (its deletes and uploads
+make new versions): a job that opened the old cache reads the old cache's bytes to its end. A file it had
+not touched before the replacement still fails with the named error (which version was the opened cache's
+is known only for files pinned while the manifest vouched for them).
+
 Where it applies: ``http(s)://`` servers that send strong ETags and honour ``If-Match`` (nginx, Apache,
 S3/GCS/Azure over HTTPS, the test server), and ``s3://`` through s3fs (a botocore event hook adds
-``IfMatch`` to each ``GetObject``). Other protocols, and servers without strong ETags, read unpinned.
+``IfMatch``, and ``VersionId`` where the bucket keeps versions, to each ``GetObject``). Other protocols,
+and servers without strong ETags, read unpinned.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["PINNABLE_PROTOCOLS", "Pins", "etag_of", "install_s3_hook", "precondition_failed"]
+__all__ = ["PINNABLE_PROTOCOLS", "Pins", "etag_of", "install_s3_hook", "precondition_failed", "version_of"]
 
 PINNABLE_PROTOCOLS = frozenset({"http", "https", "s3", "s3a"})
 
@@ -34,6 +41,12 @@ def etag_of(info: dict[str, Any]) -> str | None:
     if not isinstance(tag, str) or not tag or tag.startswith("W/"):
         return None
     return tag
+
+
+def version_of(info: dict[str, Any]) -> str | None:
+    """The object version in an s3fs ``info`` (None: a bucket without versioning, or another store)."""
+    version = info.get("VersionId")
+    return version if isinstance(version, str) and version and version != "null" else None
 
 
 def precondition_failed(exc: BaseException) -> bool:
@@ -58,41 +71,70 @@ class Pins:
     def __init__(self, anchor_url: str) -> None:
         self.anchor_url = anchor_url
         self.anchor_tag = ""
+        self.anchor_key = ""
         self.tags: dict[str, str | None] = {}
+        self.versions: dict[str, str] = {}  # path -> VersionId, where the store keeps versions
         self._lock = threading.Lock()
 
-    def set_anchor(self, key: str, tag: str) -> None:
+    def set_anchor(self, key: str, tag: str, version: str | None = None) -> None:
         with self._lock:
             self.anchor_tag = tag
+            self.anchor_key = key
             self.tags[key] = tag
+            if version is not None:
+                self.versions[key] = version
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"anchor_url": self.anchor_url, "anchor_tag": self.anchor_tag, "tags": dict(self.tags)}
+        return {"anchor_url": self.anchor_url, "anchor_tag": self.anchor_tag, "anchor_key": self.anchor_key,
+                "tags": dict(self.tags), "versions": dict(self.versions)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("versions", {})
+        self.__dict__.setdefault("anchor_key", "")
         self._lock = threading.Lock()
 
     def missing(self, paths: Sequence[str]) -> list[str]:
         with self._lock:
             return list(dict.fromkeys(p for p in paths if p not in self.tags))
 
-    def add(self, tags: dict[str, str | None]) -> None:
+    def add(self, tags: dict[str, str | None], versions: dict[str, str | None] | None = None) -> None:
         with self._lock:
             for path, tag in tags.items():
-                self.tags.setdefault(path, tag)  # a tag once pinned is never replaced
+                if path in self.tags:
+                    continue  # a tag once pinned is never replaced (nor its version)
+                self.tags[path] = tag
+                version = (versions or {}).get(path)
+                if version is not None and tag is not None:
+                    self.versions[path] = version
 
     def tag(self, path: str) -> str | None:
         return self.tags.get(path)
 
+    def version(self, path: str) -> str | None:
+        return self.versions.get(path)
+
 
 def install_s3_hook(session: Any, pins: Pins) -> None:
-    """Make every ``GetObject`` that the clients of ``session`` send for a pinned key carry ``IfMatch``
-    (botocore's documented event system: ``before-parameter-build``)."""
+    """Make every ``GetObject`` that the clients of ``session`` send for a pinned key carry ``IfMatch``, and
+    ``VersionId`` where one was pinned (botocore's documented event system: ``before-parameter-build``)."""
 
     def add_if_match(params: dict[str, Any], **_: Any) -> None:
-        tag = pins.tag(f"{params.get('Bucket')}/{params.get('Key')}")
+        key = f"{params.get('Bucket')}/{params.get('Key')}"
+        tag = pins.tag(key)
         if tag is not None and "IfMatch" not in params:
             params["IfMatch"] = tag
+            version = pins.version(key)
+            if version is not None and "VersionId" not in params:
+                params["VersionId"] = version
+
+    def add_version(params: dict[str, Any], **_: Any) -> None:
+        # s3fs sizes a whole-object read with a HEAD first: of the pinned version, or a replaced file would
+        # look missing. Never the anchor's: its check must see what is there now.
+        key = f"{params.get('Bucket')}/{params.get('Key')}"
+        version = pins.version(key)
+        if version is not None and key != pins.anchor_key and "VersionId" not in params:
+            params["VersionId"] = version
 
     session.register("before-parameter-build.s3.GetObject", add_if_match)
+    session.register("before-parameter-build.s3.HeadObject", add_version)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import tokenize
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,10 +24,22 @@ from typing import Any
 import numpy as np
 
 from cachebuild.errors import CacheCorruptError
-from cachebuild.storage.block_cache import BlockCache, CachedFile
+from cachebuild.storage.block_cache import BlockCache, BlockCacheFullError, CachedFile
 from cachebuild.storage.location import Location
 
 __all__ = ["NPY_HEADER_ERRORS", "RowFiles", "Segment", "ShardHandles", "npy_header"]
+
+# Guards making a process's handle table and its lock (threads of a forked child or of an unpickled reader
+# arrive together); made anew in a forked child, where another thread may have held it at the fork.
+_TABLE_GUARD = threading.Lock()
+
+
+def _new_table_guard() -> None:
+    global _TABLE_GUARD
+    _TABLE_GUARD = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_table_guard)
 
 
 @dataclass(frozen=True)
@@ -66,7 +79,8 @@ class ShardHandles:
     the next use opens them again (another process's maps are not ours). A handle is what
     :meth:`_open_local` makes of a local file, a :class:`CachedFile` mirror for a URL with a block cache,
     or False for a URL without one (plain range reads through :meth:`_fetch`). Shared by every reader of
-    shard files (raw rows, stored JPEGs)."""
+    shard files (raw rows, stored JPEGs). Threads of one process open each file once: two handles of one
+    file would leak the loser's descriptors (a :class:`CachedFile` holds two until closed)."""
 
     def __init__(self, location: Location, count: int, block_cache: BlockCache | None, cache_id: str) -> None:
         self.location = location
@@ -74,11 +88,12 @@ class ShardHandles:
         self.cache_id = cache_id
         self._count = count
         self._handles: list[Any] | None = None
-        self._pid = os.getpid()
+        self._pid = -1  # no handle table in any process yet
+        self._lock: Any = None
         self.bytes_fetched = 0
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_handles": None, "_pid": -1, "bytes_fetched": 0}
+        return {**self.__dict__, "_handles": None, "_pid": -1, "_lock": None, "bytes_fetched": 0}
 
     def _open_local(self, k: int) -> Any:
         """File ``k`` of a local cache, opened (subclasses say how)."""
@@ -88,23 +103,36 @@ class ShardHandles:
         """File ``k``'s name and the bytes a reader may use of it (what a block cache mirrors)."""
         raise NotImplementedError
 
-    def _handle(self, k: int) -> Any:
+    def _table(self) -> list[Any]:
+        """This process's handle table (made on first use here, with the lock that guards opening)."""
         if self._pid != os.getpid():
-            self._handles, self._pid = None, os.getpid()
-        handles = self._handles
-        if handles is None:
-            handles = self._handles = [None] * self._count
+            with _TABLE_GUARD:
+                if self._pid != os.getpid():
+                    self._lock = threading.Lock()
+                    self._handles = [None] * self._count
+                    self._pid = os.getpid()  # last: another thread that sees our pid finds both made
+        return self._handles  # type: ignore[return-value]
+
+    def _handle(self, k: int) -> Any:
+        handles = self._table()
         got = handles[k]
         if got is None:
-            if self.location.is_local:
-                got = self._open_local(k)
-            elif self.block_cache is not None:
-                name, size = self._name_and_size(k)
-                got = self.block_cache.file(BlockCache.key(self.cache_id, name), size)
-            else:
-                got = False
-            handles[k] = got
+            with self._lock:
+                got = handles[k]
+                if got is None:
+                    got = handles[k] = self._open(k)
         return got
+
+    def _open(self, k: int) -> Any:
+        if self.location.is_local:
+            return self._open_local(k)
+        if self.block_cache is not None and not self.block_cache.full:
+            name, size = self._name_and_size(k)
+            try:
+                return self.block_cache.file(BlockCache.key(self.cache_id, name), size)
+            except BlockCacheFullError as e:  # no room for its table: this file is read uncached
+                self.block_cache.note_full(e)
+        return False
 
     def _fetch(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         got = self.location.read_ranges(name, ranges)
@@ -177,12 +205,9 @@ class RowFiles(ShardHandles):
             cached = self._handle(k)
             dest = order[lo:hi]
             if isinstance(cached, CachedFile):
-                # Make sure the blocks are local and intact, then copy rows straight out of the local mirror.
-                cached.read(ranges, functools.partial(self._fetch, seg.name))
-                mirror = cached.data[seg.offset : seg.offset + seg.rows * self.row_bytes].reshape(seg.rows, -1)
-                for pos, r in zip(dest.tolist(), rows.tolist(), strict=True):
-                    flat[pos] = mirror[r]
-                continue
-            datas = self._fetch(seg.name, ranges)
+                # Views of the local mirror, its blocks checked (or the fetched bytes, on a full disk).
+                datas: list[Any] = cached.read(ranges, functools.partial(self._fetch, seg.name))
+            else:
+                datas = self._fetch(seg.name, ranges)
             for (a, z), data in zip(runs, datas, strict=True):
                 flat[dest[a:z]] = np.frombuffer(data, dtype=np.uint8).reshape(z - a, self.row_bytes)

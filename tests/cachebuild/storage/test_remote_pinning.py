@@ -161,3 +161,37 @@ def test_a_manifest_missing_when_the_version_is_taken_is_not_a_cache_even_if_it_
     with pytest.raises(CacheNotFoundError, match=r"is not a cachebuild cache \(no manifest\.json\)"):
         CachedImageDataset(url)
     assert CachedImageDataset(url).location.pins is not None
+
+
+def _versioned(s3) -> None:
+    s3.fs.call_s3("put_bucket_versioning", Bucket=s3.name, VersioningConfiguration={"Status": "Enabled"})
+
+
+@pytest.mark.parametrize("storage,compression", KINDS)
+def test_a_reader_of_a_versioned_bucket_reads_its_own_cache_to_the_end_after_push_force(tmp_path, s3, storage,
+                                                                                          compression):
+    """With versioning the old cache's objects stay as versions: a job that opened it reads them (VersionId
+    pinned with each tag), never the new cache's bytes; a file it had not read yet is the named error."""
+    _versioned(s3)
+    a, b, a_img, b_img = _pair(tmp_path, storage, compression)
+    url = s3.url("team/v")
+    _push(a, url)
+    ds = CachedImageDataset(url)
+    assert np.array_equal(ds.gather(np.arange(0, N)), a_img)
+    _push(b, url, "--force")
+    for idx in (np.arange(N), np.arange(N)[::-1]):
+        assert np.array_equal(ds.gather(idx), a_img[idx])
+    with pytest.raises(CacheChangedError, match=r"paths\.json changed since this job opened"):
+        ds.paths  # noqa: B018 (a property that reads: not read before the replacement)
+    assert np.array_equal(CachedImageDataset(url).gather(np.arange(N)), b_img)  # a new job reads the new cache
+
+
+def test_versioned_reads_travel_into_dataloader_workers(tmp_path, s3):
+    _versioned(s3)
+    a, b, a_img, _ = _pair(tmp_path, "npy", "none")
+    url = s3.url("team/w")
+    _push(a, url)
+    ds = CachedImageDataset(url)
+    _push(b, url, "--force")  # before any worker starts: the versions pinned at open go with the dataset
+    dl = DataLoader(ds, batch_size=16, num_workers=2, multiprocessing_context="spawn", collate_fn=collate_batch)
+    assert np.array_equal(np.concatenate([x.numpy() for x, _ in dl]), a_img)

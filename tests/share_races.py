@@ -1,0 +1,84 @@
+"""Pushes run as real ``cachebuild`` processes against moto on 127.0.0.1, started at one instant or killed part
+way: shared by tests/test_share_concurrent.py and the reliability rows."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from cachebuild.storage.reader import open_cache
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Everything a push imports is imported first: the pushes then start within a millisecond of each other.
+# Each says when it started and ended pushing: whether two runs overlapped is then known, not assumed.
+_AT = """
+import atexit, sys, time
+import s3fs, aiobotocore.session
+import cachebuild.share.push, cachebuild.share.claim
+from cachebuild.cli import main
+at = float(sys.argv[1])
+time.sleep(max(0.0, at - time.time()))
+print(f"race-start {time.time():.6f}", flush=True)
+atexit.register(lambda: print(f"race-end {time.time():.6f}", flush=True))
+main(sys.argv[2:], prog_name="cachebuild")
+"""
+
+
+def env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), **extra}
+
+
+def start_push(src: Path, url: str, at: float, *flags: str, **extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", _AT, str(at), "push", str(src), url, "--no-progress", *flags],
+                            env=env(**extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+@dataclass(frozen=True)
+class Run:
+    rc: int
+    output: str
+    pid: int
+    start: float  # when it began pushing (inf: never got there)
+    end: float
+
+
+def race(sources: list[Path], url: str, *flags: str, lead_s: float = 4.0) -> list[Run]:
+    """Push each of ``sources`` to ``url`` from its own process, all starting ``lead_s`` from now."""
+    at = time.time() + lead_s
+    procs = [start_push(s, url, at, *flags) for s in sources]
+    out = []
+    for p in procs:
+        text, _ = p.communicate(timeout=120)
+        stamps = dict(line.split() for line in text.splitlines() if line.startswith("race-"))
+        out.append(Run(p.returncode, text, p.pid, float(stamps.get("race-start", "inf")),
+                       float(stamps.get("race-end", "inf"))))
+    return out
+
+
+def overlapped(runs: list[Run]) -> bool:
+    return max(r.start for r in runs) < min(r.end for r in runs)
+
+
+def kill_during(src: Path, url: str, after_s: float, *flags: str) -> int:
+    """A push SIGKILLed ``after_s`` after it starts pushing (all imports done); its exit code (-9: killed
+    while it ran, 0: it had finished)."""
+    p = start_push(src, url, time.time() + 1.5, *flags)
+    try:
+        p.communicate(timeout=1.5 + after_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate(timeout=30)
+    return p.returncode
+
+
+def served(url: str, n: int) -> np.ndarray:
+    return open_cache(url).read(np.arange(n))
