@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from tests.test_share import make_cache
 
 from cachebuild.cli import main
 from cachebuild.storage.provenance import current_host
 from tests import share_races
+from tests.loaders_fixtures import make_cache
 
 RACE_ROW = "two pushes of different caches to one S3 prefix at once"
 KILL_ROW = "a push SIGKILLed at a random moment, then rerun"

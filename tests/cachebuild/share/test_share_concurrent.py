@@ -14,13 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from tests.test_share import make_cache
 
 from cachebuild.cli import main
 from cachebuild.share import claim as claim_module
 from cachebuild.storage.provenance import current_host
 from tests import share_races
-from tests.loaders_fixtures import make_images
+from tests.loaders_fixtures import make_cache, make_images
 
 MARKER = "push-in-progress.json"
 push_module = importlib.import_module("cachebuild.share.push")  # the package exports push(), the function
