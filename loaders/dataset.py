@@ -171,13 +171,14 @@ class CachedImageDataset(Dataset):
         self._shared: torch.Tensor | None = None
         self._ring: WorkerRing | None = None  # per worker process, made on its first batch
         self._ring_failed = False  # shared memory refused (small /dev/shm): fresh batches in this process
-        self._set_crop(crop, flip, seed)
+        self.set_crop(crop, flip, seed)
         if in_memory == "auto":
             in_memory = self.nbytes <= auto_budget(memory_budget)
         if in_memory:
             self._shared = load_shared(self)
 
-    def _set_crop(self, crop: CropSpec | None, flip: bool | float, seed: int) -> None:
+    def set_crop(self, crop: CropSpec | None, flip: bool | float = False, seed: int = 0) -> None:
+        """Set (or clear, with None) the constructor's ``crop``, ``flip`` and ``seed``; before making loaders."""
         if crop is not None and not isinstance(crop, (RandomResizedCrop, CenterCrop)):
             raise TypeError(f"crop must be a loaders.worker_crop RandomResizedCrop or CenterCrop, got {crop!r} "
                             "(the device transforms of loaders.transforms run on the batch, not here)")
