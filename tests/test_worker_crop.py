@@ -157,7 +157,7 @@ def test_center_crop_equals_imagenet_eval_kernels(tmp_path: Path) -> None:
 
 def test_bad_arguments_are_named(tmp_path: Path) -> None:
     root = _npy(tmp_path)
-    with pytest.raises(TypeError, match="loaders.worker_crop"):
+    with pytest.raises(TypeError, match=r"loaders\.worker_crop"):
         CachedImageDataset(root, crop=object())  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="flip needs"):
         CachedImageDataset(root, crop=CenterCrop(16), flip=True)

@@ -130,7 +130,8 @@ def train(
             amp=amp, lr=lr, optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,
             warmup_epochs=warmup_epochs, label_smoothing=label_smoothing, mixup=mixup, cutmix=cutmix,
             clip_grad=clip_grad, augment=augment,
-            crop=crop, augment_in=augment_in, progressive=progressive, workers=workers, loader=loader, in_memory=in_memory, device=device, seed=seed,
+            crop=crop, augment_in=augment_in, progressive=progressive,
+            workers=workers, loader=loader, in_memory=in_memory, device=device, seed=seed,
             compile=compile_, deterministic=deterministic, log_every=log_every, ckpt_every=ckpt_every,
             resume=resume, overwrite=overwrite, progress=progress, stop_after_steps=stop_after_steps,
         )

@@ -149,7 +149,8 @@ class TrainConfig:
         except ValueError:
             vals = []
         if len(vals) not in (2, 4):
-            raise OptionError(f"progressive must be LOW:HIGH or LOW:HIGH:START:END (integers), got {self.progressive!r}")
+            raise OptionError(f"progressive must be LOW:HIGH or LOW:HIGH:START:END (integers), "
+                              f"got {self.progressive!r}")
         low, high = vals[0], vals[1]
         start, end = (vals[2], vals[3]) if len(vals) == 4 else (0, max(self.epochs - 1, 0))
         if not 8 <= low <= high or not 0 <= start <= end:
