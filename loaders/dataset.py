@@ -229,7 +229,7 @@ class CachedImageDataset(Dataset):
             return out
         self._check_process()
         shared = self._shared.numpy() if self._shared is not None else None
-        gather_cropped(self._images.gather, shared, self.shape, idx, self._boxes_at(idx), self.crop,
+        gather_cropped(self._images, shared, self.shape, idx, self._boxes_at(idx), self.crop,
                        self.flip_p, self.crop_seed, self._control.epoch, out)
         return out
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -222,7 +223,9 @@ def _center_into(src: np.ndarray, box: Sequence[int], dst: np.ndarray, resize_si
     from loaders.transforms import functional as TF
 
     y0, x0, y1, x1 = (int(v) for v in box)
-    x = torch.from_numpy(src[y0:y1, x0:x1]).permute(2, 0, 1)[None]
+    with warnings.catch_warnings():  # a read-only memory map: read here, never written
+        warnings.simplefilter("ignore", UserWarning)
+        x = torch.from_numpy(src[y0:y1, x0:x1]).permute(2, 0, 1)[None]
     if resize_size:
         x = TF.resize(x, [resize_size])
     x = TF.center_crop(x, [dst.shape[0], dst.shape[1]])
@@ -241,12 +244,13 @@ def _scratch(shape: tuple[int, ...]) -> np.ndarray:
     return buf[:n].reshape(shape)
 
 
-def gather_cropped(read: Callable[[np.ndarray, np.ndarray], Any], shared: np.ndarray | None,
+def gather_cropped(store: Any, shared: np.ndarray | None,
                    sample_shape: tuple[int, int, int], idx: np.ndarray, boxes: np.ndarray,
                    spec: CropSpec, flip_p: float, seed: int, epoch: int, out: np.ndarray) -> None:
-    """Batch ``idx`` cropped into ``out`` (B, h, w, 3): stored samples are read a few at a time in
-    ascending order (``read(sorted_idx, scratch)``, or straight from ``shared`` when the cache is in
-    memory), each resized into its output slot."""
+    """Batch ``idx`` cropped into ``out`` (B, h, w, 3), each sample resized into its output slot, in ascending
+    sample order: straight from ``shared`` (a cache in memory) or the store's memory maps (local npy:
+    ``store.local_rows``), else read a few at a time into scratch (``store.gather``: zarr, JPEG, URLs)."""
+    local = getattr(store, "local_rows", None)
     size = (out.shape[1], out.shape[2])
     if isinstance(spec, RandomResizedCrop):
         crops, flips = draw_crops(spec, boxes, sample_shape[:2], uniforms(seed, epoch, idx), flip_p)
@@ -258,12 +262,15 @@ def gather_cropped(read: Callable[[np.ndarray, np.ndarray], Any], shared: np.nda
     order = np.argsort(idx, kind="stable")
     for lo in range(0, len(order), _GATHER_CHUNK):
         part = order[lo : lo + _GATHER_CHUNK]
+        views = local(idx[part]) if shared is None and local is not None else None
         if shared is not None:
             rows: Any = shared
             at = idx[part]
+        elif views is not None:
+            rows, at = views, np.arange(len(part))
         else:
             rows = _scratch((len(part), *sample_shape))
-            read(idx[part], rows)
+            store.gather(idx[part], rows)
             at = np.arange(len(part))
         for j, i in zip(at, part, strict=True):
             if crops is not None:
