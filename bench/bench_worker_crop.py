@@ -68,19 +68,21 @@ def _epoch(dl: Any, tf: Any) -> tuple[float, int, int]:
     return time.perf_counter() - t0, n, nbytes
 
 
-def _train_row(cache: Path, crop: int, tmp: Path) -> dict[str, float]:
+def _train_row(cache: Path, crop: int, tmp: Path, rounds: int = 2) -> dict[str, Any]:
+    """Wall seconds of a 1-epoch run per path, the order alternating per round; ratio = device / workers."""
     from loaders.train.config import TrainConfig
     from loaders.train.run import fit
 
-    out = {}
-    for where in ("workers", "device"):
-        t0 = time.perf_counter()
-        fit(TrainConfig(train=str(cache), out=str(tmp / where), model="small_cnn", epochs=1, batch_size=128,
-                        workers=2, loader="dataloader", device="cpu", amp="off", augment="imagenet", crop=crop,
-                        augment_in=where, progress=False, overwrite=True), echo=lambda m: None)
-        out[f"{where}_s"] = time.perf_counter() - t0
-    out["ratio"] = out["device_s"] / out["workers_s"]
-    return out
+    secs: dict[str, list[float]] = {"workers": [], "device": []}
+    for r in range(rounds):
+        for where in ("workers", "device") if r % 2 == 0 else ("device", "workers"):
+            t0 = time.perf_counter()
+            fit(TrainConfig(train=str(cache), out=str(tmp / where), model="small_cnn", epochs=1, batch_size=128,
+                            workers=2, loader="dataloader", device="cpu", amp="off", augment="imagenet",
+                            crop=crop, augment_in=where, progress=False, overwrite=True), echo=lambda m: None)
+            secs[where].append(time.perf_counter() - t0)
+    return {"workers_s": secs["workers"], "device_s": secs["device"],
+            "ratios": [d / w for d, w in zip(secs["device"], secs["workers"], strict=True)]}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
