@@ -8,7 +8,9 @@ What it reports (medians over rounds; each ratio taken within one round, the two
           DataLoader workers + Normalize, vs whole samples through 2 workers + ``imagenet_train`` on the batch
           in the main process (the current CPU path). (issue 26: >= 1.5x)
   bytes   uint8 bytes per image that leave the loader (what a device copy would send): crop^2 * 3 vs H * W * 3.
-  train   with --train: a 1-epoch small_cnn run on CPU with ``--augment-in workers`` vs ``device``: wall seconds.
+  train   with --train: a 1-epoch small_cnn run on CPU with ``--augment-in workers`` vs ``device``: wall seconds;
+          and 2 epochs at a fixed 128 px vs ``--progressive 96:128:0:1``. (No accuracy column: the synthetic
+          cache's labels are arbitrary; run it with --cache on a real one for that.)
   ffcv    not measured here (FFCV is not installed on this machine): the FFCV ratio is for a run where it is.
 """
 
@@ -85,6 +87,21 @@ def _train_row(cache: Path, crop: int, tmp: Path, rounds: int = 2) -> dict[str, 
             "ratios": [d / w for d, w in zip(secs["device"], secs["workers"], strict=True)]}
 
 
+def _progressive_row(cache: Path, tmp: Path, epochs: int = 2) -> dict[str, Any]:
+    """Wall seconds of ``epochs`` epochs at a fixed 128 px vs a 96 -> 128 px ramp (crops in the workers)."""
+    from loaders.train.config import TrainConfig
+    from loaders.train.run import fit
+
+    out: dict[str, Any] = {}
+    for name, ramp in (("fixed_128_s", None), ("progressive_96_128_s", f"96:128:0:{epochs - 1}")):
+        t0 = time.perf_counter()
+        fit(TrainConfig(train=str(cache), out=str(tmp / name), model="small_cnn", epochs=epochs, batch_size=128,
+                        workers=2, loader="dataloader", device="cpu", amp="off", augment="imagenet", crop=128,
+                        augment_in="workers", progressive=ramp, progress=False, overwrite=True), echo=lambda m: None)
+        out[name] = time.perf_counter() - t0
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cache", type=Path, help="an npy/zarr/jpeg cache (default: a synthetic 224 px one)")
@@ -123,6 +140,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         }
         if a.train:
             result["train"] = _train_row(cache, a.crop, tmp)
+            result["progressive"] = _progressive_row(cache, tmp)
     print(json.dumps(result, indent=2))
     if a.json:
         a.json.write_text(json.dumps(result, indent=2))

@@ -105,3 +105,14 @@ def test_cifar_preset_is_refused_in_the_workers(colour: dict[str, Path], tmp_pat
         build_data(cfg, CPU)
     res = CliRunner().invoke(train, [str(colour["train"]), "--out", str(tmp_path / "r"), "--progressive", "16:32"])
     assert res.exit_code == 2 and "--augment-in workers" in res.output
+
+
+def test_the_new_options_take_their_choices_and_defaults_from_train_config() -> None:
+    import click
+
+    from loaders.train import config
+
+    params = {p.name: p for p in train.params}
+    assert isinstance(params["augment_in"].type, click.Choice)
+    assert tuple(params["augment_in"].type.choices) == config.AUGMENT_IN
+    assert params["augment_in"].default == "device" and params["progressive"].default is None
