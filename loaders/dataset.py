@@ -43,6 +43,7 @@ from loaders.batch_ring import MAX_SLOTS, InlineTensor, WorkerRing, rings_fit
 from loaders.collate import CacheBatch, collate_batch
 from loaders.encoded import EncodedImages
 from loaders.shared_memory import auto_budget, load_shared, shared_uint8
+from loaders.worker_crop import CenterCrop, CropControl, CropSpec, RandomResizedCrop, _size2, gather_cropped
 
 __all__ = ["CacheBatch", "CachedImageDataset", "collate_batch"]
 
@@ -105,6 +106,15 @@ class CachedImageDataset(Dataset):
             DataLoader's workers, at most 4); ``"none"`` makes batches carry the stored JPEGs undecoded
             (:class:`~loaders.encoded.EncodedImages`) for ``device_loader(..., decode="cuda")``, which sets
             it. Raw caches have nothing to decode and ignore both.
+        crop: crop in the loader's workers (``loaders.worker_crop``): a
+            :class:`~loaders.worker_crop.RandomResizedCrop` (train) or :class:`~loaders.worker_crop.CenterCrop`
+            (eval). Each sample is cropped inside its valid box and resized straight into the batch, which is
+            then uint8 (B, size, size, 3): the device side only normalizes. Boxes and flips are a pure function
+            of (``seed``, epoch, sample index); set the epoch with :meth:`set_epoch` (or an
+            :class:`~loaders.worker_crop.EpochSampler`) and the output size with :meth:`set_resolution`.
+        flip: with a ``RandomResizedCrop``, mirror each sample left-right with probability 0.5
+            (``True``) or the given probability.
+        seed: the seed of the crop boxes and flips.
 
     Opening validates the manifest and every shard header (named errors from ``cachebuild.errors``:
     ``CacheNotFoundError``, ``UnsupportedFormatError``, ``CacheCorruptError``) and then closes the files.
@@ -125,6 +135,9 @@ class CachedImageDataset(Dataset):
         expect_fingerprint: str | None = None,
         decode: str = "cpu",
         decode_threads: int | None = None,
+        crop: CropSpec | None = None,
+        flip: bool | float = False,
+        seed: int = 0,
     ) -> None:
         if decode not in ("cpu", "none"):
             raise ValueError(f"decode must be 'cpu' or 'none', got {decode!r}")
@@ -158,10 +171,77 @@ class CachedImageDataset(Dataset):
         self._shared: torch.Tensor | None = None
         self._ring: WorkerRing | None = None  # per worker process, made on its first batch
         self._ring_failed = False  # shared memory refused (small /dev/shm): fresh batches in this process
+        self.set_crop(crop, flip, seed)
         if in_memory == "auto":
             in_memory = self.nbytes <= auto_budget(memory_budget)
         if in_memory:
             self._shared = load_shared(self)
+
+    def set_crop(self, crop: CropSpec | None, flip: bool | float = False, seed: int = 0) -> None:
+        """Set (or clear, with None) the constructor's ``crop``, ``flip`` and ``seed``; before making loaders."""
+        if crop is not None and not isinstance(crop, (RandomResizedCrop, CenterCrop)):
+            raise TypeError(f"crop must be a loaders.worker_crop RandomResizedCrop or CenterCrop, got {crop!r} "
+                            "(the device transforms of loaders.transforms run on the batch, not here)")
+        flip_p = 0.5 if flip is True else float(flip)
+        if not 0.0 <= flip_p <= 1.0:
+            raise ValueError(f"flip must be a bool or a probability in [0, 1], got {flip!r}")
+        if flip_p and not isinstance(crop, RandomResizedCrop):
+            raise ValueError("flip needs crop=RandomResizedCrop(...): eval crops do not flip")
+        self.crop = crop
+        self.flip_p = flip_p
+        self.crop_seed = int(seed)
+        self._control = CropControl(_size2(crop.size)) if crop is not None else None
+
+    # ------------------------------------------------------------------ crop in the workers
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the crop boxes and flips are drawn for (seen by persistent workers at their next batch)."""
+        if self._control is not None:
+            self._control.set(epoch=int(epoch))
+
+    def set_resolution(self, size: int | Sequence[int]) -> None:
+        """Output size of the crop from the next batch on (progressive resizing); call between epochs."""
+        if self._control is None:
+            raise ValueError("set_resolution needs a dataset made with crop=RandomResizedCrop(...) or CenterCrop(...)")
+        self._control.set(size=_size2(size))
+
+    @property
+    def resolution(self) -> tuple[int, int] | None:
+        """(h, w) of the batches' images under ``crop``; None without one."""
+        return None if self._control is None else self._control.size
+
+    @property
+    def output_shape(self) -> tuple[int, int, int]:
+        """(H, W, 3) of a sample as batches carry it: the crop size under ``crop``, else :attr:`shape`."""
+        if self._control is None:
+            return self.shape
+        return (*self._control.size, 3)
+
+    def gather_cropped(self, indices: Sequence[int] | np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Samples ``indices`` cropped (``crop``) into ``out`` uint8 (B, h, w, 3); the size is ``out``'s."""
+        if self.crop is None or self._control is None:
+            raise ValueError("gather_cropped needs a dataset made with crop=...")
+        idx = self._indices(indices)
+        if out.ndim != 4 or out.shape[0] != len(idx) or out.shape[3] != 3 or out.dtype != np.uint8:
+            raise ValueError(f"out must be uint8[{len(idx)}, h, w, 3], got {out.dtype}{list(out.shape)}")
+        if not out.flags.c_contiguous:
+            raise ValueError("out must be C-contiguous")
+        if len(idx) == 0:
+            return out
+        self._check_process()
+        shared = self._shared.numpy() if self._shared is not None else None
+        gather_cropped(self._images, shared, self.shape, idx, self._boxes_at(idx), self.crop,
+                       self.flip_p, self.crop_seed, self._control.epoch, out)
+        return out
+
+    def load_batch(self, idx: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """What a batch holds: :meth:`gather_cropped` under ``crop``, else :meth:`gather`."""
+        return self.gather(idx, out) if self.crop is None else self.gather_cropped(idx, out)
+
+    def _boxes_out(self, idx: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        """Boxes a batch carries: the stored valid boxes, or the whole output once cropped inside them."""
+        if self.crop is None:
+            return self._boxes_at(idx)
+        return np.tile(np.array([0, 0, shape[1], shape[2]], dtype=np.int32), (len(idx), 1))
 
     # ------------------------------------------------------------------ metadata
     def __len__(self) -> int:
@@ -336,12 +416,15 @@ class CachedImageDataset(Dataset):
         if not -len(self) <= i < len(self):
             raise IndexError(f"sample index {i} is out of range for a cache of {len(self)} samples")
         i %= len(self)
-        img: Any = torch.from_numpy(self.gather([i])[0])
+        if self.crop is None:
+            img: Any = torch.from_numpy(self.gather([i])[0])
+        else:
+            img = torch.from_numpy(self.gather_cropped([i], np.empty((1, *self.output_shape), np.uint8))[0])
         if self.transform is not None:
             img = self.transform(img)
         label = int(self._labels[i])
         if self.return_boxes:
-            return img, label, torch.from_numpy(self._boxes_at(np.array([i]))[0])
+            return img, label, torch.from_numpy(self._boxes_out(np.array([i]), (1, *img.shape))[0])
         return img, label
 
     def __getitems__(self, indices: Sequence[int]) -> CacheBatch | list[tuple[Any, ...]]:
@@ -350,16 +433,17 @@ class CachedImageDataset(Dataset):
         With a ``transform`` it returns per-sample tuples instead, for ``default_collate`` to stack.
         """
         idx = self._indices(indices)
-        shape = (len(idx), *self.shape)
+        shape = (len(idx), *self.output_shape)
         worker = _in_worker()
-        if self.decode == "none" and self._images.encoded and self.transform is None and self._shared is None:
+        if (self.decode == "none" and self._images.encoded and self.transform is None and self._shared is None
+                and self.crop is None):
             return self._encoded_batch(idx, worker)
         images = self._slot(shape) if worker and self.transform is None and self.ring_slots else None
         if images is None:
             images = _new_uint8(shape, shared=worker)
-        self.gather(idx, out=_as_writable_numpy(images))
+        self.load_batch(idx, _as_writable_numpy(images))
         labels = torch.from_numpy(self._labels[idx])
-        boxes = torch.from_numpy(self._boxes_at(idx)) if self.return_boxes else None
+        boxes = torch.from_numpy(self._boxes_out(idx, shape)) if self.return_boxes else None
         if worker and self.ring_slots:  # small tensors by value: no shared-memory segment per batch
             labels = labels.as_subclass(InlineTensor)
             boxes = None if boxes is None else boxes.as_subclass(InlineTensor)

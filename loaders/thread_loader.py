@@ -134,7 +134,8 @@ class ThreadLoader:
     indices; without one, ``shuffle`` draws a permutation from ``seed`` and a counter of epochs.
 
     A CPU batch's buffer is reused for a later batch only once no tensor references it any more, so
-    keeping a batch is safe. ``dataset.transform`` is not applied (this is the raw fast path).
+    keeping a batch is safe. ``dataset.transform`` is not applied (this is the raw fast path); a
+    ``dataset.crop`` is, by the gathering threads, into buffers of the crop's size.
     """
 
     def __init__(
@@ -165,7 +166,7 @@ class ThreadLoader:
         self.prefetch = int(prefetch)
         self.pin_memory = pin_memory
         self._epochs = 0
-        self._pool = _BufferPool((self.batch_size, *dataset.shape))
+        self._pool = _BufferPool((self.batch_size, *dataset.output_shape))
 
     def _indices(self) -> np.ndarray:
         if self.sampler is not None:
@@ -183,17 +184,20 @@ class ThreadLoader:
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def _out(self, b: int) -> torch.Tensor:
+        shape = self.dataset.output_shape  # a crop's size may change between epochs (set_resolution)
         if self.pin_memory:
-            return torch.empty((b, *self.dataset.shape), dtype=torch.uint8, pin_memory=True)
+            return torch.empty((b, *shape), dtype=torch.uint8, pin_memory=True)
+        if self._pool.shape[1:] != shape:
+            self._pool = _BufferPool((self.batch_size, *shape))  # batches still held keep the old buffers
         # the short last batch too: a fresh one would be page faults and zeroing, ~10% of a raw epoch
         return torch.from_numpy(self._pool.acquire()[:b])
 
     def _load(self, idx: np.ndarray, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ds = self.dataset
-        ds.gather(idx, out=images.numpy())
+        ds.load_batch(idx, images.numpy())  # dataset.crop: cropped into the buffer by this thread
         labels = torch.from_numpy(ds.labels[idx])
         if ds.return_boxes:
-            return images, labels, torch.from_numpy(ds._boxes_at(idx))
+            return images, labels, torch.from_numpy(ds._boxes_out(idx, tuple(images.shape)))
         return images, labels
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:

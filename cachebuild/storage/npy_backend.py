@@ -123,6 +123,9 @@ class NpyImages(ImageStore):
     def gather(self, idx: np.ndarray, out: np.ndarray) -> None:
         self.rows.gather(idx, out)
 
+    def local_rows(self, idx: np.ndarray) -> list[np.ndarray] | None:
+        return self.rows.local_rows(idx)
+
     def verify(self) -> list[str]:
         problems = []
         for s in self.manifest.shards:

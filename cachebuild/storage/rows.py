@@ -190,6 +190,14 @@ class RowFiles(ShardHandles):
                 current, arr = k, self._handle(k)
             out[pos] = arr[i]  # type: ignore[index]
 
+    def local_rows(self, idx: np.ndarray) -> list[np.ndarray] | None:
+        """Read-only views of rows ``idx`` over their memory maps (no copy), or None when not local (a crop in the
+        loader's workers then resizes straight from the stored bytes)."""
+        if not self.location.is_local:
+            return None
+        seg_of = np.searchsorted(self.starts, idx, side="right") - 1
+        return [self._handle(k)[i - self.starts[k]] for k, i in zip(seg_of.tolist(), idx.tolist(), strict=True)]
+
     def _gather_remote(self, sorted_idx: np.ndarray, order: np.ndarray, seg_of: np.ndarray, out: np.ndarray) -> None:
         bounds = np.flatnonzero(np.diff(seg_of)) + 1
         flat = out.reshape(len(out), -1)

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from cachebuild.errors import CacheBuildError, OptionError
-from loaders.train.config import AMP_CHOICES, AUGMENTS, IN_MEMORY, LOADERS, OPTIMIZERS, TrainConfig
+from loaders.train.config import AMP_CHOICES, AUGMENT_IN, AUGMENTS, IN_MEMORY, LOADERS, OPTIMIZERS, TrainConfig
 
 __all__ = ["main", "train"]
 
@@ -66,6 +66,14 @@ def _check_model(ctx: click.Context, param: click.Parameter, value: str) -> str:
               help="Device transform preset; auto: cifar for 32x32 caches, else imagenet (RandomResizedCrop).")
 @click.option("--crop", type=click.IntRange(min=8), default=_default("crop"),
               help="Train/eval resolution [default: the cache's image size].")
+@click.option("--augment-in", type=click.Choice(AUGMENT_IN), default=_default("augment_in"),
+              help="Where the preset's crop, resize and flip run: device (on the batch) or workers (per sample, "
+                   "in the loader's workers/threads, straight into a batch of the crop's size; the device only "
+                   "normalizes). imagenet and none presets.")
+@click.option("--progressive", default=_default("progressive"), metavar="LOW:HIGH[:START:END]",
+              help="Progressive resizing (needs --augment-in workers): train at LOW px until epoch START, then "
+                   "rise to HIGH px at epoch END (multiples of 8) [START, END default: 0 and the last epoch]. "
+                   "Evaluation stays at --crop.")
 @click.option("--workers", type=click.IntRange(min=0), default=_default("workers"),
               help="DataLoader worker processes (--loader dataloader) or ThreadLoader threads (--loader threads).")
 @click.option("--loader", type=click.Choice(LOADERS), default=_default("loader"),
@@ -95,6 +103,7 @@ def train(
     cache: str, val: str | None, out: str, model: str, epochs: int, batch_size: int, accum: int, amp: str,
     lr: float, optimizer: str, momentum: float, weight_decay: float, warmup_epochs: float,
     label_smoothing: float, mixup: float, cutmix: float, clip_grad: float | None, augment: str, crop: int | None,
+    augment_in: str, progressive: str | None,
     workers: int, loader: str, in_memory: str, device: str, seed: int, compile_: bool, deterministic: bool,
     log_every: int, ckpt_every: int, resume: bool, overwrite: bool, progress: bool | None, stop_after_steps: int | None,
 ) -> None:
@@ -121,7 +130,8 @@ def train(
             amp=amp, lr=lr, optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,
             warmup_epochs=warmup_epochs, label_smoothing=label_smoothing, mixup=mixup, cutmix=cutmix,
             clip_grad=clip_grad, augment=augment,
-            crop=crop, workers=workers, loader=loader, in_memory=in_memory, device=device, seed=seed,
+            crop=crop, augment_in=augment_in, progressive=progressive,
+            workers=workers, loader=loader, in_memory=in_memory, device=device, seed=seed,
             compile=compile_, deterministic=deterministic, log_every=log_every, ckpt_every=ckpt_every,
             resume=resume, overwrite=overwrite, progress=progress, stop_after_steps=stop_after_steps,
         )

@@ -23,6 +23,7 @@ from cachebuild.options import (
 __all__ = [
     "AMP_CHOICES",
     "AUGMENTS",
+    "AUGMENT_IN",
     "IN_MEMORY",
     "LOADERS",
     "OPTIMIZERS",
@@ -32,6 +33,9 @@ __all__ = [
 
 AMP_CHOICES: tuple[str, ...] = ("auto", "bf16", "fp16", "off")
 AUGMENTS: tuple[str, ...] = ("auto", "imagenet", "cifar", "none")
+# Where the preset's crop + resize + flip run: "device" on the batch (loaders.transforms), "workers" per sample
+# in the loader's workers or threads, straight into a batch of the crop's size (loaders.worker_crop).
+AUGMENT_IN: tuple[str, ...] = ("device", "workers")
 IN_MEMORY: tuple[str, ...] = ("auto", "yes", "no")
 # "threads": a ThreadLoader (loaders.thread_loader) gathers batches in threads of the training process;
 # "dataloader": torch's DataLoader with worker processes; "auto": threads on CPU, dataloader on CUDA.
@@ -72,6 +76,10 @@ class TrainConfig:
     clip_grad: float | None = None
     augment: str = "auto"
     crop: int | None = None  # training/eval resolution; default: the cache's image size
+    augment_in: str = "device"  # one of AUGMENT_IN
+    # "A:B[:START:END]": train at A px until epoch START, then up to B px at epoch END (default: 0 and the
+    # last epoch); needs augment_in "workers". Evaluation stays at `crop`.
+    progressive: str | None = None
     workers: int = 2  # DataLoader worker processes, or ThreadLoader threads
     loader: str = "auto"  # one of LOADERS
     in_memory: str = "auto"
@@ -110,6 +118,11 @@ class TrainConfig:
         parse_float("clip_grad", self.clip_grad, 0, min_open=True, optional=True)
         parse_choice("augment", self.augment, AUGMENTS)
         parse_int("crop", self.crop, 8, optional=True)
+        parse_choice("augment_in", self.augment_in, AUGMENT_IN)
+        if self.progressive is not None:
+            self.progressive_schedule()  # checks it
+            if self.augment_in != "workers":
+                raise OptionError("progressive resizing crops in the loader's workers: add --augment-in workers")
         parse_int("workers", self.workers, 0)
         parse_choice("loader", self.loader, LOADERS)
         parse_choice("in_memory", self.in_memory, IN_MEMORY)
@@ -125,6 +138,24 @@ class TrainConfig:
         parse_int("ckpt_every", self.ckpt_every, 0)
         parse_optional_bool("progress", self.progress)
         parse_int("stop_after_steps", self.stop_after_steps, 1, optional=True)
+
+    def progressive_schedule(self) -> tuple[int, int, int, int] | None:
+        """``progressive`` as (low, high, start epoch, end epoch), or None; OptionError when malformed."""
+        if self.progressive is None:
+            return None
+        parts = str(self.progressive).split(":")
+        try:
+            vals = [int(p) for p in parts]
+        except ValueError:
+            vals = []
+        if len(vals) not in (2, 4):
+            raise OptionError(f"progressive must be LOW:HIGH or LOW:HIGH:START:END (integers), "
+                              f"got {self.progressive!r}")
+        low, high = vals[0], vals[1]
+        start, end = (vals[2], vals[3]) if len(vals) == 4 else (0, max(self.epochs - 1, 0))
+        if not 8 <= low <= high or not 0 <= start <= end:
+            raise OptionError(f"progressive {self.progressive!r}: need 8 <= LOW <= HIGH and 0 <= START <= END")
+        return low, high, start, end
 
     def check(self) -> None:
         """Kept for callers of earlier releases: every value is checked when the config is made."""

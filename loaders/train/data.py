@@ -14,7 +14,7 @@ from loaders.train.config import TrainConfig, TrainSetupError
 from loaders.train.distributed import DistInfo
 from loaders.train.loop import BatchTransform
 
-__all__ = ["TrainData", "build_data", "make_loader", "mixing", "on_device", "transforms_for"]
+__all__ = ["TrainData", "build_data", "crop_in_workers", "make_loader", "mixing", "on_device", "transforms_for"]
 
 
 @dataclass
@@ -46,6 +46,27 @@ def transforms_for(augment: str, crop: int) -> tuple[Any, Any]:
     if augment == "none":  # deterministic: the eval pipeline for training too (tests, debugging)
         return ev, ev
     return T.imagenet_train(crop), ev
+
+
+def crop_in_workers(cfg: TrainConfig, augment: str, crop: int, train_ds: Any, val_ds: Any | None) -> tuple[Any, Any]:
+    """``--augment-in workers``: the preset's crops set on the datasets (loaders.worker_crop), and the device
+    transforms that are left (normalize only). Batches then hold only valid pixels: no boxes travel."""
+    from loaders import transforms as T
+    from loaders.worker_crop import CenterCrop, RandomResizedCrop
+
+    if augment == "cifar":
+        raise TrainSetupError("--augment-in workers runs the imagenet (RandomResizedCrop) and none presets; "
+                              "cifar's padded crop runs on the device: use --augment-in device")
+    if augment == "none":
+        train_ds.set_crop(CenterCrop(crop))
+    else:
+        train_ds.set_crop(RandomResizedCrop(crop), flip=True, seed=cfg.seed)
+    train_ds.return_boxes = False
+    if val_ds is not None:
+        val_ds.set_crop(CenterCrop(crop))
+        val_ds.return_boxes = False
+    norm = T.Normalize(T.IMAGENET_MEAN, T.IMAGENET_STD)
+    return norm, norm
 
 
 def _open_caches(cfg: TrainConfig) -> tuple[Any, Any | None]:
@@ -95,19 +116,27 @@ def _resolution(cfg: TrainConfig, shape: tuple[int, int, int], val_ds: Any | Non
 
 def build_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
     """Open the caches and make the sampler, loaders and device transforms of the run."""
-    from loaders.sampler import CacheSampler
+    from loaders.worker_crop import EpochSampler, progressive
 
     train_ds, val_ds = _open_caches(cfg)
     h, w, c = (int(s) for s in train_ds.shape)
     shape = (h, w, c)
     augment, crop, notes = _resolution(cfg, shape, val_ds)
-    train_tf, eval_tf = transforms_for(augment, crop)
+    if cfg.augment_in == "workers":
+        train_tf, eval_tf = crop_in_workers(cfg, augment, crop, train_ds, val_ds)
+    else:
+        train_tf, eval_tf = transforms_for(augment, crop)
+    ramp = cfg.progressive_schedule()
+    schedule = progressive(*ramp, step=8) if ramp is not None else None
+    if ramp is not None:
+        notes.append(f"progressive resizing: {ramp[0]} px until epoch {ramp[2]}, {ramp[1]} px from epoch {ramp[3]}")
     if hasattr(train_tf, "to"):
         train_tf = train_tf.to(info.device)
         eval_tf = eval_tf.to(info.device)
 
     kind = cfg.loader if cfg.loader != "auto" else ("threads" if info.device.type == "cpu" else "dataloader")
-    sampler = CacheSampler(train_ds, shuffle=True, seed=cfg.seed, num_replicas=info.world_size,
+    # set_epoch also sets the crop epoch (and the schedule's size) of a dataset that crops in the workers
+    sampler = EpochSampler(train_ds, schedule=schedule, shuffle=True, seed=cfg.seed, num_replicas=info.world_size,
                            rank=info.rank, drop_last=False)
     # Evaluation shards without padding (each sample counted once when the counts are summed).
     val_idx = list(range(info.rank, len(val_ds), info.world_size)) if val_ds is not None else []
