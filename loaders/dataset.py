@@ -41,9 +41,10 @@ from cachebuild.storage.replacement import ReaderLock
 from cachebuild.storage.side_arrays import load_paths
 from loaders.batch_ring import MAX_SLOTS, InlineTensor, WorkerRing, rings_fit
 from loaders.collate import CacheBatch, collate_batch
+from loaders.dataset_crop import WorkerCropMixin
 from loaders.encoded import EncodedImages
 from loaders.shared_memory import auto_budget, load_shared, shared_uint8
-from loaders.worker_crop import CenterCrop, CropControl, CropSpec, RandomResizedCrop, _size2, gather_cropped
+from loaders.worker_crop import CropSpec
 
 __all__ = ["CacheBatch", "CachedImageDataset", "collate_batch"]
 
@@ -70,7 +71,7 @@ def _as_writable_numpy(t: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
-class CachedImageDataset(Dataset):
+class CachedImageDataset(WorkerCropMixin, Dataset):
     """A cachebuild cache as a map-style dataset: ``ds[i] -> (uint8 HWC tensor, int label[, box])``.
 
     Args:
@@ -176,72 +177,6 @@ class CachedImageDataset(Dataset):
             in_memory = self.nbytes <= auto_budget(memory_budget)
         if in_memory:
             self._shared = load_shared(self)
-
-    def set_crop(self, crop: CropSpec | None, flip: bool | float = False, seed: int = 0) -> None:
-        """Set (or clear, with None) the constructor's ``crop``, ``flip`` and ``seed``; before making loaders."""
-        if crop is not None and not isinstance(crop, (RandomResizedCrop, CenterCrop)):
-            raise TypeError(f"crop must be a loaders.worker_crop RandomResizedCrop or CenterCrop, got {crop!r} "
-                            "(the device transforms of loaders.transforms run on the batch, not here)")
-        flip_p = 0.5 if flip is True else float(flip)
-        if not 0.0 <= flip_p <= 1.0:
-            raise ValueError(f"flip must be a bool or a probability in [0, 1], got {flip!r}")
-        if flip_p and not isinstance(crop, RandomResizedCrop):
-            raise ValueError("flip needs crop=RandomResizedCrop(...): eval crops do not flip")
-        self.crop = crop
-        self.flip_p = flip_p
-        self.crop_seed = int(seed)
-        self._control = CropControl(_size2(crop.size)) if crop is not None else None
-
-    # ------------------------------------------------------------------ crop in the workers
-    def set_epoch(self, epoch: int) -> None:
-        """The epoch the crop boxes and flips are drawn for (seen by persistent workers at their next batch)."""
-        if self._control is not None:
-            self._control.set(epoch=int(epoch))
-
-    def set_resolution(self, size: int | Sequence[int]) -> None:
-        """Output size of the crop from the next batch on (progressive resizing); call between epochs."""
-        if self._control is None:
-            raise ValueError("set_resolution needs a dataset made with crop=RandomResizedCrop(...) or CenterCrop(...)")
-        self._control.set(size=_size2(size))
-
-    @property
-    def resolution(self) -> tuple[int, int] | None:
-        """(h, w) of the batches' images under ``crop``; None without one."""
-        return None if self._control is None else self._control.size
-
-    @property
-    def output_shape(self) -> tuple[int, int, int]:
-        """(H, W, 3) of a sample as batches carry it: the crop size under ``crop``, else :attr:`shape`."""
-        if self._control is None:
-            return self.shape
-        return (*self._control.size, 3)
-
-    def gather_cropped(self, indices: Sequence[int] | np.ndarray, out: np.ndarray) -> np.ndarray:
-        """Samples ``indices`` cropped (``crop``) into ``out`` uint8 (B, h, w, 3); the size is ``out``'s."""
-        if self.crop is None or self._control is None:
-            raise ValueError("gather_cropped needs a dataset made with crop=...")
-        idx = self._indices(indices)
-        if out.ndim != 4 or out.shape[0] != len(idx) or out.shape[3] != 3 or out.dtype != np.uint8:
-            raise ValueError(f"out must be uint8[{len(idx)}, h, w, 3], got {out.dtype}{list(out.shape)}")
-        if not out.flags.c_contiguous:
-            raise ValueError("out must be C-contiguous")
-        if len(idx) == 0:
-            return out
-        self._check_process()
-        shared = self._shared.numpy() if self._shared is not None else None
-        gather_cropped(self._images, shared, self.shape, idx, self._boxes_at(idx), self.crop,
-                       self.flip_p, self.crop_seed, self._control.epoch, out)
-        return out
-
-    def load_batch(self, idx: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """What a batch holds: :meth:`gather_cropped` under ``crop``, else :meth:`gather`."""
-        return self.gather(idx, out) if self.crop is None else self.gather_cropped(idx, out)
-
-    def _boxes_out(self, idx: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-        """Boxes a batch carries: the stored valid boxes, or the whole output once cropped inside them."""
-        if self.crop is None:
-            return self._boxes_at(idx)
-        return np.tile(np.array([0, 0, shape[1], shape[2]], dtype=np.int32), (len(idx), 1))
 
     # ------------------------------------------------------------------ metadata
     def __len__(self) -> int:

@@ -12,7 +12,6 @@ import pytest
 import torch
 import torchvision.transforms as T
 import torchvision.transforms.v2.functional as TVF
-from scipy.stats import ks_2samp
 from torch import Tensor
 
 from loaders.transforms import (
@@ -33,6 +32,7 @@ from loaders.transforms import (
     imagenet_train,
 )
 from loaders.transforms import functional as TF
+from tests.box_checks import assert_same_distribution, torchvision_boxes
 
 
 def make_images(n: int, h: int, w: int, dtype: torch.dtype = torch.uint8, device: str = "cpu", seed: int = 0) -> Tensor:
@@ -339,29 +339,6 @@ def test_fused_flip_is_per_sample() -> None:
     assert len({tuple(o) for o in offsets.tolist()}) == 81 and _binomial_ok(int(cflips.sum()), 1024, 0.5)
 
 
-def _torchvision_boxes(h: int, w: int, n: int, seed: int) -> Tensor:
-    torch.manual_seed(seed)
-    img = torch.empty(3, h, w)
-    return torch.tensor([T.RandomResizedCrop.get_params(img, [0.08, 1.0], [3 / 4, 4 / 3]) for _ in range(n)])
-
-
-def _stats(boxes: Tensor, h: int, w: int) -> dict[str, Tensor]:
-    b = boxes.double()
-    return {
-        "scale": b[:, 2] * b[:, 3] / (h * w),
-        "log_ratio": torch.log(b[:, 3] / b[:, 2]),
-        "top": b[:, 0] / (h - b[:, 2] + 1),
-        "left": b[:, 1] / (w - b[:, 3] + 1),
-    }
-
-
-def _assert_same_distribution(ours: Tensor, theirs: Tensor, h: int, w: int) -> None:
-    so, st = _stats(ours, h, w), _stats(theirs, h, w)
-    for key in so:
-        p = ks_2samp(so[key].numpy(), st[key].numpy()).pvalue
-        assert p > 0.01, f"{key}: KS p-value {p:.3g} for a {h}x{w} image"
-
-
 # (50, 1000): the 10 tries mostly fail and the centre-crop fallback (too wide) triggers.
 @pytest.mark.parametrize(
     "hw",
@@ -375,12 +352,12 @@ def _assert_same_distribution(ours: Tensor, theirs: Tensor, h: int, w: int) -> N
 def test_rrc_distribution_matches_torchvision(hw: tuple[int, int]) -> None:
     h, w = hw
     n = 20_000
-    theirs = _torchvision_boxes(h, w, n, seed=0)
+    theirs = torchvision_boxes(h, w, n, seed=0)
     images = torch.empty(1, 3, h, w, dtype=torch.uint8).expand(n, -1, -1, -1)  # only the shape is read
     ours, _ = RandomResizedCrop(224, generator=torch.Generator().manual_seed(0)).get_params(images)
     assert bool((ours[:, 0] >= 0).all() and (ours[:, 0] + ours[:, 2] <= h).all())
     assert bool((ours[:, 1] >= 0).all() and (ours[:, 1] + ours[:, 3] <= w).all())
-    _assert_same_distribution(ours, theirs, h, w)
+    assert_same_distribution(ours, theirs, h, w)
 
 
 def test_rrc_draws_inside_valid_boxes() -> None:
@@ -392,7 +369,7 @@ def test_rrc_draws_inside_valid_boxes() -> None:
     assert bool((crops[:, 0] >= boxes[:, 0]).all() and (crops[:, 0] + crops[:, 2] <= boxes[:, 2]).all())
     assert bool((crops[:, 1] >= boxes[:, 1]).all() and (crops[:, 1] + crops[:, 3] <= boxes[:, 3]).all())
     first = crops[0::2] - torch.tensor([8, 0, 0, 0])  # box-local coords of a 48x80 image
-    _assert_same_distribution(first, _torchvision_boxes(48, 80, 5_000, seed=1), 48, 80)
+    assert_same_distribution(first, torchvision_boxes(48, 80, 5_000, seed=1), 48, 80)
     # preset path: boxes flow through Compose to the crop. Outside its box every sample is white, inside
     # black: a crop that strayed outside (boxes dropped on the way) would carry white into the output.
     padded = torch.full((8, 64, 80, 3), 255, dtype=torch.uint8)

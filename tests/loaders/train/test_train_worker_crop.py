@@ -17,7 +17,7 @@ from loaders.train.cli import train
 from loaders.train.config import TrainConfig, TrainSetupError
 from loaders.train.data import build_data
 from loaders.train.distributed import DistInfo
-from tests.test_train_cli import CLASSES, _colour_images
+from tests.train_fixtures import CLASSES, _colour_images
 
 CPU = DistInfo(0, 1, 0, torch.device("cpu"))
 

@@ -26,9 +26,9 @@ from loaders.worker_crop import (
     resize_into,
     uniforms,
 )
+from tests.box_checks import assert_same_distribution, torchvision_boxes
 from tests.compact_fixtures import jpeg_index_cache
 from tests.loaders_fixtures import make_cache
-from tests.test_transforms import _assert_same_distribution, _torchvision_boxes
 
 H, W = 40, 48
 BOXES = [(0, 0, 40, 48), (5, 7, 12, 9), (20, 10, 20, 38), (3, 0, 30, 48), (0, 17, 40, 5)]
@@ -72,7 +72,7 @@ def test_box_distribution_matches_torchvision(hw: tuple[int, int]) -> None:
     ours, flips = draw_crops(RandomResizedCrop(224), boxes, (h, w), uniforms(3, 0, idx), 0.5)
     assert (ours[:, 0] >= 0).all() and (ours[:, 0] + ours[:, 2] <= h).all()
     assert (ours[:, 1] >= 0).all() and (ours[:, 1] + ours[:, 3] <= w).all()
-    _assert_same_distribution(torch.from_numpy(ours), _torchvision_boxes(h, w, n, seed=0), h, w)
+    assert_same_distribution(torch.from_numpy(ours), torchvision_boxes(h, w, n, seed=0), h, w)
     assert abs(flips.mean() - 0.5) < 0.02
 
 
@@ -83,7 +83,7 @@ def test_boxes_stay_inside_valid_boxes_and_keep_the_distribution() -> None:
     assert (crops[:, 0] >= boxes[:, 0]).all() and (crops[:, 0] + crops[:, 2] <= boxes[:, 2]).all()
     assert (crops[:, 1] >= boxes[:, 1]).all() and (crops[:, 1] + crops[:, 3] <= boxes[:, 3]).all()
     first = torch.from_numpy(crops[0::2] - np.array([8, 0, 0, 0]))
-    _assert_same_distribution(first, _torchvision_boxes(48, 80, 5_000, seed=1), 48, 80)
+    assert_same_distribution(first, torchvision_boxes(48, 80, 5_000, seed=1), 48, 80)
 
 
 def test_uniforms_are_keyed_by_seed_epoch_and_index_only() -> None:
