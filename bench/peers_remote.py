@@ -4,8 +4,8 @@ server (moto, in a process of its own on 127.0.0.1, so neither contender's proce
 Each contender reads its own build of the same files from ``s3://bench/<name>`` into a fresh local folder:
 cachebuild ``CachedImageDataset(url, local_cache=DIR)`` (its block cache) through a DataLoader with
 collate_batch, Streaming ``StreamingDataset(remote=url, local=DIR)`` through its StreamingDataLoader; same
-batch, same workers, workers started each epoch for both. Epoch 1 is cold (every byte fetched), the
-others warm (read from the local folder); both figures are whole epochs, start-up included.
+batch, same workers, persistent for both. Epoch 1 is cold (every byte fetched, the workers' start-up
+included), the others warm (read from the local folder).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def _cachebuild_epochs(url: str, cfg: dict[str, Any], epochs: int, local: Path) 
     ds = CachedImageDataset(url, local_cache=local)
     sampler = CacheSampler(ds, shuffle=True, seed=0)
     dl = DataLoader(ds, batch_size=cfg["batch"], sampler=sampler, num_workers=cfg["workers"],
-                    collate_fn=collate_batch)
+                    collate_fn=collate_batch, persistent_workers=cfg["workers"] > 0)
     rates = []
     for e in range(epochs):
         sampler.set_epoch(e)

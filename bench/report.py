@@ -192,7 +192,7 @@ def write_markdown(res: dict[str, Any], folder: Path) -> Path:
     if remote:
         lines += [f"## Load from S3 (loopback moto server): batch {remote['batch']}, {remote['workers']} workers, "
                   f"{remote['epochs']} epochs", "", "Epoch 1 fetches every byte (cold); the others read the local "
-                  "folder each filled (warm). Whole epochs, worker start-up included, for both.", "",
+                  "folder each filled (warm). Workers persistent for both: the cold epoch includes their start-up.", "",
                   "| contender | cold epoch img/s | warm epochs img/s, median (min-max) |", "|---|---:|---:|"]
         for r in remote["rows"].values():
             lines.append(f"| {r['label']} | {r['cold_img_s']:,.0f} | {_mmm(r['warm_img_s'])} |")

@@ -63,7 +63,8 @@ def _dataset(a, **where):
 def _loader(a, ds):
     from streaming import StreamingDataLoader
 
-    return StreamingDataLoader(ds, batch_size=a.batch, num_workers=a.workers, persistent_workers=False)
+    # workers started once, kept across epochs (as the harness's own loaders)
+    return StreamingDataLoader(ds, batch_size=a.batch, num_workers=a.workers, persistent_workers=a.workers > 0)
 
 
 def load(a) -> None:
@@ -75,15 +76,17 @@ def load(a) -> None:
         try:
             ds = _dataset(a, remote=a.remote, local=str(local))
             # epoch 1 downloads every shard (cold), the others read them from the local folder (warm)
-            answer(groups={"remote": time_epochs(lambda: _loader(a, ds), a.epochs, len(ds))})
+            dl = _loader(a, ds)
+            answer(groups={"remote": time_epochs(lambda: dl, a.epochs, len(ds))})
         finally:
             shutil.rmtree(local, ignore_errors=True)
         return
     ds = _dataset(a, local=str(a.data))
 
     def epochs_of(augmented: bool) -> list[float]:
-        _State.aug = augment(a.size) if augmented else None
-        return time_epochs(lambda: _loader(a, ds), a.epochs, len(ds))
+        _State.aug = augment(a.size) if augmented else None  # before the loader forks its workers
+        dl = _loader(a, ds)
+        return time_epochs(lambda: dl, a.epochs, len(ds))
     load_groups(a, epochs_of)
 
 
