@@ -1,6 +1,7 @@
 """cachebuild against each peer, from one results dict: one row per (table, peer contender), with the ratio
-cachebuild / peer measured in the same run. results.md and the README's peers block are both written
-from these rows, so they say the same, and a peer ahead of cachebuild is named with its margin."""
+cachebuild / peer measured in the same run (builds: within each round both ran, then the median).
+results.md and the README's peers block are both written from these rows, so they say the same, and a
+peer ahead of cachebuild is named with its margin."""
 
 from __future__ import annotations
 
@@ -28,16 +29,22 @@ def comparisons(res: dict[str, Any]) -> list[dict[str, Any]]:
     """Rows: table, peer (label), peer_img_s, ours (label), ours_img_s, x (ours / peer, >1: cachebuild ahead)."""
     out: list[dict[str, Any]] = []
 
-    def add(table: str, peer: dict[str, Any], peer_rate: float, ours: dict[str, Any], ours_rate: float) -> None:
+    def add(table: str, peer: dict[str, Any], peer_rate: float, ours: dict[str, Any], ours_rate: float,
+            x: float | None = None) -> None:
+        if x is None and peer_rate:
+            x = ours_rate / peer_rate
         out.append({"table": table, "peer": peer["label"], "peer_img_s": peer_rate, "ours": ours["label"],
-                    "ours_img_s": ours_rate, "x": round(ours_rate / peer_rate, 3) if peer_rate else None})
+                    "ours_img_s": ours_rate, "x": None if x is None else round(x, 3)})
 
     build = res.get("build", {}).get("contenders", {})
     if "cachebuild_npy" in build:
         ours = build["cachebuild_npy"]
         for key, r in build.items():
             if _is_peer(key):
-                add("build", r, r["img_s"]["median"], ours, ours["img_s"]["median"])
+                # within each round both ran (a peer may run fewer rounds: the first ones), then the median
+                pairs = sorted(a / b for a, b in zip(ours["img_s"]["runs"], r["img_s"]["runs"], strict=False) if b)
+                x = (pairs[(len(pairs) - 1) // 2] + pairs[len(pairs) // 2]) / 2 if pairs else None
+                add("build", r, r["img_s"]["median"], ours, ours["img_s"]["median"], x)
     for group, rows in res.get("load", {}).get("groups", {}).items():
         best = _best_ours(rows)
         if best is None:
@@ -69,8 +76,8 @@ def peer_lines(res: dict[str, Any]) -> list[str]:
     lines.append("")
     if ahead:
         lines.append("Where a peer is ahead of cachebuild in this run: " + "; ".join(
-            f"{r['table']}: {r['peer']} by {1 / r['x']:.2f}x ({r['peer_img_s']:,.0f} against {r['ours_img_s']:,.0f} "
-            "img/s)" for r in ahead) + ".")
+            f"{r['table']}: {r['peer']} by {1 / r['x']:.2f}x (medians {r['peer_img_s']:,.0f} against "
+            f"{r['ours_img_s']:,.0f} img/s)" for r in ahead) + ".")
     else:
         lines.append("cachebuild is ahead of every peer contender measured in this run, in every table above.")
     return lines

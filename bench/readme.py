@@ -185,9 +185,11 @@ def peers_section(res: dict[str, Any], where: str) -> str:
 
     lines = [_context(res, where), "", "| peer | version | status | settings |", "|---|---|---|---|"]
     for name, p in res.get("peers", {}).items():
-        lines.append(f"| {name} | {p.get('version') or '-'} | {p['status'].split(' (')[0]} | {p['settings']} |")
+        status = re.sub(r" at /\S+", "", p["status"])  # no local paths in the README
+        lines.append(f"| {name} | {p.get('version') or '-'} | {status} | {p['settings']} |")
     lines += ["", "Each peer contender against cachebuild in this run (for loads, cachebuild's fastest loader of "
-              "that table; same files, batch, and worker or thread count):", "", *peer_lines(res)]
+              "that table; same files, batch, and worker or thread count; build ratios within each round both ran, "
+              "then the median):", "", *peer_lines(res)]
     return "\n".join(lines)
 
 

@@ -202,7 +202,8 @@ def write_markdown(res: dict[str, Any], folder: Path) -> Path:
     from bench.compare import peer_lines
 
     lines += ["## Peers side by side", "", "Each peer contender against cachebuild in the same run (for loads, "
-              "cachebuild's fastest loader of that table), same files, batch and worker or thread count.", "",
+              "cachebuild's fastest loader of that table), same files, batch and worker or thread count; build ratios "
+              "within each round both ran, then the median.", "",
               *peer_lines(res), ""]
     lines += ["## Peers", "", "| peer | version | status | settings |", "|---|---|---|---|"]
     for name, p in res.get("peers", {}).items():

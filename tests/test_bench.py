@@ -210,7 +210,8 @@ def test_the_comparison_names_a_peer_ahead_and_by_how_much(tiny_run, tmp_path: P
     rows = {r["peer"].split(",")[0]: r for r in comparisons(res)}
     assert rows["DALI CPU pipeline from the JPEGs"]["x"] == 0.5 and rows["SPDL from the JPEGs"]["x"] == 4.0
     text = "\n".join(peer_lines(res))
-    assert "ahead of cachebuild in this run: load, raw: DALI CPU pipeline from the JPEGs, 2 threads by 2.00x" in text
+    assert ("ahead of cachebuild in this run: load, raw: DALI CPU pipeline from the JPEGs, 2 threads by 2.00x "
+            "(medians") in text
     assert "SPDL from the JPEGs, 2 threads by" not in text
     # the README's peers block alone is rewritten from the folder; the others are left as they are
     run_dir = tmp_path / "run"  # a copy: the module's run folder stays as it was written
@@ -307,3 +308,19 @@ def test_a_timed_epoch_runs_with_the_harness_heap_collected_and_frozen() -> None
     n, _ = _count(epoch)
     assert n == 3 and seen and seen[0] >= len(junk)
     assert gc.get_freeze_count() == 0  # unfrozen after the epoch
+
+
+def test_the_gpu_peer_check_is_wired_and_says_what_it_skipped(tmp_path: Path) -> None:
+    """.ci/gpu-checks runs bench/gpu_peers.py (DALI nvJPEG vs device_loader(decode="cuda")); without CUDA it
+    exits 0 and its JSON names why nothing was measured."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    assert "bench/gpu_peers.py" in (root / ".ci" / "gpu-checks").read_text()
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine measures it in .ci/gpu-checks")
+    out = tmp_path / "gpu-peers.json"
+    r = subprocess.run([sys.executable, str(root / "bench" / "gpu_peers.py"), "--n", "8", "--json", str(out)],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(root)})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["skipped"] == "no CUDA device on this machine"

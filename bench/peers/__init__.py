@@ -58,7 +58,8 @@ SETTINGS = {
     "streaming": ("MosaicML Streaming: MDSWriter(columns image 'ndarray:uint8:S,S,3' + label 'int', "
                   "compression=None, size_limit='64mb'), one writer per build process then merge_index (its "
                   "parallel recipe), uint8 (size, size, 3) arrays (PIL Resize(size) + CenterCrop(size)); "
-                  "StreamingDataset(shuffle=True, batch_size) + StreamingDataLoader(batch_size, num_workers); "
+                  "StreamingDataset(shuffle=True, batch_size) + StreamingDataLoader(batch_size, num_workers, "
+                  "persistent_workers=True); "
                   "augmented: per-sample torchvision v2 RandomResizedCrop + flip + normalize in the workers; from "
                   "a URL: StreamingDataset(remote='s3://...', local=a fresh folder) on the loopback S3 server"),
     "datago": ("datago: DatagoClient, source_type 'file' over the JPEG folder (random_sampling=True, "
