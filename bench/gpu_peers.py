@@ -109,8 +109,8 @@ def main() -> None:
         tmp = Path(tempfile.mkdtemp(prefix="gpu-peers-"))
         info = write_imagenet(tmp / "src", n_classes=10, train_per_class=max(1, a.n // 10), val_per_class=0)
         plan = folder_plan(Path(info["train_dir"]), dataset="bench", split="train")
-        files = sorted((str(f), k) for k, d in enumerate(sorted(Path(info["train_dir"]).iterdir()))
-                       for f in d.iterdir())
+        classes = sorted(d for d in Path(info["train_dir"]).iterdir() if d.is_dir())
+        files = sorted((str(f), k) for k, d in enumerate(classes) for f in d.iterdir() if f.is_file())
         cache = build(plan, tmp / "jpg", BuildOptions(size=a.size, jobs=a.workers, progress=False, storage="jpeg"))
         sync = torch.cuda.synchronize
         rows = res["contenders"] = {}
