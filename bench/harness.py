@@ -100,7 +100,8 @@ def run(cfg: dict[str, Any], out: Path, work: Path, sections: tuple[str, ...], c
         py, why = peers.peer_python(name)
         status = ("skipped: peers not requested" if not cfg["peers"] else
                   "ran" if py else f"skipped: {why}")
-        res["peers"][name] = {"status": status, "settings": peers.SETTINGS[name]}
+        res["peers"][name] = {"status": status, "settings": peers.SETTINGS[name],
+                              "version": peers.peer_version(name) if status == "ran" else None}
         if status != "ran":
             log(f"peer {name}: {status}")
 
@@ -125,8 +126,14 @@ def run(cfg: dict[str, Any], out: Path, work: Path, sections: tuple[str, ...], c
             from bench.load import run_load
 
             log("== load")
-            res["load"] = run_load(cfg, src, files, outputs, log)
+            res["load"] = run_load(cfg, src, files, outputs, log, work / f"files-{cfg['n']}.json")
             save()
+            if cfg["peers"] and "streaming_raw" in outputs:
+                from bench.peers_remote import run_remote_peers
+
+                log("== load from S3 (loopback): cachebuild and Streaming, cold and warm")
+                res["load"]["remote"] = run_remote_peers(cfg, outputs, work, log)
+                save()
         if "transforms" in sections:
             from bench.transforms import run_transforms
 
@@ -175,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="results folder (default bench/results/<date>-<host>[-profile])")
     ap.add_argument("--work", type=Path, default=ROOT / "work", help="source JPEGs (kept) and build outputs")
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}")
-    ap.add_argument("--no-peers", dest="peers", action="store_false", help="skip FFCV, LitData, WebDataset")
+    ap.add_argument("--no-peers", dest="peers", action="store_false", help="skip the peers (bench/peers)")
     ap.add_argument("--no-gpu", dest="gpu", action="store_false", help="skip the CUDA section even with a GPU")
     for name in ("n", "batch", "workers", "jobs", "rounds", "epochs", "size"):
         ap.add_argument(f"--{name}", type=int, help=f"override the profile's {name}")

@@ -245,7 +245,7 @@ def _glibc_default_rows(cfg: dict[str, Any], src: Path, cache: Path, rows: dict[
 
 
 def run_load(cfg: dict[str, Any], src: Path, files: list[tuple[str, int]], outputs: dict[str, Path],
-             log: Callable[[str], None]) -> dict[str, Any]:
+             log: Callable[[str], None], files_json: Path | None = None) -> dict[str, Any]:
     n, epochs = len(files), cfg["epochs"]
     sample_bytes = cfg["size"] ** 2 * 3
     for p in outputs.values():  # every cache in the page cache
@@ -257,7 +257,7 @@ def run_load(cfg: dict[str, Any], src: Path, files: list[tuple[str, int]], outpu
     result: dict[str, Any] = {"images": n, "batch": cfg["batch"], "workers": cfg["workers"], "epochs": epochs,
                               "warmup_epochs": 1, "page_cache": "warm", "groups": {}}
     skipped: dict[str, str] = {}
-    peer_loads = peers.load_contenders(cfg, outputs, skipped)
+    peer_loads = peers.load_contenders(cfg, outputs, skipped, files_json)
     peer_epochs: dict[str, dict[str, list[float]]] = {}  # key -> group -> epochs, both from one child
     for group in ("raw", "augmented"):
         aug = group == "augmented"

@@ -1,7 +1,8 @@
-"""Write the README's performance and "ImageNet on paper" sections from one results folder, so that the
-README holds nothing the folder does not:
+"""Write the README's performance, "ImageNet on paper" and peers sections from one results folder, so that
+the README holds nothing the folder does not:
 
-    python -m bench.readme bench/results/<run> [README.md]
+    python -m bench.readme bench/results/<run> [README.md]                  # performance + imagenet
+    python -m bench.readme bench/results/<run> README.md --blocks peers     # the peers block alone
 
 Each section sits between ``<!-- bench:NAME:begin -->`` and ``<!-- bench:NAME:end -->`` markers and is
 replaced whole. Arithmetic on measured figures is shown with its inputs; estimates say so.
@@ -19,7 +20,8 @@ from typing import Any
 
 from bench.report import _mmm, _x
 
-__all__ = ["IMAGENET_TRAIN", "imagenet_section", "performance_section", "update_readme"]
+__all__ = ["BLOCKS", "IMAGENET_TRAIN", "imagenet_section", "peers_section", "performance_section",
+           "update_readme"]
 
 IMAGENET_TRAIN = 1_281_167  # ILSVRC2012 training images
 IMAGENET_VAL = 50_000
@@ -177,11 +179,29 @@ def imagenet_section(res: dict[str, Any], where: str) -> str:
     return "\n".join(lines)
 
 
-def update_readme(run_dir: Path, readme: Path) -> None:
+def peers_section(res: dict[str, Any], where: str) -> str:
+    """The peers side by side: each peer's version and settings, and every ratio cachebuild / peer of the run."""
+    from bench.compare import peer_lines
+
+    lines = [_context(res, where), "", "| peer | version | status | settings |", "|---|---|---|---|"]
+    for name, p in res.get("peers", {}).items():
+        status = re.sub(r" at /\S+", "", p["status"])  # no local paths in the README
+        lines.append(f"| {name} | {p.get('version') or '-'} | {status} | {p['settings']} |")
+    lines += ["", "Each peer contender against cachebuild in this run (for loads, cachebuild's fastest loader of "
+              "that table; same files, batch, and worker or thread count; build ratios within each round both ran, "
+              "then the median):", "", *peer_lines(res)]
+    return "\n".join(lines)
+
+
+BLOCKS = {"performance": performance_section, "imagenet": imagenet_section, "peers": peers_section}
+
+
+def update_readme(run_dir: Path, readme: Path, blocks: tuple[str, ...] = ("performance", "imagenet")) -> None:
     res = json.loads((run_dir / "results.json").read_text())
     where = _rel(run_dir, readme)
     text = readme.read_text()
-    for name, body in (("performance", performance_section(res, where)), ("imagenet", imagenet_section(res, where))):
+    for name in blocks:
+        body = BLOCKS[name](res, where)
         pattern = re.compile(rf"(<!-- bench:{name}:begin -->\n).*?(<!-- bench:{name}:end -->)", re.S)
         if not pattern.search(text):
             raise SystemExit(f"{readme} has no <!-- bench:{name}:begin --> ... end markers")
@@ -190,4 +210,12 @@ def update_readme(run_dir: Path, readme: Path) -> None:
 
 
 if __name__ == "__main__":
-    update_readme(Path(sys.argv[1]), Path(sys.argv[2]) if len(sys.argv) > 2 else Path("README.md"))
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m bench.readme", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run", type=Path)
+    ap.add_argument("readme", type=Path, nargs="?", default=Path("README.md"))
+    ap.add_argument("--blocks", default="performance,imagenet", help=f"comma-separated, of {', '.join(BLOCKS)}")
+    a = ap.parse_args(sys.argv[1:])
+    update_readme(a.run, a.readme, tuple(b.strip() for b in a.blocks.split(",") if b.strip()))

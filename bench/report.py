@@ -188,9 +188,26 @@ def write_markdown(res: dict[str, Any], folder: Path) -> Path:
     if "skipped" in gpu_res:
         lines += [f"## GPU: not measured ({gpu_res['skipped']})", ""]
     lines += _extra_sections(res)
-    lines += ["## Peers", "", "| peer | status | settings |", "|---|---|---|"]
+    remote = res.get("load", {}).get("remote")
+    if remote:
+        lines += [f"## Load from S3 (loopback moto server): batch {remote['batch']}, {remote['workers']} workers, "
+                  f"{remote['epochs']} epochs", "", "Epoch 1 fetches every byte (cold); the others read the local "
+                  "folder each filled (warm). Workers persistent for both: the cold epoch includes their start-up.", "",
+                  "| contender | cold epoch img/s | warm epochs img/s, median (min-max) |", "|---|---:|---:|"]
+        for r in remote["rows"].values():
+            lines.append(f"| {r['label']} | {r['cold_img_s']:,.0f} | {_mmm(r['warm_img_s'])} |")
+        for k, why in remote.get("skipped", {}).items():
+            lines.append(f"| {k}: not measured ({why}) | | |")
+        lines.append("")
+    from bench.compare import peer_lines
+
+    lines += ["## Peers side by side", "", "Each peer contender against cachebuild in the same run (for loads, "
+              "cachebuild's fastest loader of that table), same files, batch and worker or thread count; build ratios "
+              "within each round both ran, then the median.", "",
+              *peer_lines(res), ""]
+    lines += ["## Peers", "", "| peer | version | status | settings |", "|---|---|---|---|"]
     for name, p in res.get("peers", {}).items():
-        lines.append(f"| {name} | {p['status']} | {p['settings']} |")
+        lines.append(f"| {name} | {p.get('version') or '-'} | {p['status']} | {p['settings']} |")
     lines.append("")
     path = folder / "results.md"
     path.write_text("\n".join(lines))

@@ -26,6 +26,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--aug", default="0", help="load: 0 raw, 1 augmented, 0,1 both in this one process")
+    ap.add_argument("--remote", default=None, help="load from this URL (peers that read URLs)")
     return ap.parse_args(argv)
 
 

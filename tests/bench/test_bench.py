@@ -162,9 +162,72 @@ def test_peer_venvs_absent_are_skipped_with_the_reason(tmp_path: Path, monkeypat
     (tmp_path / "webdataset" / "bin" / "python").symlink_to(sys.executable)
     skipped.clear()
     made = peers.build_contenders(cfg, tmp_path / "files.json", skipped)
-    assert [c["key"] for c in made] == ["webdataset_raw"] and set(skipped) == {"ffcv", "litdata"}
+    assert [c["key"] for c in made] == ["webdataset_raw"] and set(skipped) == set(peers.PEERS) - {"webdataset"}
     cmd = made[0]["command"](tmp_path / "out")
     assert cmd[0] == str(tmp_path / "webdataset" / "bin" / "python") and "--workers" in cmd
+
+
+def test_peers_without_a_build_load_the_jpegs_or_our_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DALI, SPDL and datago have no writer: they load the JPEG list (DALI also our npy cache); a missing venv
+    is skipped with the reason, a missing input too."""
+    monkeypatch.setenv("BENCH_VENVS", str(tmp_path))
+    cfg = {**PROFILES["tiny"], "peers": True}
+    files, cache = tmp_path / "files.json", tmp_path / "npy"
+    skipped: dict[str, str] = {}
+    assert peers.load_contenders(cfg, {"cachebuild_npy": cache}, skipped, files) == []
+    assert {"dali", "spdl", "datago", "streaming"} <= set(skipped)
+    assert all("make bench-peers" in skipped[k] for k in ("dali", "spdl", "datago"))
+    (tmp_path / "dali" / "bin").mkdir(parents=True)
+    (tmp_path / "dali" / "bin" / "python").symlink_to(sys.executable)
+    skipped.clear()
+    made = {c["key"]: c for c in peers.load_contenders(cfg, {"cachebuild_npy": cache}, skipped, files)}
+    assert set(made) == {"dali_jpeg", "dali_cache"} and "threads" in made["dali_jpeg"]["label"]
+    jpeg, npy = made["dali_jpeg"]["command"](3), made["dali_cache"]["command"](3)
+    assert jpeg[jpeg.index("--files") + 1] == str(files) and npy[npy.index("--data") + 1] == str(cache)
+    assert npy[npy.index("--mode") + 1] == "cache" and npy[npy.index("--workers") + 1] == str(cfg["workers"])
+    skipped.clear()  # no npy cache built: the row that reads it is skipped with the reason
+    made = {c["key"]: c for c in peers.load_contenders(cfg, {}, skipped, files)}
+    assert set(made) == {"dali_jpeg"} and "cachebuild_npy" in skipped["dali_cache"]
+
+
+def test_a_missing_peer_venv_is_recorded_in_the_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BENCH_VENVS", str(tmp_path / "none"))
+    cfg = {**PROFILES["tiny"], "profile": "tiny", "peers": True, "gpu": False, "jobs": 1}
+    res = run(cfg, tmp_path / "out", tmp_path / "work", (), "test", log=lambda _m: None)
+    for name in peers.PEERS:
+        p = res["peers"][name]
+        assert p["status"] == f"skipped: no venv at {tmp_path / 'none' / name} (make bench-peers makes it)"
+        assert p["settings"] and p["version"] is None
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert "## Peers side by side" in md and "No peer measured in this run" in md and "dali" in md
+
+
+def test_the_comparison_names_a_peer_ahead_and_by_how_much(tiny_run, tmp_path: Path) -> None:
+    from bench.compare import comparisons, peer_lines
+    from bench.readme import update_readme
+
+    _, res = tiny_run
+    res = json.loads(json.dumps(res))
+    ours = res["load"]["groups"]["raw"]
+    best = max(v["img_s"]["median"] for k, v in ours.items() if k.startswith("cachebuild_"))
+    ours["dali_jpeg"] = {"label": "DALI CPU pipeline from the JPEGs, 2 threads", "img_s": summary([best * 2])}
+    ours["spdl_jpeg"] = {"label": "SPDL from the JPEGs, 2 threads", "img_s": summary([best / 4])}
+    rows = {r["peer"].split(",")[0]: r for r in comparisons(res)}
+    assert rows["DALI CPU pipeline from the JPEGs"]["x"] == 0.5 and rows["SPDL from the JPEGs"]["x"] == 4.0
+    text = "\n".join(peer_lines(res))
+    assert ("ahead of cachebuild in this run: load, raw: DALI CPU pipeline from the JPEGs, 2 threads by 2.00x "
+            "(medians") in text
+    assert "SPDL from the JPEGs, 2 threads by" not in text
+    # the README's peers block alone is rewritten from the folder; the others are left as they are
+    run_dir = tmp_path / "run"  # a copy: the module's run folder stays as it was written
+    run_dir.mkdir()
+    (run_dir / "results.json").write_text(json.dumps(res))
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- bench:performance:begin -->\nKEEP\n<!-- bench:performance:end -->\n"
+                      "<!-- bench:peers:begin -->\nOLD\n<!-- bench:peers:end -->\n")
+    update_readme(run_dir, readme, blocks=("peers",))
+    body = readme.read_text()
+    assert "KEEP" in body and "OLD" not in body and "by 2.00x" in body and "| dali | - |" in body
 
 
 def test_unknown_section_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
@@ -284,3 +347,19 @@ def test_a_timed_epoch_runs_with_the_harness_heap_collected_and_frozen() -> None
     n, _ = _count(epoch)
     assert n == 3 and seen and seen[0] >= len(junk)
     assert gc.get_freeze_count() == 0  # unfrozen after the epoch
+
+
+def test_the_gpu_peer_check_is_wired_and_says_what_it_skipped(tmp_path: Path) -> None:
+    """.ci/gpu-checks runs bench/gpu_peers.py (DALI nvJPEG vs device_loader(decode="cuda")); without CUDA it
+    exits 0 and its JSON names why nothing was measured."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    assert "bench/gpu_peers.py" in (root / ".ci" / "gpu-checks").read_text()
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine measures it in .ci/gpu-checks")
+    out = tmp_path / "gpu-peers.json"
+    r = subprocess.run([sys.executable, str(root / "bench" / "gpu_peers.py"), "--n", "8", "--json", str(out)],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(root)})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["skipped"] == "no CUDA device on this machine"
