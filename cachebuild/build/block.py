@@ -52,8 +52,10 @@ def _init_worker() -> None:
     if _WORKER_READY or multiprocessing.parent_process() is None:
         return
     import cv2
+    import torch
 
-    cv2.setNumThreads(1)  # torch, ~2 s to import, is set the same way where a resize first needs it (decode)
+    cv2.setNumThreads(1)
+    torch.set_num_threads(1)
     _WORKER_READY = True
 
 

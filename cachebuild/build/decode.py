@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import io
 import math
-import multiprocessing
 import threading
 from dataclasses import dataclass
-from typing import Any
 
 import cv2
 import numpy as np
@@ -200,23 +198,6 @@ def _reduction(h: int, w: int, spec: ResizeSpec) -> int:
     return 1
 
 
-def _torch() -> Any:
-    """torch, imported on first use: a build whose images need no antialiased downscale never pays its ~2 s
-    import in each worker. In a worker process, one thread: parallelism comes from the workers (the caller's
-    own process, ``--jobs 1``, keeps its settings)."""
-    global _TORCH
-    if _TORCH is None:
-        import torch
-
-        if multiprocessing.parent_process() is not None:
-            torch.set_num_threads(1)
-        _TORCH = torch
-    return _TORCH
-
-
-_TORCH: Any = None
-
-
 def _antialias_into(src: np.ndarray, out: np.ndarray, extent: tuple[float, float] | None = None) -> None:
     """Antialiased bilinear (PIL's resample=BILINEAR, torchvision's default) of HWC ``src`` into ``out``.
 
@@ -227,13 +208,14 @@ def _antialias_into(src: np.ndarray, out: np.ndarray, extent: tuple[float, float
     spans, when not all of ``src`` (a DCT-reduced decode, see :func:`_fit_reduced`); rows and columns
     past it only feed the filter at the far edge.
     """
-    torch = _torch()
+    import torch
+
     h, w = out.shape[:2]
     scales = (None, None) if extent is None else (h / extent[0], w / extent[1])
     x = torch.from_numpy(src[None]).permute(0, 3, 1, 2)
     if out.flags.c_contiguous:
         y = torch.from_numpy(out[None]).permute(0, 3, 1, 2)
-        torch._C._nn._upsample_bilinear2d_aa(x, [h, w], False, *scales, out=y)
+        torch._C._nn._upsample_bilinear2d_aa(x, [h, w], False, *scales, out=y)  # type: ignore[call-arg]
     else:  # a letterbox window inside the slot
         out[...] = torch._C._nn._upsample_bilinear2d_aa(x, [h, w], False, *scales)[0].permute(1, 2, 0).numpy()
 

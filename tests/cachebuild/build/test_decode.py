@@ -237,21 +237,3 @@ def test_antialias_policy(src_hw: tuple[int, int]) -> None:
         assert np.array_equal(out, linear)
     if max(src_hw) <= 224:  # an upscale: bilinear with or without antialiasing is one filter
         assert np.abs(out.astype(int) - aa.numpy()).max() <= 1
-
-
-@pytest.mark.parametrize("side, imports_torch", [(20, False), (64, True)])
-def test_a_build_worker_imports_torch_only_for_an_antialiased_downscale_and_then_uses_one_thread(side,
-                                                                                                  imports_torch):
-    """torch costs ~2 s to import in every worker: a build that never downscales 2x or more (20 -> 16 px) does
-    not import it; one that does (64 -> 16) runs its resize on one torch thread (workers are the parallelism)."""
-    import multiprocessing
-
-    from tests.worker_probe import decode_in_worker  # a module that imports no torch itself
-
-    ctx = multiprocessing.get_context("spawn")
-    parent, child = ctx.Pipe()
-    p = ctx.Process(target=decode_in_worker, args=(side, child))
-    p.start()
-    got = parent.recv() if parent.poll(120) else None
-    p.join(30)
-    assert got == ((True, 1) if imports_torch else (False, None))
