@@ -3,19 +3,39 @@ way: shared by tests/test_share_concurrent.py and the reliability rows."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+from cachebuild.errors import RemoteError
+from cachebuild.storage.location import FsspecLocation
 from cachebuild.storage.reader import open_cache
+from tests.repo import REPO
 
-REPO = Path(__file__).resolve().parents[1]
+
+@contextlib.contextmanager
+def upload_fails_on(file_name: str) -> Iterator[None]:
+    """Uploads of ``file_name`` fail as a reset connection does (every other file uploads as usual). Not the
+    fixture's monkeypatch: undoing that would drop the s3 fixture's AWS environment."""
+    real = FsspecLocation.put_file
+
+    def dies_on_one(self: FsspecLocation, name: str, local: Path) -> None:
+        if name == file_name:
+            raise RemoteError(f"{self.describe(name)}: cannot upload it: connection reset")
+        real(self, name, local)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(FsspecLocation, "put_file", dies_on_one)
+        yield
 
 # Everything a push imports is imported first: the pushes then start within a millisecond of each other.
 # Each says when it started and ended pushing: whether two runs overlapped is then known, not assumed.

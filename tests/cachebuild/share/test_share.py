@@ -24,6 +24,7 @@ from loaders.dataset import CachedImageDataset
 from tests.loaders_fixtures import make_cache, make_images
 from tests.manifest_edits import load_unsealed
 from tests.same_key import same_key_caches
+from tests.share_races import upload_fails_on
 
 
 def _cli(*args: object):
@@ -106,20 +107,9 @@ def test_a_flipped_byte_in_one_remote_object_is_caught_by_pull_and_verify(tmp_pa
 
 
 def test_an_interrupted_push_shows_no_cache_and_resumes_sending_only_the_rest(tmp_path, s3):
-    from cachebuild.errors import RemoteError
-    from cachebuild.storage.location import FsspecLocation
-
     root, _, _ = make_cache(tmp_path / "c", n=70, storage="npy", shard_size=16, h=16, w=12)
     url = s3.url("team/c")
-    real = FsspecLocation.put_file
-
-    def dies_on_one(self, name, local):
-        if name == "images-00003.npy":
-            raise RemoteError(f"{self.describe(name)}: cannot upload it: connection reset")
-        return real(self, name, local)
-
-    with pytest.MonkeyPatch.context() as mp:  # not the fixture's monkeypatch: undoing that drops the AWS env
-        mp.setattr(FsspecLocation, "put_file", dies_on_one)
+    with upload_fails_on("images-00003.npy"):
         r = _cli("push", root, url, "--no-progress")
     assert r.exit_code == 1 and "images-00003.npy" in r.output and "rerun" in r.output
     with pytest.raises(CacheNotFoundError):  # a reader of the URL sees no cache, never a half one

@@ -20,6 +20,7 @@ from cachebuild.share import claim as claim_module
 from cachebuild.storage.provenance import current_host
 from tests import share_races
 from tests.loaders_fixtures import make_cache, make_images
+from tests.share_races import upload_fails_on
 
 MARKER = "push-in-progress.json"
 push_module = importlib.import_module("cachebuild.share.push")  # the package exports push(), the function
@@ -208,20 +209,9 @@ def test_a_store_without_conditional_writes_says_pushes_are_not_locked_out(tmp_p
 def test_a_push_that_failed_gives_its_claim_up_to_a_push_from_anywhere(tmp_path, s3):
     """Before: the failed push's marker named a live process (this one), and another process's push was
     refused until this process ended."""
-    from cachebuild.errors import RemoteError
-    from cachebuild.storage.location import FsspecLocation
-
     caches = _two(tmp_path)
     url = s3.url("team/f")
-    real = FsspecLocation.put_file
-
-    def dies_on_one(self, name, local):
-        if name == "images-00003.npy":
-            raise RemoteError(f"{self.describe(name)}: cannot upload it: connection reset")
-        return real(self, name, local)
-
-    with pytest.MonkeyPatch.context() as mp:  # not the fixture's monkeypatch: undoing that drops the AWS env
-        mp.setattr(FsspecLocation, "put_file", dies_on_one)
+    with upload_fails_on("images-00003.npy"):
         r = _cli("push", caches["a"][0], url, "--no-progress")
     assert r.exit_code == 1 and "connection reset" in r.output, r.output
     assert "holder" not in json.loads(s3.fs.cat(s3.url(f"team/f/{MARKER}")))
