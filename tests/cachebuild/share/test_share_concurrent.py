@@ -85,6 +85,7 @@ def test_two_pushes_started_together_one_wins_the_other_names_it(tmp_path, s3):
     assert overlaps, "no trial had its two pushes running at the same time"
 
 
+@pytest.mark.slow  # 17 s; the plain race above is the fast one
 def test_two_push_force_replacements_started_together_leave_one_cache(tmp_path, s3):
     caches = _two(tmp_path)
     c, _, _ = make_cache(tmp_path / "c", n=40, shard_size=8, h=16, w=8)
@@ -179,7 +180,9 @@ def test_a_push_that_lost_its_claim_never_writes_its_manifest(tmp_path, s3):
     assert not s3.fs.exists(s3.url("team/l/manifest.json"))
 
 
-@pytest.mark.parametrize("after_s", [0.05, 0.3, 0.6])
+# 5 s each: the middle point runs by default, the early and late ones in `make test-all`
+@pytest.mark.parametrize("after_s", [pytest.param(0.05, marks=pytest.mark.slow), 0.3,
+                                     pytest.param(0.6, marks=pytest.mark.slow)])
 def test_a_push_killed_at_any_point_and_rerun_completes(tmp_path, s3, after_s):
     caches = _two(tmp_path)
     url = s3.url("team/k")

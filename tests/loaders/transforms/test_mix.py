@@ -251,6 +251,7 @@ def test_seeded_eager_equals_scripted(name: str, factory: Callable[[Any], torch.
     assert torch.equal(d[0], e[0]) and torch.equal(d[1], e[1])
 
 
+@pytest.mark.slow  # one compile, 15 s; the device transforms' short-last-batch compile test runs by default
 def test_compiled_equals_eager_with_a_short_last_batch() -> None:
     """One compile (~10 s on 2 cores): full batches, then the epoch's short last one (a symbolic batch size)."""
     g = torch.Generator()
