@@ -261,9 +261,8 @@ class _Mix(nn.Module):
         return f"num_classes={self.num_classes}, label_smoothing={self.label_smoothing}, pairing={self.pairing!r}"
 
 
-class MixUp(_Mix):
-    """Batch MixUp, ``torchvision.transforms.v2.MixUp(alpha, num_classes)`` semantics (module docstring),
-    plus ``label_smoothing`` and ``pairing``. ``forward(images, labels) -> (images, soft targets)``."""
+class _OneMix(_Mix):
+    """A mix of one kind, with its one Beta(``alpha``, ``alpha``) (``alpha`` > 0): MixUp and CutMix."""
 
     def __init__(
         self,
@@ -275,6 +274,14 @@ class MixUp(_Mix):
     ) -> None:
         super().__init__(num_classes, label_smoothing, pairing, generator)
         self.alpha = _check_alpha(alpha, "alpha", allow_zero=False)
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha}, " + super().extra_repr()
+
+
+class MixUp(_OneMix):
+    """Batch MixUp, ``torchvision.transforms.v2.MixUp(alpha, num_classes)`` semantics (module docstring),
+    plus ``label_smoothing`` and ``pairing``. ``forward(images, labels) -> (images, soft targets)``."""
 
     @torch.jit.export
     def get_params(self, images: Tensor) -> Tuple[Tensor, Tensor]:
@@ -282,24 +289,10 @@ class MixUp(_Mix):
         lam = self._beta(self.alpha, images.device)
         return lam.reshape([1, 1, 1, 1]), lam
 
-    def extra_repr(self) -> str:
-        return f"alpha={self.alpha}, " + super().extra_repr()
 
-
-class CutMix(_Mix):
+class CutMix(_OneMix):
     """Batch CutMix, ``torchvision.transforms.v2.CutMix(alpha, num_classes)`` semantics (module docstring),
     plus ``label_smoothing`` and ``pairing``. ``forward(images, labels) -> (images, soft targets)``."""
-
-    def __init__(
-        self,
-        alpha: float = 1.0,
-        num_classes: int = 1000,
-        label_smoothing: float = 0.0,
-        pairing: str = "roll",
-        generator: Optional[torch.Generator] = None,
-    ) -> None:
-        super().__init__(num_classes, label_smoothing, pairing, generator)
-        self.alpha = _check_alpha(alpha, "alpha", allow_zero=False)
 
     @torch.jit.export
     def get_box(self, images: Tensor) -> Tuple[Tensor, Tensor]:
@@ -311,9 +304,6 @@ class CutMix(_Mix):
         """(weight (1, 1, H, W): 0 inside the box, lam ()) float64 on the images' device."""
         box, lam = self._draw_box(images, self.alpha)
         return box_weight(box, images.shape[2], images.shape[3]), lam
-
-    def extra_repr(self) -> str:
-        return f"alpha={self.alpha}, " + super().extra_repr()
 
 
 class MixUpCutMix(_Mix):
