@@ -19,7 +19,17 @@ import pytest
 from cachebuild.errors import RemoteError
 from cachebuild.storage.location import FsspecLocation
 from cachebuild.storage.reader import open_cache
+from tests.loaders_fixtures import make_cache
 from tests.repo import REPO
+
+
+def two_caches(tmp_path: Path) -> dict[str, tuple[Path, np.ndarray]]:
+    """Caches "a" and "b" under ``tmp_path``: different pixels and counts, so a mix of the two is seen."""
+    out = {}
+    for name, n, w in (("a", 70, 12), ("b", 54, 10)):
+        root, images, _ = make_cache(tmp_path / name, n=n, shard_size=8, h=16, w=w)
+        out[name] = (root, images)
+    return out
 
 
 @contextlib.contextmanager

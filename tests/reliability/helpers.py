@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from cachebuild.storage.reader import open_cache
+from tests.repo import REPO
 
 __all__ = ["FAULT_HOOKS", "REPO", "ReadTally", "cli", "cli_env", "file_hashes", "read_under_load", "same_cache",
            "without_dac_override"]
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 FAULT_HOOKS = Path(__file__).resolve().parent / "fault_hooks"

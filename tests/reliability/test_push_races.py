@@ -19,18 +19,10 @@ from click.testing import CliRunner
 from cachebuild.cli import main
 from cachebuild.storage.provenance import current_host
 from tests import share_races
-from tests.loaders_fixtures import make_cache
 
 RACE_ROW = "two pushes of different caches to one S3 prefix at once"
 KILL_ROW = "a push SIGKILLed at a random moment, then rerun"
 
-
-def _caches(tmp_path: Path) -> dict[str, tuple[Path, np.ndarray]]:
-    out = {}
-    for name, n, w in (("a", 70, 12), ("b", 54, 10)):
-        root, images, _ = make_cache(tmp_path / name, n=n, shard_size=8, h=16, w=w)
-        out[name] = (root, images)
-    return out
 
 
 def _holds(url: str, s3, prefix: str, caches: dict[str, tuple[Path, np.ndarray]]) -> str:
@@ -48,7 +40,7 @@ def _holds(url: str, s3, prefix: str, caches: dict[str, tuple[Path, np.ndarray]]
 
 @pytest.mark.slow  # ~60 s: `make reliability`
 def test_pushes_started_together(tmp_path: Path, s3, ledger) -> None:
-    caches = _caches(tmp_path)
+    caches = share_races.two_caches(tmp_path)
     overlapped = named = 0
     for trial in range(8):
         with ledger.trial(RACE_ROW, f"trial {trial}"):
@@ -71,7 +63,7 @@ def test_pushes_started_together(tmp_path: Path, s3, ledger) -> None:
 
 @pytest.mark.slow  # ~60 s: `make reliability`
 def test_pushes_killed_at_random_then_rerun(tmp_path: Path, s3, ledger) -> None:
-    caches = _caches(tmp_path)
+    caches = share_races.two_caches(tmp_path)
     rng = random.Random(27)
     killed = 0
     for trial in range(6):

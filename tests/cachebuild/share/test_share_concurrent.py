@@ -30,14 +30,6 @@ def _cli(*args: object):
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
-def _two(tmp_path: Path) -> dict[str, tuple[Path, np.ndarray]]:
-    """Caches A and B: different pixels and counts, so a mix of the two is seen."""
-    out = {}
-    for name, n, w in (("a", 70, 12), ("b", 54, 10)):
-        root, images, _ = make_cache(tmp_path / name, n=n, shard_size=8, h=16, w=w)
-        out[name] = (root, images)
-    return out
-
 
 def _check_one_cache(url: str, caches: dict[str, tuple[Path, np.ndarray]], s3, prefix: str) -> str:
     """The name of the cache at ``url``, after checking it is whole, verifies and has no file of the other."""
@@ -72,7 +64,7 @@ def _check_race(runs: list[share_races.Run], url: str, forced: bool) -> None:
 
 
 def test_two_pushes_started_together_one_wins_the_other_names_it(tmp_path, s3):
-    caches = _two(tmp_path)
+    caches = share_races.two_caches(tmp_path)
     overlaps = 0
     for trial in range(4):
         prefix = f"team/c{trial}"
@@ -87,7 +79,7 @@ def test_two_pushes_started_together_one_wins_the_other_names_it(tmp_path, s3):
 
 @pytest.mark.slow  # 17 s; the plain race above is the fast one
 def test_two_push_force_replacements_started_together_leave_one_cache(tmp_path, s3):
-    caches = _two(tmp_path)
+    caches = share_races.two_caches(tmp_path)
     c, _, _ = make_cache(tmp_path / "c", n=40, shard_size=8, h=16, w=8)
     for trial in range(3):
         prefix = f"team/r{trial}"
@@ -101,7 +93,7 @@ def test_two_push_force_replacements_started_together_leave_one_cache(tmp_path, 
 @pytest.fixture
 def held_push(tmp_path, s3):
     """Cache A's push from this process, stopped after it took its claim (its data files not yet sent)."""
-    caches = _two(tmp_path)
+    caches = share_races.two_caches(tmp_path)
     url = s3.url("team/h")
     go, waiting = threading.Event(), threading.Event()
     real = push_module.upload
@@ -145,10 +137,10 @@ def test_a_push_meeting_a_running_push_stops_before_writing_anything(held_push, 
 def test_a_claim_renewed_by_its_holder_is_refused_and_one_left_by_a_stopped_host_expires(tmp_path, s3, monkeypatch):
     """A marker naming a holder on another host: refused while it is recent, taken over once it is older than
     the claim's lifetime (the host died, or its push was killed there)."""
-    caches = _two(tmp_path)
+    caches = share_races.two_caches(tmp_path)
     url = s3.url("team/x")
     holder = {"host": "gpu-node-7", "pid": 4242, "user": "ada", "started": "2026-01-01T00:00:00+00:00",
-              "command": "cachebuild push a s3://..."}
+              "command": "cachebuild push a s3://team.invalid/x"}
     s3.fs.pipe(s3.url(f"team/x/{MARKER}"), json.dumps({"manifest_sha256": "0" * 64, "trust_sizes": True,
                                                          "holder": holder, "token": "t"}).encode())
     r = _cli("push", caches["b"][0], url, "--no-progress")
@@ -162,7 +154,7 @@ def test_a_claim_renewed_by_its_holder_is_refused_and_one_left_by_a_stopped_host
 
 def test_a_push_that_lost_its_claim_never_writes_its_manifest(tmp_path, s3):
     """Another push took the marker over (this one was presumed dead): this one stops at its next check."""
-    caches = _two(tmp_path)
+    caches = share_races.two_caches(tmp_path)
     url = s3.url("team/l")
     real = push_module.upload
 
@@ -184,7 +176,7 @@ def test_a_push_that_lost_its_claim_never_writes_its_manifest(tmp_path, s3):
 @pytest.mark.parametrize("after_s", [pytest.param(0.05, marks=pytest.mark.slow), 0.3,
                                      pytest.param(0.6, marks=pytest.mark.slow)])
 def test_a_push_killed_at_any_point_and_rerun_completes(tmp_path, s3, after_s):
-    caches = _two(tmp_path)
+    caches = share_races.two_caches(tmp_path)
     url = s3.url("team/k")
     rc = share_races.kill_during(caches["a"][0], url, after_s, "--jobs", "1")
     assert rc in (-9, 0)
@@ -212,7 +204,7 @@ def test_a_store_without_conditional_writes_says_pushes_are_not_locked_out(tmp_p
 def test_a_push_that_failed_gives_its_claim_up_to_a_push_from_anywhere(tmp_path, s3):
     """Before: the failed push's marker named a live process (this one), and another process's push was
     refused until this process ended."""
-    caches = _two(tmp_path)
+    caches = share_races.two_caches(tmp_path)
     url = s3.url("team/f")
     with upload_fails_on("images-00003.npy"):
         r = _cli("push", caches["a"][0], url, "--no-progress")
@@ -227,7 +219,7 @@ def test_a_push_that_failed_gives_its_claim_up_to_a_push_from_anywhere(tmp_path,
 def test_a_marker_left_beside_a_complete_cache_is_removed_by_the_next_push_of_it(tmp_path, s3):
     """A push killed after its manifest and before removing its marker: the rerun finds the cache up to date
     and removes the marker (before: it stayed for good)."""
-    caches = _two(tmp_path)
+    caches = share_races.two_caches(tmp_path)
     url = s3.url("team/m")
     assert _cli("push", caches["a"][0], url, "--no-progress").exit_code == 0
     s3.fs.pipe(s3.url(f"team/m/{MARKER}"), json.dumps({"manifest_sha256": "0" * 64, "trust_sizes": True,

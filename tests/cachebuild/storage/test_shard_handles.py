@@ -4,6 +4,7 @@ closed, so a second handle of a file leaked them for the life of the process).""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -22,10 +23,8 @@ def _open_fds(under) -> int:
     the test process (servers, pools) open and close sockets meanwhile, so a plain count is not this reader's."""
     n = 0
     for fd in os.listdir("/proc/self/fd"):
-        try:
+        with contextlib.suppress(OSError):  # closed between the listing and the look
             n += os.readlink(f"/proc/self/fd/{fd}").startswith(str(under))
-        except OSError:  # closed between the listing and the look
-            pass
     return n
 
 
