@@ -49,7 +49,7 @@ def finish(plan: Plan, out: Path, staging: Path, records: dict[int, BlockRecord]
     )
 
     root = plan.root if is_url(plan.root) else str(Path(plan.root).resolve())
-    source: dict[str, Any] = {"root": root, "fingerprint": plan.fingerprint, "files": len(plan)}
+    source: dict[str, Any] = {"root": root, "fingerprint": plan.source_digest, "files": len(plan)}
     if plan.recipe:  # how to plan the source again (`cachebuild status`)
         source["recipe"] = plan.recipe
     if plan.file_stats is not None:  # what `cachebuild status` compares a source against, file by file

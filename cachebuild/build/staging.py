@@ -45,7 +45,7 @@ def build_key(plan: Plan, opts: BuildOptions) -> tuple[str, dict[str, Any]]:
         params["antialias_from"] = ANTIALIAS_FROM
         if opts.reduced_decode:  # DCT-reduced JPEGs fitted with the source's geometry (decode._fit_reduced):
             params["reduced_geometry"] = "source"  # other pixels than earlier releases, so never resumed into
-    blob = json.dumps({"source": plan.fingerprint, "params": params}, sort_keys=True).encode()
+    blob = json.dumps({"source": plan.source_digest, "params": params}, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest(), params
 
 

@@ -1,9 +1,9 @@
 """``cachebuild status CACHE --source SRC``: is the cache up to date with its source? Nothing is decoded.
 
 The source is planned again exactly as the build plans it (same listing, same labels, same ``stat`` of
-every file) and its fingerprint compared with the one in the manifest: equal is up to date, anything else
+every file) and its source digest compared with the one in the manifest: equal is up to date, anything else
 stale. For a stale cache built with per-file inputs (``source_files.json``), the two tables are compared
-file by file: added, removed, modified (size, mtime or label). CIFAR sources are fingerprinted over their
+file by file: added, removed, modified (size, mtime or label). CIFAR sources are digested over their
 pixels, so a stale CIFAR cache says only that it is stale.
 
 The source is planned again from the recipe the build recorded (``source.recipe``: the kind of source,
@@ -43,7 +43,7 @@ class SourceStatus:
     modified: int | None = None
     classes_changed: bool = False
     examples: dict[str, list[str]] = field(default_factory=dict)
-    fingerprint: dict[str, str] = field(default_factory=dict)  # {"cache": ..., "source": ...}
+    source_digest: dict[str, str] = field(default_factory=dict)  # {"cache": ..., "source": ...}
     message: str = ""
 
     @property
@@ -57,7 +57,7 @@ class SourceStatus:
         if self.status == "not a cache":
             return f"{self.cache}: not a cache ({self.message})"
         if self.status == "up to date":
-            return f"{self.cache}: up to date with {self.source} (fingerprint {self.fingerprint['source'][:12]})"
+            return f"{self.cache}: up to date with {self.source} (source digest {self.source_digest['source'][:12]})"
         parts = []
         if self.added is None:
             parts.append("the source changed (this cache records no per-file inputs to say which files)")
@@ -100,13 +100,13 @@ def cache_status(cache: str | os.PathLike[str] | Location, source: str | os.Path
         src = Path(source) if source is not None else Path(str(m.source.get("root", "")))
         shown_src = str(src)
         plan = replan(recipe_of_old_cache(m.dataset, m.split), src, list(m.classes))
-    fingerprints = {"cache": str(m.source.get("fingerprint", "")), "source": plan.fingerprint}
-    if plan.fingerprint == fingerprints["cache"]:
-        return SourceStatus(shown, shown_src, "up to date", 0, 0, 0, fingerprint=fingerprints)
+    digests = {"cache": str(m.source.get("fingerprint", "")), "source": plan.source_digest}
+    if plan.source_digest == digests["cache"]:
+        return SourceStatus(shown, shown_src, "up to date", 0, 0, 0, source_digest=digests)
     classes_changed = tuple(plan.classes) != tuple(m.classes)
     old = load_source_inputs(location, m)
     if old is None or plan.file_stats is None:
-        return SourceStatus(shown, shown_src, "stale", classes_changed=classes_changed, fingerprint=fingerprints)
+        return SourceStatus(shown, shown_src, "stale", classes_changed=classes_changed, source_digest=digests)
     counts, examples = _compare(old, plan, plan.file_stats)
     return SourceStatus(shown, shown_src, "stale", counts["added"], counts["removed"], counts["modified"],
-                        classes_changed=classes_changed, examples=examples, fingerprint=fingerprints)
+                        classes_changed=classes_changed, examples=examples, source_digest=digests)

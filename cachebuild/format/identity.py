@@ -1,5 +1,5 @@
-"""Which cache is this? The fingerprint a job can pin: the manifest's build key (sha256 of the source
-fingerprint and every build parameter that shapes the bytes), shown by ``cachebuild info`` and ``ls`` as
+"""Which cache is this? The fingerprint a job can pin: the manifest's build key (sha256 of the
+source digest and every build parameter that shapes the bytes), shown by ``cachebuild info`` and ``ls`` as
 its first 12 hex digits. A rebuild from a changed source or with other parameters gets another one, while
 the same build repeated (or pulled elsewhere) keeps it, with the same bytes: builds are deterministic. The
 key names the source by path, size and mtime, though, and not the decoder's version, so one key can hold
@@ -20,7 +20,7 @@ _PREFIX = re.compile(r"[0-9a-f]{8,64}")
 
 
 def fingerprint(manifest: Manifest) -> str:
-    """The fingerprint as shown: the build key's first 12 hex digits."""
+    """The fingerprint as shown: source digest and every build parameter hex digits."""
     return manifest.build_key[:SHOWN_DIGITS]
 
 

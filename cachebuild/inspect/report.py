@@ -95,9 +95,9 @@ def _words(reader: CacheReader) -> dict[str, object]:
         "storage": f"{m.storage}, {len(m.shards)} shard(s)"
                    + (f", quality {b.get('quality')}, subsampling {b.get('subsampling')}"
                       if b.get("codec") else ""),
-        "fingerprint": f"{m.build_key} (build key: source fingerprint + parameters; "
+        "fingerprint": f"{m.build_key} (build key: source digest + parameters; "
                        f"CachedImageDataset(expect_fingerprint=...))",
-        "source fingerprint": str(src.get("fingerprint")),
+        "source digest": str(src.get("fingerprint")),
         "built": f"{m.created or 'time not recorded'} by {who}",
         "tool": ", ".join(f"{k} {v}" for k, v in m.tool.items()),
         "format": f"{m.format} version {m.format_version}",

@@ -62,7 +62,7 @@ def _split_plan(root: str, variant: str, split: str) -> Plan:
         keys=list(data.keys),
         labels=np.asarray(data.labels, dtype=np.int64),
         classes=list(data.classes),
-        fingerprint=h.hexdigest(),
+        source_digest=h.hexdigest(),
         reader=CifarReader(root, variant, split),
         native_size=int(data.images.shape[1]),
         extra_labels=extra_labels,

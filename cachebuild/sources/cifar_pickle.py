@@ -333,7 +333,7 @@ def _check_args(variant: str, split: str) -> _Layout:
 
 
 def cifar_source_files(root: Path, variant: Variant, split: Split) -> list[Path]:
-    """The files on disk a split is read from (for a source fingerprint of paths, sizes, mtimes).
+    """The files on disk a split is read from (for a source digest of paths, sizes, mtimes).
 
     For a folder input: the batch files of ``split`` plus the meta file; for an archive: the archive.
     Raises :class:`CifarNotFoundError` if one is missing.

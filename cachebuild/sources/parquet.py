@@ -242,7 +242,7 @@ class _ParquetFiles:
             raise SourceError(f"{src}: its files name different classes in their metadata; pass --classes FILE")
         return named[0] if named else None
 
-    def fingerprint_extra(self, parts: list[ShardPart], classes: list[str]) -> dict[str, Any]:
+    def digest_extra(self, parts: list[ShardPart], classes: list[str]) -> dict[str, Any]:
         return {"columns": self.columns.__dict__, "fields": [p.info.image_field for p in parts], "classes": classes}
 
     def reader(self, shards: tuple[Shard, ...], parts: list[ShardPart], table: SampleTable) -> ParquetRowReader:

@@ -1,4 +1,4 @@
-"""A plan: the sorted list of samples a build will produce, their labels, and the source fingerprint.
+"""A plan: the sorted list of samples a build will produce, their labels, and the source digest.
 
 The plan is fixed before any image is decoded, so the shard layout, the build key and every worker's
 block follow from it alone: the same source gives the same plan whatever the directory listing order.
@@ -19,8 +19,8 @@ import numpy as np
 
 from cachebuild.errors import DecodeError
 
-__all__ = ["MAX_FILE_BYTES", "FileReader", "Plan", "SampleReader", "block_reader", "file_plan", "fingerprint_files",
-           "fingerprint_stats", "stat_files"]
+__all__ = ["MAX_FILE_BYTES", "FileReader", "Plan", "SampleReader", "block_reader", "digest_files", "digest_stats",
+           "file_plan", "stat_files"]
 
 
 class SampleReader(Protocol):
@@ -54,8 +54,8 @@ class FileReader:
 
     root: str
     max_bytes: int = MAX_FILE_BYTES
-    # (size, mtime_ns) of rows [offset, offset + len(stats)) as the plan fingerprinted them (None: not
-    # checked): a file rewritten after planning would put new pixels under the old fingerprint, so it is
+    # (size, mtime_ns) of rows [offset, offset + len(stats)) as the plan digested them (None: not
+    # checked): a file rewritten after planning would put new pixels under the old source digest, so it is
     # skipped and listed instead, and `cachebuild status` calls the cache stale.
     stats: np.ndarray | None = field(default=None, compare=False)
     offset: int = 0
@@ -106,13 +106,13 @@ class Plan:
     keys: Sequence[str]  # one per planned sample, in cache order (provenance)
     labels: np.ndarray  # int64, one per key
     classes: list[str]
-    fingerprint: str
+    source_digest: str  # the source's files by name, size, mtime and label (manifest: source.fingerprint)
     reader: Callable[[int, str], bytes | np.ndarray]
     native_size: int | None = None  # CIFAR: the arrays are already SxS
     extra_labels: dict[str, np.ndarray] = field(default_factory=dict)  # e.g. CIFAR-100 coarse_labels
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. class descriptions, coarse class names
-    # (size, mtime_ns) per key as fingerprinted, for plans of files: kept in the cache so that `cachebuild
-    # status` can say which files changed (None for sources fingerprinted otherwise, e.g. CIFAR pixels)
+    # (size, mtime_ns) per key as digested, for plans of files: kept in the cache so that `cachebuild
+    # status` can say which files changed (None for sources digested otherwise, e.g. CIFAR pixels)
     file_stats: np.ndarray | None = None
     # how this plan was made (kind of source, what was named, options): `cachebuild status` makes it again
     recipe: dict[str, Any] = field(default_factory=dict)
@@ -123,7 +123,7 @@ class Plan:
 
 def stat_files(root: Path, keys: Sequence[str]) -> np.ndarray:
     """int64 (n, 2): (size, mtime_ns) of every key under ``root``; (-1, -1) for an entry that cannot be
-    stat'ed (a dangling link). The per-file inputs of :func:`fingerprint_files`."""
+    stat'ed (a dangling link). The per-file inputs of :func:`digest_files`."""
     out = np.full((len(keys), 2), -1, dtype=np.int64)
     for i, key in enumerate(keys):
         try:
@@ -134,8 +134,8 @@ def stat_files(root: Path, keys: Sequence[str]) -> np.ndarray:
     return out
 
 
-def fingerprint_stats(keys: Sequence[str], labels: np.ndarray, stats: np.ndarray, extra: Any = None) -> str:
-    """The fingerprint of (relative path, label, size, mtime) rows, ``stats`` from :func:`stat_files`."""
+def digest_stats(keys: Sequence[str], labels: np.ndarray, stats: np.ndarray, extra: Any = None) -> str:
+    """The source digest of (relative path, label, size, mtime) rows, ``stats`` from :func:`stat_files`."""
     h = hashlib.sha256()
     h.update(json.dumps(extra, sort_keys=True, default=str).encode())
     for key, label, (size, mtime) in zip(keys, labels.tolist(), stats.tolist(), strict=True):
@@ -144,15 +144,15 @@ def fingerprint_stats(keys: Sequence[str], labels: np.ndarray, stats: np.ndarray
     return h.hexdigest()
 
 
-def fingerprint_files(root: Path, keys: Sequence[str], labels: np.ndarray, extra: Any = None) -> str:
+def digest_files(root: Path, keys: Sequence[str], labels: np.ndarray, extra: Any = None) -> str:
     """sha256 over every (relative path, label, size, mtime): a file added, removed, relabelled or
-    rewritten changes it. A missing entry (dangling link) still fingerprints, as 'missing'."""
-    return fingerprint_stats(keys, labels, stat_files(root, keys), extra)
+    rewritten changes it. A missing entry (dangling link) still counts, as 'missing'."""
+    return digest_stats(keys, labels, stat_files(root, keys), extra)
 
 
 def file_plan(dataset: str, split: str, root: Path, keys: list[str], labels: np.ndarray, classes: list[str],
               extra: dict[str, Any] | None = None) -> Plan:
-    """A plan of encoded image files under ``root``, fingerprinted by path, label, size and mtime."""
+    """A plan of encoded image files under ``root``, digested by path, label, size and mtime."""
     stats = stat_files(root, keys)
     return Plan(
         dataset=dataset,
@@ -161,7 +161,7 @@ def file_plan(dataset: str, split: str, root: Path, keys: list[str], labels: np.
         keys=keys,
         labels=labels,
         classes=classes,
-        fingerprint=fingerprint_stats(keys, labels, stats, {"classes": classes}),
+        source_digest=digest_stats(keys, labels, stats, {"classes": classes}),
         reader=FileReader(str(root), stats=stats),
         extra=extra or {},
         file_stats=stats,

@@ -5,7 +5,7 @@ A source names its shards in one of four ways: a brace pattern (``x-{0000..1023}
 writes them), a glob (``data/train-*.parquet``), a folder or prefix (every shard file under it, recursively),
 or one file. Shards are sorted by their name relative to the common root, so the order never depends on a
 listing. Each :class:`Shard` records its size and a version (mtime for local files; ETag or Last-Modified
-for URLs), which the plan's fingerprint covers.
+for URLs), which the plan's source digest covers.
 
 Workers read ranges through :func:`read_range`: each thread keeps its shard handles open (a few, LRU), so a
 block of samples costs one open per shard and, for URLs, a few large readahead requests, not one request or

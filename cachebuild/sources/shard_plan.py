@@ -1,6 +1,6 @@
 """What the shard sources (WebDataset tars, Parquet files) share when planning: the skeleton of a plan
 (:func:`plan_shards`: list the shards, pick the split, index every shard once in parallel, put their samples in
-order, check labels, fingerprint) and its parts (split names, class names, label checks, the fingerprint). A
+order, check labels, source digest) and its parts (split names, class names, label checks, the source digest). A
 shard format brings a :class:`ShardFormat`: how to index one shard and how its reader reads the samples."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from cachebuild.sources.remote import Shard, is_url, list_shards, retrying
 from cachebuild.sources.sample_table import SampleTable
 
 __all__ = ["SPLIT_WORDS", "ShardFormat", "ShardPart", "check_labels", "dataset_name",
-           "fingerprint_shards", "plan_shards", "read_classes", "select_split", "split_option"]
+           "digest_shards", "plan_shards", "read_classes", "select_split", "split_option"]
 
 log = logging.getLogger("cachebuild")
 
@@ -117,7 +117,7 @@ def check_labels(labels: np.ndarray, classes: list[str] | None, problems: dict[i
     return classes
 
 
-def fingerprint_shards(shards: Sequence[Shard], keys: Sequence[str], labels: np.ndarray, extra: Any) -> str:
+def digest_shards(shards: Sequence[Shard], keys: Sequence[str], labels: np.ndarray, extra: Any) -> str:
     """sha256 over the planning options and class names (``extra``), every shard's name, size and version
     (mtime, ETag or Last-Modified), and every planned key and label."""
     h = hashlib.sha256()
@@ -161,7 +161,7 @@ class ShardFormat(Protocol):
 
     def found_classes(self, parts: list[ShardPart], src: str) -> list[str] | None: ...
 
-    def fingerprint_extra(self, parts: list[ShardPart], classes: list[str]) -> dict[str, Any]: ...
+    def digest_extra(self, parts: list[ShardPart], classes: list[str]) -> dict[str, Any]: ...
 
     def reader(self, shards: tuple[Shard, ...], parts: list[ShardPart], table: SampleTable) -> SampleReader: ...
 
@@ -207,7 +207,7 @@ def plan_shards(fmt: ShardFormat, src: str | os.PathLike[str], *, split: str | N
         keys=keys,
         labels=labels,
         classes=classes,
-        fingerprint=fingerprint_shards(shards, keys, labels, fmt.fingerprint_extra(parts, classes)),
+        source_digest=digest_shards(shards, keys, labels, fmt.digest_extra(parts, classes)),
         reader=fmt.reader(tuple(shards), parts, table),
         extra={"source_format": fmt.source_format, "shards": len(shards)},
     )

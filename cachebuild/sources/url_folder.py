@@ -91,7 +91,7 @@ def url_folder_plan(url: str, *, dataset: str = "folder", split: str = "train",
         info = files[key]
         h.update(f"{key}\0{label}\0{info.get('size')}:{_version(info)}\n".encode("utf-8", "surrogateescape"))
     return Plan(dataset=dataset, split=split, root=root, keys=keys, labels=labels, classes=classes,
-                fingerprint=h.hexdigest(), reader=UrlFileReader(root))
+                source_digest=h.hexdigest(), reader=UrlFileReader(root))
 
 
 

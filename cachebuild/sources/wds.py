@@ -182,7 +182,7 @@ class _WdsShards:
     def found_classes(self, parts: list[ShardPart], src: str) -> list[str] | None:
         return None  # tars carry no class names: --classes FILE, else 0..max
 
-    def fingerprint_extra(self, parts: list[ShardPart], classes: list[str]) -> dict[str, Any]:
+    def digest_extra(self, parts: list[ShardPart], classes: list[str]) -> dict[str, Any]:
         return {"layout": self.layout.__dict__, "classes": classes}
 
     def reader(self, shards: tuple[Shard, ...], parts: list[ShardPart], table: SampleTable) -> TarSampleReader:

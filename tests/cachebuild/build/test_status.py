@@ -63,7 +63,7 @@ def test_status_is_up_to_date_then_stale_after_add_remove_touch(built, monkeypat
     assert d["examples"]["added"] == [f"{classes[1].name}/added_copy.JPEG"]
     assert d["examples"]["removed"] == [f"{classes[0].name}/{files[1].name}"]
     assert d["examples"]["modified"] == [f"{classes[0].name}/{files[2].name}"]
-    assert d["fingerprint"]["cache"] != d["fingerprint"]["source"]
+    assert d["source_digest"]["cache"] != d["source_digest"]["source"]
     r = _cli("status", cache, "--source", src)
     assert r.exit_code == 1 and "stale: 1 added, 1 removed, 1 modified" in r.output
 

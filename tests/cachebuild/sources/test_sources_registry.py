@@ -139,8 +139,8 @@ def test_a_bad_choice_of_a_new_kind_is_a_usage_error(tmp_path, scratch_registrie
 # ---------------------------------------------------------------- recipes: the shape today's caches hold
 
 
-def _fingerprints(plans: list[Plan]) -> list[str]:
-    return [p.fingerprint for p in plans]
+def _source_digests(plans: list[Plan]) -> list[str]:
+    return [p.source_digest for p in plans]
 
 
 def test_recipes_keep_the_shape_of_this_release_and_replan_to_the_same_plan(imagenet_clean, wds_set, hf_set,
@@ -168,13 +168,13 @@ def test_recipes_keep_the_shape_of_this_release_and_replan_to_the_same_plan(imag
                                  "classes_given": False, "columns": {"image": "image", "label": None}}
     for plan in [*plans, *cifar, *folder, *wds, *parquet]:
         again = replan(plan.recipe, None, list(plan.classes))
-        assert again.fingerprint == plan.fingerprint and list(again.keys) == list(plan.keys), plan.recipe
+        assert again.source_digest == plan.source_digest and list(again.keys) == list(plan.keys), plan.recipe
 
 
 def test_caches_without_a_recipe_are_planned_by_their_dataset_name(imagenet_clean):
     root = imagenet_clean["root"]
-    assert replan(recipe_of_old_cache("imagenet", "val"), root, []).fingerprint == \
-        _fingerprints(plan_source("imagenet", root, ImagenetOptions(split="val")))[0]
+    assert replan(recipe_of_old_cache("imagenet", "val"), root, []).source_digest == \
+        _source_digests(plan_source("imagenet", root, ImagenetOptions(split="val")))[0]
     train = imagenet_clean["train_dir"]
     assert recipe_of_old_cache("my-photos", "train")["kind"] == "folder"
     assert replan(recipe_of_old_cache("my-photos", "train"), train, []).dataset == "my-photos"

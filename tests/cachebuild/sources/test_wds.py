@@ -190,7 +190,7 @@ def test_label_from_a_json_field_and_class_names(wds_set, tmp_path):
     nolabel = plan.keys.index(f"{wds_set['broken']['no_label']['shard'].name}#broken_no_label")
     assert problems[nolabel].startswith("no label: the sample has no .json member")
     assert plan.classes == ["tench", "goldfish", "shark"]
-    assert plan.fingerprint != by_cls.fingerprint
+    assert plan.source_digest != by_cls.source_digest
 
 
 def _tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
@@ -310,7 +310,7 @@ def test_http_shards_give_the_local_cache_reading_by_range(wds_set, http_server,
     assert server.log.bytes() < 2 * total
     # a folder URL is listed through its index page
     listed = wds_plan(f"{server.url}/{folder}/")
-    assert listed.keys == plan.keys and listed.fingerprint == plan.fingerprint
+    assert listed.keys == plan.keys and listed.source_digest == plan.source_digest
 
 
 def test_http_faults_retry_then_stop_and_resume(wds_set, http_server, tmp_path, monkeypatch):
