@@ -1,8 +1,8 @@
 """``source_files.json``: the per-file inputs of the source digest, as the build saw them.
 
 The source digest in the manifest (`source.fingerprint`) says *whether* the source changed; this table, one row
-per planned file (relative path, label, size, mtime in ns; size -1 for an entry that could not be stat'ed), lets ``cachebuild
-status`` say *what* changed (files added, removed, modified) without decoding anything. Written for
+per planned file (relative path, label, size, mtime in ns; size -1 for an entry that could not be stat'ed), lets
+``cachebuild status`` say *what* changed (files added, removed, modified) without decoding anything. Written for
 sources of files; the manifest names it in ``source.inputs`` with its sha256. About 70 bytes per file
 (ImageNet train: ~90 MB beside a ~190 GB cache).
 """
