@@ -53,6 +53,8 @@ def own_contenders(src: Path, n: int, size: int, jobs: int, rounds: int) -> list
         BuildContender("cachebuild_npy", f"cachebuild npy, {_procs(jobs)}", child("cachebuild_npy", src), n, rounds),
         BuildContender("cachebuild_zarr", f"cachebuild zarr, {_procs(jobs)}", child("cachebuild_zarr", src), n,
                        rounds),
+        BuildContender("cachebuild_jpeg", f"cachebuild jpeg (compact, q90), {_procs(jobs)}",
+                       child("cachebuild_jpeg", src), n, rounds),
     ]
 
 

@@ -8,6 +8,7 @@ come before it), ``images``, ``bytes_written``. Contenders:
   naive_npy        one process: cv2.imread, cvtColor, resize (S, S) INTER_AREA, then one np.save
   cachebuild_npy   cachebuild.build.pipeline.build(..., storage="npy"), J processes
   cachebuild_zarr  the same, storage="zarr"
+  cachebuild_jpeg  the same, storage="jpeg" (a compact cache: JPEG q90, decoded on read)
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-CONTENDERS = ("bare_decode", "naive_npy", "cachebuild_npy", "cachebuild_zarr")
+CONTENDERS = ("bare_decode", "naive_npy", "cachebuild_npy", "cachebuild_zarr", "cachebuild_jpeg")
 
 
 def _files(src: Path) -> list[tuple[str, int]]:

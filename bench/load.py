@@ -160,10 +160,10 @@ def _loaders(cfg: dict[str, Any], src: Path, outputs: dict[str, Path], aug: bool
         out["naive_npy"] = ("3. naive npy cache: np.load(mmap) + per-sample __getitem__, default collate" +
                             (", torchvision v2 augmentation per sample" if aug else ""),
                             plain(NaiveNpy(outputs["naive_npy"], per_sample)))
-    for storage in ("npy", "zarr"):
+    for storage in ("npy", "zarr", "jpeg"):
         key = f"cachebuild_{storage}"
         if key not in outputs or (aug and storage == "zarr"):
-            continue  # augmented: npy alone, as the same transform on the same batches adds time, not information
+            continue  # augmented: npy and jpeg, as the same transform on zarr's batches adds time, not information
         ds = CachedImageDataset(outputs[key])
         sampler = CacheSampler(ds, shuffle=True, seed=0)
         epoch_no = [0]
@@ -186,7 +186,34 @@ def _loaders(cfg: dict[str, Any], src: Path, outputs: dict[str, Path], aug: bool
                                               f"{what}", via(dl_plain))
         fast = FastLoader(ds, b, sampler=sampler, num_threads=w)
         out[f"{key}_fastloader"] = (f"4. cachebuild {storage}: FastLoader, {w} threads{what}", via(fast))
+        if aug:
+            out.update(_crop_in_workers(key, storage, outputs[key], cfg, via))
     return out
+
+
+def _crop_in_workers(key: str, storage: str, cache: Path, cfg: dict[str, Any],
+                     via: Callable[..., Epoch]) -> dict[str, tuple[str, Epoch]]:
+    """The augmented load with RandomResizedCrop + flip per sample in the loader's workers or threads, straight
+    from the stored sample into the batch (``CachedImageDataset(crop=..., flip=True)``), and only Normalize on
+    the batch: FFCV's place for the same work."""
+    from loaders import transforms as CT
+    from loaders.dataset import CachedImageDataset, collate_batch
+    from loaders.device import FastLoader
+    from loaders.sampler import CacheSampler
+    from loaders.worker_crop import RandomResizedCrop
+
+    s, b, w = cfg["size"], cfg["batch"], cfg["workers"]
+    norm = CT.Normalize(CT.IMAGENET_MEAN, CT.IMAGENET_STD)
+    ds = CachedImageDataset(cache, crop=RandomResizedCrop(s), flip=True, seed=0)
+    sampler = CacheSampler(ds, shuffle=True, seed=0)
+    what = ", RandomResizedCrop + flip in the {} (crop=), Normalize on the batch"
+    dl = DataLoader(ds, batch_size=b, sampler=sampler, collate_fn=collate_batch, num_workers=w,
+                    persistent_workers=w > 0)
+    fast = FastLoader(ds, b, sampler=sampler, num_threads=w)
+    return {f"{key}_crop_in_workers": (f"4. cachebuild {storage}: DataLoader + collate_batch, {w} workers"
+                                       + what.format("workers"), via(dl, norm, sampler, [0])),
+            f"{key}_crop_in_threads": (f"4. cachebuild {storage}: FastLoader, {w} threads" + what.format("threads"),
+                                       via(fast, norm, sampler, [0]))}
 
 
 def _bare_gather(path: Path, batch: int) -> Epoch:
