@@ -8,10 +8,11 @@ What it reports (medians over rounds; each ratio taken within one round, the two
           DataLoader workers + Normalize, vs whole samples through 2 workers + ``imagenet_train`` on the batch
           in the main process (the current CPU path). (issue 26: >= 1.5x)
   bytes   uint8 bytes per image that leave the loader (what a device copy would send): crop^2 * 3 vs H * W * 3.
-  train   with --train: a 1-epoch small_cnn run on CPU with ``--augment-in workers`` vs ``device``: wall seconds;
-          and 2 epochs at a fixed 128 px vs ``--progressive 96:128:0:1``. (No accuracy column: the synthetic
-          cache's labels are arbitrary; run it with --cache on a real one for that.)
-  ffcv    not measured here (FFCV is not installed on this machine): the FFCV ratio is for a run where it is.
+  train   with --train: small_cnn on CPU for --train-epochs epochs with ``--augment-in workers`` vs ``device``
+          (wall seconds, seconds per epoch), and at a fixed 128 px vs ``--progressive 96:128:0:E-1``; with --val
+          (a real cache's val split: the synthetic cache's labels are arbitrary) the final val top-1 of each.
+  ffcv    not here: the bench harness's augmented load table has FFCV's loaders beside the crop in workers
+          (``make bench-peers``).
 """
 
 from __future__ import annotations
@@ -70,36 +71,41 @@ def _epoch(dl: Any, tf: Any) -> tuple[float, int, int]:
     return time.perf_counter() - t0, n, nbytes
 
 
-def _train_row(cache: Path, crop: int, tmp: Path, rounds: int = 2) -> dict[str, Any]:
-    """Wall seconds of a 1-epoch run per path, the order alternating per round; ratio = device / workers."""
+def _fit_row(cache: Path, val: Path | None, out: Path, epochs: int, crop: int, **kw: Any) -> dict[str, Any]:
+    """One small_cnn run on CPU: wall seconds, seconds per epoch and (with a val cache) the final val top-1."""
     from loaders.train.config import TrainConfig
     from loaders.train.run import fit
 
-    secs: dict[str, list[float]] = {"workers": [], "device": []}
+    t0 = time.perf_counter()
+    summary = fit(TrainConfig(train=str(cache), val=str(val) if val else None, out=str(out), model="small_cnn",
+                              epochs=epochs, batch_size=64, lr=0.05, warmup_epochs=1, workers=2, loader="dataloader",
+                              device="cpu", amp="off", augment="imagenet", crop=crop, progress=False, overwrite=True,
+                              **kw), echo=lambda m: None)
+    wall = time.perf_counter() - t0
+    row: dict[str, Any] = {"wall_s": wall, "s_per_epoch": wall / epochs}
+    if "val_top1" in summary:
+        row["val_top1"] = summary["val_top1"]
+    return row
+
+
+def _train_row(cache: Path, val: Path | None, crop: int, tmp: Path, epochs: int, rounds: int = 2) -> dict[str, Any]:
+    """small_cnn with the augmentation in the workers vs on the batch (``--augment-in workers|device``), the
+    order alternating per round; ratio = device seconds / workers seconds within a round."""
+    runs: dict[str, list[dict[str, Any]]] = {"workers": [], "device": []}
     for r in range(rounds):
         for where in ("workers", "device") if r % 2 == 0 else ("device", "workers"):
-            t0 = time.perf_counter()
-            fit(TrainConfig(train=str(cache), out=str(tmp / where), model="small_cnn", epochs=1, batch_size=128,
-                            workers=2, loader="dataloader", device="cpu", amp="off", augment="imagenet",
-                            crop=crop, augment_in=where, progress=False, overwrite=True), echo=lambda m: None)
-            secs[where].append(time.perf_counter() - t0)
-    return {"workers_s": secs["workers"], "device_s": secs["device"],
-            "ratios": [d / w for d, w in zip(secs["device"], secs["workers"], strict=True)]}
+            runs[where].append(_fit_row(cache, val, tmp / where, epochs, crop, augment_in=where))
+    return {"epochs": epochs, "crop": crop, "runs": runs,
+            "ratios": [d["wall_s"] / w["wall_s"] for d, w in zip(runs["device"], runs["workers"], strict=True)]}
 
 
-def _progressive_row(cache: Path, tmp: Path, epochs: int = 2) -> dict[str, Any]:
-    """Wall seconds of ``epochs`` epochs at a fixed 128 px vs a 96 -> 128 px ramp (crops in the workers)."""
-    from loaders.train.config import TrainConfig
-    from loaders.train.run import fit
-
-    out: dict[str, Any] = {}
-    for name, ramp in (("fixed_128_s", None), ("progressive_96_128_s", f"96:128:0:{epochs - 1}")):
-        t0 = time.perf_counter()
-        fit(TrainConfig(train=str(cache), out=str(tmp / name), model="small_cnn", epochs=epochs, batch_size=128,
-                        workers=2, loader="dataloader", device="cpu", amp="off", augment="imagenet", crop=128,
-                        augment_in="workers", progressive=ramp, progress=False, overwrite=True), echo=lambda m: None)
-        out[name] = time.perf_counter() - t0
-    return out
+def _progressive_row(cache: Path, val: Path | None, tmp: Path, epochs: int) -> dict[str, Any]:
+    """small_cnn for ``epochs`` epochs at a fixed 128 px vs a 96 -> 128 px ramp (crops in the workers)."""
+    ramp = f"96:128:0:{epochs - 1}"
+    return {"epochs": epochs, "ramp": ramp,
+            "fixed_128": _fit_row(cache, val, tmp / "fixed", epochs, 128, augment_in="workers"),
+            "progressive_96_128": _fit_row(cache, val, tmp / "ramp", epochs, 128, augment_in="workers",
+                                           progressive=ramp)}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -111,6 +117,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--train", action="store_true")
+    p.add_argument("--val", type=Path, help="with --train: a val cache, for the final val top-1 of each run")
+    p.add_argument("--train-epochs", type=int, default=2)
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as d:
@@ -136,11 +144,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "img_s": {k: statistics.median(v) for k, v in rows.items() if k != "ratio"},
             "ratio_workers_over_batch": statistics.median(rows["ratio"]), "ratios": rows["ratio"],
             "bytes_per_image": per_image, "bytes_ratio": per_image["workers"] / per_image["batch"],
-            "ffcv": "not measured: FFCV is not installed on this machine",
         }
         if a.train:
-            result["train"] = _train_row(cache, a.crop, tmp)
-            result["progressive"] = _progressive_row(cache, tmp)
+            result["train"] = _train_row(cache, a.val, a.crop, tmp, a.train_epochs)
+            result["progressive"] = _progressive_row(cache, a.val, tmp, a.train_epochs)
     print(json.dumps(result, indent=2))
     if a.json:
         a.json.write_text(json.dumps(result, indent=2))
