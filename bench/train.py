@@ -124,6 +124,13 @@ def pipelines(cfg: dict[str, Any], src: Path, outputs: dict[str, Path], indices:
             order = np.random.default_rng(epoch_no[0]).permutation(indices)
             return FastLoader(ds, b, sampler=order.tolist(), num_threads=max(1, w), pin_memory=pin, drop_last=True)
         out["cachebuild_fastloader"] = ("4. cachebuild npy: FastLoader, imagenet_train() on the batch", fast, tf)
+        from loaders.worker_crop import RandomResizedCrop
+
+        cropped = CachedImageDataset(outputs["cachebuild_npy"], crop=RandomResizedCrop(crop), flip=True, seed=0)
+        out["cachebuild_crop_in_workers"] = ("4. cachebuild npy: DataLoader + collate_batch, RandomResizedCrop + flip "
+                                             "in the workers (crop=), Normalize on the batch",
+                                             loader(cropped, collate_fn=collate_batch),
+                                             CT.Normalize(CT.IMAGENET_MEAN, CT.IMAGENET_STD).to(device))
     return out
 
 

@@ -17,14 +17,18 @@ from bench.report import CHARTS, goals
 from bench.stats import ratio, summary
 from tests.repo import REPO
 
-OWN_BUILDS = {"bare_decode", "naive_npy", "cachebuild_npy", "cachebuild_zarr"}
+OWN_BUILDS = {"bare_decode", "naive_npy", "cachebuild_npy", "cachebuild_zarr", "cachebuild_jpeg"}
 RAW_LOADS = {"imagefolder_pil", "scriptable", "naive_npy", "cachebuild_npy_dataloader",
              "cachebuild_npy_dataloader_plain", "cachebuild_npy_fastloader", "cachebuild_zarr_dataloader",
-             "cachebuild_zarr_fastloader", "limit_bare_gather", "limit_bare_decode"}
+             "cachebuild_zarr_fastloader", "cachebuild_jpeg_dataloader", "cachebuild_jpeg_fastloader",
+             "limit_bare_gather", "limit_bare_decode"}
+# the augmented group only: the crop and flip per sample in the loader's workers / threads
+CROP_IN_LOADER = {f"cachebuild_{s}_crop_in_{w}" for s in ("npy", "jpeg") for w in ("workers", "threads")}
 GLIBC = "glibc.cpu.x86_non_temporal_threshold=0x20000"
 GLIBC_DEFAULT_LOADS = {"cachebuild_npy_dataloader_glibc_default", "cachebuild_npy_fastloader_glibc_default",
                        "limit_bare_gather_glibc_default"}
-TRAINS = {"imagefolder_pil", "scriptable", "naive_npy", "cachebuild_dataloader", "cachebuild_fastloader"}
+TRAINS = {"imagefolder_pil", "scriptable", "naive_npy", "cachebuild_dataloader", "cachebuild_fastloader",
+          "cachebuild_crop_in_workers"}
 
 
 def _check_summary(s: dict[str, Any], runs: int) -> None:
@@ -83,8 +87,9 @@ def test_load_section(tiny_run) -> None:
     assert "without GLIBC_TUNABLES" in raw["cachebuild_npy_fastloader_glibc_default"]["label"]
     assert any(GLIBC in note for note in res["run"]["notes"])
     assert res["machine"]["glibc_tunables"] == GLIBC
-    assert set(aug) == RAW_LOADS - {"limit_bare_gather", "limit_bare_decode", "cachebuild_npy_dataloader_plain",
-                                    "cachebuild_zarr_dataloader", "cachebuild_zarr_fastloader"}
+    assert set(aug) == (RAW_LOADS | CROP_IN_LOADER) - {"limit_bare_gather", "limit_bare_decode",
+                                                       "cachebuild_npy_dataloader_plain", "cachebuild_zarr_dataloader",
+                                                       "cachebuild_zarr_fastloader"}
     for rows in (raw, aug):
         for row in rows.values():
             _check_summary(row["img_s"], 1)
