@@ -88,7 +88,7 @@ def dask_build(r: Runner, src: Path, reference: Path, n: int) -> dict[str, Any]:
     step's process; its workers are that process's children, so the tree's memory counts them)."""
     out = r.work / "caches" / "dask"
     shutil.rmtree(out, ignore_errors=True)
-    res = r.step("dask_build", "dask", json.dumps({"args": r.build_args(src, out)[1:] + ["-q"],
+    res = r.step("dask_build", "dask", json.dumps({"args": [*r.build_args(src, out)[1:], "-q"],
                                                    "workers": r.jobs}))
     if "error" not in res:
         res.update(img_per_s=n / res["seconds"],
