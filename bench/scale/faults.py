@@ -25,7 +25,7 @@ def _blocks(staging: Path) -> tuple[int, int]:
     """(blocks begun: a shard file or its temporary exists, blocks recorded as finished)."""
     try:
         names = os.listdir(staging)
-        recorded = len(os.listdir(staging / "blocks"))
+        recorded = sum(n.endswith(".json") for n in os.listdir(staging / "blocks"))  # not a record being written
     except FileNotFoundError:
         return 0, 0
     begun = {n.split(".")[0] for n in names if n.startswith("images-")}

@@ -103,12 +103,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--full", type=Path, default=None,
                     help="the largest tree (default <work>/imagenet-full, generated when missing); e.g. a smaller "
                          "one of the same shape made by bench.scale.tree.full_tree")
+    ap.add_argument("--from-json", type=Path, default=None,
+                    help="only write scale.md, scale.png and the targets again from this scale.json")
     ap.add_argument("--no-extras", action="store_true", help="only the curves: no kill, val or Dask build")
     a = ap.parse_args(argv)
     ns = sorted(int(x) for x in a.n.split(",") if x)
+    if a.from_json:  # the figures again (e.g. after a change to the report), nothing measured
+        res = json.loads(a.from_json.read_text())
+        _save(a.from_json.parent, res)
+        _print_targets(a.from_json.parent, res["targets"])
+        return 0
     out = a.out or ROOT / "bench" / "results" / f"{dt.date.today().isoformat()}-{socket.gethostname()}-scale"
     res = run(ns, a.size, a.work, out, jobs=a.jobs, extras=not a.no_extras, shard_size=a.shard_size, full=a.full)
-    print(f"\ntargets ({out}):")
-    for t in res["targets"]:
-        print(f"  {'PASS' if t['passed'] else 'FAIL'}  {t['target']}: {t['measured']} (limit {t['limit']})")
+    _print_targets(out, res["targets"])
     return 0 if all(t["passed"] for t in res["targets"]) else 1
+
+
+def _print_targets(out: Path, targets: list[dict[str, Any]]) -> None:
+    print(f"\ntargets ({out}):")
+    for t in targets:
+        print(f"  {'PASS' if t['passed'] else 'FAIL'}  {t['target']}: {t['measured']} (limit {t['limit']})")

@@ -40,12 +40,12 @@ def _cell(step: dict[str, Any] | None) -> str:
     return f"{s}{extra}; {step['rss_self_peak'] / MB:,.0f} / {step['tree_pss_peak'] / MB:,.0f} MB{err}"
 
 
-def _growth(curves: list[dict[str, Any]], name: str) -> str:
-    """(t at the largest N / t at the smallest) / (N ratio): 1 is linear, below 1 is sub-linear."""
-    a, b = curves[0].get(name, {}), curves[-1].get(name, {})
-    if len(curves) < 2 or "seconds" not in a or "seconds" not in b or a["seconds"] <= 0:
+def _growth(lo: dict[str, Any], hi: dict[str, Any], name: str) -> str:
+    """(t at ``hi``'s N / t at ``lo``'s) / (N ratio): 1 is linear, below 1 is sub-linear."""
+    a, b = lo.get(name, {}), hi.get(name, {})
+    if "seconds" not in a or "seconds" not in b or a["seconds"] <= 0:
         return "-"
-    return f"{(b['seconds'] / a['seconds']) / (curves[-1]['n'] / curves[0]['n']):.2f}"
+    return f"{(b['seconds'] / a['seconds']) / (hi['n'] / lo['n']):.2f}"
 
 
 def write_md(path: Path, res: dict[str, Any], targets: list[dict[str, Any]]) -> None:
@@ -60,12 +60,14 @@ def write_md(path: Path, res: dict[str, Any], targets: list[dict[str, Any]]) -> 
              f"files of every class folder). Each step is its own process.", "",
              "Each cell: the step's time (after its imports), then the peak RSS of the process itself (the parent "
              "of a build's workers; the reader) / the peak PSS of its whole process tree. *growth*: (time at the "
-             "largest N / time at the smallest) / (N ratio); 1 = linear.", "",
-             "| step | " + " | ".join(f"N = {c['n']:,}" for c in curves) + " | growth |",
-             "|---|" + "---|" * (len(curves) + 1)]
+             "largest N / time at the smallest) / (N ratio); 1 = linear, below 1 sub-linear (fixed costs: "
+             "start-up, imports of workers); the last column the same between the two largest N.", "",
+             "| step | " + " | ".join(f"N = {c['n']:,}" for c in curves) + " | growth | growth, last two |",
+             "|---|" + "---|" * (len(curves) + 2)]
     for name in STEP_NAMES:
+        last_two = _growth(curves[-2], curves[-1], name) if len(curves) > 2 else "-"
         lines.append(f"| {_WHAT[name]} | " + " | ".join(_cell(c.get(name)) for c in curves)
-                     + f" | {_growth(curves, name)} |")
+                     + f" | {_growth(curves[0], curves[-1], name) if len(curves) > 1 else '-'} | {last_two} |")
     lines += ["", "Memory of the reader and its workers (RSS, and RssAnon: a process's own heap, where a copied "
               "side table would show; torch's import alone is ~700 MB RSS, ~290 MB of it anonymous). The reader "
               "before any pixel, each worker after the first batch (its RSS also counts the cache pages it "

@@ -43,7 +43,8 @@ class Runner:
         except ChildError as e:
             self.log(f"    {name}: FAILED\n{e}")
             return {"error": str(e)[-3000:]}
-        answer.update(wall=time.perf_counter() - t0, tree_rss_peak=peak["rss"], tree_pss_peak=peak["pss"])
+        answer.update(wall=time.perf_counter() - t0, tree_rss_peak=peak["rss"], tree_pss_peak=peak["pss"],
+                      load=os.getloadavg()[0])  # the box is shared: the 1-minute load beside every figure
         if expect_exit is not None and answer.get("exit_code", 0) != expect_exit:
             answer["error"] = f"exit code {answer['exit_code']}, expected {expect_exit}: {answer.get('output', '')}"
         self.log(f"    {name:<18} {answer.get('seconds', 0):9.2f} s  parent {answer['rss_self_peak'] / 2**20:7.0f} MB"

@@ -26,13 +26,20 @@ def _row(rows: list[dict[str, Any]], name: str, measured: Any, limit: str, passe
                  "passed": bool(passed) if passed is not None else False})
 
 
-def _curve_targets(rows: list[dict[str, Any]], lo: dict[str, Any], hi: dict[str, Any], jobs: int) -> None:
-    n = f"N={hi['n']:,}"
+def _rate_row(rows: list[dict[str, Any]], lo: dict[str, Any], hi: dict[str, Any]) -> None:
     r_lo, r_hi = _get(lo, "build", "img_per_s"), _get(hi, "build", "img_per_s")
     ratio = r_hi / r_lo if r_lo and r_hi else None
-    _row(rows, f"build img/s at {n} >= 0.9x at N={lo['n']:,}",
+    _row(rows, f"build img/s at N={hi['n']:,} >= 0.9x at N={lo['n']:,}",
          None if ratio is None else f"{ratio:.2f}x ({r_hi:,.0f} vs {r_lo:,.0f} img/s)", ">= 0.90x",
          ratio is not None and ratio >= 0.9)
+
+
+def _curve_targets(rows: list[dict[str, Any]], curves: list[dict[str, Any]]) -> None:
+    lo, hi = curves[0], curves[-1]
+    n = f"N={hi['n']:,}"
+    _rate_row(rows, lo, hi)
+    if len(curves) > 2:  # the smallest build is mostly its worker pool's start-up: the middle N as well
+        _rate_row(rows, curves[-2], hi)
     for step in ("plan", "status"):
         t = _get(hi, step, "seconds")
         _row(rows, f"{step} at {n} <= 60 s", None if t is None else f"{t:.1f} s", "<= 60 s", t is not None and t <= 60)
@@ -72,7 +79,7 @@ def check_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     curves = results.get("curves", [])
     if curves:
-        _curve_targets(rows, curves[0], curves[-1], results["config"]["jobs"])
+        _curve_targets(rows, curves)
     kill = results.get("kill")
     if kill:
         redone = kill.get("blocks_redone")
