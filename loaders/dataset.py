@@ -38,7 +38,7 @@ from cachebuild.format.identity import check_fingerprint
 from cachebuild.storage import BlockCache, ImageStore
 from cachebuild.storage.reader import open_cache
 from cachebuild.storage.replacement import ReaderLock
-from cachebuild.storage.side_arrays import load_paths
+from cachebuild.storage.side_arrays import load_paths, map_array
 from loaders.batch_ring import MAX_SLOTS, InlineTensor, WorkerRing, rings_fit
 from loaders.collate import CacheBatch, collate_batch
 from loaders.dataset_crop import WorkerCropMixin
@@ -257,6 +257,8 @@ class CachedImageDataset(WorkerCropMixin, Dataset):
         state["_paths"] = None
         state["_ring"] = None
         state["_ring_failed"] = False
+        if self.location.is_local:  # memory-mapped side arrays: each process maps them again (storage.side_arrays)
+            state["_labels"] = state["sizes"] = state["_boxes"] = None
         # _shared (a torch tensor in shared memory) travels by handle through torch's multiprocessing
         # reductions (DataLoader workers, fork or spawn); a plain pickle.dumps copies it, as for any tensor.
         return state
@@ -264,6 +266,10 @@ class CachedImageDataset(WorkerCropMixin, Dataset):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._pid = -1
+        if self._labels is None:  # mapped, not copied: nothing proportional to N travels to a worker
+            self._labels = np.ascontiguousarray(map_array(self.location, self.manifest, "labels"), dtype=np.int64)
+            self.sizes = map_array(self.location, self.manifest, "sizes")
+            self._boxes = map_array(self.location, self.manifest, "boxes") if "boxes" in self.manifest.arrays else None
         # A copy (a DataLoader worker's, a job's) holds its own shared lock on the folder it reads, so that
         # a --force rebuild keeps that folder for as long as any copy lives, not only the original.
         if getattr(self.location, "identity", None) is not None:

@@ -72,11 +72,24 @@ class SourceStatus:
 
 
 def _compare(old: SourceInputs, plan: Plan, stats: np.ndarray) -> tuple[dict[str, int], dict[str, list[str]]]:
-    new = {k: (int(label), int(s[0]), int(s[1]))
-           for k, label, s in zip(plan.keys, plan.labels.tolist(), stats.tolist(), strict=True)}
-    added = sorted(set(new) - set(old))
-    removed = sorted(set(old) - set(new))
-    modified = sorted(k for k in set(new) & set(old) if new[k] != old[k])
+    """Files added, removed and modified (label, size or mtime), by arrays: no per-file Python object beyond
+    the keys themselves (1.28M files)."""
+    keys = list(plan.keys)
+    new = np.column_stack([np.asarray(plan.labels, dtype=np.int64), stats.astype(np.int64)])
+    if old.keys == keys:  # the same files in the same order (files rewritten or touched): row by row
+        added: list[str] = []
+        removed: list[str] = []
+        modified = sorted(keys[i] for i in np.flatnonzero((old.rows != new).any(axis=1)).tolist())
+    else:
+        index = {k: i for i, k in enumerate(old.keys)}
+        at = np.fromiter((index.get(k, -1) for k in keys), dtype=np.int64, count=len(keys))
+        present = np.flatnonzero(at >= 0)
+        kept = np.zeros(len(old.keys), dtype=bool)
+        kept[at[present]] = True
+        added = sorted(keys[i] for i in np.flatnonzero(at < 0).tolist())
+        removed = sorted(old.keys[i] for i in np.flatnonzero(~kept).tolist())
+        differs = (old.rows[at[present]] != new[present]).any(axis=1)
+        modified = sorted(keys[i] for i in present[differs].tolist())
     counts = {"added": len(added), "removed": len(removed), "modified": len(modified)}
     examples = {kind: names[:EXAMPLES] for kind, names in
                 (("added", added), ("removed", removed), ("modified", modified)) if names}

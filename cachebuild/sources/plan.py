@@ -125,9 +125,11 @@ def stat_files(root: Path, keys: Sequence[str]) -> np.ndarray:
     """int64 (n, 2): (size, mtime_ns) of every key under ``root``; (-1, -1) for an entry that cannot be
     stat'ed (a dangling link). The per-file inputs of :func:`digest_files`."""
     out = np.full((len(keys), 2), -1, dtype=np.int64)
+    top = os.fspath(root)
+    join, stat = os.path.join, os.stat  # not pathlib: its join was half of the time at 1.28M files
     for i, key in enumerate(keys):
         try:
-            st = os.stat(root / key)
+            st = stat(join(top, key))
         except OSError:
             continue
         out[i] = (st.st_size, st.st_mtime_ns)

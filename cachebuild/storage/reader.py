@@ -19,7 +19,7 @@ from cachebuild.format.manifest import parse_manifest as parse_spec
 from cachebuild.storage import BlockCache, ImageStore, Location, backend_names, get_backend, open_location
 from cachebuild.storage.file_table import read_file_table
 from cachebuild.storage.replacement import ReaderLock
-from cachebuild.storage.side_arrays import load_array, load_paths, sha256_bytes
+from cachebuild.storage.side_arrays import load_array, load_paths, map_array, sha256_bytes
 
 __all__ = ["CacheReader", "not_a_cache", "open_cache", "parse_manifest", "read_manifest"]
 
@@ -100,10 +100,11 @@ class CacheReader:
             kw = {"max_bytes": int(local_cache_bytes)} if local_cache_bytes else {}
             self.block_cache = BlockCache(local_cache, **kw)
         self.images: ImageStore = self.backend.open(location, self.manifest, block_cache=self.block_cache)
-        self.labels: np.ndarray = load_array(location, self.manifest, "labels")
-        self.sizes: np.ndarray = load_array(location, self.manifest, "sizes")
+        # Memory-mapped in a local folder (read-only), read whole at a URL: storage.side_arrays.map_array.
+        self.labels: np.ndarray = map_array(location, self.manifest, "labels")
+        self.sizes: np.ndarray = map_array(location, self.manifest, "sizes")
         self.boxes: np.ndarray | None = (
-            load_array(location, self.manifest, "boxes") if "boxes" in self.manifest.arrays else None
+            map_array(location, self.manifest, "boxes") if "boxes" in self.manifest.arrays else None
         )
 
     @property

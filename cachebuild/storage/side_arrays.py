@@ -1,6 +1,8 @@
 """The per-sample arrays beside the images, the same for every storage kind: ``labels.npy``, ``sizes.npy``,
 optional ``boxes.npy`` / ``coarse_labels.npy`` (plain ``.npy``, read with ``allow_pickle=False``) and
-``paths.json`` (provenance). Small: read whole, from a local folder or a URL alike.
+``paths.json`` (provenance). At a URL they are read whole; in a local folder the numeric ones are memory-mapped
+(:func:`map_array`), so that a reader and each of its DataLoader workers share one copy in the page cache
+instead of holding one each (16 bytes a sample: 20 MB a process at ImageNet's 1.28M).
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +20,9 @@ from cachebuild.errors import CacheCorruptError, RemoteError
 from cachebuild.format.manifest import ArrayInfo, Manifest
 from cachebuild.format.pathnames import decode_paths, encode_paths
 from cachebuild.storage.location import Location
-from cachebuild.storage.rows import NPY_HEADER_ERRORS
+from cachebuild.storage.rows import NPY_HEADER_ERRORS, npy_header
 
-__all__ = ["PATHS_FILE", "load_array", "load_paths", "save_array", "save_paths", "sha256_bytes"]
+__all__ = ["PATHS_FILE", "load_array", "load_paths", "map_array", "save_array", "save_paths", "sha256_bytes"]
 
 PATHS_FILE = "paths.json"
 
@@ -62,6 +65,30 @@ def load_array(location: Location, manifest: Manifest, name: str) -> np.ndarray:
             f"{where} holds {arr.dtype}{list(arr.shape)}, the manifest says {info.dtype}{list(info.shape)}"
         )
     return arr
+
+
+def map_array(location: Location, manifest: Manifest, name: str) -> np.ndarray:
+    """``name`` memory-mapped (copy-on-write) from a local cache (the pinned folder: a rebuild renaming it aside does
+    not change what is mapped); :func:`load_array` for a URL, a string array or an empty one."""
+    info = manifest.arrays.get(name)
+    if info is None or info.dtype == "str" or not location.is_local or 0 in info.shape:
+        return load_array(location, manifest, name)
+    where = location.describe(info.file)
+    try:
+        with location.open_file(info.file) as f:
+            offset, shape, dtype = npy_header(f.read(4096), where)
+            size = os.fstat(f.fileno()).st_size
+            if str(dtype) != info.dtype or shape != info.shape:
+                raise CacheCorruptError(f"{where} holds {dtype}{list(shape)}, the manifest says "
+                                        f"{info.dtype}{list(info.shape)}")
+            if size < offset + dtype.itemsize * int(np.prod(shape)):
+                raise CacheCorruptError(f"array file {where} is truncated: {size} bytes")
+            # copy-on-write: writable as an array read whole was (torch.from_numpy takes it without a warning),
+            # a write stays in this process's copy of that page, and the file is never written
+            mm = np.memmap(f, dtype=dtype, mode="c", offset=offset, shape=shape)
+    except FileNotFoundError:
+        raise CacheCorruptError(f"array file {where}, listed in the manifest, cannot be read: it is missing") from None
+    return mm.view(np.ndarray)  # a plain ndarray over the map (np.memmap's slicing is slower)
 
 
 def save_paths(folder: Path, paths: list[str]) -> ArrayInfo:

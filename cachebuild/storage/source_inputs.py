@@ -13,7 +13,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -27,7 +27,14 @@ __all__ = ["INPUTS_FORMAT", "SOURCE_INPUTS", "SourceInputs", "load_source_inputs
 SOURCE_INPUTS = "source_files.json"
 INPUTS_FORMAT = "cachebuild-source-files"
 
-SourceInputs = dict[str, tuple[int, int, int]]  # key -> (label, size, mtime_ns)
+
+
+class SourceInputs(NamedTuple):
+    """The table as arrays: ``keys`` in the build's plan order and one int64 row (label, size, mtime_ns) each
+    (half the memory of a dict of tuples: ~330 bytes a file while parsing, most of it the JSON)."""
+
+    keys: list[str]
+    rows: np.ndarray
 
 
 def save_source_inputs(folder: Path, keys: Sequence[str], labels: np.ndarray, stats: np.ndarray) -> dict[str, Any]:
@@ -57,7 +64,11 @@ def load_source_inputs(location: Location, manifest: Manifest) -> SourceInputs |
                                 f"or rebuild the cache")
     try:
         doc = json.loads(data)
-        rows = zip(doc["keys"], doc["labels"], doc["sizes"], doc["mtimes_ns"], strict=True)
-        return {str(k): (int(label), int(size), int(mtime)) for k, label, size, mtime in rows}
-    except (ValueError, KeyError, TypeError) as e:
+        keys = doc["keys"]
+        columns = [np.asarray(doc.pop(c), dtype=np.int64) for c in ("labels", "sizes", "mtimes_ns")]
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys) or \
+                any(c.shape != (len(keys),) for c in columns):
+            raise ValueError("keys must be strings, one label, size and mtime each")
+        return SourceInputs(keys, np.stack(columns, axis=1) if keys else np.zeros((0, 3), np.int64))
+    except (ValueError, KeyError, TypeError, OverflowError) as e:
         raise CacheCorruptError(f"{where} is not a valid source table: {e}") from None

@@ -1,0 +1,3 @@
+from bench.scale.harness import main
+
+raise SystemExit(main())
