@@ -8,10 +8,11 @@ cost bytes, never correctness.
 
 - A read is late when it has not answered after ``CACHEBUILD_HEDGE_FACTOR`` (default 3) times the running
   median of the reads of its size class (sizes within a factor of 4) in this process, never under
-  ``CACHEBUILD_HEDGE_AFTER`` seconds (default 0.05), *and* reads that started after it have answered: a
-  store slow for every request (many reads queued at once) answers them in about the order they were sent,
-  a stalled answer is overtaken. A read alone is late after a quarter of the HTTP timeout.
-- A read still unanswered twice as long after its hedge is hedged again (both stalled), and so on.
+  ``CACHEBUILD_HEDGE_AFTER`` seconds (default 0.05), *and* it is not queued behind other reads: reads that
+  started after it have answered, or none that started before it is still waiting. A store slow for every
+  request (many reads queued at once) answers them in about the order they were sent; a stalled answer is
+  overtaken. Any read is late after a quarter of the HTTP timeout, and no delay is longer than that.
+- A read still unanswered a delay after its hedge is hedged again (both stalled), then after twice that...
 - Hedges are at most a fifth of the reads (plus a burst of 10), so a store slow for everyone is not asked
   twice for everything; a hedge is one try of its request in the retry policy (``CACHEBUILD_RETRIES``).
 - ``CACHEBUILD_HEDGE=0`` turns it off.
@@ -45,6 +46,7 @@ class Latencies:
         self._lock = threading.Lock()  # fsspec loops run in their own threads; several may share this
         self._recent: dict[int, collections.deque[float]] = {}
         self._finished: collections.deque[int] = collections.deque(maxlen=_WINDOW * 4)  # their start numbers
+        self._waiting: set[int] = set()  # start numbers of reads under way and not hedged
         self.reads = 0
         self.hedges = 0
 
@@ -56,7 +58,19 @@ class Latencies:
         """A read starts: its start number."""
         with self._lock:
             self.reads += 1
+            self._waiting.add(self.reads)
             return self.reads
+
+    def settle(self, started: int) -> None:
+        """Read number ``started`` answered, failed or was hedged: no longer in line."""
+        with self._lock:
+            self._waiting.discard(started)
+
+    def first_in_line(self, started: int) -> bool:
+        """No read that started before read number ``started`` is still waiting unhedged: if it is late, it is
+        not queued behind others."""
+        with self._lock:
+            return min(self._waiting, default=started) == started
 
     def record(self, nbytes: int, seconds: float, started: int = 0) -> None:
         with self._lock:
@@ -70,12 +84,13 @@ class Latencies:
             return sum(1 for k in self._finished if k > started)
 
     def delay(self, nbytes: int, floor: float, factor: float, fallback: float) -> float:
-        """Seconds to wait for a read of ``nbytes`` before hedging it."""
+        """Seconds to wait for a read of ``nbytes`` before hedging it, never past ``fallback`` (a store whose
+        every read queues must not push the hedge past the socket timeout it is there to beat)."""
         with self._lock:
             seen = list(self._recent.get(self.size_class(nbytes), ()))
         if len(seen) < _MIN_SEEN:
             return max(floor, fallback)
-        return max(floor, factor * statistics.median(seen))
+        return max(floor, min(fallback, factor * statistics.median(seen)))
 
     def allow_hedge(self) -> bool:
         with self._lock:
@@ -99,21 +114,21 @@ async def hedged(fn: Callable[[], Awaitable[T]], nbytes: int, delay: float, pati
                  may_hedge: Callable[[], bool], transient: Callable[[BaseException], bool],
                  latencies: Latencies | None = None) -> T:
     """``fn()``, and another ``fn()`` (if ``may_hedge()``) once it is late: no answer after ``delay`` seconds
-    while reads that started after it have answered (``_OVERTAKEN``), or none after ``patience`` seconds; each
-    further hedge after twice as long. Returns the first good answer (the other requests cancelled). A
-    permanent failure of any ends it at once; a transient one waits for the others; all failing raises the
-    last one."""
+    while reads that started after it have answered (``_OVERTAKEN``) or none that started before it waits
+    unhedged, or none after ``patience`` seconds; then another after ``delay``, twice that, ... while none
+    answers (a refused hedge is asked for again at the next of these times). Returns
+    the first good answer (the other requests cancelled). A permanent failure of any ends it at once; a
+    transient one waits for the others; all failing raises the last one."""
     lat = latencies or LATENCIES
     number = lat.begin()
     t0 = time.monotonic()
     started: dict[asyncio.Future[Any], float] = {asyncio.ensure_future(fn()): t0}
     pending: set[asyncio.Future[Any]] = set(started)
     last: BaseException | None = None
-    hedging = True
+    sent = False
     try:
         while pending:
-            done, pending = await asyncio.wait(pending, timeout=delay if hedging else None,
-                                               return_when=asyncio.FIRST_COMPLETED)
+            done, pending = await asyncio.wait(pending, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
                 exc = t.exception()
                 if exc is None:
@@ -122,15 +137,21 @@ async def hedged(fn: Callable[[], Awaitable[T]], nbytes: int, delay: float, pati
                 if not transient(exc):
                     raise exc
                 last = exc
-            late = time.monotonic() - t0 >= patience or lat.overtaken(number) >= _OVERTAKEN
-            if not done and hedging and late:
-                hedging = may_hedge()
-                if hedging:
-                    extra = asyncio.ensure_future(fn())
-                    started[extra] = time.monotonic()
-                    pending.add(extra)
-                    delay, patience = 2 * delay, 2 * patience
+            if done:
+                continue
+            late = sent or time.monotonic() - t0 >= patience or lat.overtaken(number) >= _OVERTAKEN \
+                or lat.first_in_line(number)
+            if late and may_hedge():  # refused (the allowance spent, no try left): asked again next time
+                extra = asyncio.ensure_future(fn())
+                started[extra] = time.monotonic()
+                pending.add(extra)
+                if sent:
+                    delay *= 2  # both stalled: the store may be slow for everyone now
+                else:
+                    lat.settle(number)
+                sent = True
         assert last is not None
         raise last
     finally:
+        lat.settle(number)
         await _quietly(pending)
