@@ -91,8 +91,9 @@ class Server:
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
-def epochs(ds: Any, args: argparse.Namespace, count: int, persistent: bool = True) -> list[float]:
-    """img/s of ``count`` shuffled epochs of ``ds`` through a DataLoader (worker start-up excluded)."""
+def epochs(ds: Any, args: argparse.Namespace, count: int, persistent: bool = True, whole: bool = False) -> list[float]:
+    """img/s of ``count`` shuffled epochs of ``ds`` through a DataLoader (worker start-up and the first batch
+    excluded; ``whole``: included, the clock starts when the epoch is asked for)."""
     from torch.utils.data import DataLoader
 
     from loaders.dataset import collate_batch
@@ -104,9 +105,12 @@ def epochs(ds: Any, args: argparse.Namespace, count: int, persistent: bool = Tru
     rates = []
     for e in range(count):
         sampler.set_epoch(e)
+        t_ask = time.perf_counter()
         it = iter(dl)
         first = next(it)  # workers started and the first batch in: the clock starts here
         seen, t0 = 0, time.perf_counter()
+        if whole:
+            seen, t0 = len(first[0]), t_ask
         del first
         for x, _ in it:
             seen += len(x)
@@ -120,14 +124,17 @@ def median_warm(rates: list[float]) -> float:
 
 def _fault_epochs(url: str, work: Path, args: argparse.Namespace, tag: str) -> dict[str, float]:
     """img/s of ``url``: a cold epoch (no block cache), and with a block cache its first epoch (the fill:
-    1 MiB blocks, a few requests a batch) and the median of the later (warm) ones."""
+    1 MiB blocks, a few requests a batch; the first batch and the workers' start counted, as the first batch
+    of a small cache fetches most of its blocks) and the median of the later (warm) ones."""
     from loaders.dataset import CachedImageDataset
 
     cold = epochs(CachedImageDataset(url), args, 1, persistent=False)[0]
     blocks = work / f"blocks-{tag}"
-    rates = epochs(CachedImageDataset(url, local_cache=blocks), args, max(3, args.epochs))
+    ds = CachedImageDataset(url, local_cache=blocks)
+    fill = epochs(ds, args, 1, persistent=False, whole=True)[0]
+    rates = epochs(ds, args, max(3, args.epochs))
     shutil.rmtree(blocks, ignore_errors=True)
-    return {"cold": cold, "fill": rates[0], "warm": median_warm(rates)}
+    return {"cold": cold, "fill": fill, "warm": median_warm(rates)}
 
 
 def fault_rounds(url_root: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
