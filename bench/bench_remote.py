@@ -152,8 +152,9 @@ def fault_rounds(url_root: str, work: Path, args: argparse.Namespace) -> dict[st
     injected: dict[str, dict[str, int]] = {k: {} for k in sets}
     for r in range(args.rounds):
         for kinds in [None, *sets]:
+            names, _, wait = (kinds or "500").partition("@")  # "503@0": Retry-After 0 s instead of 1 s
             proxy = FaultProxy(url_root, rate=0.0 if kinds is None else args.faults, seed=r,
-                               kinds=tuple((kinds or "500").split(",")))
+                               kinds=tuple(names.split(",")), retry_after=float(wait or 1))
             loop.run(proxy._start())
             got = _fault_epochs(f"{proxy.url}/cache", work, args, f"{kinds}-{r}")
             into = clean if kinds is None else faulty[kinds]
@@ -207,7 +208,8 @@ def main() -> None:
     p.add_argument("--fault-kinds", default="500,503,reset,short,stall",
                    help="comma-separated kinds the proxy draws from (tests/fault_proxy.py KINDS)")
     p.add_argument("--fault-sets", default=None,
-                   help="';'-separated sets of kinds, each run in every round, e.g. '500;503;stall;500,503,stall'")
+                   help="';'-separated sets of kinds, each run in every round, e.g. '500;503;stall;500,503,stall'; "
+                        "'503@0': the 503s ask for Retry-After: 0 (default 1 s)")
     p.add_argument("--machine", action="store_true", help="record the machine (bench/machine.py) and the commit")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--cache", type=Path, default=None, help=argparse.SUPPRESS)

@@ -15,6 +15,7 @@ cost bytes, never correctness.
 - A read still unanswered a delay after its hedge is hedged again (both stalled), then after twice that...
 - Hedges are at most a fifth of the reads (plus a burst of 10), so a store slow for everyone is not asked
   twice for everything; a hedge is one try of its request in the retry policy (``CACHEBUILD_RETRIES``).
+- Reads over 16 MiB are not hedged (``MAX_HEDGED_BYTES``: a transfer's time, not a stall's).
 - ``CACHEBUILD_HEDGE=0`` turns it off.
 """
 
@@ -28,12 +29,15 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-__all__ = ["LATENCIES", "Latencies", "hedged"]
+__all__ = ["LATENCIES", "MAX_HEDGED_BYTES", "Latencies", "hedged"]
 
 T = TypeVar("T")
 
 _WINDOW = 64  # recent reads per size class: the median follows the store within a batch or two
 _OVERTAKEN = 4  # later reads answered before a late one: it is stalled
+# Larger reads are not hedged: their time is the transfer's (a slow link is not a stall, which the socket
+# timeout between bytes catches), and a second request would double their bytes.
+MAX_HEDGED_BYTES = 16 << 20
 _MIN_SEEN = 8
 _HEDGE_SHARE, _HEDGE_BURST = 0.2, 10
 

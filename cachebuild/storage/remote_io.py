@@ -290,7 +290,7 @@ async def acall(fn: Callable[[], Awaitable[T]], budget: Budget, hedge_bytes: int
     while True:
         attempt += 1
         try:
-            if hedge_bytes is None or not s.hedge or attempt >= s.attempts:
+            if hedge_bytes is None or hedge_bytes > hedge.MAX_HEDGED_BYTES or not s.hedge or attempt >= s.attempts:
                 return await fn()
             patience = max(s.hedge_after_s, s.http_timeout_s / 4)
             delay = hedge.LATENCIES.delay(hedge_bytes, s.hedge_after_s, s.hedge_factor, patience)

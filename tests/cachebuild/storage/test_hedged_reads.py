@@ -112,3 +112,13 @@ def test_the_hedge_delay_follows_the_median_of_reads_of_that_size():
     assert lat.delay(4096, 0.05, 3.0, 1.0) == pytest.approx(0.3)
     assert lat.delay(4096 * 64, 0.05, 3.0, 1.0) == 1.0  # another size class has its own history
     assert lat.delay(4096, 0.5, 3.0, 1.0) == 0.5  # never under the floor
+
+
+def test_a_read_too_large_to_hedge_is_asked_once(tmp_path, http_server, fault_proxy, fresh_latencies, monkeypatch):
+    """A read over MAX_HEDGED_BYTES is a transfer: its time says nothing of a stall, a hedge would double it."""
+    monkeypatch.setattr(hedge, "MAX_HEDGED_BYTES", 4096)
+    server, data, ranges = _served_file(tmp_path, http_server, 16, width=8192)
+    loc = FsspecLocation(server.url)
+    for _ in range(3):
+        assert loc.read_ranges("f.bin", ranges) == [data[a:b] for a, b in ranges]
+    assert fresh_latencies.reads == 0 and fresh_latencies.hedges == 0
