@@ -16,7 +16,8 @@ Contenders, each a shuffled epoch (CacheSampler) through a DataLoader with 2 wor
                    of requests and at 0 (the fault-free figure: same proxy, same run, rounds interleaved):
                    a cold epoch (no block cache) and block-cache epochs (the first fills it, later ones warm).
                    CACHEBUILD_HTTP_TIMEOUT=1 there, so a stalled answer costs 1 s. --only-faults skips the rest;
-                   --fault-kinds 500,reset,short draws only those.
+                   --fault-kinds 500,reset,short draws only those; --fault-sets '500;stall;500,stall' runs
+                   each set in every round (rounds interleaved, one fault-free epoch per round).
 Bytes fetched are counted at the server (Content-Length of every response) and divided by the samples
 the epoch delivered; "needed" is the samples' pixel bytes. Worker start-up is excluded from img/s; the
 first epoch of each warm contender is a warm-up and left out of its median.
@@ -90,8 +91,9 @@ class Server:
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
-def epochs(ds: Any, args: argparse.Namespace, count: int, persistent: bool = True) -> list[float]:
-    """img/s of ``count`` shuffled epochs of ``ds`` through a DataLoader (worker start-up excluded)."""
+def epochs(ds: Any, args: argparse.Namespace, count: int, persistent: bool = True, whole: bool = False) -> list[float]:
+    """img/s of ``count`` shuffled epochs of ``ds`` through a DataLoader (worker start-up and the first batch
+    excluded; ``whole``: included, the clock starts when the epoch is asked for)."""
     from torch.utils.data import DataLoader
 
     from loaders.dataset import collate_batch
@@ -103,9 +105,12 @@ def epochs(ds: Any, args: argparse.Namespace, count: int, persistent: bool = Tru
     rates = []
     for e in range(count):
         sampler.set_epoch(e)
+        t_ask = time.perf_counter()
         it = iter(dl)
         first = next(it)  # workers started and the first batch in: the clock starts here
         seen, t0 = 0, time.perf_counter()
+        if whole:
+            seen, t0 = len(first[0]), t_ask
         del first
         for x, _ in it:
             seen += len(x)
@@ -117,38 +122,67 @@ def median_warm(rates: list[float]) -> float:
     return statistics.median(rates[1:] if len(rates) > 2 else rates)
 
 
-def fault_rounds(url_root: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Cold and warm-block-cache epochs through the fault proxy at ``args.faults`` and at 0, per round."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+def _fault_epochs(url: str, work: Path, args: argparse.Namespace, tag: str) -> dict[str, float]:
+    """img/s of ``url``: a cold epoch (no block cache), and with a block cache its first epoch (the fill:
+    1 MiB blocks, a few requests a batch; the first batch and the workers' start counted, as the first batch
+    of a small cache fetches most of its blocks) and the median of the later (warm) ones."""
     from loaders.dataset import CachedImageDataset
+
+    cold = epochs(CachedImageDataset(url), args, 1, persistent=False)[0]
+    blocks = work / f"blocks-{tag}"
+    ds = CachedImageDataset(url, local_cache=blocks)
+    fill = epochs(ds, args, 1, persistent=False, whole=True)[0]
+    rates = epochs(ds, args, max(3, args.epochs))
+    shutil.rmtree(blocks, ignore_errors=True)
+    return {"cold": cold, "fill": fill, "warm": median_warm(rates)}
+
+
+def fault_rounds(url_root: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Cold and warm-block-cache epochs through the fault proxy at 0 and at ``args.faults`` with each set of
+    fault kinds, every set once per round (rounds interleaved); ratios are faulty / fault-free of one round."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.fault_proxy import FaultProxy
     from tests.servers import _Loop
 
     os.environ.setdefault("CACHEBUILD_HTTP_TIMEOUT", "1")
+    sets = args.fault_sets.split(";") if args.fault_sets else [args.fault_kinds]
     loop = _Loop()
-    rows: dict[str, list[float]] = {k: [] for k in ("cold_clean", "cold_faulty", "warm_clean", "warm_faulty")}
-    injected: dict[str, int] = {}
+    clean: dict[str, list[float]] = {"cold": [], "fill": [], "warm": []}
+    faulty: dict[str, dict[str, list[float]]] = {k: {"cold": [], "fill": [], "warm": []} for k in sets}
+    injected: dict[str, dict[str, int]] = {k: {} for k in sets}
     for r in range(args.rounds):
-        for label, rate in (("clean", 0.0), ("faulty", args.faults)):
-            proxy = FaultProxy(url_root, rate=rate, seed=r, kinds=tuple(args.fault_kinds.split(",")))
+        for kinds in [None, *sets]:
+            names, _, wait = (kinds or "500").partition("@")  # "503@0": Retry-After 0 s instead of 1 s
+            proxy = FaultProxy(url_root, rate=0.0 if kinds is None else args.faults, seed=r,
+                               kinds=tuple(names.split(",")), retry_after=float(wait or 1))
             loop.run(proxy._start())
-            url = f"{proxy.url}/cache"
-            rows[f"cold_{label}"].append(epochs(CachedImageDataset(url), args, 1, persistent=False)[0])
-            blocks = work / f"blocks-{label}-{r}"
-            rates = epochs(CachedImageDataset(url, local_cache=blocks), args, max(3, args.epochs))
-            rows[f"warm_{label}"].append(median_warm(rates))
+            got = _fault_epochs(f"{proxy.url}/cache", work, args, f"{kinds}-{r}")
+            into = clean if kinds is None else faulty[kinds]
+            for k, v in got.items():
+                into[k].append(v)
             for k, v in proxy.faults.items():
-                injected[k] = injected.get(k, 0) + v
+                if kinds is not None:
+                    injected[kinds][k] = injected[kinds].get(k, 0) + v
             loop.run(proxy._stop())
-            shutil.rmtree(blocks, ignore_errors=True)
+            figures = ", ".join(f"{k} {v:,.0f}" for k, v in got.items())
+            print(f"round {r} {kinds or 'fault-free'}: {figures} img/s (load {os.getloadavg()[0]:.1f})",
+                  file=sys.stderr, flush=True)
     loop.close()
-    out: dict[str, Any] = {f"faults_{k}_img_s": statistics.median(v) for k, v in rows.items()}
-    for kind in ("cold", "warm"):
-        ratios = [f / c for f, c in zip(rows[f"{kind}_faulty"], rows[f"{kind}_clean"], strict=True)]
-        out[f"faults_{kind}_ratio"] = {"median": statistics.median(ratios), "rounds": ratios}
-    out["faults_rate"] = args.faults
-    out["faults_kinds"] = args.fault_kinds
-    out["faults_injected"] = injected
+    out: dict[str, Any] = {"faults_rate": args.faults, "faults_clean_cold_img_s": statistics.median(clean["cold"]),
+                           "faults_clean_fill_img_s": statistics.median(clean["fill"]),
+                           "faults_clean_warm_img_s": statistics.median(clean["warm"]), "faults_clean": clean,
+                           "faults_by_set": {}}
+    for kinds in sets:
+        row: dict[str, Any] = {"injected": injected[kinds]}
+        for kind in ("cold", "fill", "warm"):
+            ratios = [f / c for f, c in zip(faulty[kinds][kind], clean[kind], strict=True)]
+            row[f"{kind}_img_s"] = faulty[kinds][kind]
+            row[f"{kind}_ratio"] = {"median": statistics.median(ratios), "rounds": ratios}
+        out["faults_by_set"][kinds] = row
+    if len(sets) == 1:  # the keys of a one-set run, as before
+        only = out["faults_by_set"][sets[0]]
+        out.update(faults_cold_ratio=only["cold_ratio"], faults_warm_ratio=only["warm_ratio"],
+                   faults_kinds=sets[0], faults_injected=only["injected"])
     return out
 
 
@@ -173,6 +207,10 @@ def main() -> None:
     p.add_argument("--only-faults", action="store_true", help="run only the --faults section")
     p.add_argument("--fault-kinds", default="500,503,reset,short,stall",
                    help="comma-separated kinds the proxy draws from (tests/fault_proxy.py KINDS)")
+    p.add_argument("--fault-sets", default=None,
+                   help="';'-separated sets of kinds, each run in every round, e.g. '500;503;stall;500,503,stall'; "
+                        "'503@0': the 503s ask for Retry-After: 0 (default 1 s)")
+    p.add_argument("--machine", action="store_true", help="record the machine (bench/machine.py) and the commit")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--cache", type=Path, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -183,7 +221,10 @@ def main() -> None:
     from loaders.dataset import CachedImageDataset
 
     work = Path(tempfile.mkdtemp(prefix="bench-remote-"))
-    results: dict[str, Any] = {"n": args.n, "size": args.size, "batch": args.batch, "workers": args.workers}
+    results: dict[str, Any] = {"n": args.n, "size": args.size, "batch": args.batch, "workers": args.workers,
+                               "loadavg_start": os.getloadavg()}
+    if args.machine:
+        results.update(_provenance())
     try:
         cache = make_cache(work / "site" / "cache", args.n, args.size)
         server = Server(work / "site")
@@ -231,7 +272,19 @@ def main() -> None:
     _report(results, args)
 
 
+def _provenance() -> dict[str, Any]:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.machine import machine_info
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip()
+
+    return {"machine": machine_info(), "git_commit": git("rev-parse", "HEAD"),
+            "git_dirty": bool(git("status", "--porcelain")), "command": " ".join(sys.argv)}
+
+
 def _report(results: dict[str, Any], args: argparse.Namespace) -> int:
+    results["loadavg_end"] = os.getloadavg()
     for k, v in results.items():
         print(f"{k:36s} {json.dumps(v) if isinstance(v, dict) else f'{v:,.2f}' if isinstance(v, float) else v}")
     if args.json:

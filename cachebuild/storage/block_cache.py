@@ -31,10 +31,12 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import itertools
 import logging
 import mmap
 import os
 import shutil
+import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -57,6 +59,33 @@ log = logging.getLogger("cachebuild")
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a disk (or a quota) too full for the block cache: BlockCacheFullError
 Fetch = Callable[[Sequence[tuple[int, int]]], list[bytes]]
+
+
+# Guards a BlockCache's per-process counters and flag: threads of one process read the files of a batch at
+# once. Made anew in a forked child (another thread may have held it at the fork).
+_STATE_GUARD = threading.Lock()
+
+
+def _new_state_guard() -> None:
+    global _STATE_GUARD
+    _STATE_GUARD = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_state_guard)
+
+
+def _lock_range(fd: int, length: int, start: int) -> None:
+    """``lockf`` a range, waiting. POSIX locks belong to a process, so while two threads of one process hold
+    locks on two files that threads of another process wait for (and the reverse), the kernel sees a cycle
+    that is not one (each thread locks one file, in ascending order) and answers EDEADLK: ask again."""
+    for pause in itertools.chain((0.001, 0.002, 0.005), itertools.repeat(0.01)):
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX, length, start)
+            return
+        except OSError as e:
+            if e.errno != errno.EDEADLK:
+                raise
+            time.sleep(pause)
 
 
 class BlockCacheFullError(CacheBuildError, OSError):
@@ -167,7 +196,7 @@ class CachedFile:
         # that DataLoader workers wanting the same blocks wait for one fetch instead of each fetching them.
         locked = [(int(r[0]) * 8, len(r) * 8) for r in runs]
         for start, length in locked:
-            fcntl.lockf(self._crc_fd, fcntl.LOCK_EX, length, start)
+            _lock_range(self._crc_fd, length, start)
         try:
             todo = blocks[self.table[blocks] == 0]  # what no other process fetched while we waited
             if not len(todo):
@@ -230,8 +259,9 @@ class BlockCache:
 
     def note_full(self, error: BlockCacheFullError) -> None:
         """Go on without caching in this process; say so once (a full disk stops no training)."""
-        if not self.full:
-            self.full = True
+        with _STATE_GUARD:  # the files of a batch are read by several threads (rows.in_parallel)
+            first, self.full = not self.full, True
+        if first:
             log.warning("%s; reading on without it (uncached: every block is fetched from the store again)",
                         error.strerror or error)
 
@@ -292,9 +322,12 @@ class BlockCache:
         self.fetched(len(data))
 
     def fetched(self, nbytes: int) -> None:
-        self._since_check += nbytes
-        if self._since_check >= self.max_bytes * _EVICT_EVERY:
-            self._since_check = 0
+        with _STATE_GUARD:
+            self._since_check += nbytes
+            due = self._since_check >= self.max_bytes * _EVICT_EVERY
+            if due:
+                self._since_check = 0
+        if due:
             self.evict()
 
     def usage(self) -> int:

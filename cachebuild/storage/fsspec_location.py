@@ -112,10 +112,12 @@ class FsspecLocation(Location):
         except Exception as e:
             raise self._failed(name, what, e) from None
 
-    def _group(self, names: Sequence[str], what: str, calls: Sequence[Callable[[], Awaitable[Any]]]) -> list[Any]:
+    def _group(self, names: Sequence[str], what: str, calls: Sequence[Callable[[], Awaitable[Any]]],
+               hedge_bytes: Sequence[int] | None = None) -> list[Any]:
         """A group of requests on the filesystem's loop, each retried on its own under one budget; the first
-        that failed for good (a permanent failure before an exhausted one) names its file in the error."""
-        results = remote_io.each(self.fs.loop, calls)
+        that failed for good (a permanent failure before an exhausted one) names its file in the error.
+        ``hedge_bytes``: the calls are range reads of these sizes, hedged when late (reads only)."""
+        results = remote_io.each(self.fs.loop, calls, hedge_bytes=hedge_bytes)
         err = remote_io.first_error(results)
         if err is not None:
             raise self._failed(names[results.index(err)], what, err) from None
@@ -293,7 +295,8 @@ class FsspecLocation(Location):
 
         if not self._async:
             return [self._call(name, what, functools.partial(one_sync, s, e)) for s, e in ranges]
-        return self._group([name] * len(ranges), what, [functools.partial(one, s, e) for s, e in ranges])
+        return self._group([name] * len(ranges), what, [functools.partial(one, s, e) for s, e in ranges],
+                           hedge_bytes=[e - s for s, e in ranges])
 
     def read_heads(self, names: Sequence[str], nbytes: int) -> list[bytes]:
         if not names:
@@ -312,7 +315,8 @@ class FsspecLocation(Location):
             return [self._call(n, what, functools.partial(one_sync, p, kw))
                     for n, p, kw in zip(names, paths, matches, strict=True)]
         return self._group(list(names), what, [functools.partial(one, p, kw)
-                                               for p, kw in zip(paths, matches, strict=True)])
+                                               for p, kw in zip(paths, matches, strict=True)],
+                           hedge_bytes=[nbytes] * len(names))
 
     # ---------------------------------------------------------------- listings
     def list_files(self) -> dict[str, int]:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from cachebuild.errors import OptionError
+from cachebuild.storage import hedge
 
 __all__ = ["Budget", "Exhausted", "Failure", "RangeIgnored", "RemoteSettings", "ShortRead", "call", "classify",
            "each", "first_error", "is_transient", "parse_retry_after", "settings"]
@@ -43,6 +44,9 @@ class RemoteSettings:
     backoff_s: float = 0.05  # the first wait is up to this, doubling each try
     backoff_max_s: float = 5.0
     retry_after_max_s: float = 30.0  # a server asking for longer gets this much
+    hedge: bool = True  # a second request for a range read that is late (cachebuild.storage.hedge)
+    hedge_after_s: float = 0.05  # never hedge sooner than this
+    hedge_factor: float = 3.0  # hedge a read this many times slower than the median of its size class
 
 
 def _env_number(name: str, default: float, cast: Callable[[str], float]) -> float:
@@ -60,13 +64,17 @@ def _env_number(name: str, default: float, cast: Callable[[str], float]) -> floa
 
 def settings() -> RemoteSettings:
     """The remote layer's settings from the environment as it is now (``CACHEBUILD_RETRIES``,
-    ``CACHEBUILD_RETRY_BUDGET`` seconds, ``CACHEBUILD_HTTP_TIMEOUT`` seconds, ``CACHEBUILD_PIN_VERSIONS=0``)."""
+    ``CACHEBUILD_RETRY_BUDGET`` seconds, ``CACHEBUILD_HTTP_TIMEOUT`` seconds, ``CACHEBUILD_PIN_VERSIONS=0``,
+    ``CACHEBUILD_HEDGE=0``, ``CACHEBUILD_HEDGE_AFTER`` seconds, ``CACHEBUILD_HEDGE_FACTOR``)."""
     d = RemoteSettings()
     return RemoteSettings(
         attempts=int(_env_number("CACHEBUILD_RETRIES", d.attempts, int)),
         budget_s=_env_number("CACHEBUILD_RETRY_BUDGET", d.budget_s, float),
         http_timeout_s=_env_number("CACHEBUILD_HTTP_TIMEOUT", d.http_timeout_s, float),
         pin_versions=os.environ.get("CACHEBUILD_PIN_VERSIONS", "1") != "0",
+        hedge=os.environ.get("CACHEBUILD_HEDGE", "1") != "0",
+        hedge_after_s=_env_number("CACHEBUILD_HEDGE_AFTER", d.hedge_after_s, float),
+        hedge_factor=_env_number("CACHEBUILD_HEDGE_FACTOR", d.hedge_factor, float),
     )
 
 
@@ -264,14 +272,29 @@ def call(fn: Callable[[], T], budget: Budget | None = None,
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-async def acall(fn: Callable[[], Awaitable[T]], budget: Budget) -> T:
-    """The async :func:`call` of one request on an event loop, under a shared ``budget``."""
+async def acall(fn: Callable[[], Awaitable[T]], budget: Budget, hedge_bytes: int | None = None) -> T:
+    """The async :func:`call` of one request on an event loop, under a shared ``budget``. ``hedge_bytes``: the
+    request is an idempotent read of that many bytes, hedged when late (:mod:`cachebuild.storage.hedge`); a
+    hedge is one of its tries."""
     t0 = time.monotonic()
+    s = budget.settings
     attempt = 0
+
+    def may_hedge() -> bool:  # a hedge is a try: it needs one left
+        nonlocal attempt
+        if attempt >= s.attempts or not hedge.LATENCIES.allow_hedge():
+            return False
+        attempt += 1
+        return True
+
     while True:
         attempt += 1
         try:
-            return await fn()
+            if hedge_bytes is None or hedge_bytes > hedge.MAX_HEDGED_BYTES or not s.hedge or attempt >= s.attempts:
+                return await fn()
+            patience = max(s.hedge_after_s, s.http_timeout_s / 4)
+            delay = hedge.LATENCIES.delay(hedge_bytes, s.hedge_after_s, s.hedge_factor, patience)
+            return await hedge.hedged(fn, hedge_bytes, delay, patience, may_hedge, is_transient)
         except Exception as e:
             failure = classify(e)
             if not failure.transient:
@@ -281,24 +304,27 @@ async def acall(fn: Callable[[], Awaitable[T]], budget: Budget) -> T:
             await asyncio.sleep(budget.wait(attempt, failure))
 
 
-async def _each(calls: Sequence[Callable[[], Awaitable[Any]]], budget: Budget, limit: int) -> list[Any]:
+async def _each(calls: Sequence[Callable[[], Awaitable[Any]]], budget: Budget, limit: int,
+                hedge_bytes: Sequence[int] | None) -> list[Any]:
     gate = asyncio.Semaphore(limit)
 
-    async def one(c: Callable[[], Awaitable[Any]]) -> Any:
+    async def one(c: Callable[[], Awaitable[Any]], n: int | None) -> Any:
         async with gate:
-            return await acall(c, budget)
+            return await acall(c, budget, n)
 
-    return await asyncio.gather(*(one(c) for c in calls), return_exceptions=True)
+    sizes: Sequence[int | None] = hedge_bytes if hedge_bytes is not None else [None] * len(calls)
+    return await asyncio.gather(*(one(c, n) for c, n in zip(calls, sizes, strict=True)), return_exceptions=True)
 
 
 def each(loop: Any, calls: Sequence[Callable[[], Awaitable[Any]]], budget: Budget | None = None,
-         limit: int = 32) -> list[Any]:
+         limit: int = 32, hedge_bytes: Sequence[int] | None = None) -> list[Any]:
     """Run every request of a group on ``loop`` (an fsspec filesystem's), at most ``limit`` at a time, each
     retried on its own under one budget. Returns each result, or the exception that ended that request, in
-    order: one request that fails keeps the others' results."""
+    order: one request that fails keeps the others' results. ``hedge_bytes``: the requests are idempotent
+    reads of these sizes, hedged when late."""
     from fsspec.asyn import sync
 
-    return sync(loop, _each, calls, budget or Budget(), limit)
+    return sync(loop, _each, calls, budget or Budget(), limit, hedge_bytes)
 
 
 def first_error(results: Sequence[Any]) -> BaseException | None:

@@ -17,9 +17,10 @@ import functools
 import os
 import threading
 import tokenize
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -27,7 +28,9 @@ from cachebuild.errors import CacheCorruptError
 from cachebuild.storage.block_cache import BlockCache, BlockCacheFullError, CachedFile
 from cachebuild.storage.location import Location
 
-__all__ = ["NPY_HEADER_ERRORS", "RowFiles", "Segment", "ShardHandles", "npy_header"]
+__all__ = ["NPY_HEADER_ERRORS", "RowFiles", "Segment", "ShardHandles", "in_parallel", "npy_header"]
+
+T = TypeVar("T")
 
 # Guards making a process's handle table and its lock (threads of a forked child or of an unpickled reader
 # arrive together); made anew in a forked child, where another thread may have held it at the fork.
@@ -136,7 +139,8 @@ class ShardHandles:
 
     def _fetch(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         got = self.location.read_ranges(name, ranges)
-        self.bytes_fetched += sum(len(g) for g in got)
+        with _TABLE_GUARD:  # the files of a batch are fetched by several threads at once
+            self.bytes_fetched += sum(len(g) for g in got)
         return got
 
 
@@ -201,6 +205,7 @@ class RowFiles(ShardHandles):
     def _gather_remote(self, sorted_idx: np.ndarray, order: np.ndarray, seg_of: np.ndarray, out: np.ndarray) -> None:
         bounds = np.flatnonzero(np.diff(seg_of)) + 1
         flat = out.reshape(len(out), -1)
+        jobs, places = [], []
         for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(sorted_idx)], strict=True):
             k = int(seg_of[lo])
             seg = self.segments[k]
@@ -210,12 +215,37 @@ class RowFiles(ShardHandles):
             runs = list(zip(np.r_[0, cut].tolist(), np.r_[cut, len(rows)].tolist(), strict=True))
             ranges = [(seg.offset + int(rows[a]) * self.row_bytes, seg.offset + (int(rows[z - 1]) + 1) * self.row_bytes)
                       for a, z in runs]
-            cached = self._handle(k)
-            dest = order[lo:hi]
-            if isinstance(cached, CachedFile):
-                # Views of the local mirror, its blocks checked (or the fetched bytes, on a full disk).
-                datas: list[Any] = cached.read(ranges, functools.partial(self._fetch, seg.name))
-            else:
-                datas = self._fetch(seg.name, ranges)
+            jobs.append(functools.partial(self._read_file, k, ranges))
+            places.append((runs, order[lo:hi]))
+        for (runs, dest), datas in zip(places, in_parallel(jobs), strict=True):
             for (a, z), data in zip(runs, datas, strict=True):
                 flat[dest[a:z]] = np.frombuffer(data, dtype=np.uint8).reshape(z - a, self.row_bytes)
+
+    def _read_file(self, k: int, ranges: list[tuple[int, int]]) -> list[Any]:
+        """Byte ``ranges`` of file ``k``: views of its block-cache mirror (blocks checked), or fetched bytes."""
+        cached = self._handle(k)
+        name = self.segments[k].name
+        if isinstance(cached, CachedFile):
+            return cached.read(ranges, functools.partial(self._fetch, name))
+        return self._fetch(name, ranges)
+
+
+# The files of a remote batch are read at once, each by a thread of this pool whose requests run on the
+# location's event loop: one file's slow request (a 503 with Retry-After, a retry) delays the batch once, not
+# once per file. Made anew in each process (a forked child has none of its parent's threads).
+_POOL: tuple[int, ThreadPoolExecutor] | None = None
+_POOL_THREADS = 16
+
+
+def in_parallel(jobs: Sequence[Callable[[], T]]) -> list[T]:
+    """Each job's result, in order, the jobs run together; the first failure (in order) is raised once all ended."""
+    global _POOL
+    if len(jobs) <= 1:
+        return [j() for j in jobs]
+    with _TABLE_GUARD:
+        if _POOL is None or _POOL[0] != os.getpid():
+            _POOL = (os.getpid(), ThreadPoolExecutor(_POOL_THREADS, thread_name_prefix="cachebuild-read"))
+        pool = _POOL[1]
+    futures = [pool.submit(j) for j in jobs]
+    wait(futures)
+    return [f.result() for f in futures]

@@ -216,6 +216,8 @@ class ZarrImages(ImageStore):
                 loc = self.location
                 opts = loc.fs_options() if isinstance(loc, FsspecLocation) else {}
                 store = FsspecStore.from_url(f"{loc.url}/{ZARR_NAME}", storage_options=opts, read_only=True)
+                if hasattr(store.fs, "retries"):  # s3fs's own retry loop: one try, the remote layer retries it
+                    store.fs.retries = 1
             strict = _strict_store_class()(store, self.location.describe(ZARR_NAME), self.block_cache,
                                            self.manifest.content_id,
                                            self.location if self.location.is_pinned else None)
@@ -231,7 +233,8 @@ class ZarrImages(ImageStore):
         # zarr reads each touched chunk once for the whole sorted selection.
         try:
             block = self.array().get_orthogonal_selection((idx[order],))
-        except (CacheCorruptError, CacheChangedError, BlockCacheFullError):  # a full local disk is not a damaged chunk
+        # a full local disk, or a store failing past the retries, is not a damaged chunk
+        except (CacheCorruptError, CacheChangedError, BlockCacheFullError, RemoteUnavailableError):
             raise
         except Exception as e:  # a codec's own error (zstd, blosc...): find and name the chunk
             raise self._damaged(idx, e) from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +84,36 @@ def ledger() -> Ledger:
     return LEDGER
 
 
+_STARTED: dict[str, Any] = {}
+
+
+def _loadavg() -> str | None:
+    try:
+        return Path("/proc/loadavg").read_text().strip()
+    except OSError:
+        return None
+
+
+def pytest_sessionstart(session: Any) -> None:
+    _STARTED.update(t=time.time(), load=_loadavg())
+
+
+def _run_info() -> dict[str, Any]:
+    """The machine, the commit (and whether the tree had changes) and the wall time of this run."""
+    import subprocess
+
+    from bench.machine import machine_info
+
+    def git(*args: str) -> str:
+        r = subprocess.run(["git", *args], capture_output=True, text=True, cwd=Path(__file__).parent)
+        return r.stdout.strip()
+
+    return {"git_commit": git("rev-parse", "HEAD"), "git_dirty": bool(git("status", "--porcelain")),
+            "machine": machine_info(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(_STARTED["t"])),
+            "wall_s": round(time.time() - _STARTED["t"], 1), "loadavg_start": _STARTED["load"],
+            "loadavg_end": _loadavg()}
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if not LEDGER.rows:
         return
@@ -90,8 +121,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     terminalreporter.write_line(LEDGER.table())
     out = os.environ.get("RELIABILITY_JSON")
     if out:
+        # "_run": the machine, commit and wall time; every other key is a row
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(LEDGER.as_json(), indent=1) + "\n")
+        Path(out).write_text(json.dumps({**LEDGER.as_json(), "_run": _run_info()}, indent=1) + "\n")
 
 
 @pytest.fixture(scope="session")

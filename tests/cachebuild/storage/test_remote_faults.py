@@ -150,3 +150,24 @@ def test_operations_complete_with_the_local_bytes_at_a_10_percent_fault_rate(tmp
     proxy = fault_proxy(server.url, rate=0.1, seed=1)
     run_op(op, Served(root, f"{proxy.url}/c", images, proxy.url), tmp_path / "work", limit_s=120)
     assert sum(proxy.faults.values()) > 0
+
+
+def test_a_compressed_zarr_chunk_of_a_failing_store_is_named_unavailable_not_damaged(tmp_path, s3, fault_proxy,
+                                                                                      monkeypatch):
+    """zarr's FsspecStore reads chunks with an s3fs filesystem of its own: one request per try of the remote
+    layer's policy (s3fs's own retry loop set to one try), and a store that keeps answering SlowDown ends in
+    RemoteUnavailableError. Before, that error was reported as a damaged chunk ("rebuild or re-fetch it")."""
+    root, images, _ = make_cache(tmp_path / "local" / "c", n=32, storage="zarr", compression="zstd", h=16, w=12)
+    s3.fs.put(str(root), s3.url("caches/c"), recursive=True)
+    proxy = fault_proxy(s3.endpoint_url, retry_after=0.01)
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.setenv(name, proxy.url)
+    monkeypatch.setenv("CACHEBUILD_PIN_VERSIONS", "0")  # pinned chunk reads go through FsspecLocation instead
+    monkeypatch.setenv("CACHEBUILD_RETRIES", "2")
+    ds = CachedImageDataset(s3.url("caches/c"))
+    assert np.array_equal(ds.gather(np.arange(4)), images[:4])
+    proxy.rate, proxy.kinds = 1.0, ("503",)
+    before = proxy.requests
+    with pytest.raises(RemoteUnavailableError, match=r"after 2 attempts"):
+        ds.gather(np.arange(20, 24))
+    assert proxy.requests - before == 2, f"{proxy.requests - before} requests for 2 tries of one chunk"
