@@ -61,7 +61,7 @@ def _version(dist: str) -> str | None:
 def _glibc_non_temporal_threshold() -> int | None:
     """The size from which this process's glibc memcpy uses non-temporal stores (None: not glibc x86, or
     unknown). glibc derives it from the last-level cache it sees; a VM shown a whole socket's L3 gets a large
-    one, so every batch-sized copy goes through the cache (README: "Memory copies on virtual machines")."""
+    one, so every batch-sized copy goes through the cache (docs/performance.md: "Memory copies on virtual machines")."""
     try:
         with open("/proc/self/maps", encoding="utf-8") as f:
             loader = next((line.split()[-1] for line in f if "/ld-linux" in line), None)

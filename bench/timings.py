@@ -81,8 +81,10 @@ def _demo(tree: Path, env: dict[str, str], work: Path) -> dict[str, Any]:
         steps.append({"command": shlex.join(["cachebuild", *cmd[3:]]).replace(str(work) + "/", ""),
                       "wall_s": round(wall, 2)})
         outputs.append(text)
-    return {"runs_s": [round(sum(s["wall_s"] for s in steps), 2)], "steps": steps, "output_tail": _tail(outputs[-1]),
-            "build_output": _tail(outputs[1], 6)}
+    prefix = str(work) + "/"  # the temporary folder: shown as make demo shows its own, demo-out/...
+    return {"runs_s": [round(sum(s["wall_s"] for s in steps), 2)], "steps": steps,
+            "output_tail": [line.replace(prefix, "") for line in _tail(outputs[-1])],
+            "build_output": [line.replace(prefix, "") for line in _tail(outputs[1], 6)]}
 
 
 def _demo_build(tree: Path, env: dict[str, str], work: Path, repeat: int) -> dict[str, Any]:
@@ -111,7 +113,7 @@ def record(name: str, tree: Path, repeat: int = 3) -> dict[str, Any]:
     machine = machine_info()
     with tempfile.TemporaryDirectory(prefix="cb-timings-") as tmp:
         if name == "make-demo":
-            entry = {"command": "make demo (its commands, once installed)", **_demo(tree, env, Path(tmp))}
+            entry = {"command": "make demo: its commands, venv installed", **_demo(tree, env, Path(tmp))}
         elif name == "demo-build":
             entry = _demo_build(tree, env, Path(tmp), repeat)
         else:
