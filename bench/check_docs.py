@@ -38,7 +38,8 @@ __all__ = ["check_all", "figure_problems", "flag_problems", "link_problems", "ma
 UNIT = (r"img/s|samples/s|[kMG]i?B/s|core-hours|dB|%|x(?![a-zA-Z0-9])|ms\b|s\b|min\b|minutes\b|seconds\b|"
         r"hours\b|[kKMGT]i?B\b")
 NUM = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
-FIGURE = re.compile(rf"(?<![\w.\-/#])(?P<a>{NUM})(?:\s?(?:-|to)\s?(?P<b>{NUM}))?\s?(?P<unit>{UNIT})")
+# A figure, or a run of them sharing one unit: "3.7 s", "3-20%", "44.2 / 48.2 / 41.8 dB", "0.80x and 0.65x"
+FIGURE = re.compile(rf"(?<![\w.\-/#])(?P<run>(?:{NUM})(?:\s?(?:-|to|/|and|,)\s?(?:{NUM}))*)\s?(?P<unit>{UNIT})")
 SCALES = (1, 100, 0.01, 1e3, 1e-3, 1e6, 1e-6, 1e9, 1e-9, 2**-10, 2**-20, 2**-30, 2**10, 2**20, 60, 1 / 60, 1 / 3600)
 CITE = re.compile(r"(?:\]\(|<!-- figures: )(?P<path>[^)\s]*bench/results/[^)\s#]+)")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
@@ -105,6 +106,11 @@ def _cited(para: str, doc: Path) -> list[Path]:
     return [p for p in found if p.is_file()]
 
 
+def _values(run: str) -> list[str]:
+    """The numbers of a run of figures; "1,820" is one number, "12, 18" two (a list is written with spaces)."""
+    return re.findall(NUM, re.sub(r",(?=\s)", " ", run))
+
+
 def _found(value: str, pool: list[list[float]]) -> bool:
     f = float(value.replace(",", ""))
     decimals = len(value.split(".", 1)[1]) if "." in value else 0
@@ -122,7 +128,7 @@ def figure_problems(doc: Path) -> list[str]:
         cited = _cited(section, doc)
         for offset, para in enumerate(section.split("\n")):
             prose = CODE.sub(" ", COMMENT.sub(" ", LINK.sub("]", para)))
-            figures = [(m.group(0), v) for m in FIGURE.finditer(prose) for v in (m.group("a"), m.group("b")) if v]
+            figures = [(m.group(0), v) for m in FIGURE.finditer(prose) for v in _values(m.group("run"))]
             if not figures:
                 continue
             key = tuple(cited)
