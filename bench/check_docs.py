@@ -7,10 +7,11 @@ Over README.md and docs/*.md (CHANGELOG.md is history and is not checked):
 1. **Generated blocks** (``<!-- bench:KIND:begin SOURCE -->``) equal what their results folder generates
    (``bench/docs.py``; ``python -m bench.docs`` rewrites them).
 2. **Every figure traceable.** A figure is a number with a unit of measure (img/s, MB/s, s, ms, min, %,
-   dB, kB/MB/GB/KiB/MiB/GiB, a ratio such as ``1.49x``) in prose or a table, outside code. Outside generated
-   blocks, each must be found, allowing rounding and a unit's scale (s/ms, bytes/MB, a share/%), in the
-   results folder or file that its section (heading to next heading) cites: a link to a path under
-   ``bench/results/``, or a comment ``<!-- figures: bench/results/RUN[/FILE] -->``. Settings and constants
+   dB, kB/MB/GB/KiB/MiB/GiB, a ratio such as ``1.49x``) in prose or a table, outside code, or a table cell
+   holding only numbers (its unit in the column's header). Outside generated blocks, each must be found,
+   allowing rounding and a unit's scale (s/ms, bytes/MB, a share/%), in a results folder (its .json and
+   .md files) that its section (heading to next heading) cites: a link to that folder or a file in it
+   under ``bench/results/``, or a comment ``<!-- figures: bench/results/RUN -->`` (repository-relative). Settings and constants
    (defaults, limits, sizes a user types) are written as code (``64 MB``), which is not a figure.
 3. **Links resolve**: relative links to files and folders, and ``#anchors`` to headings of the page linked.
 4. **Commands exist as documented**: every ``cachebuild CMD --flag`` in code names a command and its flag
@@ -102,8 +103,20 @@ def _cited(para: str, doc: Path) -> list[Path]:
         raw = m.group("path")
         base = REPO if m.group(0).startswith("<!--") else doc.parent
         p = (base / raw).resolve()
-        found += sorted(q for q in p.iterdir() if q.suffix in (".json", ".md")) if p.is_dir() else [p]
-    return [p for p in found if p.is_file()]
+        run = p if p.is_dir() else p.parent  # a file of a run cites the run: results.md's tables, results.json
+        if p.exists() and run.is_dir():
+            found += sorted(q for q in run.iterdir() if q.suffix in (".json", ".md") and q.is_file())
+    return sorted(set(found))
+
+
+NUMERIC_CELL = re.compile(r"^[\d.,\s/()\-x%~]*\d[\d.,\s/()\-x%~]*$")
+
+
+def _numeric_cells(line: str) -> list[str]:
+    """A table row's cells that hold only numbers (a column's unit is in its header): each is a figure."""
+    if not line.lstrip().startswith("|") or set(line.replace("|", "").strip()) <= set("-: "):
+        return []
+    return [c for c in line.strip().strip("|").split("|") if NUMERIC_CELL.match(c.strip())]
 
 
 def _values(run: str) -> list[str]:
@@ -129,6 +142,7 @@ def figure_problems(doc: Path) -> list[str]:
         for offset, para in enumerate(section.split("\n")):
             prose = CODE.sub(" ", COMMENT.sub(" ", LINK.sub("]", para)))
             figures = [(m.group(0), v) for m in FIGURE.finditer(prose) for v in _values(m.group("run"))]
+            figures += [(cell.strip(), v) for cell in _numeric_cells(prose) for v in re.findall(NUM, cell)]
             if not figures:
                 continue
             key = tuple(cited)

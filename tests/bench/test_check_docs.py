@@ -34,6 +34,11 @@ def test_a_figure_must_be_in_the_file_its_section_cites(tmp_path: Path) -> None:
     assert [p for p in figure_problems(wrong) if "is not in" in p and f"{npy + 7:,.0f}" in p]
     uncited = _doc(tmp_path, "# A\n\n[run](RUN/results.md)\n\n## B\n\nIt takes 3.7 s and 12% less.\n")
     assert len([p for p in figure_problems(uncited) if "cites no results file" in p]) == 2  # per section
+    table = _doc(tmp_path, f"# A\n\n[run](RUN/results.md)\n\n| what | img/s |\n|---|---:|\n| ours, batch 256 | "
+                           f"{npy:,.0f} |\n| made up | 999,999 |\n")
+    problems = figure_problems(table)  # the cell of the run's figure passes; the made-up one does not
+    assert len(problems) == 1 and "figure 999,999 ('999,999') is not in " in problems[0]
+    assert f"bench/results/{RUN.name}/results.json" in problems[0]  # a link to results.md cites the whole run
     code = _doc(tmp_path, "# A\n\nBlocks of `64 MB`, and\n\n```\ncachebuild x  # 9.9 s\n```\n")
     assert figure_problems(code) == []  # settings in code, and code blocks, are no figures
 
