@@ -11,8 +11,9 @@ Over README.md and docs/*.md (CHANGELOG.md is history and is not checked):
    holding only numbers (its unit in the column's header). Outside generated blocks, each must be found,
    allowing rounding and a unit's scale (s/ms, bytes/MB, a share/%), in a results folder (its .json and
    .md files) that its section (heading to next heading) cites: a link to that folder or a file in it
-   under ``bench/results/``, or a comment ``<!-- figures: bench/results/RUN -->`` (repository-relative). Settings and constants
-   (defaults, limits, sizes a user types) are written as code (``64 MB``), which is not a figure.
+   under ``bench/results/``, or a comment ``<!-- figures: bench/results/RUN -->`` (repository-relative).
+   Settings and constants (defaults, limits, sizes a user types) are written as code (``64 MB``), which is
+   not a figure.
 3. **Links resolve**: relative links to files and folders, and ``#anchors`` to headings of the page linked.
 4. **Commands exist as documented**: every ``cachebuild CMD --flag`` in code names a command and its flag
    (the commands' own click definitions, ``--help``'s source), every ``--flag`` in the text is an option of
