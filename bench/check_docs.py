@@ -236,7 +236,10 @@ def _imported(tree: ast.AST) -> dict[str, object]:
     out: dict[str, object] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("loaders", "cachebuild"):
-            mod = importlib.import_module(node.module)
+            try:
+                mod = importlib.import_module(node.module)
+            except ImportError:  # a module of an extra that is not installed here (lightning): not checked
+                continue
             for a in node.names:
                 obj = getattr(mod, a.name, None)
                 out[a.asname or a.name] = obj if obj is not None else importlib.import_module(f"{node.module}.{a.name}")
