@@ -122,7 +122,7 @@ def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
                                      opts.decode_device, claim))
         for b, lo in todo
     )
-    inline = opts.decode_device == "cpu" and runs_in_process(jobs, n, not is_url(str(plan.root)))
+    inline = opts.decode_device == "cpu" and runs_in_process(jobs, plan)
     with _progress(n, sum(r.planned for r in done.values()), f"{plan.dataset}/{plan.split}",
                    opts.progress) as bar, in_process(inline):
         for rec in Parallel(n_jobs=1 if inline else jobs, return_as="generator_unordered")(tasks):

@@ -4,8 +4,10 @@ Each loky worker starts a Python, imports numpy, OpenCV and torch (torch alone t
 machine; it is imported at worker start, before any I/O thread runs: see ``block._init_worker``) and then
 decodes its share. A plan of a few hundred images decodes in about a second on one core, so for such a plan
 (``make demo``'s 410 photos) the workers' start-up is most of the build. With ``--jobs`` left at its default,
-a local plan of at most :data:`IN_PROCESS_MAX` files is built by the calling process instead, with torch
-imported up front (before any block runs) and one thread per library while the blocks run, as in a worker.
+a local plan of at most :data:`IN_PROCESS_MAX` files and, where the plan knows its files' sizes, at most
+:data:`IN_PROCESS_MAX_BYTES` of them (a few hundred large photos still deserve every core) is built by the
+calling process instead, with torch imported up front (before any block runs) and one thread per library
+while the blocks run, as in a worker.
 Blocks, bytes and records are those of any other build (block boundaries follow from the plan alone).
 
 An explicit ``--jobs N``, another joblib backend (``--dask-scheduler``) and URL sources (whose planning has
@@ -16,10 +18,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-__all__ = ["IN_PROCESS_MAX", "in_process", "runs_in_process"]
+if TYPE_CHECKING:
+    from cachebuild.sources.plan import Plan
 
-IN_PROCESS_MAX = 1000  # planned files; a bare decode of these on one core takes ~1-3 s, about a worker's start
+__all__ = ["IN_PROCESS_MAX", "IN_PROCESS_MAX_BYTES", "in_process", "runs_in_process"]
+
+IN_PROCESS_MAX = 1000  # planned files
+IN_PROCESS_MAX_BYTES = 32 << 20  # of source files: on one core about as long to decode as workers take to start
 
 
 def _default_backend() -> bool:
@@ -30,9 +37,13 @@ def _default_backend() -> bool:
     return type(backend).__name__ == "LokyBackend"
 
 
-def runs_in_process(jobs: int, planned: int, local: bool) -> bool:
+def runs_in_process(jobs: int, plan: Plan) -> bool:
     """True for a small local plan at the default ``jobs`` (-1) under joblib's default backend."""
-    return jobs == -1 and local and planned <= IN_PROCESS_MAX and _default_backend()
+    from cachebuild.storage import is_url
+
+    if jobs != -1 or len(plan) > IN_PROCESS_MAX or is_url(str(plan.root)) or not _default_backend():
+        return False
+    return plan.file_stats is None or int(plan.file_stats[:, 0].clip(min=0).sum()) <= IN_PROCESS_MAX_BYTES
 
 
 @contextlib.contextmanager

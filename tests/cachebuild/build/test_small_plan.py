@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from cachebuild.build.pipeline import BuildOptions, build
-from cachebuild.build.small_plan import IN_PROCESS_MAX, in_process, runs_in_process
+from cachebuild.build.small_plan import IN_PROCESS_MAX, IN_PROCESS_MAX_BYTES, in_process, runs_in_process
 from cachebuild.sources.imagenet import imagenet_plans
 from cachebuild.storage.reader import read_manifest
 
@@ -52,13 +52,17 @@ def test_a_small_plan_is_built_here_with_the_bytes_of_any_build(imagenet_tree, t
     assert np.array_equal(*labels)
 
 
-def test_what_keeps_the_workers() -> None:
-    assert runs_in_process(-1, IN_PROCESS_MAX, local=True)
-    assert not runs_in_process(-1, IN_PROCESS_MAX + 1, local=True)  # a plan worth the start-up
-    assert not runs_in_process(2, 10, local=True)  # --jobs given
-    assert not runs_in_process(-1, 10, local=False)  # a URL source: fsspec threads ran here while planning
+def test_what_keeps_the_workers(imagenet_tree) -> None:
+    plan = imagenet_plans(imagenet_tree["root"], "train")[0]
+    assert runs_in_process(-1, plan)
+    assert not runs_in_process(2, plan)  # --jobs given
+    many = dataclasses.replace(plan, keys=[plan.keys[0]] * (IN_PROCESS_MAX + 1))
+    assert not runs_in_process(-1, many)  # a plan worth the start-up
+    big = dataclasses.replace(plan, file_stats=np.array([[IN_PROCESS_MAX_BYTES, 0], [1, 0]]))
+    assert not runs_in_process(-1, big)  # few files, but large ones
+    assert not runs_in_process(-1, dataclasses.replace(plan, root="https://host/photos"))  # fsspec threads ran here
     with joblib.parallel_config(backend="threading"):  # another backend (--dask-scheduler sets one)
-        assert not runs_in_process(-1, 10, local=True)
+        assert not runs_in_process(-1, plan)
 
 
 def test_in_process_uses_one_thread_while_the_blocks_run() -> None:
