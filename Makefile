@@ -6,12 +6,14 @@ STAMP  := $(VENV)/.installed-stamp
 DEMO   ?= demo-out
 # Extra arguments for the bench harness, e.g. `make bench BENCH_ARGS="--n 2000 --no-peers"`.
 BENCH_ARGS ?=
-# glibc tunables for the harness, e.g. BENCH_GLIBC=glibc.cpu.x86_non_temporal_threshold=0x20000 (README,
+# glibc tunables for the harness, e.g. BENCH_GLIBC=glibc.cpu.x86_non_temporal_threshold=0x20000 (docs/performance.md,
 # "Memory copies on virtual machines"); with any set, the copy-bound load rows are measured again without.
 BENCH_GLIBC ?=
+TIMINGS ?= make-demo make-test
+TIMINGS_OUT ?= bench/results/2026-12-02-vm-demo
 BENCH_RUN := $(if $(BENCH_GLIBC),GLIBC_TUNABLES=$(BENCH_GLIBC) )$(BIN)/python -m bench
 
-.PHONY: install test test-all test-gpu demo bench bench-quick bench-peers bench-scale lint clean device-wheels reliability
+.PHONY: install test test-all test-gpu demo bench bench-quick bench-peers bench-scale lint clean device-wheels reliability timings
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,7 +23,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
-test: $(STAMP)  ## the default run (< 5 min on 2 cores): not slow, not gpu; the 25 slowest listed at the end
+test: $(STAMP)  ## the default run: not slow, not gpu; the 25 slowest listed at the end (durations: README)
 	$(BIN)/python -m pytest --durations=25
 
 test-all: $(STAMP)  ## slow tests too (GPU tests skip without CUDA)
@@ -39,15 +41,15 @@ test-gpu: $(STAMP)
 
 demo: $(STAMP)  ## built-in photos -> cache -> a short CPU (or GPU) training run
 	$(BIN)/cachebuild sample $(DEMO)/photos
-	$(BIN)/cachebuild imagenet $(DEMO)/photos --size 96 --out $(DEMO)/cache --force  # ~1 s; a cache of an older release too
+	$(BIN)/cachebuild imagenet $(DEMO)/photos --size 96 --out $(DEMO)/cache --force  # a plan this small builds in-process; --force: a cache of an older release too
 	$(BIN)/cachebuild info $(DEMO)/cache/train
 	$(BIN)/cachebuild train $(DEMO)/cache/train --val $(DEMO)/cache/val --model small_cnn --epochs 15 \
 		--batch-size 32 --lr 0.05 --warmup-epochs 1 --workers 2 --out $(DEMO)/run --overwrite
 
-bench: $(STAMP)  ## every contender on the same files: bench/results/<date>-<host>/ (< 25 min on 2 cores)
+bench: $(STAMP)  ## every contender on the same files: bench/results/<date>-<host>/
 	$(BENCH_RUN) --profile full $(BENCH_ARGS)
 
-bench-quick: $(STAMP)  ## the same tables on a small set (< 3 min): bench/results/<date>-<host>-quick/
+bench-quick: $(STAMP)  ## the same tables on a small set: bench/results/<date>-<host>-quick/
 	$(BENCH_RUN) --profile quick $(BENCH_ARGS)
 
 # The ImageNet shape (1,281,167 train files in 1,000 folders + 50,000 flat val) through every step, each step's
@@ -55,7 +57,7 @@ bench-quick: $(STAMP)  ## the same tables on a small set (< 3 min): bench/result
 # caches go to SCALE_WORK (outside the repository; the tree, ~5 GB, is made once in ~7 min and kept).
 SCALE_WORK ?= /work/scale-data
 SCALE_ARGS ?= --n 10000,100000,1281167 --size 32
-bench-scale: $(STAMP)  ## < 40 min on 2 cores (the tree once more: ~7 min)
+bench-scale: $(STAMP)  ## every step's time and memory against N (bench/results/2026-12-02-vm-scale: 14 min on 2 cores)
 	SCALE_WORK=$(SCALE_WORK) $(BIN)/python -m bench.scale $(SCALE_ARGS)
 
 bench-peers: $(STAMP)  ## a venv per peer (FFCV, LitData, WebDataset, DALI, SPDL, Streaming, datago) in bench/.venvs, then the full run with them
@@ -74,6 +76,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check cachebuild loaders tests bench
 	$(BIN)/mypy  # cachebuild/ and loaders/, settings in pyproject.toml
 	$(BIN)/lint-imports  # the layers and no cycles: [tool.importlinter] in pyproject.toml
+	$(BIN)/python -m bench.check_docs  # README.md and docs/: figures traced, generated blocks current, links, flags
+
+# The README's stated durations: `make install` first, then this (adds to the folder's commands.json), then
+# `python -m bench.docs` to write them into the README.
+timings: $(STAMP)
+	$(BIN)/python -m bench.timings --out $(TIMINGS_OUT) $(TIMINGS)
 
 clean:
 	rm -rf $(DEMO) bench/work reliability-out .pytest_cache

@@ -1,4 +1,4 @@
-"""Pull figures for the README's "Sharing a cache": a cache served by the loopback HTTP server of the tests
+"""Pull figures for docs/sharing.md: a cache served by the loopback HTTP server of the tests
 (tests/servers.py, aiohttp on 127.0.0.1), pulled with `cachebuild pull`'s library call.
 
 Reports, per storage kind: a cold pull (MB/s, files, every file sha256-checked on arrival), a pull

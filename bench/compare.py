@@ -1,6 +1,6 @@
 """cachebuild against each peer, from one results dict: one row per (table, peer contender), with the ratio
 cachebuild / peer measured in the same run (builds: within each round both ran, then the median).
-results.md and the README's peers block are both written from these rows, so they say the same, and a
+results.md and the peers block of docs/performance.md are both written from these rows, so they say the same, and a
 peer ahead of cachebuild is named with its margin."""
 
 from __future__ import annotations

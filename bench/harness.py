@@ -69,7 +69,7 @@ def _notes(cfg: dict[str, Any]) -> list[str]:
         "The machine may be shared: its load average at the start is recorded; read ratios within a run, not "
         "digits across runs.",
     ] + ([] if not os.environ.get("GLIBC_TUNABLES") else [
-        f"Run with GLIBC_TUNABLES={os.environ['GLIBC_TUNABLES']} (`make bench BENCH_GLIBC=...`; the README's "
+        f"Run with GLIBC_TUNABLES={os.environ['GLIBC_TUNABLES']} (`make bench BENCH_GLIBC=...`; docs/performance.md's "
         "\"Memory copies on virtual machines\" says why one would): every contender and limit ran under it "
         "(peers too); the load rows marked \"glibc's default copy threshold\" were measured again in a process "
         "without it."

@@ -1,11 +1,12 @@
-"""Write the README's performance, "ImageNet on paper" and peers sections from one results folder, so that
-the README holds nothing the folder does not:
+"""The benchmark's sections of docs/performance.md (performance, "ImageNet on paper", peers), each written from
+one results folder's ``results.json``, so that the page holds nothing the folder does not. ``python -m
+bench.docs`` rewrites every generated block of the docs from the folder its marker names; this module's
+command writes chosen blocks from a folder given by hand:
 
-    python -m bench.readme bench/results/<run> [README.md]                  # performance + imagenet
-    python -m bench.readme bench/results/<run> README.md --blocks peers     # the peers block alone
+    python -m bench.readme bench/results/<run> docs/performance.md --blocks performance,imagenet
 
-Each section sits between ``<!-- bench:NAME:begin -->`` and ``<!-- bench:NAME:end -->`` markers and is
-replaced whole. Arithmetic on measured figures is shown with its inputs; estimates say so.
+Each section sits between ``<!-- bench:NAME:begin [SOURCE] -->`` and ``<!-- bench:NAME:end -->`` markers and
+is replaced whole. Arithmetic on measured figures is shown with its inputs; estimates say so.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.doc_blocks import machine_line
 from bench.report import _mmm, _x
 
 __all__ = ["BLOCKS", "IMAGENET_TRAIN", "imagenet_section", "peers_section", "performance_section",
@@ -43,7 +45,6 @@ def _cores(lo: float, hi: float) -> str:
 
 def _context(res: dict[str, Any], where: str) -> str:
     m, run = res["machine"], res["run"]
-    gpu = m["gpu"]["name"] if m.get("gpu") else "no GPU"
     v = m["versions"]
     load = m["load_average_at_start"][0]
     cache_mb = res["config"]["n"] * res["config"]["size"] ** 2 * 3 / 1e6
@@ -57,8 +58,7 @@ def _context(res: dict[str, Any], where: str) -> str:
     else:
         prov = ""
     return (f"Figures from [`{where}/`]({where}/results.md) (`{run['command']}`, {run['started'][:10]}): "
-            f"{m['cpu']}, {m['cores_usable']} cores, {m['ram_gb']} GiB, {gpu}, Python {m['python']}, torch "
-            f"{v['torch']}, OpenCV {v['opencv']}, zarr {v['zarr']}; load average at the start "
+            f"{machine_line(m)}, OpenCV {v['opencv']}, zarr {v['zarr']}; load average at the start "
             f"{load} ({'other work ran in this VM' if load > 1 else 'nothing else ran in this VM'}; a VM does not "
             "see its host's load, so compare ratios within a run, not digits across runs)."
             + (f" Run with `GLIBC_TUNABLES={m['glibc_tunables']}` (see "
@@ -202,7 +202,7 @@ def update_readme(run_dir: Path, readme: Path, blocks: tuple[str, ...] = ("perfo
     text = readme.read_text()
     for name in blocks:
         body = BLOCKS[name](res, where)
-        pattern = re.compile(rf"(<!-- bench:{name}:begin -->\n).*?(<!-- bench:{name}:end -->)", re.S)
+        pattern = re.compile(rf"(<!-- bench:{name}:begin[^>]*-->\n).*?(<!-- bench:{name}:end -->)", re.S)
         if not pattern.search(text):
             raise SystemExit(f"{readme} has no <!-- bench:{name}:begin --> ... end markers")
         text = pattern.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), text)
@@ -215,7 +215,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(prog="python -m bench.readme", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", type=Path)
-    ap.add_argument("readme", type=Path, nargs="?", default=Path("README.md"))
+    ap.add_argument("readme", type=Path, nargs="?", default=Path("docs/performance.md"))
     ap.add_argument("--blocks", default="performance,imagenet", help=f"comma-separated, of {', '.join(BLOCKS)}")
     a = ap.parse_args(sys.argv[1:])
     update_readme(a.run, a.readme, tuple(b.strip() for b in a.blocks.split(",") if b.strip()))

@@ -31,6 +31,7 @@ from cachebuild.build.destination import check_outside_source, output_error
 from cachebuild.build.finish import finish
 from cachebuild.build.locks import exclusive_lock
 from cachebuild.build.options import COMPRESSIONS, MAX_SIZE, ON_ERROR, BuildOptions, BuildResult
+from cachebuild.build.small_plan import in_process, runs_in_process
 from cachebuild.build.staging import build_key, check_destination, prepare_staging
 from cachebuild.errors import CacheBuildError
 from cachebuild.sources.plan import Plan, block_reader
@@ -121,9 +122,10 @@ def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
                                      opts.decode_device, claim))
         for b, lo in todo
     )
+    inline = opts.decode_device == "cpu" and runs_in_process(jobs, plan)
     with _progress(n, sum(r.planned for r in done.values()), f"{plan.dataset}/{plan.split}",
-                   opts.progress) as bar:
-        for rec in Parallel(n_jobs=jobs, return_as="generator_unordered")(tasks):
+                   opts.progress) as bar, in_process(inline):
+        for rec in Parallel(n_jobs=1 if inline else jobs, return_as="generator_unordered")(tasks):
             records[rec.block] = rec
             bar.update(rec.planned)
     manifest = finish(plan, out, staging, records, opts, params, key, spec)

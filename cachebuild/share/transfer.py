@@ -1,7 +1,7 @@
 """Moving a cache's files between a location and a local folder: in parallel, one file per task, each file
 checked whole against its expected size and sha256, one progress bar for all of them.
 
-What a transfer checks, per file (``docs/FORMAT.md``, "Sharing"):
+What a transfer checks, per file (``docs/sharing.md``, "Push, pull and what they check"):
 
 - caches with a file table (``files.json``, every cache built since it exists): the size and the sha256 of
   the file's bytes, against the table, whose own sha256 is in the manifest. A download is written under a

@@ -1,0 +1,66 @@
+"""Small local builds run in the calling process: starting worker processes costs more than their work.
+
+Each loky worker starts a Python, imports numpy, OpenCV and torch (torch alone takes 1.5-4 s on a 2-core
+machine; it is imported at worker start, before any I/O thread runs: see ``block._init_worker``) and then
+decodes its share. A plan of a few hundred images decodes in about a second on one core, so for such a plan
+(``make demo``'s 410 photos) the workers' start-up is most of the build. With ``--jobs`` left at its default,
+a local plan of at most :data:`IN_PROCESS_MAX` files and, where the plan knows its files' sizes, at most
+:data:`IN_PROCESS_MAX_BYTES` of them (a few hundred large photos still deserve every core) is built by the
+calling process instead, with torch imported up front (before any block runs) and one thread per library
+while the blocks run, as in a worker.
+Blocks, bytes and records are those of any other build (block boundaries follow from the plan alone).
+
+An explicit ``--jobs N``, another joblib backend (``--dask-scheduler``) and URL sources (whose planning has
+already run fsspec's I/O threads in this process) keep the worker processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cachebuild.sources.plan import Plan
+
+__all__ = ["IN_PROCESS_MAX", "IN_PROCESS_MAX_BYTES", "in_process", "runs_in_process"]
+
+IN_PROCESS_MAX = 1000  # planned files
+IN_PROCESS_MAX_BYTES = 32 << 20  # of source files: on one core about as long to decode as workers take to start
+
+
+def _default_backend() -> bool:
+    """True when joblib would use its default process backend (no ``parallel_config`` in force)."""
+    from joblib.parallel import get_active_backend
+
+    backend, _ = get_active_backend()
+    return type(backend).__name__ == "LokyBackend"
+
+
+def runs_in_process(jobs: int, plan: Plan) -> bool:
+    """True for a small local plan at the default ``jobs`` (-1) under joblib's default backend."""
+    from cachebuild.storage import is_url
+
+    if jobs != -1 or len(plan) > IN_PROCESS_MAX or is_url(str(plan.root)) or not _default_backend():
+        return False
+    return plan.file_stats is None or int(plan.file_stats[:, 0].clip(min=0).sum()) <= IN_PROCESS_MAX_BYTES
+
+
+@contextlib.contextmanager
+def in_process(enabled: bool) -> Iterator[None]:
+    """When ``enabled``: torch imported now, before any block, and one thread for torch and OpenCV while the
+    blocks run, as in a worker; the caller's own settings come back after. Otherwise nothing."""
+    if not enabled:
+        yield
+        return
+    import cv2
+    import torch
+
+    threads = torch.get_num_threads(), cv2.getNumThreads()
+    torch.set_num_threads(1)
+    cv2.setNumThreads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads[0])
+        cv2.setNumThreads(threads[1])
