@@ -65,9 +65,10 @@ def _curve_targets(rows: list[dict[str, Any]], curves: list[dict[str, Any]]) -> 
         # ~40 bytes each, kept by the allocator across rounds): the same in both, not a copy of ours.
         w_lo, p_lo = (_get(lo, f"first_batch_{ctx}", k, "worker_anon_max") for k in ("cache", "plain"))
         grow = None if None in (w, p, w_lo, p_lo) else ((w - p) - (w_lo - p_lo)) / MB
+        plain_grow = 0.0 if p is None or p_lo is None else (p - p_lo) / MB
         _row(rows, f"{ctx} worker RssAnon over a plain dataset's worker, growth N={lo['n']:,} -> {n} "
                    "(nothing proportional to N in a worker)",
-             None if grow is None else f"{grow:+,.0f} MB (plain worker itself {((p or 0) - (p_lo or 0)) / MB:+,.0f} MB)",
+             None if grow is None else f"{grow:+,.0f} MB (plain worker itself {plain_grow:+,.0f} MB)",
              "<= 32 MB", grow is not None and grow <= 32)
     t = _get(hi, "open", "seconds")
     _row(rows, f"CachedImageDataset open at {n} <= 1 s", None if t is None else f"{t:.2f} s", "<= 1 s",
