@@ -89,6 +89,11 @@ def write_md(path: Path, res: dict[str, Any], targets: list[dict[str, Any]]) -> 
             vals.append(f"{v / MB:,.0f} MB" if isinstance(v, (int, float)) else "-")
         lines.append(f"| {label} | " + " | ".join(vals) + " |")
     lines += ["", "## Whole-count checks", ""]
+    if res.get("tree_read"):
+        t = res["tree_read"]
+        lines.append(f"- **tree read once before the builds** (so every build, joblib, resumed and Dask, starts "
+                     f"from a warm page cache; this is the cold read): {t['files']:,} files, "
+                     f"{t['bytes'] / MB:,.0f} MB in {t['seconds']:.1f} s ({t['files'] / t['seconds']:,.0f} files/s)")
     for key in ("kill", "val", "dask"):
         if res.get(key):
             shown = {k: v for k, v in res[key].items() if k not in ("output", "workers")}
