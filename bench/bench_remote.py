@@ -274,13 +274,11 @@ def main() -> None:
 
 def _provenance() -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from bench.machine import machine_info
+    from bench.machine import git_commit, machine_info
 
-    def git(*a: str) -> str:
-        return subprocess.run(["git", *a], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip()
-
-    return {"machine": machine_info(), "git_commit": git("rev-parse", "HEAD"),
-            "git_dirty": bool(git("status", "--porcelain")), "command": " ".join(sys.argv)}
+    git = git_commit() or {}
+    return {"machine": machine_info(), "git_commit": git.get("commit", "unknown"), "git_dirty": git.get("dirty"),
+            "command": " ".join(sys.argv)}
 
 
 def _report(results: dict[str, Any], args: argparse.Namespace) -> int:

@@ -40,11 +40,13 @@ def _cpu_flags() -> list[str]:
 
 
 def git_commit(repo: Path = REPO) -> dict[str, Any] | None:
-    """The commit of the tree that ran (``dirty``: tracked files differed from it), or None outside git."""
+    """The commit of the tree that ran (``dirty``: tracked files other than the results folders differed from
+    it: a rerun rewrites its own results, which says nothing about the code measured), or None outside git."""
     try:
         head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
                               timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)bench/results"],
                                capture_output=True, text=True, timeout=30, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None

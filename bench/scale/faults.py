@@ -85,13 +85,27 @@ def val_build(r: Runner, full: Path, train_cache: Path) -> dict[str, Any]:
 
 def dask_build(r: Runner, src: Path, reference: Path, n: int) -> dict[str, Any]:
     """The same build through ``--dask-scheduler`` on a 2-worker LocalCluster on 127.0.0.1 (started in the
-    step's process; its workers are that process's children, so the tree's memory counts them)."""
+    step's process; its workers are that process's children, so the tree's memory counts them), between two
+    joblib builds of the same tree (joblib, Dask, joblib): single builds minutes apart swung 80-200 s on the
+    shared box, so Dask is compared with the joblib builds beside it (``joblib_img_per_s``: their mean)."""
     out = r.work / "caches" / "dask"
+    joblib_rates: list[float] = []
+
+    def joblib_build() -> None:
+        shutil.rmtree(out, ignore_errors=True)
+        got = r.step("joblib_beside", *r.build_args(src, out), "-q")
+        if "error" not in got:
+            joblib_rates.append(n / got["seconds"])
+
+    joblib_build()
     shutil.rmtree(out, ignore_errors=True)
     res = r.step("dask_build", "dask", json.dumps({"args": [*r.build_args(src, out)[1:], "-q"],
                                                    "workers": r.jobs}))
     if "error" not in res:
         res.update(img_per_s=n / res["seconds"],
                    checksums_equal=cache_checksums(out / "train") == cache_checksums(reference / "train"))
+    joblib_build()
+    res["joblib_img_per_s_rounds"] = joblib_rates
+    res["joblib_img_per_s"] = sum(joblib_rates) / len(joblib_rates) if joblib_rates else None
     shutil.rmtree(out, ignore_errors=True)
     return res

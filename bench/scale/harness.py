@@ -15,12 +15,11 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.machine import machine_info
+from bench.machine import git_commit, machine_info
 from bench.scale import faults, tree
 from bench.scale.curves import run_n
 from bench.scale.report import write_md, write_png
@@ -31,11 +30,8 @@ __all__ = ["main", "run"]
 
 
 def _git_commit() -> str:
-    def git(*a: str) -> str:
-        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    head = git("rev-parse", "HEAD") or "unknown"
-    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    git = git_commit(ROOT)
+    return "unknown" if git is None else git["commit"] + ("+dirty" if git["dirty"] else "")
 
 
 def _load() -> str:

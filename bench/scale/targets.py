@@ -104,10 +104,11 @@ def check_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
              "50,000 and the same classes", val.get("same_classes") and "error" not in val)
     dask = results.get("dask")
     if dask and curves:
-        joblib_rate = _get(curves[-1], "build", "img_per_s")
+        joblib_rate = dask.get("joblib_img_per_s") or _get(curves[-1], "build", "img_per_s")
         ratio = dask["img_per_s"] / joblib_rate if dask.get("img_per_s") and joblib_rate else None
         _row(rows, "Dask LocalCluster build: same checksums", dask.get("checksums_equal"), "equal",
              dask.get("checksums_equal") and "error" not in dask)
-        _row(rows, "Dask build img/s >= 0.8x joblib's", None if ratio is None else f"{ratio:.2f}x", ">= 0.80x",
+        _row(rows, "Dask build img/s >= 0.8x joblib's (the joblib builds before and after it)",
+             None if ratio is None else f"{ratio:.2f}x", ">= 0.80x",
              ratio is not None and ratio >= 0.8)
     return rows

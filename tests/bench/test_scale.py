@@ -37,7 +37,8 @@ def test_the_scale_harness_on_a_20k_tree(tmp_path):
     assert {p.name for p in out.iterdir()} == {"scale.json", "scale.md", "scale.png"}
     assert json.loads((out / "scale.json").read_text())["curves"][1]["n"] == 20_000
     by_name = {t["target"].split(" at N=")[0]: t for t in res["targets"]}
-    timing = ("build img/s", "spawn first batch")  # rates on a shared 2-core box: measured, not asserted here
+    # rates on a shared 2-core box: measured, not asserted here
+    timing = ("build img/s", "spawn first batch", "Dask build img/s")
     failed = [t for name, t in by_name.items() if not t["passed"] and not name.startswith(timing)]
     assert not failed, failed
     assert res["kill"]["blocks_kept"] >= 0.6 * res["kill"]["blocks_total"]
