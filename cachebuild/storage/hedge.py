@@ -133,6 +133,8 @@ async def hedged(fn: Callable[[], Awaitable[T]], nbytes: int, delay: float, pati
     try:
         while pending:
             done, pending = await asyncio.wait(pending, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:  # each failure retrieved, also one finishing beside the answer returned below
+                t.exception()
             for t in done:
                 exc = t.exception()
                 if exc is None:
