@@ -63,12 +63,18 @@ def reliability_rows(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def reliability_section(data: dict[str, Any], where: str) -> str:
     rows = reliability_rows(data)
-    m = data.get("machine")
+    run = data.get("_run") or {}  # tests/reliability/conftest.py: the machine, commit, wall time and load
+    m = data.get("machine") or run.get("machine")
     commit = data.get("commit") or (m or {}).get("git")
+    if run.get("git_commit"):
+        commit = {"commit": run["git_commit"], "dirty": bool(run.get("git_dirty"))}
     made = (f"on {machine_line({**m, 'git': commit if isinstance(commit, dict) else m.get('git')})}" if m
             else "on a machine the file does not record")
     if isinstance(commit, str):
         made += f", commit `{commit[:10]}`"
+    if run.get("wall_s"):
+        made += (f", in {run['wall_s'] / 60:.0f} min from {run['started'][:10]} (load average "
+                 f"{run.get('loadavg_start', '?').split()[0]} at the start)")
     total = {k: sum(r[k] for r in rows.values()) for k in ("trials", "survived", "lost")}
     lines = [f"From [`{where}/table.json`]({where}/table.json), as `make reliability` wrote it, {made}: "
              f"{len(rows)} rows, {total['trials']:,} trials, {total['survived']:,} survived, {total['lost']:,} lost.",

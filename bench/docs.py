@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.doc_blocks import commands_section, headline_section, reliability_section
+from bench.doc_scale import scale_section
 from bench.readme import imagenet_section, peers_section, performance_section
 
 __all__ = ["KINDS", "REPO", "check", "doc_files", "find_blocks", "regenerate", "resolve"]
@@ -40,6 +41,7 @@ KINDS: dict[str, tuple[str, Section]] = {
     "headline": ("results.json", headline_section),
     "commands": ("commands.json", commands_section),
     "reliability": ("table.json", reliability_section),
+    "scale": ("scale.json", scale_section),
 }
 BLOCK = re.compile(r"<!-- bench:(?P<kind>[a-z]+):begin (?P<source>\S+) -->\n(?P<body>.*?)<!-- bench:(?P=kind):end -->",
                    re.S)
