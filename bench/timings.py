@@ -145,13 +145,17 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     path = a.out / "commands.json"
     data = json.loads(path.read_text()) if path.exists() else {"format": "cachebuild-timings", "entries": {}}
-    for name in a.commands:
-        key = f"{name}@{a.label}" if a.label else name
-        data["entries"][key] = record(name, a.tree.resolve(), a.repeat)
-        print(f"{key}: {data['entries'][key]['median_s']} s (runs {data['entries'][key]['runs_s']})", flush=True)
+    # Written once, after the last command (or its failure): `make test` checks the README's generated block
+    # against this file, so an entry added while later commands still run would fail that very check.
+    try:
+        for name in a.commands:
+            key = f"{name}@{a.label}" if a.label else name
+            data["entries"][key] = record(name, a.tree.resolve(), a.repeat)
+            print(f"{key}: {data['entries'][key]['median_s']} s (runs {data['entries'][key]['runs_s']})", flush=True)
+    finally:
         a.out.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(data, indent=1) + "\n")
-    print(f"wrote {path}")
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":
