@@ -39,7 +39,7 @@ def commands_section(data: dict[str, Any], where: str) -> str:
         lines += [f"On {machine_line(m)}, load average {m['load_average_at_start'][0]} at the start "
                   f"([`{where}/commands.json`]({where}/commands.json), {demo['date'][:10]}), `make demo` once "
                   f"installed took {_secs(demo['median_s'])}{f' ({steps})' if steps else ''} and ended with:", "",
-                  "```", *demo["output_tail"][-5:], "```", ""]
+                  "```", *[ln for ln in demo["output_tail"] if not ln.startswith("make[")][-5:], "```", ""]
     lines += ["| entry | command | wall time (median) | runs | machine | load average at the start |",
               "|---|---|---:|---|---|---:|"]
     for name, e in entries.items():
