@@ -274,10 +274,11 @@ def main() -> None:
 
 def _provenance() -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from bench.machine import git_commit, machine_info
+    from bench.machine import machine_info
 
-    git = git_commit() or {}
-    return {"machine": machine_info(), "git_commit": git.get("commit", "unknown"), "git_dirty": git.get("dirty"),
+    machine = machine_info()
+    git = machine["git"] or {}  # this tree's commit, as bench.machine.git_commit found it
+    return {"machine": machine, "git_commit": git.get("commit", "unknown"), "git_dirty": git.get("dirty"),
             "command": " ".join(sys.argv)}
 
 

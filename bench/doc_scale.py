@@ -46,10 +46,10 @@ def _cell(step: dict[str, Any] | None, how: str) -> str:
 def scale_section(res: dict[str, Any], where: str) -> str:
     curves = res["curves"]
     lo, hi = curves[0], curves[-1]
-    m = {**res["machine"], "git": res["machine"].get("git")}
     cfg = res["config"]
     lines = [f"From [`{where}/`]({where}/scale.md) (`make bench-scale`: `--size {cfg['size']} --jobs {cfg['jobs']}`, "
-             f"{res['run'][:10]}; {machine_line(m)}; load average {res['load_before'].split()[0]} at the start). "
+             f"{res['run'][:10]}; {machine_line(res['machine'])}; load average {res['load_before'].split()[0]} "
+             "at the start). "
              "The generated tree has ImageNet's shape (1,000 class folders, 1,281,167 train files, 50,000 flat val "
              "with the devkit) made of 40-80 px photo crops, so decoding is cheap and the per-file costs show; "
              "every step runs in its own process. Each cell: the step's time, then the peak RSS of its process "
@@ -58,6 +58,13 @@ def scale_section(res: dict[str, Any], where: str) -> str:
     for key, what, how in _ROWS:
         lines.append(f"| {what} | {_cell(lo.get(key), how)} | {_cell(hi.get(key), how)} |")
     checks = []
+    op = hi.get("open") or {}
+    spawn = hi.get("first_batch_spawn") or {}
+    if "rss_added" in op and "cache" in spawn:
+        w, p = spawn["cache"]["worker_anon_max"], spawn["plain"]["worker_anon_max"]
+        checks.append(f"memory at N = {hi['n']:,}: opening the dataset adds {op['rss_added'] / MB:,.0f} MB to the "
+                      f"reader (torch's import is most of its RSS); a spawn worker's own heap (RssAnon) "
+                      f"{w / MB:,.0f} MB, against {p / MB:,.0f} MB for a plain in-memory dataset's worker")
     tr = res.get("tree_read")
     if tr:
         checks.append(f"the tree's cold read, once before the builds (so each build starts from the same page "
@@ -78,13 +85,6 @@ def scale_section(res: dict[str, Any], where: str) -> str:
         checks.append(f"the same build on a 2-worker Dask `LocalCluster`: {dask['img_per_s']:,.0f} img/s"
                       + (f" against {beside:,.0f} img/s for the joblib builds just before and after it" if beside
                          else "") + f", checksums equal: {dask.get('checksums_equal')}")
-    op = hi.get("open") or {}
-    spawn = hi.get("first_batch_spawn") or {}
-    if "rss_added" in op and "cache" in spawn:
-        w, p = spawn["cache"]["worker_anon_max"], spawn["plain"]["worker_anon_max"]
-        checks.insert(0, f"memory at N = {hi['n']:,}: opening the dataset adds {op['rss_added'] / MB:,.0f} MB to the "
-                         f"reader (torch's import is most of its RSS); a spawn worker's own heap (RssAnon) "
-                         f"{w / MB:,.0f} MB, against {p / MB:,.0f} MB for a plain in-memory dataset's worker")
     lines += ["", *(f"- {c}" for c in checks)]
     targets = res.get("targets", [])
     failed = [t for t in targets if not t["passed"]]

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.machine import git_commit, machine_info
+from bench.machine import machine_info
 from bench.scale import faults, tree
 from bench.scale.curves import run_n
 from bench.scale.report import write_md, write_png
@@ -29,8 +29,7 @@ from bench.scale.targets import check_targets
 __all__ = ["main", "run"]
 
 
-def _git_commit() -> str:
-    git = git_commit(ROOT)
+def _commit_text(git: dict[str, Any] | None) -> str:
     return "unknown" if git is None else git["commit"] + ("+dirty" if git["dirty"] else "")
 
 
@@ -42,7 +41,8 @@ def run(ns: list[int], size: int, work: Path, out: Path, *, jobs: int = 2, extra
         shard_size: int | None = None, timeout: float = 3600, full: Path | None = None) -> dict[str, Any]:
     """Every curve point and check; returns the results (also written to ``out``)."""
     t0 = time.perf_counter()
-    res: dict[str, Any] = {"schema": 1, "run": out.name, "git_commit": _git_commit(), "machine": machine_info(),
+    machine = machine_info()  # its "git" is this tree's commit (bench.machine.git_commit)
+    res: dict[str, Any] = {"schema": 1, "run": out.name, "git_commit": _commit_text(machine["git"]), "machine": machine,
                            "load_before": _load(), "load_after": "", "config": {"n": ns, "size": size, "jobs": jobs,
                                                               "shard_size": shard_size}}
     print(f"scale: N = {ns}, --size {size}, --jobs {jobs}; tree and caches in {work}")
