@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.scale.curves import STEP_NAMES
+from bench.scale.targets import get_path
 
 __all__ = ["write_md", "write_png"]
 
@@ -83,9 +84,7 @@ def write_md(path: Path, res: dict[str, Any], targets: list[dict[str, Any]]) -> 
                        ("fork worker, plain dataset, RssAnon", ("first_batch_fork", "plain", "worker_anon_max"))):
         vals = []
         for c in curves:
-            v: Any = c
-            for k in key:
-                v = v.get(k, {}) if isinstance(v, dict) else {}
+            v = get_path(c, *key)
             vals.append(f"{v / MB:,.0f} MB" if isinstance(v, (int, float)) else "-")
         lines.append(f"| {label} | " + " | ".join(vals) + " |")
     lines += ["", "## Whole-count checks", ""]
@@ -140,9 +139,7 @@ def write_png(path: Path, res: dict[str, Any]) -> None:
                        ("spawn worker RssAnon", ("first_batch_spawn", "cache", "worker_anon_max"))):
         pts = []
         for c in curves:
-            v: Any = c
-            for k in key:
-                v = v.get(k, {}) if isinstance(v, dict) else {}
+            v = get_path(c, *key)
             if isinstance(v, (int, float)):
                 pts.append((c["n"], v / MB))
         if pts:

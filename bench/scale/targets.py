@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["check_targets"]
+__all__ = ["check_targets", "get_path"]
 
 GB, MB = 1e9, 2**20
 
 
-def _get(d: dict[str, Any], *path: str) -> Any:
+def get_path(d: dict[str, Any], *path: str) -> Any:
+    """``d[path[0]][path[1]]...``, or None where a step or a field is missing (a failed or skipped step)."""
     for p in path:
         if not isinstance(d, dict) or p not in d:
             return None
@@ -27,7 +28,7 @@ def _row(rows: list[dict[str, Any]], name: str, measured: Any, limit: str, passe
 
 
 def _rate_row(rows: list[dict[str, Any]], lo: dict[str, Any], hi: dict[str, Any]) -> None:
-    r_lo, r_hi = _get(lo, "build", "img_per_s"), _get(hi, "build", "img_per_s")
+    r_lo, r_hi = get_path(lo, "build", "img_per_s"), get_path(hi, "build", "img_per_s")
     ratio = r_hi / r_lo if r_lo and r_hi else None
     _row(rows, f"build img/s at N={hi['n']:,} >= 0.9x at N={lo['n']:,}",
          None if ratio is None else f"{ratio:.2f}x ({r_hi:,.0f} vs {r_lo:,.0f} img/s)", ">= 0.90x",
@@ -41,20 +42,20 @@ def _curve_targets(rows: list[dict[str, Any]], curves: list[dict[str, Any]]) -> 
     if len(curves) > 2:  # the smallest build is mostly its worker pool's start-up: the middle N as well
         _rate_row(rows, curves[-2], hi)
     for step in ("plan", "status"):
-        t = _get(hi, step, "seconds")
+        t = get_path(hi, step, "seconds")
         _row(rows, f"{step} at {n} <= 60 s", None if t is None else f"{t:.1f} s", "<= 60 s", t is not None and t <= 60)
-    rss = _get(hi, "build", "rss_self_peak")
+    rss = get_path(hi, "build", "rss_self_peak")
     _row(rows, f"build's parent RSS at {n} <= 1.5 GB", None if rss is None else f"{rss / MB:,.0f} MB", "<= 1.5 GB",
          rss is not None and rss <= 1.5 * GB)
     # torch's import alone is ~700 MB RSS here (286 MB of it anonymous): the limits are on what the reader and
     # each worker add to a process that has imported torch and loaders, as the plain dataset's workers have.
-    reader = _get(hi, "open", "rss_added")
+    reader = get_path(hi, "open", "rss_added")
     _row(rows, f"reader RSS added by open (before any pixel) at {n} <= 300 MB",
          None if reader is None else
-         f"{reader / MB:,.0f} MB (process {(_get(hi, 'open', 'rss_open') or 0) / MB:,.0f} MB)",
+         f"{reader / MB:,.0f} MB (process {(get_path(hi, 'open', 'rss_open') or 0) / MB:,.0f} MB)",
          "<= 300 MB", reader is not None and reader <= 300 * MB)
     for ctx in ("spawn", "fork"):
-        w, p = (_get(hi, f"first_batch_{ctx}", k, "worker_anon_max") for k in ("cache", "plain"))
+        w, p = (get_path(hi, f"first_batch_{ctx}", k, "worker_anon_max") for k in ("cache", "plain"))
         extra = None if w is None or p is None else (w - p) / MB
         _row(rows, f"each {ctx} DataLoader worker's own memory (RssAnon) over a plain dataset's worker "
                    f"at {n} <= 300 MB",
@@ -63,17 +64,17 @@ def _curve_targets(rows: list[dict[str, Any]], curves: list[dict[str, Any]]) -> 
         # Growth is taken over the plain dataset's worker at each N: a forked worker's RssAnon also counts the
         # parent's heap, which grows with N by the DataLoader's own shuffle (RandomSampler's list of N ints,
         # ~40 bytes each, kept by the allocator across rounds): the same in both, not a copy of ours.
-        w_lo, p_lo = (_get(lo, f"first_batch_{ctx}", k, "worker_anon_max") for k in ("cache", "plain"))
+        w_lo, p_lo = (get_path(lo, f"first_batch_{ctx}", k, "worker_anon_max") for k in ("cache", "plain"))
         grow = None if None in (w, p, w_lo, p_lo) else ((w - p) - (w_lo - p_lo)) / MB
         plain_grow = 0.0 if p is None or p_lo is None else (p - p_lo) / MB
         _row(rows, f"{ctx} worker RssAnon over a plain dataset's worker, growth N={lo['n']:,} -> {n} "
                    "(nothing proportional to N in a worker)",
              None if grow is None else f"{grow:+,.0f} MB (plain worker itself {plain_grow:+,.0f} MB)",
              "<= 32 MB", grow is not None and grow <= 32)
-    t = _get(hi, "open", "seconds")
+    t = get_path(hi, "open", "seconds")
     _row(rows, f"CachedImageDataset open at {n} <= 1 s", None if t is None else f"{t:.2f} s", "<= 1 s",
          t is not None and t <= 1)
-    d = _get(hi, "first_batch_spawn", "over_plain")
+    d = get_path(hi, "first_batch_spawn", "over_plain")
     _row(rows, f"spawn first batch at {n} within 2 s of a plain dataset's", None if d is None else f"{d:+.2f} s",
          "<= 2 s", d is not None and d <= 2)
     errors = [f"{k} (N={res['n']:,})" for res in (lo, hi) for k, v in res.items()
@@ -104,7 +105,7 @@ def check_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
              "50,000 and the same classes", val.get("same_classes") and "error" not in val)
     dask = results.get("dask")
     if dask and curves:
-        joblib_rate = dask.get("joblib_img_per_s") or _get(curves[-1], "build", "img_per_s")
+        joblib_rate = dask.get("joblib_img_per_s") or get_path(curves[-1], "build", "img_per_s")
         ratio = dask["img_per_s"] / joblib_rate if dask.get("img_per_s") and joblib_rate else None
         _row(rows, "Dask LocalCluster build: same checksums", dask.get("checksums_equal"), "equal",
              dask.get("checksums_equal") and "error" not in dask)
