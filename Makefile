@@ -9,6 +9,9 @@ BENCH_ARGS ?=
 # glibc tunables for the harness, e.g. BENCH_GLIBC=glibc.cpu.x86_non_temporal_threshold=0x20000 (docs/performance.md,
 # "Memory copies on virtual machines"); with any set, the copy-bound load rows are measured again without.
 BENCH_GLIBC ?=
+# `make test` runs on this many pytest-xdist processes (2: the 2-core box it must finish on in 5 minutes; 1 runs
+# it in this process, e.g. to debug; `auto` takes every core)
+TEST_WORKERS ?= 2
 TIMINGS ?= make-demo make-test
 TIMINGS_OUT ?= bench/results/2026-12-02-vm-demo
 BENCH_RUN := $(if $(BENCH_GLIBC),GLIBC_TUNABLES=$(BENCH_GLIBC) )$(BIN)/python -m bench
@@ -23,8 +26,8 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
-test: $(STAMP)  ## the default run: not slow, not gpu; the 25 slowest listed at the end (durations: README)
-	$(BIN)/python -m pytest --durations=25
+test: $(STAMP)  ## the default run: not slow, not gpu, on TEST_WORKERS processes; the 25 slowest listed at the end (durations: README)
+	$(BIN)/python -m pytest $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS)) --durations=25
 
 test-all: $(STAMP)  ## slow tests too (GPU tests skip without CUDA)
 	$(BIN)/python -m pytest -m ""
