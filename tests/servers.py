@@ -85,6 +85,7 @@ class _Fault:
     kind: str | int
     times: int | None  # None: every request
     methods: tuple[str, ...]
+    retry_after: float | None = None  # a status answer's Retry-After header (seconds)
 
 
 @dataclass
@@ -106,11 +107,11 @@ class HttpServer:
         return f"{self.url}/{urllib.parse.quote(Path(rel).as_posix())}"
 
     def fail(self, path: str, kind: str | int, times: int | None = 1,
-             methods: tuple[str, ...] = ("GET",)) -> None:
+             methods: tuple[str, ...] = ("GET",), retry_after: float | None = None) -> None:
         """The next ``times`` (None: all) ``methods`` requests of ``path`` (URL path relative to the root, e.g.
         ``"a/b.tar"``) fail: ``"drop"`` cuts the connection after half the body; ``"stall"`` leaves every
         request of ``path`` unanswered until :meth:`clear` (at most a minute), then answers 503 (``times``
-        ignored); an int is answered as that status code."""
+        ignored); an int is answered as that status code (with ``Retry-After: retry_after`` if given)."""
         if kind not in ("drop", "stall") and not isinstance(kind, int):
             raise ValueError(f"fault kind must be 'drop', 'stall' or an HTTP status code, not {kind!r}")
         if kind == "stall":
@@ -118,7 +119,7 @@ class HttpServer:
                 self._stalled.add("/" + path.lstrip("/"))
             return
         with self._lock:
-            self._faults["/" + path.lstrip("/")] = _Fault(kind, times, methods)
+            self._faults["/" + path.lstrip("/")] = _Fault(kind, times, methods, retry_after)
 
     def clear(self) -> None:
         """Forget the log and every pending fault."""
@@ -127,7 +128,7 @@ class HttpServer:
             self._faults.clear()
             self._stalled.clear()
 
-    def _take_fault(self, method: str, path: str) -> str | int | None:
+    def _take_fault(self, method: str, path: str) -> _Fault | None:
         with self._lock:
             fault = self._faults.get(path)
             if fault is None or method not in fault.methods:
@@ -136,7 +137,7 @@ class HttpServer:
                 fault.times -= 1
                 if fault.times <= 0:
                     del self._faults[path]
-            return fault.kind
+            return fault
 
     def _local(self, path: str) -> Path | None:
         """The file or folder under root that a URL path names; None when it would leave root."""
@@ -165,8 +166,9 @@ class HttpServer:
                 await asyncio.sleep(0.02)
             return answer(503, b"stalled\n")
         fault = self._take_fault(method, path)
-        if isinstance(fault, int):
-            return answer(fault, f"injected {fault}\n".encode())
+        if fault is not None and isinstance(fault.kind, int):
+            wait = {"Retry-After": f"{fault.retry_after:g}"} if fault.retry_after is not None else None
+            return answer(fault.kind, f"injected {fault.kind}\n".encode(), wait)
         target = self._local(path)
         if target is None:
             return answer(403, b"outside the served folder\n")
@@ -221,7 +223,7 @@ class HttpServer:
         with open(target, "rb") as f:
             f.seek(lo)
             body = f.read(hi - lo)
-        if fault != "drop":
+        if fault is None or fault.kind != "drop":
             return answer(status, body, headers)
         half = body[: len(body) // 2]
         resp = web.StreamResponse(status=status, headers=headers)

@@ -273,10 +273,13 @@ class FsspecLocation(Location):
         return self._call(name, "read it", lambda: bytes(self.fs.cat_file(path, **kw)))
 
     def read_ranges(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        if not ranges:
-            return []
-        path = self._path(name)
-        (kw,) = self._pinned_reads([name])
+        return self.read_many([(name, ranges)])[0]
+
+    def read_many(self, wanted: Sequence[tuple[str, Sequence[tuple[int, int]]]]) -> list[list[bytes]]:
+        wanted = [(name, ranges) for name, ranges in wanted]
+        if not any(ranges for _, ranges in wanted):
+            return [[] for _ in wanted]
+        kws = self._pinned_reads([name for name, _ in wanted])
         fs = self.fs
         what = "read byte ranges of it"
 
@@ -287,16 +290,24 @@ class FsspecLocation(Location):
                 raise ShortRead(f"bytes [{start}, {end}) came back as {len(data)} bytes")
             return bytes(data)
 
-        def one_sync(start: int, end: int) -> bytes:
+        def one_sync(path: str, kw: dict[str, Any], start: int, end: int) -> bytes:
             return check(start, end, fs.cat_file(path, start=start, end=end, **kw))
 
-        async def one(start: int, end: int) -> bytes:
+        async def one(path: str, kw: dict[str, Any], start: int, end: int) -> bytes:
             return check(start, end, await fs._cat_file(path, start=start, end=end, **kw))
 
         if not self._async:
-            return [self._call(name, what, functools.partial(one_sync, s, e)) for s, e in ranges]
-        return self._group([name] * len(ranges), what, [functools.partial(one, s, e) for s, e in ranges],
-                           hedge_bytes=[e - s for s, e in ranges])
+            return [[self._call(name, what, functools.partial(one_sync, self._path(name), kw, s, e)) for s, e in ranges]
+                    for (name, ranges), kw in zip(wanted, kws, strict=True)]
+        flat = [(name, self._path(name), kw, s, e) for (name, ranges), kw in zip(wanted, kws, strict=True)
+                for s, e in ranges]
+        got = self._group([f[0] for f in flat], what, [functools.partial(one, *f[1:]) for f in flat],
+                          hedge_bytes=[e - s for *_, s, e in flat])
+        out, i = [], 0
+        for _, ranges in wanted:
+            out.append(got[i : i + len(ranges)])
+            i += len(ranges)
+        return out
 
     def read_heads(self, names: Sequence[str], nbytes: int) -> list[bytes]:
         if not names:

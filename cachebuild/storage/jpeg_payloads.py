@@ -17,7 +17,6 @@ coalesced), fetched concurrently through the location, optionally through a loca
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import io
 import mmap
@@ -29,7 +28,7 @@ from typing import IO, Any
 import numpy as np
 
 from cachebuild.errors import CacheCorruptError
-from cachebuild.storage.block_cache import BlockCache, CachedFile
+from cachebuild.storage.block_cache import BlockCache
 from cachebuild.storage.location import Location
 from cachebuild.storage.rows import NPY_HEADER_ERRORS, ShardHandles
 
@@ -163,7 +162,7 @@ class PayloadFiles(ShardHandles):
     def read(self, idx: np.ndarray) -> list[Any]:
         """The stored bytes of samples ``idx`` (any order, in range), as buffers in that order. Local
         samples are zero-copy views of the memory maps; remote ones are fetched in one concurrent pass
-        per shard, consecutive samples as one range."""
+        over every shard (:meth:`read_files`), consecutive samples as one range."""
         out: list[Any] = [None] * len(idx)
         if not len(idx):
             return out
@@ -172,10 +171,12 @@ class PayloadFiles(ShardHandles):
         seg_of = np.searchsorted(self.starts, sorted_idx, side="right") - 1
         begin, end = self.begin[sorted_idx].tolist(), self.end[sorted_idx].tolist()
         bounds = np.flatnonzero(np.diff(seg_of)) + 1
+        wanted: list[tuple[int, list[tuple[int, int]]]] = []
+        places: list[list[tuple[int, int]]] = []
         for lo, hi in zip(np.r_[0, bounds].tolist(), np.r_[bounds, len(sorted_idx)].tolist(), strict=True):
             k = int(seg_of[lo])
-            f = self._handle(k)
             if self.location.is_local:
+                f = self._handle(k)
                 for j in range(lo, hi):
                     out[order[j]] = f[begin[j] : end[j]]
                 continue
@@ -185,12 +186,9 @@ class PayloadFiles(ShardHandles):
                 if j == hi or begin[j] != end[j - 1]:
                     runs.append((a, j))
                     a = j
-            ranges = [(begin[a], end[z - 1]) for a, z in runs]
-            name = self.shards[k].name
-            if isinstance(f, CachedFile):
-                datas: list[Any] = f.read(ranges, functools.partial(self._fetch, name))
-            else:
-                datas = self._fetch(name, ranges)
+            wanted.append((k, [(begin[a], end[z - 1]) for a, z in runs]))
+            places.append(runs)
+        for runs, datas in zip(places, self.read_files(wanted) if wanted else [], strict=True):
             for (a, z), data in zip(runs, datas, strict=True):
                 view = memoryview(data).cast("B") if not isinstance(data, np.ndarray) else data
                 base = begin[a]

@@ -48,6 +48,11 @@ class Location(ABC):
     def read_ranges(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         """The bytes ``[start, end)`` of each range; a range past the end of the file is an error."""
 
+    def read_many(self, wanted: Sequence[tuple[str, Sequence[tuple[int, int]]]]) -> list[list[bytes]]:
+        """:meth:`read_ranges` of several files, one list per ``(name, ranges)``; a remote location sends
+        every request together (a batch's slowest request then delays it once, not once per file)."""
+        return [self.read_ranges(name, ranges) for name, ranges in wanted]
+
     @abstractmethod
     def read_heads(self, names: Sequence[str], nbytes: int) -> list[bytes]:
         """The first (up to) ``nbytes`` of each file, fetched concurrently where that helps."""

@@ -19,6 +19,7 @@ never makes the others run again, and what arrived is kept).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import os
 import time
@@ -272,11 +273,14 @@ def call(fn: Callable[[], T], budget: Budget | None = None,
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-async def acall(fn: Callable[[], Awaitable[T]], budget: Budget, hedge_bytes: int | None = None) -> T:
+async def acall(fn: Callable[[], Awaitable[T]], budget: Budget, hedge_bytes: int | None = None,
+                gate: asyncio.Semaphore | None = None) -> T:
     """The async :func:`call` of one request on an event loop, under a shared ``budget``. ``hedge_bytes``: the
     request is an idempotent read of that many bytes, hedged when late (:mod:`cachebuild.storage.hedge`); a
-    hedge is one of its tries."""
+    hedge is one of its tries. ``gate``: held while a try runs, not while it waits for the next (a request
+    told to come back in a second must not keep the others of its group from the server meanwhile)."""
     t0 = time.monotonic()
+    held: contextlib.AbstractAsyncContextManager[Any] = gate if gate is not None else contextlib.nullcontext()
     s = budget.settings
     attempt = 0
 
@@ -290,11 +294,12 @@ async def acall(fn: Callable[[], Awaitable[T]], budget: Budget, hedge_bytes: int
     while True:
         attempt += 1
         try:
-            if hedge_bytes is None or hedge_bytes > hedge.MAX_HEDGED_BYTES or not s.hedge or attempt >= s.attempts:
-                return await fn()
-            patience = max(s.hedge_after_s, s.http_timeout_s / 4)
-            delay = hedge.LATENCIES.delay(hedge_bytes, s.hedge_after_s, s.hedge_factor, patience)
-            return await hedge.hedged(fn, hedge_bytes, delay, patience, may_hedge, is_transient)
+            async with held:
+                if hedge_bytes is None or hedge_bytes > hedge.MAX_HEDGED_BYTES or not s.hedge or attempt >= s.attempts:
+                    return await fn()
+                patience = max(s.hedge_after_s, s.http_timeout_s / 4)
+                delay = hedge.LATENCIES.delay(hedge_bytes, s.hedge_after_s, s.hedge_factor, patience)
+                return await hedge.hedged(fn, hedge_bytes, delay, patience, may_hedge, is_transient)
         except Exception as e:
             failure = classify(e)
             if not failure.transient:
@@ -309,8 +314,7 @@ async def _each(calls: Sequence[Callable[[], Awaitable[Any]]], budget: Budget, l
     gate = asyncio.Semaphore(limit)
 
     async def one(c: Callable[[], Awaitable[Any]], n: int | None) -> Any:
-        async with gate:
-            return await acall(c, budget, n)
+        return await acall(c, budget, n, gate)
 
     sizes: Sequence[int | None] = hedge_bytes if hedge_bytes is not None else [None] * len(calls)
     return await asyncio.gather(*(one(c, n) for c, n in zip(calls, sizes, strict=True)), return_exceptions=True)
@@ -318,10 +322,10 @@ async def _each(calls: Sequence[Callable[[], Awaitable[Any]]], budget: Budget, l
 
 def each(loop: Any, calls: Sequence[Callable[[], Awaitable[Any]]], budget: Budget | None = None,
          limit: int = 32, hedge_bytes: Sequence[int] | None = None) -> list[Any]:
-    """Run every request of a group on ``loop`` (an fsspec filesystem's), at most ``limit`` at a time, each
-    retried on its own under one budget. Returns each result, or the exception that ended that request, in
-    order: one request that fails keeps the others' results. ``hedge_bytes``: the requests are idempotent
-    reads of these sizes, hedged when late."""
+    """Run every request of a group on ``loop`` (an fsspec filesystem's), at most ``limit`` tries at a time (one
+    waiting to be tried again does not count), each retried on its own under one budget. Returns each result,
+    or the exception that ended that request, in order: one request that fails keeps the others' results.
+    ``hedge_bytes``: the requests are idempotent reads of these sizes, hedged when late."""
     from fsspec.asyn import sync
 
     return sync(loop, _each, calls, budget or Budget(), limit, hedge_bytes)

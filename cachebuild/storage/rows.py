@@ -138,10 +138,33 @@ class ShardHandles:
         return False
 
     def _fetch(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        got = self.location.read_ranges(name, ranges)
+        return self._fetch_many([(name, ranges)])[0]
+
+    def _fetch_many(self, wanted: Sequence[tuple[str, Sequence[tuple[int, int]]]]) -> list[list[bytes]]:
+        got = self.location.read_many(wanted)
         with _TABLE_GUARD:  # the files of a batch are fetched by several threads at once
-            self.bytes_fetched += sum(len(g) for g in got)
+            self.bytes_fetched += sum(len(g) for file in got for g in file)
         return got
+
+    def read_files(self, wanted: Sequence[tuple[int, Sequence[tuple[int, int]]]]) -> list[list[Any]]:
+        """The byte ranges of remote files ``(k, ranges)``, one list per file: views of block-cache mirrors
+        (blocks checked; those files read together), and every other range fetched in one group of requests,
+        so that a batch waits once for its slowest request, not once per file or per thread."""
+        handles = [self._handle(k) for k, _ in wanted]
+        cached = [i for i, h in enumerate(handles) if isinstance(h, CachedFile)]
+        plain = [i for i, h in enumerate(handles) if not isinstance(h, CachedFile)]
+        name = [self._name_and_size(k)[0] for k, _ in wanted]
+        jobs: list[Callable[[], Any]] = [
+            functools.partial(handles[i].read, wanted[i][1], functools.partial(self._fetch, name[i])) for i in cached]
+        if plain:
+            jobs.append(functools.partial(self._fetch_many, [(name[i], wanted[i][1]) for i in plain]))
+        results = in_parallel(jobs)
+        out: list[list[Any]] = [[] for _ in wanted]
+        for i, got in zip(cached, results[: len(cached)], strict=True):
+            out[i] = got
+        for i, got in zip(plain, results[-1] if plain else [], strict=True):
+            out[i] = got
+        return out
 
 
 class RowFiles(ShardHandles):
@@ -205,7 +228,8 @@ class RowFiles(ShardHandles):
     def _gather_remote(self, sorted_idx: np.ndarray, order: np.ndarray, seg_of: np.ndarray, out: np.ndarray) -> None:
         bounds = np.flatnonzero(np.diff(seg_of)) + 1
         flat = out.reshape(len(out), -1)
-        jobs, places = [], []
+        wanted: list[tuple[int, list[tuple[int, int]]]] = []
+        places = []
         for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(sorted_idx)], strict=True):
             k = int(seg_of[lo])
             seg = self.segments[k]
@@ -215,24 +239,16 @@ class RowFiles(ShardHandles):
             runs = list(zip(np.r_[0, cut].tolist(), np.r_[cut, len(rows)].tolist(), strict=True))
             ranges = [(seg.offset + int(rows[a]) * self.row_bytes, seg.offset + (int(rows[z - 1]) + 1) * self.row_bytes)
                       for a, z in runs]
-            jobs.append(functools.partial(self._read_file, k, ranges))
+            wanted.append((k, ranges))
             places.append((runs, order[lo:hi]))
-        for (runs, dest), datas in zip(places, in_parallel(jobs), strict=True):
+        for (runs, dest), datas in zip(places, self.read_files(wanted), strict=True):
             for (a, z), data in zip(runs, datas, strict=True):
                 flat[dest[a:z]] = np.frombuffer(data, dtype=np.uint8).reshape(z - a, self.row_bytes)
 
-    def _read_file(self, k: int, ranges: list[tuple[int, int]]) -> list[Any]:
-        """Byte ``ranges`` of file ``k``: views of its block-cache mirror (blocks checked), or fetched bytes."""
-        cached = self._handle(k)
-        name = self.segments[k].name
-        if isinstance(cached, CachedFile):
-            return cached.read(ranges, functools.partial(self._fetch, name))
-        return self._fetch(name, ranges)
 
-
-# The files of a remote batch are read at once, each by a thread of this pool whose requests run on the
-# location's event loop: one file's slow request (a 503 with Retry-After, a retry) delays the batch once, not
-# once per file. Made anew in each process (a forked child has none of its parent's threads).
+# The block-cache mirrors of a remote batch's files are read at once, each by a thread of this pool whose
+# requests run on the location's event loop: one file's slow request (a 503 with Retry-After, a retry) delays
+# the batch once, not once per file. Made anew in each process (a forked child has none of its parent's threads).
 _POOL: tuple[int, ThreadPoolExecutor] | None = None
 _POOL_THREADS = 16
 

@@ -7,6 +7,7 @@ matrix (every fault kind, 1%, 10% and 33%, HTTP and S3) is tests/reliability/tes
 
 from __future__ import annotations
 
+import collections
 import time
 from pathlib import Path
 
@@ -104,6 +105,47 @@ def test_a_503_with_retry_after_is_waited_for(tmp_path, http_server, fault_proxy
     t0 = time.perf_counter()
     assert loc.read_bytes("f.bin") == b"x" * 1000  # request 2 answers 503, Retry-After: 0.6; request 3 reads
     assert time.perf_counter() - t0 >= 0.6 and proxy.faults["503"] == 1
+
+
+def test_a_request_told_to_wait_leaves_its_slot_to_the_others_of_its_group():
+    """Two of a group's two slots answered 503 with Retry-After: 1; the other six run meanwhile (they used to
+    wait the second out behind the sleeping two)."""
+    import asyncio
+
+    from fsspec.asyn import get_loop
+
+    from cachebuild.storage.remote_io import each
+
+    t0, done, tries = time.monotonic(), {}, collections.Counter()
+
+    def call(i: int):
+        async def one() -> int:
+            tries[i] += 1
+            if i < 2 and tries[i] == 1:
+                raise _response_error(503, "1")
+            await asyncio.sleep(0.01)
+            done[i] = time.monotonic() - t0
+            return i
+        return one
+
+    assert each(get_loop(), [call(i) for i in range(8)], limit=2) == list(range(8))
+    assert max(done[i] for i in range(2, 8)) < 0.5 <= 1.0 <= min(done[0], done[1])
+
+
+def test_a_batch_over_40_shards_waits_once_for_their_retry_after(tmp_path, http_server):
+    """The first read of each of 40 shards answers 503, Retry-After: 1. A batch's requests are one group,
+    so it waits that second once (per-shard reads queued on a 16-thread pool waited it out three times)."""
+    _root, images, _ = make_cache(tmp_path / "site" / "c", n=80, shard_size=2, h=4, w=4)
+    server = http_server(tmp_path / "site")
+    ds = CachedImageDataset(f"{server.url}/c")
+    assert len(ds.manifest.shards) == 40
+    for shard in ds.manifest.shards:
+        server.fail(f"c/{shard.file}", 503, retry_after=1)
+    idx = np.arange(0, 80, 2)  # one row of each shard
+    t0 = time.monotonic()
+    assert np.array_equal(ds.gather(idx), images[idx])
+    assert 1.0 <= time.monotonic() - t0 < 2.0
+    assert sum(r.status == 503 for r in server.log) == 40
 
 
 def test_a_store_that_keeps_failing_ends_in_one_named_error_within_the_budget(tmp_path, http_server, fault_proxy,
