@@ -46,6 +46,8 @@ class FaultProxy:
     seed: int = 0
     every: int | None = None
     retry_after: float = 1.0
+    only: Callable[[str, str], bool] | None = None  # (method, path): faults only where true; others pass
+    limit: int | None = None  # at most this many faults in all
     stall_s: float = 20.0
     url: str = ""
     requests: int = 0
@@ -60,8 +62,12 @@ class FaultProxy:
             raise ValueError(f"fault kinds must be among {KINDS}, not {sorted(bad)}")
         self._rng.seed(self.seed)
 
-    def _draw(self) -> str | None:
+    def _draw(self, method: str, path: str) -> str | None:
         self.requests += 1  # one loop thread: no lock needed
+        if self.only is not None and not self.only(method, path):
+            return None
+        if self.limit is not None and sum(self.faults.values()) >= self.limit:
+            return None
         if self.every is not None:
             hit = self.requests % self.every == 0
         else:
@@ -85,7 +91,7 @@ class FaultProxy:
         from aiohttp import web
 
         body = await request.read()
-        kind = self._draw()
+        kind = self._draw(request.method, request.path)
         if kind in ("500", "503"):
             return self._error(int(kind))
         if kind == "stall":

@@ -172,6 +172,24 @@ def test_a_push_that_lost_its_claim_never_writes_its_manifest(tmp_path, s3):
     assert not s3.fs.exists(s3.url("team/l/manifest.json"))
 
 
+@pytest.mark.parametrize("lost", [MARKER, "manifest.json"])
+def test_an_exclusive_write_whose_answer_was_lost_is_known_as_its_own(tmp_path, s3, fault_proxy, monkeypatch, lost):
+    """The claim's (or the manifest's) ``If-None-Match: *`` write lands, but its answer is lost: the proxy
+    cuts the connection once moto has applied it. The retry fails its condition, and the push must see the
+    object is its own (the marker's token, the manifest's bytes), not another push's."""
+    caches = share_races.two_caches(tmp_path)
+    proxy = fault_proxy(s3.endpoint_url, every=1, kinds=("reset",), limit=1,
+                        only=lambda method, path: method == "PUT" and path.endswith("/" + lost))
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.setenv(name, proxy.url)
+    url = s3.url("team/lost")
+    r = _cli("push", caches["a"][0], url, "--no-progress")
+    assert r.exit_code == 0, r.output
+    assert proxy.faults["reset"] == 1  # the write went through the proxy and its answer was cut
+    assert _check_one_cache(url, caches, s3, "team/lost") == "a"
+    assert not s3.fs.exists(s3.url(f"team/lost/{MARKER}"))
+
+
 # 5 s each: the middle point runs by default, the early and late ones in `make test-all`
 @pytest.mark.parametrize("after_s", [pytest.param(0.05, marks=pytest.mark.slow), 0.3,
                                      pytest.param(0.6, marks=pytest.mark.slow)])
