@@ -276,10 +276,10 @@ class FsspecLocation(Location):
         return self.read_many([(name, ranges)])[0]
 
     def read_many(self, wanted: Sequence[tuple[str, Sequence[tuple[int, int]]]]) -> list[list[bytes]]:
-        wanted = [(name, ranges) for name, ranges in wanted]
         if not any(ranges for _, ranges in wanted):
             return [[] for _ in wanted]
         kws = self._pinned_reads([name for name, _ in wanted])
+        paths = [self._path(name) for name, _ in wanted]
         fs = self.fs
         what = "read byte ranges of it"
 
@@ -297,9 +297,9 @@ class FsspecLocation(Location):
             return check(start, end, await fs._cat_file(path, start=start, end=end, **kw))
 
         if not self._async:
-            return [[self._call(name, what, functools.partial(one_sync, self._path(name), kw, s, e)) for s, e in ranges]
-                    for (name, ranges), kw in zip(wanted, kws, strict=True)]
-        flat = [(name, self._path(name), kw, s, e) for (name, ranges), kw in zip(wanted, kws, strict=True)
+            return [[self._call(name, what, functools.partial(one_sync, path, kw, s, e)) for s, e in ranges]
+                    for (name, ranges), path, kw in zip(wanted, paths, kws, strict=True)]
+        flat = [(name, path, kw, s, e) for (name, ranges), path, kw in zip(wanted, paths, kws, strict=True)
                 for s, e in ranges]
         got = self._group([f[0] for f in flat], what, [functools.partial(one, *f[1:]) for f in flat],
                           hedge_bytes=[e - s for *_, s, e in flat])

@@ -188,7 +188,7 @@ class PayloadFiles(ShardHandles):
                     a = j
             wanted.append((k, [(begin[a], end[z - 1]) for a, z in runs]))
             places.append(runs)
-        for runs, datas in zip(places, self.read_files(wanted) if wanted else [], strict=True):
+        for runs, datas in zip(places, self.read_files(wanted), strict=True):
             for (a, z), data in zip(runs, datas, strict=True):
                 view = memoryview(data).cast("B") if not isinstance(data, np.ndarray) else data
                 base = begin[a]
