@@ -25,19 +25,17 @@ from tests.loaders_fixtures import make_cache, make_images
 from tests.manifest_edits import load_unsealed
 from tests.same_key import same_key_caches
 from tests.share_races import upload_fails_on
+from tests.trees import file_names, tree_bytes
 
 
 def _cli(*args: object):
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
-def _files(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
 
 def _tree(root: Path) -> dict[str, bytes]:
     """Every file under ``root``, to show that nothing was written."""
-    return _files(root)
+    return tree_bytes(root)
 
 
 def _flip(data: bytes, at: int | None = None) -> bytes:
@@ -73,7 +71,7 @@ def test_push_then_pull_round_trips_a_folder_of_caches_byte_for_byte(tmp_path, s
     r = _cli("pull", url, dest, "--no-progress")
     assert r.exit_code == 0, r.output
     for split in ("train", "val"):
-        assert _files(dest / split) == _files(src / split)  # byte for byte, manifest included
+        assert tree_bytes(dest / split) == tree_bytes(src / split)  # byte for byte, manifest included
     assert not (tmp_path / "nvme" / "in" / "train.partial").exists()
     assert np.array_equal(CachedImageDataset(dest / "val").gather(np.arange(40)), make_images(40, 16, 12))
     assert _cli("pull", url, dest).output.count("up to date") == 2
@@ -91,8 +89,8 @@ def test_a_flipped_byte_in_one_remote_object_is_caught_by_pull_and_verify(tmp_pa
     r = _cli("pull", url, dest, "--no-progress")
     assert r.exit_code == 1 and victim in r.output and "sha256" in r.output and "Traceback" not in r.output
     assert not dest.exists()  # never looks complete
-    staged = _files(tmp_path / "local" / "c.partial")
-    expected = {k: v for k, v in _files(root).items() if k not in (victim, "manifest.json", "files.json")}
+    staged = tree_bytes(tmp_path / "local" / "c.partial")
+    expected = {k: v for k, v in tree_bytes(root).items() if k not in (victim, "manifest.json", "files.json")}
     assert {k: v for k, v in staged.items() if k != "pull.json"} == expected  # the others kept, intact
     r = _cli("verify", url)
     assert r.exit_code == 1 and victim.rsplit("/", 4)[0] in r.output
@@ -103,7 +101,7 @@ def test_a_flipped_byte_in_one_remote_object_is_caught_by_pull_and_verify(tmp_pa
     assert r.exit_code == 0 and "already there" in r.output, r.output
     fetched = {q.path.split("/team/c/", 1)[1] for q in s3.log if q.method == "GET" and "/team/c/" in q.path}
     assert fetched == {"manifest.json", "files.json", victim}  # only what was missing
-    assert _files(dest) == _files(root)
+    assert tree_bytes(dest) == tree_bytes(root)
 
 
 def test_an_interrupted_push_shows_no_cache_and_resumes_sending_only_the_rest(tmp_path, s3):
@@ -120,7 +118,7 @@ def test_an_interrupted_push_shows_no_cache_and_resumes_sending_only_the_rest(tm
     put = sorted(q.path.split("/team/c/", 1)[1] for q in s3.log if q.method == "PUT")
     assert put == ["files.json", "images-00003.npy", "manifest.json", "push-in-progress.json"]
     dest = tmp_path / "back"
-    assert _cli("pull", url, dest).exit_code == 0 and _files(dest) == _files(root)
+    assert _cli("pull", url, dest).exit_code == 0 and tree_bytes(dest) == tree_bytes(root)
 
 
 def test_push_replaces_a_different_remote_cache_only_with_force(tmp_path, s3):
@@ -134,9 +132,9 @@ def test_push_replaces_a_different_remote_cache_only_with_force(tmp_path, s3):
     r = _cli("push", b, url, "--force", "--no-progress")
     assert r.exit_code == 0, r.output
     remote = sorted(p.split("/team/c/", 1)[1] for p in s3.fs.find(s3.url("team/c")))
-    assert remote == sorted(_files(b))  # a's extra shards are gone, nothing else left behind
+    assert remote == sorted(tree_bytes(b))  # a's extra shards are gone, nothing else left behind
     dest = tmp_path / "pulled"
-    assert _cli("pull", url, dest).exit_code == 0 and _files(dest) == _files(b)
+    assert _cli("pull", url, dest).exit_code == 0 and tree_bytes(dest) == tree_bytes(b)
 
 
 def test_push_never_writes_into_a_prefix_holding_something_else(tmp_path, s3):
@@ -160,7 +158,7 @@ def test_a_cache_without_a_file_table_is_verified_whole(tmp_path, s3):
     dest = tmp_path / "pulled"
     r = _cli("pull", url, dest)
     assert r.exit_code == 0, r.output
-    assert _files(dest) == _files(root)
+    assert tree_bytes(dest) == tree_bytes(root)
     s3.fs.pipe(s3.url("old/c/images-00001.npy"), _flip(s3.fs.cat(s3.url("old/c/images-00001.npy")), at=-5))
     r = _cli("pull", url, tmp_path / "again")
     assert r.exit_code == 1 and "images-00001.npy" in r.output and "checksum mismatch" in r.output
@@ -181,15 +179,15 @@ def test_http_pull_killed_half_way_resumes_fetching_only_what_was_missing(tmp_pa
     server.fail("c/images-00007.npy", "stall")  # in flight when the pull is killed
     dest = tmp_path / "out" / "c"
     staging = tmp_path / "out" / "c.partial"
-    others = {k for k in _files(root) if k not in ("images-00007.npy", "manifest.json", "files.json")}
+    others = {k for k in tree_bytes(root) if k not in ("images-00007.npy", "manifest.json", "files.json")}
     proc = subprocess.Popen([sys.executable, "-m", "cachebuild", "pull", url, str(dest), "--jobs", "2",
                              "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
         deadline = time.time() + 60
-        while time.time() < deadline and not (staging.is_dir() and others <= set(_files(staging))):
+        while time.time() < deadline and not (staging.is_dir() and others <= file_names(staging)):
             time.sleep(0.02)
-        assert others <= set(_files(staging)), "the pull must get that far"
+        assert others <= file_names(staging), "the pull must get that far"
         assert proc.poll() is None
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -202,7 +200,7 @@ def test_http_pull_killed_half_way_resumes_fetching_only_what_was_missing(tmp_pa
     served = [q for q in server.log if q.status < 300]  # (the killed pull's stalled request ends with a 503)
     assert sum(q.bytes_sent for q in served if q.path == "/c/images-00007.npy") == (
         root / "images-00007.npy").stat().st_size
-    assert _files(dest) == _files(root)
+    assert tree_bytes(dest) == tree_bytes(root)
 
 
 def test_http_pull_checks_every_file(tmp_path, http_server):
@@ -222,7 +220,7 @@ def test_large_files_travel_in_ranges_and_are_checked(tmp_path, http_server, mon
     assert _cli("pull", url, tmp_path / "out").exit_code == 0
     ranges = [q for q in server.log if q.path == "/c/images-00000.npy" and q.method == "GET"]
     assert len(ranges) == 5 and all(q.range for q in ranges)
-    assert _files(tmp_path / "out") == _files(root)
+    assert tree_bytes(tmp_path / "out") == tree_bytes(root)
 
 
 # ---------------------------------------------------------------- bad input
@@ -268,11 +266,11 @@ def test_same_build_key_with_other_contents_is_a_different_cache(tmp_path, s3):
         r = _cli(*args, "--no-progress")
         assert r.exit_code == 1 and "same fingerprint" in r.output and "other contents" in r.output, r.output
         assert "--force" in r.output
-    assert _files(a) != _files(b)  # neither refusal touched a, here or at the URL
+    assert tree_bytes(a) != tree_bytes(b)  # neither refusal touched a, here or at the URL
     assert s3.fs.cat(s3.url("team/same-key/manifest.json")) == (a / "manifest.json").read_bytes()
     assert _cli("push", b, url, "--force", "--no-progress").exit_code == 0
     assert _cli("pull", url, a, "--force", "--no-progress").exit_code == 0
-    assert _files(a) == _files(b)
+    assert tree_bytes(a) == tree_bytes(b)
     r = _cli("push", b, url, "--no-progress")  # the same contents: still up to date, nothing sent again
     assert r.exit_code == 0 and "up to date" in r.output, r.output
 
@@ -292,6 +290,6 @@ def test_pull_replaces_a_different_local_cache_only_with_force_and_readers_keep_
     assert (tmp_path / "mine" / "notes.txt").read_text() == "not a cache"
     r = _cli("pull", new_root, old_root, "--force")
     assert r.exit_code == 0, r.output
-    assert _files(old_root) == _files(new_root)
+    assert tree_bytes(old_root) == tree_bytes(new_root)
     assert np.array_equal(reading.gather(np.arange(40)), old)  # the job that had it open still reads the old cache
     assert read_manifest(old_root).count == 24

@@ -18,14 +18,12 @@ from cachebuild.cli import main
 from cachebuild.errors import CacheNotFoundError
 from loaders.dataset import CachedImageDataset
 from tests.loaders_fixtures import make_cache
+from tests.trees import file_names, tree_bytes
 
 
 def _cli(*args: object):
     return CliRunner().invoke(main, [str(a) for a in args])
 
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def _remote(s3, prefix: str) -> list[str]:
@@ -46,11 +44,11 @@ def test_pull_force_never_replaces_a_folder_holding_what_cachebuild_did_not_writ
         (dest / "manifest.json").write_text('{"format": "cachebuild", ')
     else:
         (dest / "manifest.json").write_text('{"format": "other-tool", "items": 3}')
-    before = _files(dest)
+    before = tree_bytes(dest)
     r = _cli("pull", src, dest, "--force", "--no-progress")
     assert r.exit_code == 1 and "Traceback" not in r.output, r.output
     assert "even with --force" in r.output and "another destination" in r.output, r.output
-    assert _files(dest) == before
+    assert tree_bytes(dest) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dest", "dest.lock", "src"]  # nothing set aside
 
 
@@ -75,17 +73,17 @@ def test_a_pull_of_another_cache_still_discards_its_own_unfinished_staging(tmp_p
     (staging / "images-00000.npy").write_bytes(b"half of another cache")
     r = _cli("pull", b, tmp_path / "c", "--no-progress")
     assert r.exit_code == 0, r.output
-    assert _files(tmp_path / "c") == _files(b) and not staging.exists()
+    assert tree_bytes(tmp_path / "c") == tree_bytes(b) and not staging.exists()
 
 
 @pytest.mark.parametrize("command", ["pull", "push"])
 def test_a_destination_inside_the_cache_being_copied_is_refused_before_writing(tmp_path, command):
     # Before: the copy (and its lock and staging folder) was written into the source cache's folder.
     src, _, _ = make_cache(tmp_path / "src", n=40)
-    before = _files(src)
+    before = tree_bytes(src)
     r = _cli(command, src, src / "copy", "--no-progress")
     assert r.exit_code == 1 and "inside" in r.output and "Traceback" not in r.output, r.output
-    assert _files(src) == before and sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+    assert tree_bytes(src) == before and sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
 
 def test_a_destination_under_a_regular_file_is_one_line(tmp_path):
@@ -114,7 +112,7 @@ def test_pull_never_calls_a_damaged_copy_up_to_date_and_force_pulls_it_again(tmp
     assert "up to date" not in r.output
     r = _cli("pull", src, dest, "--force", "--no-progress")
     assert r.exit_code == 0 and "pulled" in r.output, r.output
-    assert _files(dest) == _files(src)
+    assert tree_bytes(dest) == tree_bytes(src)
     assert np.array_equal(CachedImageDataset(dest).gather(np.arange(40)), images)
     assert _cli("pull", src, dest, "--force").output.strip().endswith("up to date (6 files)")
 
@@ -161,11 +159,11 @@ def test_push_force_interrupted_while_taking_the_old_cache_down_resumes(tmp_path
         CachedImageDataset(url)
     r = _cli("push", b, url, "--force", "--no-progress")
     assert r.exit_code == 0 and "pushed" in r.output, r.output
-    assert _remote(s3, "team/c") == sorted([*_files(b), "README.txt"])  # a's leftovers gone, the user's file kept
+    assert _remote(s3, "team/c") == sorted([*tree_bytes(b), "README.txt"])  # a's leftovers gone, the user's file kept
     assert s3.fs.cat(s3.url("team/c/README.txt")) == b"mine, beside the cache"
     assert s3.fs.cat(s3.url("team/c-notes/readme.txt")) == b"a neighbour"
     dest = tmp_path / "back"
-    assert _cli("pull", url, dest, "--no-progress").exit_code == 0 and _files(dest) == _files(b)
+    assert _cli("pull", url, dest, "--no-progress").exit_code == 0 and tree_bytes(dest) == tree_bytes(b)
     assert np.array_equal(CachedImageDataset(url).gather(np.arange(30)), images_b)
 
 
@@ -194,7 +192,7 @@ def test_a_url_cache_replaced_during_a_pull_never_becomes_a_mixed_local_cache(tm
     t = threading.Thread(target=lambda: got.extend(_raises(lambda: pull(url, dest, jobs=2, progress=False))))
     t.start()
     deadline = time.time() + 60
-    while not (staging.is_dir() and others <= set(_files(staging))) and time.time() < deadline:
+    while not (staging.is_dir() and others <= file_names(staging)) and time.time() < deadline:
         time.sleep(0.02)
     assert t.is_alive(), "the pull must still be waiting for the stalled file"
     _inverted(root, images)  # someone replaces the cache at the URL (the server serves the new files)
@@ -203,7 +201,7 @@ def test_a_url_cache_replaced_during_a_pull_never_becomes_a_mixed_local_cache(tm
     assert len(got) == 1 and isinstance(got[0], TransferError) and "images-00002.npy" in str(got[0]), got
     assert not dest.exists()  # no cache made of the old one's files and a new one's
     assert pull(url, dest, progress=False)[0].status == "pulled"  # the rerun: the new cache, whole
-    assert _files(dest) == _files(root)
+    assert tree_bytes(dest) == tree_bytes(root)
     assert np.array_equal(CachedImageDataset(dest).gather(np.arange(80)), 255 - images)
 
 

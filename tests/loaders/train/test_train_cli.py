@@ -21,6 +21,7 @@ from cachebuild.storage.writer import write_cache
 from loaders.train.cli import train
 from loaders.train.run import STOP_EXIT_CODE
 from tests.train_fixtures import CLASSES, _colour_images
+from tests.trees import tree_bytes
 
 
 @pytest.fixture(scope="module")
@@ -268,10 +269,6 @@ def test_fit_with_dataloader_workers_leaves_no_batch_rings_mapped(caches: dict[s
     assert ring_stats()["rings"] == 0
 
 
-def _files(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
 def test_a_fresh_run_refuses_an_out_holding_a_run(caches: dict[str, Path], tmp_path: Path) -> None:
     """Without --resume or --overwrite a second run into the same --out would append to the first one's
     metrics.jsonl and replace its checkpoint; --overwrite removes the run's files only, never others."""
@@ -284,18 +281,18 @@ def test_a_fresh_run_refuses_an_out_holding_a_run(caches: dict[str, Path], tmp_p
     (out / "plots").mkdir()
     (out / "plots" / "config.json").write_text("{}")  # not the run's: in a subfolder
     (out / ".checkpoint.pt.123.0badc0de.tmp").write_bytes(b"a killed checkpoint write")
-    before = _files(out)
+    before = tree_bytes(out)
     res = _invoke(*common, "--seed", "1")
     _assert_one_line_error(res, 1, f"Error: {out} already holds a run", "checkpoint.pt", "metrics.jsonl",
                            "--resume", "another --out", "--overwrite")
     assert len(res.output.strip().splitlines()) == 1, res.output
-    assert _files(out) == before
+    assert tree_bytes(out) == before
     _assert_one_line_error(_invoke(*common, "--resume", "--overwrite"), 2, "exclude each other")
-    assert _files(out) == before
+    assert tree_bytes(out) == before
 
     res = _invoke(*common, "--seed", "1", "--overwrite")
     assert res.exit_code == 0, res.output
-    after = _files(out)
+    after = tree_bytes(out)
     assert after["notes.txt"] == b"mine" and after["plots/config.json"] == b"{}"
     assert ".checkpoint.pt.123.0badc0de.tmp" not in after
     assert after["checkpoint.pt"] != before["checkpoint.pt"]
