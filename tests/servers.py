@@ -458,8 +458,10 @@ def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, _aws_home: Path) ->
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     joblib_workers_for("aws")  # workers must see this environment (and later tests' must not keep it)
+    from cachebuild.storage.s3_session import new_s3_session
+
     fs = s3fs.S3FileSystem(endpoint_url=s3_server.endpoint_url, key=_DUMMY_KEY, secret=_DUMMY_SECRET,
-                           skip_instance_cache=True, use_listings_cache=False)
+                           skip_instance_cache=True, use_listings_cache=False, session=new_s3_session())
     bucket = f"test-{uuid.uuid4().hex[:12]}"
     fs.mkdir(bucket)
     s3_server.log.clear()

@@ -31,6 +31,7 @@ from cachebuild.storage.pinning import (
     version_of,
 )
 from cachebuild.storage.remote_io import Budget, Exhausted, RangeIgnored, ShortRead
+from cachebuild.storage.s3_session import new_s3_session
 
 __all__ = ["FsspecLocation"]
 
@@ -82,11 +83,10 @@ class FsspecLocation(Location):
             import fsspec
 
             opts = self.fs_options()
-            if self.pins is not None and self.protocol in ("s3", "s3a"):
-                import aiobotocore.session
-
-                opts.setdefault("session", aiobotocore.session.AioSession())
-                install_s3_hook(opts["session"], self.pins)
+            if self.protocol in ("s3", "s3a"):
+                opts.setdefault("session", new_s3_session())
+                if self.pins is not None:
+                    install_s3_hook(opts["session"], self.pins)
             try:
                 self._fs = fsspec.filesystem(self.protocol, skip_instance_cache=True, **opts)
             except ImportError as e:
