@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,18 +46,21 @@ def upload_fails_on(file_name: str) -> Iterator[None]:
         mp.setattr(FsspecLocation, "put_file", dies_on_one)
         yield
 
-# Everything a push imports is imported first: the pushes then start within a millisecond of each other.
-# Each says when it started and ended pushing: whether two runs overlapped is then known, not assumed.
-_AT = """
+# Everything a push imports is imported first; then the process says it is ready and waits for a line (or the
+# end) of its standard input, the go: pushes released together start within a millisecond of each other, as
+# soon as the slowest has imported (no fixed head start to guess on a loaded machine). Each says when it
+# started and ended pushing: whether two runs overlapped is then known, not assumed.
+_READY = "race-ready"
+_AT = f"""
 import atexit, sys, time
 import s3fs, aiobotocore.session
 import cachebuild.share.push, cachebuild.share.claim
 from cachebuild.cli import main
-at = float(sys.argv[1])
-time.sleep(max(0.0, at - time.time()))
-print(f"race-start {time.time():.6f}", flush=True)
-atexit.register(lambda: print(f"race-end {time.time():.6f}", flush=True))
-main(sys.argv[2:], prog_name="cachebuild")
+print("{_READY}", flush=True)
+sys.stdin.readline()
+print(f"race-start {{time.time():.6f}}", flush=True)
+atexit.register(lambda: print(f"race-end {{time.time():.6f}}", flush=True))
+main(sys.argv[1:], prog_name="cachebuild")
 """
 
 
@@ -66,10 +68,25 @@ def env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), **extra}
 
 
-def start_push(src: Path, url: str, at: float, *flags: str, **extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", _AT, str(at), "push", str(src), url, "--no-progress", *flags],
-                            env=env(**extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+def start_push(src: Path, url: str, *flags: str, **extra: str) -> subprocess.Popen[str]:
+    """A push in its own process, held after its imports until :func:`go` (or ``communicate()``, which closes
+    its standard input) lets it start."""
+    return subprocess.Popen([sys.executable, "-c", _AT, "push", str(src), url, "--no-progress", *flags],
+                            env=env(**extra), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def go(procs: list[subprocess.Popen[str]]) -> None:
+    """Wait until every push of ``procs`` has imported, then let them all start at once."""
+    for p in procs:
+        assert p.stdout is not None
+        line = p.stdout.readline()  # its imports print nothing before this line; "" if it died
+        if line.strip() != _READY:
+            raise AssertionError(f"a push did not get ready (rc {p.wait()}): {line}{p.stdout.read()}")
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("\n")
+        p.stdin.flush()
 
 
 @dataclass(frozen=True)
@@ -81,10 +98,10 @@ class Run:
     end: float
 
 
-def race(sources: list[Path], url: str, *flags: str, lead_s: float = 4.0) -> list[Run]:
-    """Push each of ``sources`` to ``url`` from its own process, all starting ``lead_s`` from now."""
-    at = time.time() + lead_s
-    procs = [start_push(s, url, at, *flags) for s in sources]
+def race(sources: list[Path], url: str, *flags: str) -> list[Run]:
+    """Push each of ``sources`` to ``url`` from its own process, all released at one instant."""
+    procs = [start_push(s, url, *flags) for s in sources]
+    go(procs)
     out = []
     for p in procs:
         text, _ = p.communicate(timeout=120)
@@ -101,9 +118,10 @@ def overlapped(runs: list[Run]) -> bool:
 def kill_during(src: Path, url: str, after_s: float, *flags: str) -> int:
     """A push SIGKILLed ``after_s`` after it starts pushing (all imports done); its exit code (-9: killed
     while it ran, 0: it had finished)."""
-    p = start_push(src, url, time.time() + 1.5, *flags)
+    p = start_push(src, url, *flags)
+    go([p])
     try:
-        p.communicate(timeout=1.5 + after_s)
+        p.communicate(timeout=after_s)
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         p.communicate(timeout=30)
