@@ -20,8 +20,8 @@ from typing import Any
 from cachebuild.storage.reader import open_cache
 from tests.repo import REPO
 
-__all__ = ["FAULT_HOOKS", "REPO", "ReadTally", "cli", "cli_env", "file_hashes", "read_under_load", "same_cache",
-           "without_dac_override"]
+__all__ = ["FAULT_HOOKS", "REPO", "ReadTally", "build_reference", "cli", "cli_env", "file_hashes", "read_under_load",
+           "same_cache", "without_dac_override"]
 
 
 
@@ -70,6 +70,17 @@ def cli(*args: str, prefix: list[str] | None = None, timeout: float = 180, memor
             p.communicate()
             raise
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def build_reference(*args: str) -> None:
+    """An uninterrupted build to compare against: the same command, run in this process (a fresh interpreter
+    spends seconds importing torch for the resize). Reference builds are never what a test is about."""
+    from click.testing import CliRunner
+
+    from cachebuild.cli import main
+
+    r = CliRunner().invoke(main, list(args))
+    assert r.exit_code == 0, r.output
 
 
 def file_hashes(root: Path) -> dict[str, str]:

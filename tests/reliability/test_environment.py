@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.helpers import cli, same_cache, without_dac_override
+from tests.reliability.helpers import build_reference, cli, same_cache, without_dac_override
 
 ARGS = ["--size", "64", "--shard-size", "2", "--jobs", "1", "--no-progress"]
 
@@ -48,8 +48,7 @@ def _error_line(r: subprocess.CompletedProcess[str]) -> str:
 @pytest.fixture(scope="module")
 def ref(photo_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("envref")
-    r = cli("folder", str(photo_tree), "--out", str(out), *ARGS)
-    assert r.returncode == 0, r.stderr
+    build_reference("folder", str(photo_tree), "--out", str(out), *ARGS)
     return out / "train"
 
 

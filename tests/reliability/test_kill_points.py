@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from cachebuild.samples.broken import write_empty_file, write_truncated_jpeg
-from tests.reliability.helpers import cli, same_cache
+from tests.reliability.helpers import build_reference, cli, same_cache
 
 ROW = "SIGKILL of a build, then resume: byte-identical + verify"
 WORKER_ROW = "a worker SIGKILLed alone (OOM killer): one line, then resume"
@@ -54,8 +54,7 @@ def refs(source: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pa
 
     class Refs(dict):
         def __missing__(self, fmt: str) -> Path:
-            r = cli("folder", str(source), "--out", str(root / fmt), *_args(fmt))
-            assert r.returncode == 0, r.stderr
+            build_reference("folder", str(source), "--out", str(root / fmt), *_args(fmt))
             self[fmt] = root / fmt / "train"
             return self[fmt]
 
