@@ -26,11 +26,13 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# PYTHONDONTWRITEBYTECODE (set on some machines) would make every pytest process rewrite and compile all ~190 test
+# modules again (~10 s of CPU each, on the 2-core box): the test targets let Python keep its bytecode.
 test: $(STAMP)  ## the default run: not slow, not gpu, on TEST_WORKERS processes; the 25 slowest listed at the end (durations: README)
-	$(BIN)/python -m pytest $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS)) --durations=25
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS)) --durations=25
 
 test-all: $(STAMP)  ## slow tests too (GPU tests skip without CUDA)
-	$(BIN)/python -m pytest -m ""
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -m ""
 
 # The reliability suite, all rows (its fast ones also run in `make test`): kills, disk full, fuzzing,
 # hostile files, training faults; prints the trials / survived / lost table, also in reliability-out/.
