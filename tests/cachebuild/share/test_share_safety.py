@@ -213,13 +213,14 @@ def _raises(fn) -> list[BaseException]:
     return []
 
 
-def test_a_build_takes_over_the_staging_folder_of_an_unfinished_pull(tmp_path, http_server):
+def test_a_build_takes_over_the_staging_folder_of_an_unfinished_pull(tmp_path, http_server, monkeypatch):
     # Before: the build said the pull's staging folder "was not made by cachebuild" and stopped.
     import cv2
 
     make_cache(tmp_path / "site" / "train", n=40)
     server = http_server(tmp_path / "site")
     server.fail("train/images-00001.npy", 500, times=None)
+    monkeypatch.setenv("CACHEBUILD_RETRIES", "2")  # the pull fails at once (10 tries back off ~10 s)
     r = _cli("pull", server.url_for("train"), tmp_path / "out" / "train", "--no-progress")
     assert r.exit_code == 1 and (tmp_path / "out" / "train.partial" / "pull.json").is_file(), r.output
     src = tmp_path / "tree"
