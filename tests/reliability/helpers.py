@@ -73,8 +73,9 @@ def cli(*args: str, prefix: list[str] | None = None, timeout: float = 180, memor
 
 
 def build_reference(*args: str) -> None:
-    """An uninterrupted build to compare against: the same command, run in this process (a fresh interpreter
-    spends seconds importing torch for the resize). Reference builds are never what a test is about."""
+    """A build whose process is not what the test is about (a reference to compare against, an older cache,
+    the rerun after a kill): the same command, run in this process (a fresh interpreter spends seconds
+    importing torch for the resize). It must succeed."""
     from click.testing import CliRunner
 
     from cachebuild.cli import main
