@@ -149,6 +149,7 @@ class WorkerRing:
         self.local = [False] * slots  # a worker-side tensor of the slot is alive
         self._base = self.buf.ctypes.data
         self._vain = False  # the last take() found no slot: do not wait again until one frees
+        self._claiming = threading.Lock()  # finding a free slot and marking it taken are one step
 
     def address(self, slot: int) -> int:
         return self._base + _PAGE + slot * self.stride
@@ -159,17 +160,26 @@ class WorkerRing:
                 return s
         return -1
 
+    def _claim(self) -> int:
+        """A free slot, marked taken before any other thread can find it (threads of one worker gathering
+        batches at once must never share a slot's pixels); -1 if none."""
+        with self._claiming:
+            s = self._free_slot()
+            if s >= 0:
+                self.local[s] = True
+            return s
+
     def take(self, shape: tuple[int, ...]) -> SlotTensor | None:
         """An uninitialised uint8 tensor of ``shape`` in a free slot, or None (caller falls back)."""
         nbytes = int(np.prod(shape))
         if nbytes > self.slot_bytes:
             raise ValueError(f"a batch of {nbytes} bytes does not fit slots of {self.slot_bytes}")
-        s = self._free_slot()
+        s = self._claim()
         if s < 0 and not self._vain:
             deadline = time.perf_counter() + WAIT_S
             while s < 0 and time.perf_counter() < deadline:
                 time.sleep(WAIT_S / 10)
-                s = self._free_slot()
+                s = self._claim()
         if s < 0:
             self._vain = True
             self.counts[1] += 1
@@ -177,7 +187,6 @@ class WorkerRing:
         self._vain = False
         off = _PAGE + s * self.stride
         view = self.buf[off : off + nbytes].reshape(shape)
-        self.local[s] = True
         # The tensor's storage holds `view`; when the tensor, all its views, or torch's move of the
         # storage into fresh shared memory (when it is shared the ordinary way) let go, the slot is ours again.
         weakref.finalize(view, self.local.__setitem__, s, False)

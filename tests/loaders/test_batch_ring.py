@@ -7,6 +7,7 @@ import gc
 import io
 import pickle
 import threading
+import time
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
@@ -255,3 +256,24 @@ def test_ring_refused_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert ds._slot((4, 8, 6, 3)) is None and ds._ring_failed
     with pytest.raises(ValueError, match="ring_slots"):
         CachedImageDataset(root, ring_slots=-1)
+
+
+def test_threads_taking_slots_at_once_never_share_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Threads of one worker gathering batches at once: each batch gets a slot of its own. A pause between
+    finding a free slot and marking it (as a thread switch there would make) gave 4 threads one slot."""
+    ring = WorkerRing(4, 8)
+    found = WorkerRing._free_slot
+
+    def slow_to_mark(self: WorkerRing) -> int:
+        s = found(self)
+        time.sleep(0.02)
+        return s
+
+    monkeypatch.setattr(WorkerRing, "_free_slot", slow_to_mark)
+    got: list[SlotTensor | None] = []
+    threads = [threading.Thread(target=lambda: got.append(ring.take((8,)))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(x.__dict__["_slot"] for x in got if x is not None) == [0, 1, 2, 3]
