@@ -1,5 +1,6 @@
 """Shared fixtures: real-photo datasets written in the real ImageNet and CIFAR layouts (made once); loopback
-HTTP and S3 servers (tests/servers.py)."""
+HTTP and S3 servers (tests/servers.py). Every test runs under the loopback AWS environment (``aws_session_env``,
+autouse: tests/servers.py says why)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from cachebuild.samples.imagenet_layout import write_imagenet
 from tests.fault_proxy import fault_proxy  # noqa: F401  (a fault-injecting proxy in front of them)
-from tests.servers import _aws_home, _http_loop, http_server, joblib_workers_for, s3, s3_server  # noqa: F401
+from tests.servers import _aws_home, _http_loop, aws_session_env, http_server, s3, s3_server  # noqa: F401
 from tests.shard_fixtures import folder_cache, hf_set, wds_set  # noqa: F401  (the tree as tar / Parquet shards)
 
 
@@ -28,13 +29,6 @@ def imagenet_clean(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The same without broken files, for tests that compare pixels with torchvision."""
     root = tmp_path_factory.mktemp("imagenet_clean")
     return write_imagenet(root, n_classes=5, train_per_class=10, val_per_class=2, val_layout="folders", seed=2)
-
-
-@pytest.fixture(autouse=True)
-def _joblib_workers_without_aws(request: pytest.FixtureRequest) -> None:
-    """Worker processes started under an ``s3`` test's AWS environment never serve another test."""
-    if "s3" not in request.fixturenames:
-        joblib_workers_for("plain")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["HttpServer", "LoggedRequest", "S3Bucket", "S3Server", "http_server", "joblib_workers_for", "s3",
+__all__ = ["HttpServer", "LoggedRequest", "S3Bucket", "S3Server", "aws_session_env", "http_server", "s3",
            "s3_server"]
 
 HOST = "127.0.0.1"
@@ -421,29 +421,26 @@ _AWS_CLEARED = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_R
                 "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")
 
 
-def _restart_joblib_workers() -> None:
-    from joblib.externals.loky import get_reusable_executor
-
-    get_reusable_executor().shutdown(wait=True)
-
-
-_WORKERS_ENV = ["plain"]  # the environment loky's worker processes (if any) were started in: "plain" or "aws"
-
-
-def joblib_workers_for(env: str) -> None:
-    """loky reuses its worker processes, and they keep the environment they started in: restart them when
-    the tests go from the loopback AWS environment to none or back. Between two ``s3`` tests they stay
-    (the environment is the same: one server, one AWS home a session), which saves a pool start (two
-    interpreters importing the build and torch) per test. ``tests/conftest.py`` calls it with "plain"
-    before every test without ``s3``."""
-    if _WORKERS_ENV[0] != env:
-        _restart_joblib_workers()
-        _WORKERS_ENV[0] = env
-
-
 @pytest.fixture(scope="session")
 def _aws_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("aws")  # left empty: the user's profiles stay out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def aws_session_env(s3_server: S3Server, _aws_home: Path) -> Iterator[None]:
+    """The loopback AWS environment for the whole session, in every test (autouse, via ``tests/conftest.py``).
+    loky reuses its worker processes, which keep the environment they started in, and a pool may start (or
+    start again) in any test: with the environment set from the start, any pool serves ``s3`` tests too.
+    Restarting the pool whenever tests went from ``s3`` to none and back started it 7 times a run, each two
+    interpreters importing the build and torch. For tests without ``s3`` it names only the loopback server
+    and empty config files."""
+    mp = pytest.MonkeyPatch()
+    for name in _AWS_CLEARED:
+        mp.delenv(name, raising=False)
+    for name, value in aws_test_env(s3_server.endpoint_url, _aws_home).items():
+        mp.setenv(name, value)
+    yield
+    mp.undo()
 
 
 @pytest.fixture
@@ -457,7 +454,6 @@ def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, _aws_home: Path) ->
     env = aws_test_env(s3_server.endpoint_url, _aws_home)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    joblib_workers_for("aws")  # workers must see this environment (and later tests' must not keep it)
     from cachebuild.storage.s3_session import new_s3_session
 
     fs = s3fs.S3FileSystem(endpoint_url=s3_server.endpoint_url, key=_DUMMY_KEY, secret=_DUMMY_SECRET,
