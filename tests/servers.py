@@ -427,33 +427,29 @@ def _aws_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def aws_session_env(s3_server: S3Server, _aws_home: Path) -> Iterator[None]:
+def aws_session_env(s3_server: S3Server, _aws_home: Path) -> Iterator[dict[str, str]]:
     """The loopback AWS environment for the whole session, in every test (autouse, via ``tests/conftest.py``).
     loky reuses its worker processes, which keep the environment they started in, and a pool may start (or
     start again) in any test: with the environment set from the start, any pool serves ``s3`` tests too.
     Restarting the pool whenever tests went from ``s3`` to none and back started it 7 times a run, each two
     interpreters importing the build and torch. For tests without ``s3`` it names only the loopback server
     and empty config files."""
+    env = aws_test_env(s3_server.endpoint_url, _aws_home)
     mp = pytest.MonkeyPatch()
     for name in _AWS_CLEARED:
         mp.delenv(name, raising=False)
-    for name, value in aws_test_env(s3_server.endpoint_url, _aws_home).items():
+    for name, value in env.items():
         mp.setenv(name, value)
-    yield
+    yield env
     mp.undo()
 
 
 @pytest.fixture
-def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, _aws_home: Path) -> Iterator[S3Bucket]:
-    """A fresh bucket, an s3fs filesystem for it, and an AWS environment pointing at the loopback server
-    (restored when the test ends)."""
+def s3(s3_server: S3Server, aws_session_env: dict[str, str]) -> Iterator[S3Bucket]:
+    """A fresh bucket and an s3fs filesystem for it; the AWS environment (the session's, pointing at the
+    loopback server) comes with it for subprocesses."""
     import s3fs
 
-    for name in _AWS_CLEARED:
-        monkeypatch.delenv(name, raising=False)
-    env = aws_test_env(s3_server.endpoint_url, _aws_home)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
     from cachebuild.storage.s3_session import new_s3_session
 
     fs = s3fs.S3FileSystem(endpoint_url=s3_server.endpoint_url, key=_DUMMY_KEY, secret=_DUMMY_SECRET,
@@ -461,4 +457,4 @@ def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, _aws_home: Path) ->
     bucket = f"test-{uuid.uuid4().hex[:12]}"
     fs.mkdir(bucket)
     s3_server.log.clear()
-    yield S3Bucket(bucket, s3_server.endpoint_url, fs, s3_server.log, env)
+    yield S3Bucket(bucket, s3_server.endpoint_url, fs, s3_server.log, aws_session_env)

@@ -32,7 +32,6 @@ def _cli(*args: object):
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
-
 def _tree(root: Path) -> dict[str, bytes]:
     """Every file under ``root``, to show that nothing was written."""
     return tree_bytes(root)

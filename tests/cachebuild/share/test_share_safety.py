@@ -25,7 +25,6 @@ def _cli(*args: object):
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
-
 def _remote(s3, prefix: str) -> list[str]:
     return sorted(p.split(f"/{prefix}/", 1)[1] for p in s3.fs.find(s3.url(prefix)))
 
