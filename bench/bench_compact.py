@@ -42,9 +42,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cachebuild.build.pipeline import BuildOptions, build  # noqa: E402
+from cachebuild.builder.pipeline import BuildOptions, build  # noqa: E402
 from cachebuild.sources.folder import folder_plan  # noqa: E402
-from cachebuild.storage.reader import open_cache  # noqa: E402
+from cachebuild.storage.cache.reader import open_cache  # noqa: E402
 from loaders.dataset import CachedImageDataset, collate_batch  # noqa: E402
 from loaders.device import FastLoader  # noqa: E402
 from loaders.encoded import EncodedImages  # noqa: E402

@@ -95,8 +95,8 @@ def main() -> None:
     import logging
 
     logging.getLogger("cachebuild").setLevel(logging.ERROR)
-    from cachebuild.sources.parquet import parquet_plan
-    from cachebuild.sources.wds import wds_plan
+    from cachebuild.sources.shards.parquet import parquet_plan
+    from cachebuild.sources.shards.wds import wds_plan
 
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         root = Path(tmp)

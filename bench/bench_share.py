@@ -25,7 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cachebuild.share.pull import pull
-from cachebuild.storage.writer import write_cache
+from cachebuild.storage.cache.writer import write_cache
 from tests.servers import HttpServer, _Loop
 
 

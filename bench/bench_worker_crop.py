@@ -32,7 +32,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cachebuild.storage.writer import write_cache  # noqa: E402
+from cachebuild.storage.cache.writer import write_cache  # noqa: E402
 from loaders import transforms as T  # noqa: E402
 from loaders.collate import collate_batch  # noqa: E402
 from loaders.dataset import CachedImageDataset  # noqa: E402
@@ -74,7 +74,7 @@ def _epoch(dl: Any, tf: Any) -> tuple[float, int, int]:
 def _fit_row(cache: Path, val: Path | None, out: Path, epochs: int, crop: int, **kw: Any) -> dict[str, Any]:
     """One small_cnn run on CPU: wall seconds, seconds per epoch and (with a val cache) the final val top-1."""
     from loaders.train.config import TrainConfig
-    from loaders.train.run import fit
+    from loaders.train.run.fit import fit
 
     t0 = time.perf_counter()
     summary = fit(TrainConfig(train=str(cache), val=str(val) if val else None, out=str(out), model="small_cnn",

@@ -6,7 +6,7 @@ Prints one JSON line: ``seconds`` (the timed part only: imports and the warm-up 
 come before it), ``images``, ``bytes_written``. Contenders:
   bare_decode      cv2.imdecode of every file (IMREAD_COLOR), J processes: the decode limit
   naive_npy        one process: cv2.imread, cvtColor, resize (S, S) INTER_AREA, then one np.save
-  cachebuild_npy   cachebuild.build.pipeline.build(..., storage="npy"), J processes
+  cachebuild_npy   cachebuild.builder.pipeline.build(..., storage="npy"), J processes
   cachebuild_zarr  the same, storage="zarr"
   cachebuild_jpeg  the same, storage="jpeg" (a compact cache: JPEG q90, decoded on read)
 """
@@ -43,8 +43,8 @@ def _warm(sample: str, contender: str) -> int:
     else:
         import torch
 
-        from cachebuild.build.block import _init_worker
-        from cachebuild.build.decode import ResizeSpec, decode_into
+        from cachebuild.builder.block import _init_worker
+        from cachebuild.builder.decode import ResizeSpec, decode_into
 
         if contender == "cachebuild_zarr":
             import zarr  # noqa: F401
@@ -105,7 +105,7 @@ def main() -> None:
         seconds = time.perf_counter() - t0
         written = len(images) * a.size * a.size * 3
     else:
-        from cachebuild.build.pipeline import BuildOptions, build
+        from cachebuild.builder.pipeline import BuildOptions, build
         from cachebuild.sources.folder import folder_plan
 
         plan = folder_plan(a.src, dataset="bench", split="train")

@@ -101,7 +101,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         res["skipped"] = "no CUDA device on this machine"
     else:
-        from cachebuild.build.pipeline import BuildOptions, build
+        from cachebuild.builder.pipeline import BuildOptions, build
         from cachebuild.samples.imagenet_layout import write_imagenet
         from cachebuild.sources.folder import folder_plan
 

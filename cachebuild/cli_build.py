@@ -78,8 +78,8 @@ def _codecs() -> list[str]:
 
 def build_params() -> list[click.Option]:
     """The flags every build command shares. Those named as a ``BuildOptions`` field go to it as they are."""
-    from cachebuild.build.decode import FITS, INTERPOLATIONS
-    from cachebuild.build.options import COMPRESSIONS, DECODE_DEVICES, ON_ERROR, SUBSAMPLINGS, BuildOptions
+    from cachebuild.builder.decode import FITS, INTERPOLATIONS
+    from cachebuild.builder.options import COMPRESSIONS, DECODE_DEVICES, ON_ERROR, SUBSAMPLINGS, BuildOptions
 
     default = {f.name: f.default for f in dataclasses.fields(BuildOptions)}
 
@@ -153,7 +153,7 @@ def build_command(kind: SourceKind) -> click.Command:
 
         def plans() -> list[Plan]:
             from cachebuild.sources.registry import plan_source
-            from cachebuild.sources.shard_plan import read_classes
+            from cachebuild.sources.shards.plan import read_classes
 
             classes = read_classes(classes_file) if classes_file is not None else None
             return plan_source(kind.name, src, kind.options(**options), classes=classes, jobs=kw["jobs"])
@@ -165,7 +165,7 @@ def build_command(kind: SourceKind) -> click.Command:
 
 
 def _build_plans(plans: list[Plan], root: Path, opts: Any) -> None:
-    from cachebuild.build.pipeline import build
+    from cachebuild.builder.pipeline import build
 
     for plan in plans:
         dest = root / plan.split
@@ -207,7 +207,7 @@ def _parallel_backend(scheduler: str | None) -> Iterator[None]:
 
 def _build_options(size: int, kw: dict[str, Any]) -> Any:
     """``BuildOptions`` of the shared flags; ``--codec NAME`` is the storage kind that stores NAME."""
-    from cachebuild.build.pipeline import BuildOptions
+    from cachebuild.builder.pipeline import BuildOptions
 
     if kw["jobs"] == 0:
         raise click.BadParameter("must be a positive count or -1 (all cores), not 0", param_hint="--jobs")
@@ -231,7 +231,7 @@ def _run_builds(plans_fn: Callable[[], list[Plan]], size: int, *, out: Path | No
     opts = _build_options(size, kw)
     try:
         if opts.decode_device != "cpu":  # before listing a large source: no GPU, no build
-            from cachebuild.build.gpu_build import check_decode_device
+            from cachebuild.builder.gpu_build import check_decode_device
 
             check_decode_device(opts.decode_device)
         plans = plans_fn()

@@ -36,9 +36,9 @@ from cachebuild.errors import CacheChangedError
 from cachebuild.format import Manifest
 from cachebuild.format.identity import check_fingerprint
 from cachebuild.storage import BlockCache, ImageStore
-from cachebuild.storage.reader import open_cache
-from cachebuild.storage.replacement import ReaderLock
-from cachebuild.storage.side_arrays import load_paths, map_array
+from cachebuild.storage.cache.reader import open_cache
+from cachebuild.storage.kinds.side_arrays import load_paths, map_array
+from cachebuild.storage.locations.replacement import ReaderLock
 from loaders.batch_ring import MAX_SLOTS, InlineTensor, WorkerRing, rings_fit
 from loaders.collate import CacheBatch, collate_batch
 from loaders.dataset_crop import WorkerCropMixin

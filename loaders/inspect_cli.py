@@ -22,7 +22,7 @@ _PRESETS = ("auto", "imagenet", "imagenet-eval", "cifar", "cifar-eval")  # loade
 
 
 def _open(where: str) -> Any:
-    from cachebuild.storage.reader import open_cache
+    from cachebuild.storage.cache.reader import open_cache
 
     try:
         return open_cache(where)
@@ -87,7 +87,7 @@ def show(cache: str, out: Path, n: int, seed: int, per_class: int | None, classe
 def run_curves(run: Path, png: Path) -> tuple[Path, dict[str, object]] | None:
     """The report's training section: ``plot_metrics`` of the run's metrics file, and its summary's numbers."""
     from loaders.train.metrics import plot_metrics
-    from loaders.train.run import METRICS_NAME
+    from loaders.train.run.fit import METRICS_NAME
 
     metrics = run / METRICS_NAME
     if not metrics.is_file():

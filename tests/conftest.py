@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from cachebuild.samples.imagenet_layout import write_imagenet
+from tests.repo import COLLECTED_MODULES
 from tests.fault_proxy import fault_proxy  # noqa: F401  (a fault-injecting proxy in front of them)
 from tests.servers import _aws_home, _http_loop, aws_session_env, http_server, s3, s3_server  # noqa: F401
 from tests.shard_fixtures import folder_cache, hf_set, wds_set  # noqa: F401  (the tree as tar / Parquet shards)
@@ -29,6 +30,15 @@ def imagenet_clean(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The same without broken files, for tests that compare pixels with torchvision."""
     root = tmp_path_factory.mktemp("imagenet_clean")
     return write_imagenet(root, n_classes=5, train_per_class=10, val_per_class=2, val_layout="folders", seed=2)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    """Every test module this session collected, before ``-m`` deselects anything (tests/test_code_shape.py
+    compares them with the test files on disk)."""
+    modules = {Path(node.path) for node in report.result if isinstance(node, pytest.Module)}
+    if modules:
+        config = report.result[0].config
+        config.stash.setdefault(COLLECTED_MODULES, set()).update(modules)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -450,7 +450,7 @@ def s3(s3_server: S3Server, aws_session_env: dict[str, str]) -> Iterator[S3Bucke
     loopback server) comes with it for subprocesses."""
     import s3fs
 
-    from cachebuild.storage.s3_session import new_s3_session
+    from cachebuild.storage.remote.s3_session import new_s3_session
 
     fs = s3fs.S3FileSystem(endpoint_url=s3_server.endpoint_url, key=_DUMMY_KEY, secret=_DUMMY_SECRET,
                            skip_instance_cache=True, use_listings_cache=False, session=new_s3_session())

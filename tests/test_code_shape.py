@@ -8,7 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.repo import REPO
+import pytest
+
+from tests.repo import COLLECTED_MODULES, REPO
 
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 420  # "about 400": the CIFAR pickle reader and writer are one concept each
@@ -40,3 +42,22 @@ def test_the_import_layers_hold_and_nothing_imports_in_a_cycle():
     r = subprocess.run([str(exe), "--no-cache"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert "0 broken" in r.stdout
+
+
+def _collected_by_a_plain_run(config: pytest.Config) -> set[Path]:
+    """The test modules a plain ``pytest --collect-only -m ""`` from the root collects: this session's own
+    collection when it is such a run (no paths given: ``testpaths``), else that command in a child."""
+    if config.args_source == pytest.Config.ArgsSource.TESTPATHS and COLLECTED_MODULES in config.stash:
+        return config.stash[COLLECTED_MODULES]
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "", "-p", "no:cacheprovider"],
+                       capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    return {(REPO / line.split("::", 1)[0]).resolve() for line in r.stdout.splitlines() if "::" in line}
+
+
+def test_every_test_file_is_collected_by_a_plain_run(request: pytest.FixtureRequest):
+    """A folder pytest does not recurse into (its default ``norecursedirs`` holds ``build``, ``dist``, ``*.egg``,
+    dotted names...) or a file outside ``testpaths`` would silently never run: 84 tests once did."""
+    on_disk = {p.resolve() for p in (REPO / "tests").rglob("test_*.py")}
+    collected = {p.resolve() for p in _collected_by_a_plain_run(request.config)}
+    assert sorted(str(p.relative_to(REPO)) for p in on_disk - collected) == []

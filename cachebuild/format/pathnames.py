@@ -27,7 +27,7 @@ from cachebuild.errors import CacheCorruptError
 __all__ = ["CACHE_SUBFOLDER", "URL_SCHEME", "check_name", "decode_path", "decode_paths", "encode_path", "encode_paths"]
 
 # The one folder inside a source tree that may hold caches of it: sources never list it, and a build may
-# write there (cachebuild.build.destination).
+# write there (cachebuild.builder.destination).
 CACHE_SUBFOLDER = ".cachebuild"
 URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # s3://, gs://, http(s)://, file://, memory://...
 

@@ -21,7 +21,7 @@ from cachebuild.inspect.paths import PathTable
 from cachebuild.inspect.select import pick_per_class, pick_random
 from cachebuild.inspect.show import Selection, show
 from cachebuild.inspect.stats import PixelStats, pixel_stats
-from cachebuild.storage.reader import CacheReader
+from cachebuild.storage.cache.reader import CacheReader
 
 __all__ = ["FILE_LIST", "ReportOptions", "RunCurves", "write_report"]
 

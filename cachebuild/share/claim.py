@@ -34,11 +34,11 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from cachebuild.build.locks import Holder, pid_alive
+from cachebuild.builder.locks import Holder, pid_alive
 from cachebuild.errors import LockHeldError, RemoteNotFoundError, TransferError
 from cachebuild.storage import Location
-from cachebuild.storage.pinning import etag_of, precondition_failed
-from cachebuild.storage.provenance import current_host
+from cachebuild.storage.cache.provenance import current_host
+from cachebuild.storage.remote.pinning import etag_of, precondition_failed
 
 __all__ = ["HEARTBEAT_S", "STALE_S", "ClaimRaced", "PushClaim"]
 

@@ -90,7 +90,7 @@ def push(src: str, dest: str, force: bool, jobs: int, wait: float | None, progre
 def status(cache: str, src: str | None, as_json: bool) -> None:
     """Is CACHE up to date with its source? Exit 0: up to date; 1: stale (files added, removed, modified:
     same inputs as the build's fingerprint, nothing decoded); 2: not a cache, or the source cannot be read."""
-    from cachebuild.build.status import cache_status
+    from cachebuild.builder.status import cache_status
 
     try:
         result = cache_status(cache, src)
@@ -131,7 +131,7 @@ def ls(where: str, as_json: bool, depth: int) -> None:
 
 def quick_verify(where: str) -> None:
     """``cachebuild verify --quick``."""
-    from cachebuild.storage.quick_check import quick_check
+    from cachebuild.storage.cache.quick_check import quick_check
 
     try:
         report = quick_check(where)

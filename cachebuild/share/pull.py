@@ -7,7 +7,7 @@ pull never looks like a cache. The staging folder records which source manifest 
 after it matched its checksum, and fsynced) and fetches the rest. A ``DEST`` holding a different cache is
 replaced only with ``force``, the way ``--force`` replaces a build (jobs reading the old one keep it); a
 ``DEST`` that is not a cache is never replaced, nor one holding files its manifest does not name, nor a
-``DEST.partial`` we did not make (``cachebuild.build.destination``, as for a build). A ``DEST`` holding this cache
+``DEST.partial`` we did not make (``cachebuild.builder.destination``, as for a build). A ``DEST`` holding this cache
 with a file missing or of the wrong size is not "up to date": ``force`` pulls it again. The same lock as a
 build of ``DEST`` is held throughout.
 """
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from cachebuild.atomic import write_bytes_atomic, write_json_atomic
-from cachebuild.build.destination import check_replaceable, is_own_staging, some_names
-from cachebuild.build.locks import exclusive_lock
+from cachebuild.builder.destination import check_replaceable, is_own_staging, some_names
+from cachebuild.builder.locks import exclusive_lock
 from cachebuild.errors import (
     CacheBuildError,
     CacheCorruptError,
@@ -39,10 +39,10 @@ from cachebuild.format.manifest import MANIFEST_NAME, Manifest
 from cachebuild.share.contents import CacheContents, read_contents, read_manifest_bytes, split_caches
 from cachebuild.share.transfer import DEFAULT_JOBS, download
 from cachebuild.storage import LocalLocation, Location, open_location
-from cachebuild.storage.file_table import local_files
-from cachebuild.storage.reader import CacheReader, parse_manifest
-from cachebuild.storage.replacement import ReaderLock
-from cachebuild.storage.writer import install_staged, remove_unfinished_writes, staging_path
+from cachebuild.storage.cache.file_table import local_files
+from cachebuild.storage.cache.reader import CacheReader, parse_manifest
+from cachebuild.storage.cache.writer import install_staged, remove_unfinished_writes, staging_path
+from cachebuild.storage.locations.replacement import ReaderLock
 
 __all__ = ["PULL_MARKER", "PullResult", "pull"]
 

@@ -14,7 +14,7 @@ complete), then the old files that the new cache does not hold identically (same
 both file tables) are deleted, then the push proceeds as above. Interrupted anywhere in that, the rerun finds
 the marker and finishes the deletions before it sends anything.
 Jobs that opened the old cache from the URL *before* get errors naming the files that vanished or changed
-(their reads are pinned to the versions they opened: ``cachebuild.storage.pinning``), never the new bytes:
+(their reads are pinned to the versions they opened: ``cachebuild.storage.remote.pinning``), never the new bytes:
 a remote cache has no ``.replaced-*`` copy to keep reading. To replace a cache that jobs are reading, push
 to a new prefix and point the jobs there.
 
@@ -45,9 +45,9 @@ from cachebuild.share.claim import ClaimRaced, PushClaim
 from cachebuild.share.contents import PUSH_MARKER, CacheContents, read_contents, split_caches
 from cachebuild.share.transfer import DEFAULT_JOBS, upload
 from cachebuild.storage import LocalLocation, Location, open_location
-from cachebuild.storage.file_table import read_file_table
-from cachebuild.storage.reader import CacheReader, parse_manifest
-from cachebuild.storage.replacement import ReaderLock
+from cachebuild.storage.cache.file_table import read_file_table
+from cachebuild.storage.cache.reader import CacheReader, parse_manifest
+from cachebuild.storage.locations.replacement import ReaderLock
 
 __all__ = ["PushResult", "push"]
 

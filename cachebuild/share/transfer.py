@@ -29,7 +29,7 @@ from typing import Any
 from cachebuild.atomic import AtomicFile
 from cachebuild.errors import CacheBuildError
 from cachebuild.storage import Location
-from cachebuild.storage.file_table import sha256_file
+from cachebuild.storage.cache.file_table import sha256_file
 
 __all__ = ["DEFAULT_JOBS", "PIECE_BYTES", "Item", "Outcome", "download", "upload"]
 

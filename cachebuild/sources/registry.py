@@ -19,7 +19,7 @@ from typing import Any
 from cachebuild.errors import SourceError
 from cachebuild.sources.kind import SourceKind, SourceOptions
 from cachebuild.sources.plan import Plan
-from cachebuild.storage.names import redact
+from cachebuild.storage.locations.names import redact
 
 __all__ = ["get_source", "plan_source", "recipe_of_old_cache", "register_source", "replan", "source_names"]
 
@@ -29,8 +29,8 @@ _KINDS: dict[str, str] = {
     "cifar10": "cachebuild.sources.cifar:CIFAR10",
     "cifar100": "cachebuild.sources.cifar:CIFAR100",
     "folder": "cachebuild.sources.folder:FolderSource",
-    "wds": "cachebuild.sources.wds:WdsSource",
-    "parquet": "cachebuild.sources.parquet:ParquetSource",
+    "wds": "cachebuild.sources.shards.wds:WdsSource",
+    "parquet": "cachebuild.sources.shards.parquet:ParquetSource",
 }
 _LOADED: dict[str, SourceKind] = {}
 

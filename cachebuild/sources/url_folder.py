@@ -17,9 +17,10 @@ from cachebuild.errors import SourceError
 from cachebuild.format.pathnames import CACHE_SUBFOLDER
 from cachebuild.sources.image_files import IMG_EXTENSIONS
 from cachebuild.sources.plan import Plan
-from cachebuild.sources.remote import _infos, _version, filesystem
-from cachebuild.storage import FsspecLocation, redact, remote_io
-from cachebuild.storage.names import is_web_url
+from cachebuild.sources.shards.remote import _infos, _version, filesystem
+from cachebuild.storage import FsspecLocation, redact
+from cachebuild.storage.locations.names import is_web_url
+from cachebuild.storage.remote import retry
 
 __all__ = ["UrlFileReader", "url_folder_plan"]
 
@@ -46,7 +47,7 @@ def _listing(url: str) -> dict[str, dict[str, Any]]:
     name_of = urllib.parse.unquote if is_web_url(url) else str
     prefix = name_of(fs._strip_protocol(base))
     try:
-        found = remote_io.call(lambda: fs.find(base, detail=True))  # retried as the storage layer retries
+        found = retry.call(lambda: fs.find(base, detail=True))  # retried as the storage layer retries
     except (FileNotFoundError, OSError) as e:
         raise SourceError(f"{redact(url)} cannot be listed: {type(e).__name__}: {e}") from None
     except Exception as e:  # aiohttp's ClientResponseError (403...) is not an OSError

@@ -112,9 +112,9 @@ def train(
     Run under `torchrun --nproc_per_node N -m loaders.train ...` for DDP (one process per GPU; gloo on CPU).
     An OUT that already holds a run is refused unless --resume (continue it) or --overwrite (start over).
     """
-    from loaders.train.amp import resolve_amp
     from loaders.train.distributed import resolve_device
-    from loaders.train.run import fit
+    from loaders.train.loop.amp import resolve_amp
+    from loaders.train.run.fit import fit
 
     try:
         dev = resolve_device(device, int(os.environ.get("LOCAL_RANK", "0")))

@@ -12,7 +12,7 @@ import torch
 
 from loaders.train.config import TrainConfig, TrainSetupError
 from loaders.train.distributed import DistInfo
-from loaders.train.loop import BatchTransform
+from loaders.train.loop.step import BatchTransform
 
 __all__ = ["TrainData", "build_data", "crop_in_workers", "make_loader", "mixing", "on_device", "transforms_for"]
 

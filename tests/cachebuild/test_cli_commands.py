@@ -27,7 +27,7 @@ def test_cachebuild_never_imports_loaders() -> None:
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             offenders += [f"{path.relative_to(PACKAGE)}: {n}" for n in names if n.split(".")[0] == "loaders"]
     assert offenders == []
-    code = ("import sys, cachebuild.cli, cachebuild.build.pipeline, cachebuild.format; "
+    code = ("import sys, cachebuild.cli, cachebuild.builder.pipeline, cachebuild.format; "
             "from click.testing import CliRunner; CliRunner().invoke(cachebuild.cli.main, ['--help']); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'loaders'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), check=True)
@@ -69,6 +69,6 @@ def test_build_commands_are_generated_from_the_sources_registry_on_demand() -> N
     code = ("import sys, cachebuild.cli; from click.testing import CliRunner; "
             "r = CliRunner().invoke(cachebuild.cli.main, ['info', '--help']); assert r.exit_code == 0, r.output; "
             "print(sorted(m for m in sys.modules "
-            "if m.startswith(('cachebuild.sources.', 'cachebuild.build.pipeline'))))")
+            "if m.startswith(('cachebuild.sources.', 'cachebuild.builder.pipeline'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), check=True)
     assert out.stdout.strip() == "['cachebuild.sources.kind', 'cachebuild.sources.plan', 'cachebuild.sources.registry']"

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from cachebuild.build.pipeline import BuildOptions
+from cachebuild.builder.pipeline import BuildOptions
 from cachebuild.errors import CacheBuildError, OptionError
-from loaders.train.run import TrainConfig
+from loaders.train.run.fit import TrainConfig
 
 BAD_BUILD = [
     ("fit", "letterbox"),  # built a cache no reader could open

@@ -20,8 +20,8 @@ points (where the build is when it fires):
 - ``compact``: during zarr compaction, before the n-th block move
 - ``shard-write``: the n-th sample written to an npy shard (for ``enospc``, ``erofs``)
 
-The points name today's functions (``cachebuild.build.block``, ``storage.writer``, the storage backends
-``cachebuild.storage.zarr_write`` and ``npy_backend``); when they move, move the patches here, not the tests.
+The points name today's functions (``cachebuild.builder.block``, ``storage.writer``, the storage backends
+``cachebuild.storage.kinds.zarr.write`` and ``npy_backend``); when they move, move the patches here, not the tests.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def install(spec: str) -> None:
     counter = _Counter(action, int(n))
 
     if point == "decode":
-        import cachebuild.build.block as block
+        import cachebuild.builder.block as block
 
         real_decode = block.decode_into
 
@@ -71,7 +71,7 @@ def install(spec: str) -> None:
 
         block.decode_into = decode_into
     elif point == "record":
-        import cachebuild.build.block as block
+        import cachebuild.builder.block as block
 
         real_write = block.write_json_atomic
 
@@ -82,7 +82,7 @@ def install(spec: str) -> None:
 
         block.write_json_atomic = write_json_atomic
     elif point == "manifest":
-        import cachebuild.storage.writer as writer
+        import cachebuild.storage.cache.writer as writer
 
         real_write = writer.write_bytes_atomic
 
@@ -112,7 +112,7 @@ def install(spec: str) -> None:
 
         pathlib.Path.rename = rename  # type: ignore[method-assign]
     elif point == "compact":
-        import cachebuild.storage.zarr_write as zs
+        import cachebuild.storage.kinds.zarr.write as zs
 
         real_open = zs.open_zarr_for_writing
 
@@ -132,7 +132,7 @@ def install(spec: str) -> None:
 
         zs.open_zarr_for_writing = lambda path: Moves(real_open(path))
     elif point == "shard-write":
-        import cachebuild.storage.npy_backend as sinks
+        import cachebuild.storage.kinds.npy.backend as sinks
 
         real_commit = sinks.NpyShardSink.commit
 

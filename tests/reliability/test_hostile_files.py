@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from cachebuild.build.pipeline import BuildOptions, build
+from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.cli import main
 from cachebuild.errors import CacheExistsError, OptionError
 from cachebuild.sources.folder import folder_plan
 from cachebuild.sources.plan import FileReader
-from cachebuild.storage.reader import open_cache, read_manifest
+from cachebuild.storage.cache.reader import open_cache, read_manifest
 from tests.manifest_edits import load_unsealed
 from tests.reliability.helpers import cli, cli_env, file_hashes, without_dac_override
 

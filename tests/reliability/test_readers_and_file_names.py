@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cachebuild.build.pipeline import BuildOptions, build
+from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.samples.broken import write_truncated_jpeg
 from cachebuild.sources.folder import folder_plan
-from cachebuild.storage.reader import open_cache, read_manifest
-from cachebuild.storage.writer import write_cache
+from cachebuild.storage.cache.reader import open_cache, read_manifest
+from cachebuild.storage.cache.writer import write_cache
 from tests.reliability.helpers import read_under_load
 
 READERS = 8

@@ -17,8 +17,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from cachebuild.storage.writer import write_cache
-from loaders.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from cachebuild.storage.cache.writer import write_cache
+from loaders.train.checkpoints.state import CheckpointError, load_checkpoint, save_checkpoint
 from loaders.train.cli import train
 from loaders.train.models import build_model
 from tests.reliability.helpers import cli_env

@@ -10,9 +10,9 @@ import pytest
 
 from cachebuild.errors import CacheCorruptError, CacheNotFoundError, UnsupportedFormatError
 from cachebuild.format import FORMAT_VERSION, Manifest
-from cachebuild.storage.npy_backend import shrink_npy_shard
-from cachebuild.storage.reader import open_cache, read_manifest
-from cachebuild.storage.writer import write_cache
+from cachebuild.storage.cache.reader import open_cache, read_manifest
+from cachebuild.storage.cache.writer import write_cache
+from cachebuild.storage.kinds.npy.backend import shrink_npy_shard
 from tests.manifest_edits import load_unsealed
 
 
@@ -71,7 +71,7 @@ def test_shard_checksums_are_the_files_own_and_the_file_table_reuses_them(imagen
     """Since format 2 a build hashes each npy shard byte once, as it writes it: the manifest's shard
     sha256 is the file's, header included (jpeg: already so), even for shards shrunk after broken
     files, and files.json takes it instead of hashing again. Every digest must be the file's real one."""
-    from cachebuild.build.pipeline import BuildOptions, build
+    from cachebuild.builder.pipeline import BuildOptions, build
     from cachebuild.sources.imagenet import imagenet_plans
 
     (plan,) = imagenet_plans(imagenet_tree["root"], "train")

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torchvision
 
-from cachebuild.build.pipeline import BuildOptions, build
+from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.errors import SourceError
 from cachebuild.samples.cifar_layout import write_cifar10, write_cifar100
 from cachebuild.samples.imagenet_layout import write_imagenet
 from cachebuild.sources.cifar import cifar_plans
 from cachebuild.sources.folder import folder_plan
 from cachebuild.sources.imagenet import imagenet_plans
-from cachebuild.storage.reader import open_cache
+from cachebuild.storage.cache.reader import open_cache
 
 
 def test_folder_order_and_labels_equal_imagefolder(tmp_path):

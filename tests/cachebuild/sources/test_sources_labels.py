@@ -11,13 +11,13 @@ import pytest
 import torchvision
 from PIL import Image
 
-from cachebuild.build.pipeline import BuildOptions, build
+from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.errors import SourceError
 from cachebuild.samples.imagenet_layout import write_imagenet
 from cachebuild.samples.photos import photo_bank, render_sample
 from cachebuild.sources.folder import folder_plan
 from cachebuild.sources.imagenet import imagenet_plans
-from cachebuild.storage.reader import open_cache
+from cachebuild.storage.cache.reader import open_cache
 
 # Class names as users name them: sorted by code point, 'cafz' < 'café', but percent-encoded (as HTTP index
 # pages link them) 'caf%C3%A9' < 'cafz': a plan of the encoded names swaps the two classes' labels.
@@ -122,7 +122,7 @@ def test_kaggle_tree_finds_its_labels_from_any_level(tmp_path, named):
 
 def test_url_shards_with_odd_names_plan_in_the_local_order(wds_set, http_server, tmp_path):
     """Shard names sort (and read in provenance) as on disk, not as their percent-encoded links: 'aé' after 'az'."""
-    from cachebuild.sources.wds import wds_plan
+    from cachebuild.sources.shards.wds import wds_plan
 
     site = tmp_path / "site" / "ds"
     site.mkdir(parents=True)

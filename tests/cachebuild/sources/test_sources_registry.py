@@ -18,8 +18,8 @@ import pytest
 from click.testing import CliRunner
 
 import cachebuild.sources.registry as registry
-import cachebuild.storage as storage
-from cachebuild.build.pipeline import BuildOptions
+import cachebuild.storage.kinds as storage
+from cachebuild.builder.pipeline import BuildOptions
 from cachebuild.cli import main
 from cachebuild.cli_build import build_params
 from cachebuild.errors import OptionError, SourceError
@@ -27,7 +27,6 @@ from cachebuild.samples.cifar_layout import write_cifar10
 from cachebuild.sources.folder import FolderOptions
 from cachebuild.sources.imagenet import ImagenetOptions
 from cachebuild.sources.kind import SourceKind, SourceOptions, option
-from cachebuild.sources.parquet import ParquetOptions
 from cachebuild.sources.plan import Plan, file_plan
 from cachebuild.sources.registry import (
     get_source,
@@ -37,9 +36,10 @@ from cachebuild.sources.registry import (
     replan,
     source_names,
 )
-from cachebuild.sources.wds import WdsOptions
-from cachebuild.storage.jpeg_backend import JpegBackend
-from cachebuild.storage.reader import open_cache
+from cachebuild.sources.shards.parquet import ParquetOptions
+from cachebuild.sources.shards.wds import WdsOptions
+from cachebuild.storage.cache.reader import open_cache
+from cachebuild.storage.kinds.jpeg.backend import JpegBackend
 from tests.repo import REPO
 
 
@@ -213,8 +213,8 @@ def test_options_refuse_values_outside_their_choices():
 
 
 def test_build_flags_take_their_defaults_and_choices_from_build_options(scratch_registries):
-    from cachebuild.build.decode import FITS
-    from cachebuild.build.options import COMPRESSIONS, DECODE_DEVICES, ON_ERROR, SUBSAMPLINGS
+    from cachebuild.builder.decode import FITS
+    from cachebuild.builder.options import COMPRESSIONS, DECODE_DEVICES, ON_ERROR, SUBSAMPLINGS
 
     defaults = {f.name: f.default for f in dataclasses.fields(BuildOptions)}
     params = {p.name: p for p in build_params()}

@@ -18,14 +18,14 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from cachebuild.build.pipeline import BuildOptions, build
+from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.cli import main
 from cachebuild.errors import CacheExistsError, SourceError
 from cachebuild.sources.plan import block_reader
-from cachebuild.sources.remote import close_handles
-from cachebuild.sources.tar_index import index_tar
-from cachebuild.sources.wds import IMAGE_KEYS, WdsLayout, wds_plan
-from cachebuild.storage.reader import open_cache, read_manifest
+from cachebuild.sources.shards.remote import close_handles
+from cachebuild.sources.shards.tar_index import index_tar
+from cachebuild.sources.shards.wds import IMAGE_KEYS, WdsLayout, wds_plan
+from cachebuild.storage.cache.reader import open_cache, read_manifest
 from tests.kill_helpers import build_killed_after_blocks
 from tests.shard_fixtures import SIZE, cache_view
 
@@ -163,7 +163,7 @@ def test_a_task_ships_only_its_block_and_a_worker_opens_each_shard_once(wds_set,
         [plan.reader(i, plan.keys[i]) for i in range(8, 16) if i not in plan.reader.table.problems]
     with pytest.raises(IndexError):
         part(0, plan.keys[0])
-    import cachebuild.sources.remote as remote
+    import cachebuild.sources.shards.remote as remote
 
     opened = []
     real_open = os.open

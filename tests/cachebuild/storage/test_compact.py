@@ -19,12 +19,12 @@ import torch
 from click.testing import CliRunner
 from torch.utils.data import DataLoader
 
-import cachebuild.storage.jpeg_backend as jpeg_backend
-from cachebuild.build.pipeline import BuildOptions, build
+import cachebuild.storage.kinds.jpeg.backend as jpeg_backend
+from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.cli import main
 from cachebuild.errors import CacheCorruptError, CacheExistsError
 from cachebuild.sources.imagenet import imagenet_plans
-from cachebuild.storage.reader import open_cache, read_manifest
+from cachebuild.storage.cache.reader import open_cache, read_manifest
 from loaders.dataset import CachedImageDataset, collate_batch
 from loaders.device import device_loader
 from loaders.encoded import EncodedImages
@@ -340,7 +340,7 @@ ds.gather(np.arange(20))
 list(DataLoader(ds, batch_size=8, num_workers=1, collate_fn=collate_batch))
 list(device_loader(DataLoader(CachedImageDataset({str(root)!r}, decode="none"), batch_size=8,
                               collate_fn=collate_batch), device="cpu"))
-print(sorted(m for m in sys.modules if m in ("cachebuild.build.gpu_build", "loaders.cuda_decode")))
+print(sorted(m for m in sys.modules if m in ("cachebuild.builder.gpu_build", "loaders.cuda_decode")))
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr

@@ -1,4 +1,4 @@
-"""Hedged range reads (cachebuild.storage.hedge): a read that has not answered long after its peers did gets
+"""Hedged range reads (cachebuild.storage.remote.hedge): a read that has not answered long after its peers did gets
 a second request, so a stalled answer costs a fraction of a second, not the socket-read timeout.
 
 Through the fault proxy's stall mode (tests/fault_proxy.py: no answer for 20 s) in front of the range server.
@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from cachebuild.storage import FsspecLocation, hedge
+from cachebuild.storage import FsspecLocation
+from cachebuild.storage.remote import hedge
 
 _TIMEOUT = 6.0  # CACHEBUILD_HTTP_TIMEOUT of these tests: what a stalled read costs without a hedge
 

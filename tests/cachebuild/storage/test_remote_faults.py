@@ -16,7 +16,7 @@ import pytest
 
 from cachebuild.errors import RemoteError, RemoteUnavailableError
 from cachebuild.storage import FsspecLocation
-from cachebuild.storage.remote_io import Budget, Failure, RemoteSettings, classify
+from cachebuild.storage.remote.retry import Budget, Failure, RemoteSettings, classify
 from loaders.dataset import CachedImageDataset
 from tests.fault_scenarios import Served, run_op, set_fault_env
 from tests.loaders_fixtures import make_cache
@@ -114,7 +114,7 @@ def test_a_request_told_to_wait_leaves_its_slot_to_the_others_of_its_group():
 
     from fsspec.asyn import get_loop
 
-    from cachebuild.storage.remote_io import each
+    from cachebuild.storage.remote.retry import each
 
     t0, done, tries = time.monotonic(), {}, collections.Counter()
 

@@ -16,11 +16,11 @@ from torch.utils.data import DataLoader
 
 from cachebuild.errors import CacheCorruptError, CacheExistsError, UnsupportedFormatError
 from cachebuild.storage import Backend, ImageStore, get_backend, register_backend
-from cachebuild.storage.base import one_file_per_block
-from cachebuild.storage.reader import open_cache
-from cachebuild.storage.replacement import replaced_folders
-from cachebuild.storage.rows import RowFiles, Segment
-from cachebuild.storage.writer import write_cache
+from cachebuild.storage.cache.reader import open_cache
+from cachebuild.storage.cache.writer import write_cache
+from cachebuild.storage.kinds.base import one_file_per_block
+from cachebuild.storage.kinds.rows import RowFiles, Segment
+from cachebuild.storage.locations.replacement import replaced_folders
 from loaders.dataset import CachedImageDataset, collate_batch
 from tests.loaders_fixtures import decode_index, make_cache, make_images
 from tests.manifest_edits import load_unsealed
@@ -108,7 +108,7 @@ def test_a_new_storage_kind_is_one_class_and_one_registry_line(tmp_path):
 def test_a_kind_names_its_own_staging_files_and_destination_asks_it(tmp_path):
     """A staging folder holding a kind's files is the build's own only once that kind is registered: the
     destination rules know no kind's file names."""
-    from cachebuild.build.destination import is_own_staging
+    from cachebuild.builder.destination import is_own_staging
 
     staging = tmp_path / "out.partial"
     staging.mkdir()
@@ -138,7 +138,7 @@ def test_write_cache_writes_the_files_a_build_writes(tmp_path):
 
 
 def test_a_block_record_reads_back_as_written():
-    from cachebuild.storage.base import BlockFailure, BlockRecord
+    from cachebuild.storage.kinds.base import BlockFailure, BlockRecord
 
     rec = BlockRecord(2, 8, 4, 3, "images-00002.npy", "0" * 64, (8, 9, 11), ((5, 6), (7, 8), (9, 10)),
                       ((0, 0, 8, 8),) * 3, (BlockFailure(10, {"bytes": "bad_\\xff"}, "truncated"),), 123)
@@ -162,7 +162,7 @@ _ALLOWED = {
     # Not a leak: a --format value against the kind the storage registry maps --codec to (storage.codecs()).
     ("cachebuild/cli_build.py", "storage not in (DEFAULT_STORAGE, encoded)"): "--codec's kind, from the registry",
     # Not storage kinds: the same words for other things.
-    ("cachebuild/sources/wds.py", "'jpeg'"): "a WebDataset member's extension (IMAGE_KEYS)",
+    ("cachebuild/sources/shards/wds.py", "'jpeg'"): "a WebDataset member's extension (IMAGE_KEYS)",
     ("loaders/encoded.py", "'jpeg'"): "the samples' codec (the manifest's `codec` field), not a kind",
 }
 
@@ -354,7 +354,7 @@ def test_a_file_opened_while_a_rebuild_renames_the_folder_comes_from_the_pinned_
     """The race behind a flaky reader test: the folder is resolved, a rebuild renames it aside and puts the
     new cache at its path, then the file is opened by that path. The open must notice the swap and open the
     file again from where the pinned folder went."""
-    from cachebuild.storage.location import LocalLocation
+    from cachebuild.storage.locations import LocalLocation
 
     root, old, _ = make_cache(tmp_path / "c", n=32, storage="npy", shard_size=8)
     loc = LocalLocation(root).pinned()

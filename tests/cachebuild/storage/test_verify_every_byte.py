@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from cachebuild.build.pipeline import BuildOptions, build
+from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.errors import CacheBuildError, CacheCorruptError
 from cachebuild.format.manifest import CHECKSUM_FIELD
 from cachebuild.sources.imagenet import imagenet_plans
-from cachebuild.storage.reader import open_cache, read_manifest
+from cachebuild.storage.cache.reader import open_cache, read_manifest
 
 KINDS = {
     "npy": {},

@@ -19,9 +19,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from cachebuild.storage.writer import write_cache
+from cachebuild.storage.cache.writer import write_cache
 from loaders.train.cli import train
-from loaders.train.run import STOP_EXIT_CODE
+from loaders.train.run.fit import STOP_EXIT_CODE
 from tests.train_fixtures import CLASSES, _colour_images
 from tests.trees import tree_bytes
 
@@ -212,9 +212,9 @@ def test_torchrun_two_ranks_equals_single_process_on_the_global_batch(caches: di
                                                                       tmp_path: Path) -> None:
     from loaders.dataset import CachedImageDataset
     from loaders.sampler import CacheSampler
-    from loaders.train.loop import num_optimizer_steps, train_one_epoch
+    from loaders.train.loop.step import num_optimizer_steps, train_one_epoch
     from loaders.train.models import build_model
-    from loaders.train.run import TrainConfig, build_optimizer, build_scheduler, transforms_for
+    from loaders.train.run.fit import TrainConfig, build_optimizer, build_scheduler, transforms_for
 
     out = tmp_path / "ddp"
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
@@ -270,7 +270,8 @@ def test_fit_with_dataloader_workers_leaves_no_batch_rings_mapped(caches: dict[s
     """fit() through DataLoader worker processes: batches come through the workers' rings, and once it
     returns the main process no longer maps them (they would hold slots x batch bytes each)."""
     from loaders.batch_ring import drop_dead_rings, ring_stats
-    from loaders.train import TrainConfig, fit, run
+    from loaders.train import TrainConfig, fit
+    from loaders.train.run import fit as run
 
     drop_dead_rings()
     seen: dict[str, int] = {}
@@ -364,9 +365,9 @@ def test_accumulation_with_a_short_last_micro_batch_equals_the_union_batches(cac
     from loaders.dataset import CachedImageDataset
     from loaders.sampler import CacheSampler
     from loaders.train import TrainConfig, fit
-    from loaders.train.loop import train_one_epoch
+    from loaders.train.loop.step import train_one_epoch
     from loaders.train.models import build_model
-    from loaders.train.run import build_optimizer, build_scheduler, transforms_for
+    from loaders.train.run.fit import build_optimizer, build_scheduler, transforms_for
 
     cfg = TrainConfig(train=str(caches["train"]), out=str(tmp_path / "r"), model="linear", epochs=1,
                       batch_size=10, accum=4, lr=0.05, workers=0, device="cpu", amp="off", augment="none",
@@ -464,7 +465,7 @@ def test_mixup_and_cutmix_reach_the_loss_as_soft_targets_smoothed_once(tmp_path:
     from loaders.train.config import TrainConfig
     from loaders.train.data import build_data
     from loaders.train.distributed import DistInfo
-    from loaders.train.run import loss_function
+    from loaders.train.run.fit import loss_function
     from loaders.transforms import MixUpCutMix
 
     n, classes = 16, ["a", "b", "c", "d"]

@@ -1,4 +1,4 @@
-"""loaders.train.loop on plain lists of batches: accumulation equivalence, AMP, GradScaler skips, evaluate."""
+"""loaders.train.loop.step on plain lists of batches: accumulation equivalence, AMP, GradScaler skips, evaluate."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from loaders.train import amp as amp_mod
-from loaders.train.loop import EpochConfig, evaluate, num_optimizer_steps, train_one_epoch, window_size
+from loaders.train.loop import amp as amp_mod
+from loaders.train.loop.step import EpochConfig, evaluate, num_optimizer_steps, train_one_epoch, window_size
 from loaders.train.models import build_model
 
 

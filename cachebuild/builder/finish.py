@@ -1,0 +1,78 @@
+"""After the last block: block records merged in plan order into side arrays and the manifest, the backend's
+finish (samples to their final places), then the one commit that renames the staging folder into place."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cachebuild.builder.decode import ResizeSpec
+from cachebuild.builder.options import BuildOptions
+from cachebuild.errors import CacheBuildError
+from cachebuild.format.manifest import Failure, Manifest
+from cachebuild.format.pathnames import decode_path
+from cachebuild.sources.plan import Plan
+from cachebuild.storage import get_backend, is_url
+from cachebuild.storage.cache.source_inputs import save_source_inputs
+from cachebuild.storage.cache.writer import commit_cache, save_side_arrays, tool_versions, utc_now
+from cachebuild.storage.kinds.base import BlockRecord
+
+__all__ = ["finish"]
+
+
+def finish(plan: Plan, out: Path, staging: Path, records: dict[int, BlockRecord], opts: BuildOptions,
+           params: dict[str, Any], key: str, spec: ResizeSpec) -> Manifest:
+    """Merge block records (in plan order) into side arrays and the manifest; commit atomically."""
+    ordered = [records[b] for b in sorted(records)]
+    ok = np.asarray([i for r in ordered for i in r.ok], dtype=np.int64)
+    count = len(ok)
+    failures = tuple(Failure(decode_path(f.path, "a block record"), f.reason) for r in ordered for f in r.failures)
+    if count == 0:
+        raise CacheBuildError(
+            f"none of the {len(plan)} source files of {plan.root} could be read; first failure: "
+            f"{failures[0].path}: {failures[0].reason}" if failures else f"{plan.root} has no samples"
+        )
+    sample_shape = (spec.size, spec.size, 3)
+    backend = get_backend(opts.storage)
+    shards = backend.finish(staging, ordered, count, len(plan))
+
+    arrays = save_side_arrays(
+        staging,
+        labels=plan.labels[ok],
+        sizes=np.asarray([s for r in ordered for s in r.sizes], np.int32).reshape(-1, 2),
+        paths=[plan.keys[i] for i in ok.tolist()],
+        boxes=np.asarray([b for r in ordered for b in r.boxes], np.int32).reshape(-1, 4) if opts.fit == "pad" else None,
+        extra_labels={name: np.asarray(values)[ok] for name, values in plan.extra_labels.items()},
+    )
+
+    root = plan.root if is_url(plan.root) else str(Path(plan.root).resolve())
+    source: dict[str, Any] = {"root": root, "fingerprint": plan.source_digest, "files": len(plan)}
+    if plan.recipe:  # how to plan the source again (`cachebuild status`)
+        source["recipe"] = plan.recipe
+    if plan.file_stats is not None:  # what `cachebuild status` compares a source against, file by file
+        source["inputs"] = save_source_inputs(staging, plan.keys, plan.labels, plan.file_stats)
+    manifest = Manifest(
+        dataset=plan.dataset,
+        split=plan.split,
+        count=count,
+        shape=sample_shape,
+        storage=opts.storage,
+        classes=tuple(plan.classes),
+        fit=opts.fit,
+        interpolation=f"{opts.interpolation}" + ("+jpeg-dct-reduce" if opts.reduced_decode else ""),
+        source=source,
+        build={"key": key, **params, "on_error": opts.on_error, "exif_orientation": "ignored"},
+        tool=tool_versions(),
+        shards=tuple(shards),
+        arrays=arrays,
+        failures=failures,
+        extra=plan.extra,
+        created=utc_now(),
+    )
+    shutil.rmtree(staging / "blocks")
+    (staging / "build.json").unlink()  # from here a killed build starts afresh (safe: nothing is half-done)
+    backend.cleanup(staging)
+    return commit_cache(staging, out, manifest, replace=opts.force)  # drops killed writers' temporary files

@@ -1,0 +1,125 @@
+"""``cachebuild status CACHE --source SRC``: is the cache up to date with its source? Nothing is decoded.
+
+The source is planned again exactly as the build plans it (same listing, same labels, same ``stat`` of
+every file) and its source digest compared with the one in the manifest: equal is up to date, anything else
+stale. For a stale cache built with per-file inputs (``source_files.json``), the two tables are compared
+file by file: added, removed, modified (size, mtime or label). CIFAR sources are digested over their
+pixels, so a stale CIFAR cache says only that it is stale.
+
+The source is planned again from the recipe the build recorded (``source.recipe``: the kind of source,
+what was named, the options), through the registry of source kinds (``cachebuild.sources.registry``).
+Caches built before recipes were recorded are planned by the manifest's ``dataset`` (``imagenet``,
+``cifar10``, ``cifar100``; any other name is a class-folder tree).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cachebuild.errors import CacheNotFoundError
+from cachebuild.sources.plan import Plan
+from cachebuild.sources.registry import recipe_of_old_cache, replan
+from cachebuild.storage import Location, open_location
+from cachebuild.storage.cache.reader import read_manifest
+from cachebuild.storage.cache.source_inputs import SourceInputs, load_source_inputs
+
+__all__ = ["EXIT_CODES", "SourceStatus", "cache_status"]
+
+EXIT_CODES = {"up to date": 0, "stale": 1, "not a cache": 2}
+EXAMPLES = 5
+
+@dataclass(frozen=True)
+class SourceStatus:
+    cache: str
+    source: str
+    status: str  # "up to date" | "stale" | "not a cache"
+    added: int | None = None  # None: not known (no per-file inputs in the cache)
+    removed: int | None = None
+    modified: int | None = None
+    classes_changed: bool = False
+    examples: dict[str, list[str]] = field(default_factory=dict)
+    source_digest: dict[str, str] = field(default_factory=dict)  # {"cache": ..., "source": ...}
+    message: str = ""
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.status]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        if self.status == "not a cache":
+            return f"{self.cache}: not a cache ({self.message})"
+        if self.status == "up to date":
+            return f"{self.cache}: up to date with {self.source} (source digest {self.source_digest['source'][:12]})"
+        parts = []
+        if self.added is None:
+            parts.append("the source changed (this cache records no per-file inputs to say which files)")
+        else:
+            parts.append(f"{self.added} added, {self.removed} removed, {self.modified} modified")
+        if self.classes_changed:
+            parts.append("the class list changed")
+        lines = [f"{self.cache}: stale: " + "; ".join(parts) + f" (source {self.source})"]
+        for kind, names in self.examples.items():
+            lines += [f"  {kind}: {n}" for n in names]
+        return "\n".join(lines)
+
+
+def _compare(old: SourceInputs, plan: Plan, stats: np.ndarray) -> tuple[dict[str, int], dict[str, list[str]]]:
+    """Files added, removed and modified (label, size or mtime), by arrays: no per-file Python object beyond
+    the keys themselves (1.28M files)."""
+    keys = list(plan.keys)
+    new = np.column_stack([np.asarray(plan.labels, dtype=np.int64), stats.astype(np.int64)])
+    if old.keys == keys:  # the same files in the same order (files rewritten or touched): row by row
+        added: list[str] = []
+        removed: list[str] = []
+        modified = sorted(keys[i] for i in np.flatnonzero((old.rows != new).any(axis=1)).tolist())
+    else:
+        index = {k: i for i, k in enumerate(old.keys)}
+        at = np.fromiter((index.get(k, -1) for k in keys), dtype=np.int64, count=len(keys))
+        present = np.flatnonzero(at >= 0)
+        kept = np.zeros(len(old.keys), dtype=bool)
+        kept[at[present]] = True
+        added = sorted(keys[i] for i in np.flatnonzero(at < 0).tolist())
+        removed = sorted(old.keys[i] for i in np.flatnonzero(~kept).tolist())
+        differs = (old.rows[at[present]] != new[present]).any(axis=1)
+        modified = sorted(keys[i] for i in present[differs].tolist())
+    counts = {"added": len(added), "removed": len(removed), "modified": len(modified)}
+    examples = {kind: names[:EXAMPLES] for kind, names in
+                (("added", added), ("removed", removed), ("modified", modified)) if names}
+    return counts, examples
+
+
+def cache_status(cache: str | os.PathLike[str] | Location, source: str | os.PathLike[str] | None = None
+                 ) -> SourceStatus:
+    """Compare the cache at ``cache`` with the source at ``source`` (default: the root the manifest records)."""
+    location = open_location(cache)
+    shown = location.describe()
+    try:
+        m = read_manifest(location)
+    except CacheNotFoundError as e:
+        return SourceStatus(shown, str(source or ""), "not a cache", message=str(e))
+    recipe = m.source.get("recipe")
+    if isinstance(recipe, dict) and recipe.get("kind"):  # built by a release that records how it planned
+        shown_src = str(source if source is not None else recipe.get("src", ""))
+        plan = replan(recipe, source, list(m.classes))  # SourceError for a missing or foreign source
+    else:  # built before recipes were recorded: planned by the manifest's dataset name
+        src = Path(source) if source is not None else Path(str(m.source.get("root", "")))
+        shown_src = str(src)
+        plan = replan(recipe_of_old_cache(m.dataset, m.split), src, list(m.classes))
+    digests = {"cache": str(m.source.get("fingerprint", "")), "source": plan.source_digest}
+    if plan.source_digest == digests["cache"]:
+        return SourceStatus(shown, shown_src, "up to date", 0, 0, 0, source_digest=digests)
+    classes_changed = tuple(plan.classes) != tuple(m.classes)
+    old = load_source_inputs(location, m)
+    if old is None or plan.file_stats is None:
+        return SourceStatus(shown, shown_src, "stale", classes_changed=classes_changed, source_digest=digests)
+    counts, examples = _compare(old, plan, plan.file_stats)
+    return SourceStatus(shown, shown_src, "stale", counts["added"], counts["removed"], counts["modified"],
+                        classes_changed=classes_changed, examples=examples, source_digest=digests)

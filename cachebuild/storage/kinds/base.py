@@ -1,0 +1,238 @@
+"""What a storage backend is: one class per way of laying out a cache's pixels, owning both sides.
+
+Write side (the build, and ``storage.writer.write_cache`` for in-memory images: one path): ``prepare`` the
+staging folder, give each worker a :class:`Sink` for its block, ``resume`` after a kill, ``finish`` the
+:class:`BlockRecord` s into the manifest's shard list. Each backend lists the names it writes
+(``staging_names``, ``cache_names``), so the build's destination rules never name a kind's files.
+Read side: ``open`` a location + manifest into an :class:`ImageStore` that gathers samples into a caller's
+buffer, tells its read geometry and verifies itself. Nothing outside the backends asks which kind a cache is.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import numpy as np
+
+from cachebuild.storage.locations import Location
+from cachebuild.storage.remote.block_cache import BlockCache
+
+if TYPE_CHECKING:
+    from cachebuild.format.manifest import Manifest, ShardInfo
+
+__all__ = ["Backend", "BlockFailure", "BlockRecord", "ImageStore", "Sink", "StorageParams", "one_file_per_block",
+           "sha256_file", "sha256_of_file"]
+
+
+@dataclass(frozen=True)
+class BlockFailure:
+    """A source file of a block that gave no sample: its plan position, its name as
+    ``format.pathnames.encode_path`` writes it, and why."""
+
+    index: int
+    path: str | dict[str, str]
+    reason: str
+
+
+@dataclass(frozen=True)
+class BlockRecord:
+    """A finished block, as its worker returns it and ``blocks/block-NNNNN.json`` keeps it (a killed build
+    resumes by skipping the blocks that have one). ``ok``, ``sizes``, ``boxes``: per kept sample, its plan
+    position, source (height, width) and placement box."""
+
+    block: int
+    start: int  # plan position of the block's first file
+    planned: int  # files in the block
+    count: int  # samples kept (planned minus failures)
+    file: str  # the file the sink wrote (npy, jpeg: the shard; zarr: the array)
+    sha256: str  # what the manifest keeps for the shard (the kind says what it covers)
+    ok: tuple[int, ...] = ()
+    sizes: tuple[tuple[int, int], ...] = ()
+    boxes: tuple[tuple[int, int, int, int], ...] = ()
+    failures: tuple[BlockFailure, ...] = ()
+    stored_bytes: int | None = None  # kinds that encode samples: bytes as stored (None: raw pixels)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        if self.stored_bytes is None:
+            del d["stored_bytes"]
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> BlockRecord:
+        """A record read back (KeyError, TypeError or ValueError for one that is not)."""
+        return cls(int(d["block"]), int(d["start"]), int(d["planned"]), int(d["count"]), str(d["file"]),
+                   str(d["sha256"]), tuple(int(i) for i in d["ok"]),
+                   tuple((int(h), int(w)) for h, w in d["sizes"]),
+                   tuple((int(a), int(b), int(c), int(e)) for a, b, c, e in d["boxes"]),
+                   tuple(BlockFailure(int(f["index"]), f["path"], str(f["reason"])) for f in d["failures"]),
+                   None if d.get("stored_bytes") is None else int(d["stored_bytes"]))
+
+
+class Sink(Protocol):
+    """Where one worker's block of decoded samples goes: a reused slot per sample, kept or dropped."""
+
+    def next_slot(self) -> np.ndarray: ...
+
+    def commit(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+    def close(self) -> tuple[str, str]:
+        """Finish the block; returns the file name its record names and the sha256 the manifest keeps for
+        it. The kind says what the digest covers (npy and jpeg: the shard file's every byte, so the file
+        table takes it as is; zarr: the samples' pixels), and the sink hashes as it writes: one pass."""
+        ...
+
+    @property
+    def stored_bytes(self) -> int | None:
+        """After :meth:`close`: the bytes the block takes as stored, for kinds that encode samples (jpeg);
+        None for raw pixels (count x sample bytes)."""
+        ...
+
+
+class StorageParams(Protocol):
+    """The build options a backend reads (``cachebuild.builder.pipeline.BuildOptions`` has them all)."""
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def chunk_size(self) -> int | None: ...
+
+    @property
+    def compression(self) -> str: ...
+
+    @property
+    def quality(self) -> int: ...  # kinds that encode samples (jpeg)
+
+    @property
+    def subsampling(self) -> str: ...
+
+
+class ImageStore(ABC):
+    """The read side of one cache's images: picklable, reopened lazily in each process."""
+
+    #: samples per natural read unit (a zarr chunk, ~8 MB of npy rows): CacheSampler keeps them together
+    chunk_size: int
+    #: True when samples are stored encoded (jpeg): ``read_encoded`` hands them over undecoded
+    encoded: bool = False
+    #: threads a store that decodes on read may use in this process (None: automatic)
+    decode_threads: int | None = None
+
+    @abstractmethod
+    def gather(self, idx: np.ndarray, out: np.ndarray) -> None:
+        """Copy samples ``idx`` (int64, any order, already checked in range) into ``out`` (uint8 (B, H, W, 3))."""
+
+    @abstractmethod
+    def verify(self) -> list[str]:
+        """Re-hash every shard range against the manifest; one line per problem, naming the file or chunk."""
+
+    @property
+    def bytes_fetched(self) -> int:
+        """Bytes read from a remote location by this process (0 for local caches)."""
+        return 0
+
+    def read_encoded(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Encoded stores only: the stored bytes of samples ``idx``, checked, undecoded (uint8 data, int64
+        offsets (len(idx) + 1,))."""
+        raise TypeError(f"{type(self).__name__} stores raw pixels: there is nothing to decode")
+
+
+class Backend(ABC):
+    """One storage kind. Registered once in :mod:`cachebuild.storage` under ``name`` (= ``manifest.storage``)."""
+
+    name: ClassVar[str]
+    #: regex (fullmatch) of every name this kind writes at the top of a staging folder, temporaries included:
+    #: with the build's own names, what lets ``--force`` discard an unfinished build it can prove it made
+    staging_names: ClassVar[str] = ""
+    #: names a finished cache of this kind holds beyond the files its manifest lists (zarr: the group metadata)
+    cache_names: ClassVar[frozenset[str]] = frozenset()
+    #: kinds that store each sample encoded: the codec's name (the CLI's ``--codec``; None: raw pixels)
+    codec: ClassVar[str | None] = None
+    #: True when a shard's manifest sha256 is the sha256 of its whole file (one file per shard): the
+    #: commit's file table then takes it from the manifest instead of hashing the file a second time
+    shard_sha256_is_file: ClassVar[bool] = False
+
+    # ------------------------------------------------------------ write side
+    def align_block(self, block: int, opts: StorageParams) -> int:
+        """Samples per build block, adjusted to the layout (zarr: whole chunks, so workers never share one)."""
+        return block
+
+    @abstractmethod
+    def build_params(self, opts: StorageParams) -> dict[str, Any]:
+        """The layout parameters that shape the bytes: they go into the build key and the manifest."""
+
+    def prepare(self, staging: Path, planned: int, sample_shape: tuple[int, int, int], opts: StorageParams) -> None:
+        """Make whatever the workers write into (before any block runs; idempotent on resume)."""
+        return None  # nothing to do for kinds without such a step
+
+    def resume(self, staging: Path, forget_block: Callable[[int], None]) -> None:
+        """After a kill: undo what a half-done :meth:`finish` left, ``forget_block`` blocks to decode again."""
+        return None  # nothing to do for kinds without such a step
+
+    @abstractmethod
+    def sink(self, staging: Path, block: int, start: int, planned: int, sample_shape: tuple[int, int, int],
+             params: dict[str, Any]) -> Sink:
+        """In a worker: where block ``block`` (plan positions ``[start, start + planned)``) writes; ``params``
+        are this backend's :meth:`build_params` for the build."""
+
+    @abstractmethod
+    def finish(self, staging: Path, ordered: list[BlockRecord], count: int, planned: int) -> list[ShardInfo]:
+        """After every block: put samples in their final places; returns the manifest's shards."""
+
+    def cleanup(self, staging: Path) -> None:
+        """Remove the backend's build bookkeeping from the staging folder (just before the commit)."""
+        return None  # nothing to do for kinds without such a step
+
+    def finalize_folder(self, staging: Path, manifest: Manifest) -> None:
+        """Last touches with the manifest known (e.g. metadata other readers need), before it is written."""
+        return None  # nothing to do for kinds without such a step
+
+    # ------------------------------------------------------------ read side
+    @abstractmethod
+    def open(self, location: Location, manifest: Manifest, *, block_cache: BlockCache | None = None) -> ImageStore:
+        """Check the images against ``manifest`` (cheap: headers, a listing; no pixel read) and return a store."""
+
+
+def one_file_per_block(staging: Path, ordered: list[BlockRecord]) -> list[ShardInfo]:
+    """``Backend.finish`` for kinds that write one shard file per block (npy, jpeg): shards in plan order,
+    each with its record's sha256; a block whose every file failed leaves no shard."""
+    from cachebuild.format.manifest import ShardInfo
+
+    shards, pos = [], 0
+    for r in ordered:
+        if r.count:
+            shards.append(ShardInfo(r.file, pos, r.count, r.sha256))
+            pos += r.count
+        else:
+            (staging / r.file).unlink(missing_ok=True)
+    return shards
+
+
+def sha256_file(path: str | os.PathLike[str], read_bytes: int = 8 << 20) -> str:
+    """sha256 of a whole local file, read ``read_bytes`` at a time."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(read_bytes):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sha256_of_file(location: Location, name: str, size: int, read_bytes: int = 8 << 20) -> str:
+    """sha256 of a shard file's ``size`` bytes read through ``location`` (local or remote) in slices, so
+    verifying a large shard holds ``read_bytes`` at a time."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for lo in range(0, size, read_bytes):
+        (data,) = location.read_ranges(name, [(lo, min(size, lo + read_bytes))])
+        h.update(data)
+    return h.hexdigest()

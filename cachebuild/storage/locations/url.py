@@ -1,0 +1,404 @@
+"""A cache behind any fsspec URL (``s3://``, ``gs://``, ``http(s)://``...): range reads, each request retried on
+its own by the remote layer (:mod:`cachebuild.storage.remote.retry`), and one-line errors that name the URL
+without its credentials. Credentials come from each store's own standard environment and config files
+(``AWS_*``, ``~/.aws``, ``GOOGLE_APPLICATION_CREDENTIALS``...), or ``storage_options``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from cachebuild.errors import (
+    CacheChangedError,
+    CacheCorruptError,
+    RemoteError,
+    RemoteNotFoundError,
+    RemoteUnavailableError,
+)
+from cachebuild.storage.locations.base import Location
+from cachebuild.storage.locations.names import check_name, is_url, redact
+from cachebuild.storage.remote import retry
+from cachebuild.storage.remote.pinning import (
+    PINNABLE_PROTOCOLS,
+    Pins,
+    etag_of,
+    install_s3_hook,
+    precondition_failed,
+    version_of,
+)
+from cachebuild.storage.remote.retry import Budget, Exhausted, RangeIgnored, ShortRead
+from cachebuild.storage.remote.s3_session import new_s3_session
+
+__all__ = ["FsspecLocation"]
+
+T = TypeVar("T")
+
+
+def _status(exc: BaseException) -> int | None:
+    return retry.classify(exc).status
+
+
+class FsspecLocation(Location):
+    """A folder behind any fsspec URL. The filesystem object is made lazily in each process (so the
+    location pickles into DataLoader workers, fork or spawn, without an event loop or sockets).
+
+    :meth:`pinned` ties its reads to the versions of the files it holds now (``cachebuild.storage.remote.pinning``).
+    """
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, pins: Pins | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.protocol = url.split("://", 1)[0].lower()
+        self.storage_options = dict(storage_options or {})
+        self.pins = pins
+        self._fs: Any = None
+        self._pid = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_fs": None, "_pid": -1}
+
+    def fs_options(self) -> dict[str, Any]:
+        """``storage_options`` plus our defaults for fsspec filesystems of this URL: a socket read timeout (a
+        stalled server must not hang a worker), and for S3 no retries of botocore's or s3fs's own (the remote
+        layer's one policy retries each request)."""
+        opts = dict(self.storage_options)
+        timeout = retry.settings().http_timeout_s
+        if self.protocol in ("http", "https"):
+            import aiohttp
+
+            # aiohttp's default is a 5-minute total timeout: a stalled server would hang a worker.
+            opts["client_kwargs"] = {"timeout": aiohttp.ClientTimeout(
+                total=None, sock_connect=10, sock_read=timeout), **opts.get("client_kwargs", {})}
+        elif self.protocol in ("s3", "s3a"):
+            opts["config_kwargs"] = {"read_timeout": timeout, "connect_timeout": 10,
+                                     "retries": {"total_max_attempts": 1}, **opts.get("config_kwargs", {})}
+        return opts
+
+    @property
+    def fs(self) -> Any:
+        if self._fs is None or self._pid != os.getpid():
+            import fsspec
+
+            opts = self.fs_options()
+            if self.protocol in ("s3", "s3a"):
+                opts.setdefault("session", new_s3_session())
+                if self.pins is not None:
+                    install_s3_hook(opts["session"], self.pins)
+            try:
+                self._fs = fsspec.filesystem(self.protocol, skip_instance_cache=True, **opts)
+            except ImportError as e:
+                raise RemoteError(f"reading {self.protocol}:// URLs needs an extra package ({e}); "
+                                  f"pip install 'cachebuild[remote]'") from None
+            if self.protocol in ("s3", "s3a"):
+                self._fs.retries = 1  # s3fs's own retry loop (a class attribute): one try, ours retry it
+            self._pid = os.getpid()
+        return self._fs
+
+    @property
+    def _async(self) -> bool:
+        return bool(getattr(self.fs, "async_impl", False))
+
+    def _path(self, name: str) -> str:
+        return f"{self.url}/{check_name(name)}" if name else self.url
+
+    # ---------------------------------------------------------------- retries and errors
+    def _call(self, name: str, what: str, fn: Callable[[], T], budget: Budget | None = None) -> T:
+        """One request, retried by the remote layer; the final failure becomes a named error."""
+        try:
+            return retry.call(fn, budget)
+        except Exception as e:
+            raise self._failed(name, what, e) from None
+
+    def _group(self, names: Sequence[str], what: str, calls: Sequence[Callable[[], Awaitable[Any]]],
+               hedge_bytes: Sequence[int] | None = None) -> list[Any]:
+        """A group of requests on the filesystem's loop, each retried on its own under one budget; the first
+        that failed for good (a permanent failure before an exhausted one) names its file in the error.
+        ``hedge_bytes``: the calls are range reads of these sizes, hedged when late (reads only)."""
+        results = retry.each(self.fs.loop, calls, hedge_bytes=hedge_bytes)
+        err = retry.first_error(results)
+        if err is not None:
+            raise self._failed(names[results.index(err)], what, err) from None
+        return results
+
+    def _failed(self, name: str, what: str, exc: BaseException) -> Exception:
+        last = exc.last if isinstance(exc, Exhausted) else exc
+        if self.pins is not None and precondition_failed(last):
+            return self._changed(name)
+        return self._error(name, what, exc)
+
+    def _changed(self, name: str) -> CacheChangedError:
+        return CacheChangedError(
+            f"{self.describe(name)} changed since this job opened the cache at {self.describe()} (replaced by "
+            f"`cachebuild push --force`, or rewritten): this reader stops rather than serve bytes of another "
+            f"cache; restart the job to read what is there now")
+
+    def _error(self, name: str, what: str, exc: BaseException) -> Exception:
+        where = self.describe(name)
+        if isinstance(exc, Exhausted):
+            return self._unavailable(where, what, exc)
+        status = _status(exc)
+        missing = getattr(exc, "filename", None) or (exc.args[0] if exc.args else None)
+        if isinstance(exc, FileNotFoundError) and isinstance(missing, str) and is_url(missing):
+            where = redact(missing)  # the file of a multi-file call that was not there
+        if status == 404 or (isinstance(exc, FileNotFoundError) and status is None):
+            return RemoteNotFoundError(f"{where}: not found (cannot {what})")
+        if status in (401, 403) or (isinstance(exc, PermissionError) and status is None):
+            return RemoteError(f"{where}: access denied{f' (HTTP {status})' if status else ''}; check the "
+                               f"credentials for this store (its standard environment variables or config files)")
+        if isinstance(exc, RangeIgnored):
+            return RemoteError(f"{where}: the server ignores HTTP Range requests ({exc}); serve the cache from one "
+                               f"that answers them with 206 (nginx, Apache, object stores), or `cachebuild pull` it")
+        if isinstance(exc, ShortRead):
+            return CacheCorruptError(f"{where} is shorter than its manifest says (truncated upload?): {exc}")
+        return RemoteError(f"{where}: cannot {what}: {type(exc).__name__}: {self._detail(exc)}")
+
+    def _detail(self, exc: BaseException) -> str:
+        detail = str(exc).replace(self.url, redact(self.url))
+        return detail[:200] + "..." if len(detail) > 200 else detail
+
+    def _unavailable(self, where: str, what: str, exc: Exhausted) -> RemoteUnavailableError:
+        last = f"HTTP {exc.status}" if exc.status is not None else type(exc.last).__name__
+        why = (f"the time budget of {exc.budget_s:g} s (CACHEBUILD_RETRY_BUDGET) ran out" if exc.out_of_time
+               else "CACHEBUILD_RETRIES tries")
+        return RemoteUnavailableError(
+            f"{where}: cannot {what} after {exc.attempts} attempts in {exc.elapsed:.1f} s ({why}); last answer: "
+            f"{last}: {self._detail(exc.last)}; the store is failing or overloaded: run the command again later",
+            where, exc.status, exc.attempts)
+
+    def child(self, name: str) -> FsspecLocation:
+        return FsspecLocation(self._path(name), self.storage_options, self.pins)
+
+    @property
+    def is_pinned(self) -> bool:
+        return self.pins is not None
+
+    # ---------------------------------------------------------------- pinning
+    def pinned(self, anchor: str = "") -> FsspecLocation:
+        """This location with every read tied by ``If-Match`` to the file versions it holds now; the
+        anchor's tag (taken here) vouches for each other file's tag, taken on its first read. Returns the
+        location unpinned where the protocol or the server cannot do it (no strong ETag on the anchor);
+        raises :class:`RemoteNotFoundError` when there is no anchor."""
+        if (self.pins is not None or not anchor or self.protocol not in PINNABLE_PROTOCOLS
+                or not retry.settings().pin_versions):
+            return self
+        path = self._path(anchor)
+        # The pinned location asks for the anchor's version with its own filesystem (the S3 hook installed
+        # from the start), so an open makes one filesystem, not a second one thrown away at once.
+        pins = Pins(path)
+        loc = FsspecLocation(self.url, self.storage_options, pins)
+        # No anchor raises RemoteNotFoundError: returning a location unpinned instead would let a reader
+        # whose manifest appears a moment later (a push finishing) read unpinned for good.
+        info = loc._call(anchor, "get its version", lambda: loc.fs.info(path, **loc._fresh()))
+        tag = etag_of(info)
+        if tag is None:
+            loc.pins = None  # the hook (if any) stays, with nothing to add: reads go unconditional
+            return loc
+        pins.set_anchor(loc._key(path), tag, version_of(info))
+        return loc
+
+    def _fresh(self) -> dict[str, Any]:
+        # s3fs answers info() from listings it cached; a version check must ask the store
+        return {"refresh": True} if self.protocol in ("s3", "s3a") else {}
+
+    def _key(self, path: str) -> str:
+        return str(self.fs._strip_protocol(path))
+
+    def _pinned_reads(self, names: Sequence[str]) -> list[dict[str, Any]]:
+        """Keyword arguments for an fsspec read of each of ``names`` that make it conditional on the file's
+        pinned tag (HTTP: an ``If-Match`` header; S3: none, the session's hook adds ``IfMatch``).
+
+        Files not pinned yet get their tags first, and then the anchor must still have its opening tag: if
+        it does, those tags are of the cache this reader opened."""
+        if self.pins is None:
+            return [{} for _ in names]
+        keys = [self._key(self._path(n)) for n in names]
+        todo = set(self.pins.missing(keys))
+        if todo:
+            self._take_tags({k: n for k, n in zip(keys, names, strict=True) if k in todo})
+        if self.protocol not in ("http", "https"):
+            return [{} for _ in names]
+        tags = [self.pins.tag(k) for k in keys]
+        return [{"headers": {"If-Match": t}} if t is not None else {} for t in tags]
+
+    def _take_tags(self, names: dict[str, str]) -> None:
+        """Pin the files ``names`` (key -> name) to their tags now, vouched for by the anchor."""
+        assert self.pins is not None
+        fs, fresh = self.fs, self._fresh()
+        listed = list(names.values())
+        paths = [self._path(n) for n in listed]
+        what = f"get the version of {len(listed)} file(s)"
+        if self._async:
+            infos = self._group(listed, what, [functools.partial(fs._info, p, **fresh) for p in paths])
+        else:
+            infos = [self._call(n, what, functools.partial(fs.info, p, **fresh))
+                     for n, p in zip(listed, paths, strict=True)]
+        anchor = self.pins.anchor_url
+        try:
+            now = etag_of(self._call("", "check its manifest", lambda: fs.info(anchor, **fresh)))
+        except RemoteNotFoundError:  # taken down by a push in progress
+            now = None
+        if now != self.pins.anchor_tag:
+            raise self._changed(listed[0])
+        self.pins.add({k: etag_of(info) for k, info in zip(names, infos, strict=True)},
+                      {k: version_of(info) for k, info in zip(names, infos, strict=True)})
+
+    # ---------------------------------------------------------------- reads
+    def exists(self, name: str) -> bool:
+        path = self._path(name)
+
+        def probe() -> bool:  # fsspec's HTTP exists() answers False for a 500: info() tells them apart
+            try:
+                self.fs.info(path)
+            except FileNotFoundError as e:
+                if retry.is_transient(e):
+                    raise
+                return False
+            return True
+
+        return self._call(name, "check it", probe)
+
+    def size(self, name: str) -> int:
+        path = self._path(name)
+        info = self._call(name, "get its size", lambda: self.fs.info(path))
+        if info.get("size") is None:
+            raise RemoteError(f"{self.describe(name)}: the server does not report the size")
+        return int(info["size"])
+
+    def read_bytes(self, name: str) -> bytes:
+        path = self._path(name)
+        (kw,) = self._pinned_reads([name])
+        return self._call(name, "read it", lambda: bytes(self.fs.cat_file(path, **kw)))
+
+    def read_ranges(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        return self.read_many([(name, ranges)])[0]
+
+    def read_many(self, wanted: Sequence[tuple[str, Sequence[tuple[int, int]]]]) -> list[list[bytes]]:
+        if not any(ranges for _, ranges in wanted):
+            return [[] for _ in wanted]
+        kws = self._pinned_reads([name for name, _ in wanted])
+        paths = [self._path(name) for name, _ in wanted]
+        fs = self.fs
+        what = "read byte ranges of it"
+
+        def check(start: int, end: int, data: bytes) -> bytes:
+            if len(data) > end - start:
+                raise RangeIgnored(f"bytes [{start}, {end}) came back as {len(data)} bytes")
+            if len(data) != end - start:  # a whole answer (its Content-Length), short: the file is shorter
+                raise ShortRead(f"bytes [{start}, {end}) came back as {len(data)} bytes")
+            return bytes(data)
+
+        def one_sync(path: str, kw: dict[str, Any], start: int, end: int) -> bytes:
+            return check(start, end, fs.cat_file(path, start=start, end=end, **kw))
+
+        async def one(path: str, kw: dict[str, Any], start: int, end: int) -> bytes:
+            return check(start, end, await fs._cat_file(path, start=start, end=end, **kw))
+
+        if not self._async:
+            return [[self._call(name, what, functools.partial(one_sync, path, kw, s, e)) for s, e in ranges]
+                    for (name, ranges), path, kw in zip(wanted, paths, kws, strict=True)]
+        flat = [(name, path, kw, s, e) for (name, ranges), path, kw in zip(wanted, paths, kws, strict=True)
+                for s, e in ranges]
+        got = self._group([f[0] for f in flat], what, [functools.partial(one, *f[1:]) for f in flat],
+                          hedge_bytes=[e - s for *_, s, e in flat])
+        out, i = [], 0
+        for _, ranges in wanted:
+            out.append(got[i : i + len(ranges)])
+            i += len(ranges)
+        return out
+
+    def read_heads(self, names: Sequence[str], nbytes: int) -> list[bytes]:
+        if not names:
+            return []
+        matches = self._pinned_reads(names)
+        fs = self.fs
+        what = f"read the headers of {len(names)} file(s)"
+        paths = [self._path(n) for n in names]
+        def one_sync(path: str, kw: dict[str, Any]) -> bytes:
+            return bytes(fs.cat_file(path, start=0, end=nbytes, **kw))
+
+        async def one(path: str, kw: dict[str, Any]) -> bytes:
+            return bytes(await fs._cat_file(path, start=0, end=nbytes, **kw))
+
+        if not self._async:
+            return [self._call(n, what, functools.partial(one_sync, p, kw))
+                    for n, p, kw in zip(names, paths, matches, strict=True)]
+        return self._group(list(names), what, [functools.partial(one, p, kw)
+                                               for p, kw in zip(paths, matches, strict=True)],
+                           hedge_bytes=[nbytes] * len(names))
+
+    # ---------------------------------------------------------------- listings
+    def list_files(self) -> dict[str, int]:
+        fs = self.fs
+        if self.protocol in ("http", "https") and self._async:
+            found = self._walk()
+        else:  # one listing request (S3 and friends list a prefix flat, page by page)
+            found = self._call("", "list it", lambda: fs.find(self.url, detail=True))
+        base = fs._strip_protocol(self.url).rstrip("/")
+        out: dict[str, int] = {}
+        for full, info in found.items():
+            rel = fs._strip_protocol(full)[len(base):].lstrip("/")
+            if rel and info.get("type", "file") == "file":
+                size = info.get("size")
+                out[rel] = -1 if size is None else int(size)  # -1: a listing without sizes (HTTP index pages)
+        return out
+
+    def _walk(self) -> dict[str, Any]:
+        """Every file below this URL from its index pages, one page per request, each retried on its own:
+        a failed page never makes the pages already read be asked again."""
+        fs = self.fs
+        found: dict[str, Any] = {}
+        seen = {self.url.rstrip("/")}
+        todo = [self.url]
+        while todo:
+            pages = self._group([""] * len(todo), "list it", [functools.partial(fs._ls, p, detail=True) for p in todo])
+            todo = []
+            for page in pages:
+                for info in page:
+                    name = info["name"]
+                    if info.get("type") == "directory":
+                        if name.rstrip("/") not in seen and name.rstrip("/").startswith(self.url):
+                            seen.add(name.rstrip("/"))
+                            todo.append(name)
+                    else:
+                        found[name] = info
+        return found
+
+    def list_dir(self, name: str = "") -> list[tuple[str, bool, int]]:
+        path = self._path(name)
+        found = self._call(name, "list it", lambda: self.fs.ls(path, detail=True))
+        base = self.fs._strip_protocol(path).rstrip("/")
+        out = []
+        for info in found:
+            rel = self.fs._strip_protocol(info["name"])[len(base):].strip("/")
+            if not rel or "/" in rel:
+                continue  # the folder itself (some stores list it), or a deeper name
+            size = info.get("size")
+            out.append((rel, info.get("type") == "directory", -1 if size is None else int(size)))
+        return sorted(set(out))
+
+    # ---------------------------------------------------------------- writes (push)
+    def _write_options(self) -> dict[str, Any]:
+        # fsspec's HTTP filesystem POSTs by default; a writable HTTP store (WebDAV, our test server) takes PUT.
+        return {"method": "put"} if self.protocol in ("http", "https") else {}
+
+    def put_file(self, name: str, local: str | os.PathLike[str]) -> None:
+        path = self._path(name)
+        self._call(name, "upload it", lambda: self.fs.put_file(os.fspath(local), path, **self._write_options()))
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        path = self._path(name)
+        self._call(name, "write it", lambda: self.fs.pipe_file(path, bytes(data)))
+
+    def remove(self, *names: str) -> None:
+        if not names:
+            return
+        paths = [self._path(n) for n in names]
+
+        def rm() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm(paths if len(paths) > 1 else paths[0])  # s3fs/gcsfs: bulk deletes
+
+        self._call(names[0] if len(names) == 1 else "", f"delete {len(names)} file(s)", rm)

@@ -1,0 +1,338 @@
+"""The one remote layer: which failures are worth another try, how tries are spaced, and when to give up.
+
+Every request to a URL (a cache's files through :class:`~cachebuild.storage.locations.url.FsspecLocation`,
+a source's shards through ``cachebuild.sources.shards.remote``) goes through :func:`call` (one request, in a thread)
+or :func:`each` (a group of requests on an fsspec event loop, each retried on its own: one failing request
+never makes the others run again, and what arrived is kept).
+
+- Failures are told apart by type and HTTP status (:func:`classify`), never by message text: aiohttp's
+  response and connection errors, botocore's ``ClientError`` (status and error code) and connection errors,
+  timeouts, and the causes that fsspec and s3fs wrap them in. 408, 429 and 5xx, dropped connections, bodies
+  cut short and timeouts are transient; 404, 403, 412 and anything unrecognised are not.
+- Tries are spaced by exponential backoff with full jitter, never shorter than a ``Retry-After`` the server
+  sent (capped), and stop after ``CACHEBUILD_RETRIES`` tries or ``CACHEBUILD_RETRY_BUDGET`` seconds for the
+  whole call, whichever comes first; then :class:`Exhausted` carries the last failure, its status and the
+  tries, for the caller to name its URL in a :class:`~cachebuild.errors.RemoteUnavailableError`.
+- Settings are read from the environment when a call starts (:func:`settings`), never at import.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from cachebuild.errors import OptionError
+from cachebuild.storage.remote import hedge
+
+__all__ = ["Budget", "Exhausted", "Failure", "RangeIgnored", "RemoteSettings", "ShortRead", "call", "classify",
+           "each", "first_error", "is_transient", "parse_retry_after", "settings"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RemoteSettings:
+    attempts: int = 10  # tries of one request; at a steady 33% failure rate 10 fail together once in 60,000
+    budget_s: float = 120.0  # wall time of one call (a request, or a group of them), waits included
+    http_timeout_s: float = 60.0  # a socket read that long with no byte: a stalled response
+    pin_versions: bool = True
+    backoff_s: float = 0.05  # the first wait is up to this, doubling each try
+    backoff_max_s: float = 5.0
+    retry_after_max_s: float = 30.0  # a server asking for longer gets this much
+    hedge: bool = True  # a second request for a range read that is late (cachebuild.storage.remote.hedge)
+    hedge_after_s: float = 0.05  # never hedge sooner than this
+    hedge_factor: float = 3.0  # hedge a read this many times slower than the median of its size class
+
+
+def _env_number(name: str, default: float, cast: Callable[[str], float]) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = cast(raw)
+    except ValueError:
+        raise OptionError(f"{name}={raw!r} is not a number; unset it or give e.g. {name}={default:g}") from None
+    if value <= 0:
+        raise OptionError(f"{name}={raw!r} must be positive; unset it or give e.g. {name}={default:g}")
+    return value
+
+
+def settings() -> RemoteSettings:
+    """The remote layer's settings from the environment as it is now (``CACHEBUILD_RETRIES``,
+    ``CACHEBUILD_RETRY_BUDGET`` seconds, ``CACHEBUILD_HTTP_TIMEOUT`` seconds, ``CACHEBUILD_PIN_VERSIONS=0``,
+    ``CACHEBUILD_HEDGE=0``, ``CACHEBUILD_HEDGE_AFTER`` seconds, ``CACHEBUILD_HEDGE_FACTOR``)."""
+    d = RemoteSettings()
+    return RemoteSettings(
+        attempts=int(_env_number("CACHEBUILD_RETRIES", d.attempts, int)),
+        budget_s=_env_number("CACHEBUILD_RETRY_BUDGET", d.budget_s, float),
+        http_timeout_s=_env_number("CACHEBUILD_HTTP_TIMEOUT", d.http_timeout_s, float),
+        pin_versions=os.environ.get("CACHEBUILD_PIN_VERSIONS", "1") != "0",
+        hedge=os.environ.get("CACHEBUILD_HEDGE", "1") != "0",
+        hedge_after_s=_env_number("CACHEBUILD_HEDGE_AFTER", d.hedge_after_s, float),
+        hedge_factor=_env_number("CACHEBUILD_HEDGE_FACTOR", d.hedge_factor, float),
+    )
+
+
+class ShortRead(OSError):
+    """A range read whose answer came back whole (as long as its Content-Length) but shorter than asked: the
+    file is shorter than the reader was told. Not transient (a connection cut early is a payload error)."""
+
+
+class RangeIgnored(OSError):
+    """A range read that came back longer than asked: the server sent the whole file (200, not 206). Not
+    transient: asking again fetches the whole file again."""
+
+
+# ---------------------------------------------------------------- classification
+
+@dataclass(frozen=True)
+class Failure:
+    transient: bool
+    status: int | None = None  # the HTTP status of the answer, when there was one
+    retry_after: float | None = None  # seconds the server asked to wait
+
+
+_TRANSIENT_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
+                              "ServiceUnavailable", "RequestLimitExceeded", "TooManyRequests"})
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and what it wraps (fsspec turns a 500 on ``info`` into FileNotFoundError *from* it)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen and len(seen) < 8:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def parse_retry_after(value: object) -> float | None:
+    """Seconds from a ``Retry-After`` header: a number of seconds or an HTTP date (RFC 9110 10.2.3)."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _transient_status(status: int) -> bool:
+    return status in (408, 429) or status >= 500
+
+
+def _answer(e: BaseException) -> Failure | None:
+    """What an exception carrying a server's answer says (aiohttp's or botocore's), or None."""
+    try:
+        import aiohttp
+    except ImportError:  # pragma: no cover - only without the http extra
+        aiohttp = None  # type: ignore[assignment]
+    if aiohttp is not None and isinstance(e, aiohttp.ClientResponseError):
+        headers: Any = e.headers or {}
+        return Failure(_transient_status(e.status), e.status, parse_retry_after(headers.get("Retry-After")))
+    response = getattr(e, "response", None)  # botocore.exceptions.ClientError
+    if isinstance(response, dict) and "ResponseMetadata" in response:
+        meta = response.get("ResponseMetadata") or {}
+        status = meta.get("HTTPStatusCode")
+        code = (response.get("Error") or {}).get("Code")
+        headers = meta.get("HTTPHeaders") or {}
+        transient = code in _TRANSIENT_CODES or (isinstance(status, int) and _transient_status(status))
+        return Failure(transient, status if isinstance(status, int) else None,
+                       parse_retry_after(headers.get("retry-after")))
+    return None
+
+
+def _network_types() -> tuple[type[BaseException], ...]:
+    from fsspec.exceptions import FSTimeoutError
+
+    found: list[type[BaseException]] = [TimeoutError, ConnectionError, FSTimeoutError]
+    try:
+        import aiohttp
+
+        found += [aiohttp.ClientPayloadError, aiohttp.ClientConnectionError]
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        import http.client
+
+        from botocore import exceptions as bx  # type: ignore[import-untyped]
+        from botocore.parsers import ResponseParserError  # type: ignore[import-untyped]  # rate-limit answers, broken XML
+
+        found += [bx.ConnectionError, bx.HTTPClientError, bx.IncompleteReadError, ResponseParserError,
+                  http.client.IncompleteRead]
+    except ImportError:  # pragma: no cover - only without the s3 extra
+        pass
+    return tuple(found)
+
+
+def classify(exc: BaseException) -> Failure:
+    """Transient or not, with the status and ``Retry-After`` of the answer, from the exception's type."""
+    chain = list(_chain(exc))
+    if any(isinstance(e, RangeIgnored) for e in chain):
+        return Failure(False)
+    for e in chain:
+        got = _answer(e)
+        if got is not None:
+            return got
+    network = _network_types()
+    if any(isinstance(e, network) for e in chain):
+        return Failure(True)
+    return Failure(False)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Worth another try: dropped connections, timeouts, 5xx/429/408. Not: 404, 403, 412, bad requests."""
+    return classify(exc).transient
+
+
+# ---------------------------------------------------------------- retries
+
+class Exhausted(Exception):
+    """A transient failure that lasted past the tries or the time budget of a call."""
+
+    def __init__(self, last: BaseException, attempts: int, elapsed: float, budget: Budget) -> None:
+        super().__init__(f"{type(last).__name__} after {attempts} attempts in {elapsed:.1f} s")
+        self.last, self.attempts, self.elapsed = last, attempts, elapsed
+        self.status = classify(last).status
+        self.budget_s = budget.settings.budget_s
+        self.out_of_time = budget.remaining() <= 0
+
+
+class Budget:
+    """The tries and the wall time of one call, shared by every request of a group."""
+
+    def __init__(self, s: RemoteSettings | None = None) -> None:
+        self.settings = s or settings()
+        self.deadline = time.monotonic() + self.settings.budget_s
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def wait(self, attempt: int, failure: Failure) -> float:
+        """Seconds before try ``attempt + 1``: full-jitter exponential backoff, at least the server's
+        ``Retry-After`` (capped), never past the deadline. A first failure without an answer (a connection
+        reset, a body cut short, a timeout) is tried again at once, on a fresh connection: it says nothing
+        about the server's load, and a batch waits for its slowest request."""
+        import random
+
+        s = self.settings
+        if attempt == 1 and failure.status is None:
+            return 0.0
+        w = random.uniform(0, min(s.backoff_max_s, s.backoff_s * 2 ** (attempt - 1)))
+        if failure.retry_after is not None:
+            w = max(w, min(failure.retry_after, s.retry_after_max_s))
+        return max(0.0, min(w, self.remaining()))
+
+    def gives_up(self, attempt: int, failure: Failure) -> bool:
+        return not failure.transient or attempt >= self.settings.attempts or self.remaining() <= 0
+
+
+def call(fn: Callable[[], T], budget: Budget | None = None,
+         on_failure: Callable[[BaseException], None] | None = None) -> T:
+    """``fn()`` tried again after each transient failure (see the module docstring). A permanent failure is
+    raised as it is; a transient one that outlasts the tries or the budget raises :class:`Exhausted`.
+    ``on_failure`` sees every failure (e.g. to drop a handle that failed)."""
+    from tenacity import RetryCallState, Retrying, retry_if_exception
+
+    b = budget or Budget()
+    t0 = time.monotonic()
+
+    def stop(rs: RetryCallState) -> bool:
+        exc = rs.outcome.exception() if rs.outcome else None
+        return exc is None or b.gives_up(rs.attempt_number, classify(exc))
+
+    def wait(rs: RetryCallState) -> float:
+        exc = rs.outcome.exception() if rs.outcome else None
+        return 0.0 if exc is None else b.wait(rs.attempt_number, classify(exc))
+
+    def worth(e: BaseException) -> bool:
+        if on_failure is not None:
+            on_failure(e)
+        return is_transient(e)
+
+    attempts = 0
+    try:
+        for attempt in Retrying(stop=stop, wait=wait, retry=retry_if_exception(worth), reraise=True):
+            attempts = attempt.retry_state.attempt_number
+            with attempt:
+                return fn()
+    except Exception as e:
+        if is_transient(e):
+            raise Exhausted(e, attempts, time.monotonic() - t0, b) from e
+        raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def acall(fn: Callable[[], Awaitable[T]], budget: Budget, hedge_bytes: int | None = None,
+                gate: asyncio.Semaphore | None = None) -> T:
+    """The async :func:`call` of one request on an event loop, under a shared ``budget``. ``hedge_bytes``: the
+    request is an idempotent read of that many bytes, hedged when late (:mod:`cachebuild.storage.remote.hedge`); a
+    hedge is one of its tries. ``gate``: held while a try runs, not while it waits for the next (a request
+    told to come back in a second must not keep the others of its group from the server meanwhile)."""
+    t0 = time.monotonic()
+    held: contextlib.AbstractAsyncContextManager[Any] = gate if gate is not None else contextlib.nullcontext()
+    s = budget.settings
+    attempt = 0
+
+    def may_hedge() -> bool:  # a hedge is a try: it needs one left
+        nonlocal attempt
+        if attempt >= s.attempts or not hedge.LATENCIES.allow_hedge():
+            return False
+        attempt += 1
+        return True
+
+    while True:
+        attempt += 1
+        try:
+            async with held:
+                if hedge_bytes is None or hedge_bytes > hedge.MAX_HEDGED_BYTES or not s.hedge or attempt >= s.attempts:
+                    return await fn()
+                patience = max(s.hedge_after_s, s.http_timeout_s / 4)
+                delay = hedge.LATENCIES.delay(hedge_bytes, s.hedge_after_s, s.hedge_factor, patience)
+                return await hedge.hedged(fn, hedge_bytes, delay, patience, may_hedge, is_transient)
+        except Exception as e:
+            failure = classify(e)
+            if not failure.transient:
+                raise
+            if budget.gives_up(attempt, failure):
+                raise Exhausted(e, attempt, time.monotonic() - t0, budget) from e
+            await asyncio.sleep(budget.wait(attempt, failure))
+
+
+async def _each(calls: Sequence[Callable[[], Awaitable[Any]]], budget: Budget, limit: int,
+                hedge_bytes: Sequence[int] | None) -> list[Any]:
+    gate = asyncio.Semaphore(limit)
+
+    async def one(c: Callable[[], Awaitable[Any]], n: int | None) -> Any:
+        return await acall(c, budget, n, gate)
+
+    sizes: Sequence[int | None] = hedge_bytes if hedge_bytes is not None else [None] * len(calls)
+    return await asyncio.gather(*(one(c, n) for c, n in zip(calls, sizes, strict=True)), return_exceptions=True)
+
+
+def each(loop: Any, calls: Sequence[Callable[[], Awaitable[Any]]], budget: Budget | None = None,
+         limit: int = 32, hedge_bytes: Sequence[int] | None = None) -> list[Any]:
+    """Run every request of a group on ``loop`` (an fsspec filesystem's), at most ``limit`` tries at a time (one
+    waiting to be tried again does not count), each retried on its own under one budget. Returns each result,
+    or the exception that ended that request, in order: one request that fails keeps the others' results.
+    ``hedge_bytes``: the requests are idempotent reads of these sizes, hedged when late."""
+    from fsspec.asyn import sync
+
+    return sync(loop, _each, calls, budget or Budget(), limit, hedge_bytes)
+
+
+def first_error(results: Sequence[Any]) -> BaseException | None:
+    """The error to raise for a group: a permanent one before an exhausted one (it says more)."""
+    errors = [r for r in results if isinstance(r, BaseException)]
+    permanent = [e for e in errors if not isinstance(e, Exhausted)]
+    return (permanent or errors)[0] if errors else None

@@ -1,0 +1,74 @@
+"""Small local plans at the default --jobs are built in the calling process (no worker start-up), with the
+same bytes as a build in worker processes; anything else keeps the workers."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import cv2
+import joblib
+import numpy as np
+import torch
+
+from cachebuild.builder.pipeline import BuildOptions, build
+from cachebuild.builder.small_plan import IN_PROCESS_MAX, IN_PROCESS_MAX_BYTES, in_process, runs_in_process
+from cachebuild.sources.imagenet import imagenet_plans
+from cachebuild.storage.cache.reader import read_manifest
+
+
+@dataclasses.dataclass(frozen=True)
+class _PidReader:
+    """The plan's reader, noting the pid of every process that reads a source file (picklable for workers)."""
+
+    inner: object
+    log: str
+
+    def __call__(self, i: int, key: str):
+        with open(self.log, "a", encoding="utf-8") as f:
+            f.write(f"{os.getpid()}\n")
+        return self.inner(i, key)  # type: ignore[operator]
+
+
+def _pids(log: Path) -> set[int]:
+    return {int(line) for line in log.read_text().split()}
+
+
+def test_a_small_plan_is_built_here_with_the_bytes_of_any_build(imagenet_tree, tmp_path: Path) -> None:
+    plan = imagenet_plans(imagenet_tree["root"], "train")[0]
+    here_log = tmp_path / "here.log"
+    threads = torch.get_num_threads(), cv2.getNumThreads()
+    here = build(dataclasses.replace(plan, reader=_PidReader(plan.reader, str(here_log))), tmp_path / "a",
+                 BuildOptions(size=48, block_size=4))
+    assert _pids(here_log) == {os.getpid()}  # every file read in this process: no worker started
+    assert (torch.get_num_threads(), cv2.getNumThreads()) == threads  # the caller's settings came back
+    # --jobs 1 (the caller's thread settings) gives the bytes of --jobs 2 (test_build.test_jobs_do_not_change_a_byte)
+    workers = build(plan, tmp_path / "b", BuildOptions(size=48, block_size=4, jobs=1))
+    ma, mb = read_manifest(here.path), read_manifest(workers.path)
+    assert here.count == workers.count > 4 and len(ma.shards) > 1
+    assert [s.sha256 for s in ma.shards] == [s.sha256 for s in mb.shards]
+    labels = [np.load(c.path / m.arrays["labels"].file) for c, m in ((here, ma), (workers, mb))]
+    assert np.array_equal(*labels)
+
+
+def test_what_keeps_the_workers(imagenet_tree) -> None:
+    plan = imagenet_plans(imagenet_tree["root"], "train")[0]
+    assert runs_in_process(-1, plan)
+    assert not runs_in_process(2, plan)  # --jobs given
+    many = dataclasses.replace(plan, keys=[plan.keys[0]] * (IN_PROCESS_MAX + 1))
+    assert not runs_in_process(-1, many)  # a plan worth the start-up
+    big = dataclasses.replace(plan, file_stats=np.array([[IN_PROCESS_MAX_BYTES, 0], [1, 0]]))
+    assert not runs_in_process(-1, big)  # few files, but large ones
+    assert not runs_in_process(-1, dataclasses.replace(plan, root="https://host/photos"))  # fsspec threads ran here
+    with joblib.parallel_config(backend="threading"):  # another backend (--dask-scheduler sets one)
+        assert not runs_in_process(-1, plan)
+
+
+def test_in_process_uses_one_thread_while_the_blocks_run() -> None:
+    before = torch.get_num_threads(), cv2.getNumThreads()
+    with in_process(True):
+        assert (torch.get_num_threads(), cv2.getNumThreads()) == (1, 1)
+    assert (torch.get_num_threads(), cv2.getNumThreads()) == before
+    with in_process(False):
+        assert (torch.get_num_threads(), cv2.getNumThreads()) == before
