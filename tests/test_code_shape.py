@@ -61,3 +61,13 @@ def test_every_test_file_is_collected_by_a_plain_run(request: pytest.FixtureRequ
     on_disk = {p.resolve() for p in (REPO / "tests").rglob("test_*.py")}
     collected = {p.resolve() for p in _collected_by_a_plain_run(request.config)}
     assert sorted(str(p.relative_to(REPO)) for p in on_disk - collected) == []
+
+
+MAX_MODULES_PER_FOLDER = 15
+
+
+def test_no_folder_holds_more_than_15_modules_side_by_side():
+    """A folder is one concept of the data flow; past about 15 modules it holds several (storage/ once held 28)."""
+    folders = {p.parent for p in _modules()}
+    crowded = {str(f.relative_to(REPO)): n for f in folders if (n := len(list(f.glob("*.py")))) > MAX_MODULES_PER_FOLDER}
+    assert crowded == {}
