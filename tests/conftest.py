@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from cachebuild.samples.imagenet_layout import write_imagenet
-from tests.repo import COLLECTED_MODULES
 from tests.fault_proxy import fault_proxy  # noqa: F401  (a fault-injecting proxy in front of them)
+from tests.repo import COLLECTED_MODULES
 from tests.servers import _aws_home, _http_loop, aws_session_env, http_server, s3, s3_server  # noqa: F401
 from tests.shard_fixtures import folder_cache, hf_set, wds_set  # noqa: F401  (the tree as tar / Parquet shards)
 
