@@ -11,7 +11,7 @@ Contenders, each a shuffled epoch (CacheSampler) through a DataLoader with 2 wor
                    requests on 127.0.0.1 (aiohttp static server, files in the page cache)
   http block cache CachedImageDataset(url, local_cache=DIR): epoch 1 fills the block cache (cold), later
                    epochs read local disk (warm); persistent workers
-  --faults RATE    the same URL epochs through the fault-injecting proxy of the tests (tests/fault_proxy.py:
+  --faults RATE    the same URL epochs through the loopback fault-injecting proxy (support/fault_proxy.py:
                    500, 503 with Retry-After: 1, reset mid-body, short body, stalled answer; seeded), at RATE
                    of requests and at 0 (the fault-free figure: same proxy, same run, rounds interleaved):
                    a cold epoch (no block cache) and block-cache epochs (the first fills it, later ones warm).
@@ -147,12 +147,12 @@ def fault_rounds(url_root: str, work: Path, args: argparse.Namespace) -> dict[st
     """Cold and warm-block-cache epochs through the fault proxy at 0 and at ``args.faults`` with each set of
     fault kinds, every set once per round (rounds interleaved); ratios are faulty / fault-free of one round."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.fault_proxy import FaultProxy
-    from tests.servers import _Loop
+    from support.fault_proxy import FaultProxy
+    from support.loopback import EventLoopThread
 
     os.environ.setdefault("CACHEBUILD_HTTP_TIMEOUT", "1")
     sets = args.fault_sets.split(";") if args.fault_sets else [args.fault_kinds]
-    loop = _Loop()
+    loop = EventLoopThread()
     clean: dict[str, list[float]] = {"cold": [], "fill": [], "warm": []}
     faulty: dict[str, dict[str, list[float]]] = {k: {"cold": [], "fill": [], "warm": []} for k in sets}
     injected: dict[str, dict[str, int]] = {k: {} for k in sets}
@@ -161,7 +161,7 @@ def fault_rounds(url_root: str, work: Path, args: argparse.Namespace) -> dict[st
             names, _, wait = (kinds or "500").partition("@")  # "503@0": Retry-After 0 s instead of 1 s
             proxy = FaultProxy(url_root, rate=0.0 if kinds is None else args.faults, seed=r,
                                kinds=tuple(names.split(",")), retry_after=float(wait or 1))
-            loop.run(proxy._start())
+            loop.run(proxy.start())
             got = _fault_epochs(f"{proxy.url}/cache", work, args, f"{kinds}-{r}")
             into = clean if kinds is None else faulty[kinds]
             for k, v in got.items():
@@ -169,7 +169,7 @@ def fault_rounds(url_root: str, work: Path, args: argparse.Namespace) -> dict[st
             for k, v in proxy.faults.items():
                 if kinds is not None:
                     injected[kinds][k] = injected[kinds].get(k, 0) + v
-            loop.run(proxy._stop())
+            loop.run(proxy.stop())
             figures = ", ".join(f"{k} {v:,.0f}" for k, v in got.items())
             print(f"round {r} {kinds or 'fault-free'}: {figures} img/s (load {os.getloadavg()[0]:.1f})",
                   file=sys.stderr, flush=True)
@@ -214,7 +214,7 @@ def main() -> None:
     p.add_argument("--faults", type=float, default=None, help="fault rate of the proxy section (e.g. 0.1)")
     p.add_argument("--only-faults", action="store_true", help="run only the --faults section")
     p.add_argument("--fault-kinds", default="500,503,reset,short,stall",
-                   help="comma-separated kinds the proxy draws from (tests/fault_proxy.py KINDS)")
+                   help="comma-separated kinds the proxy draws from (support/fault_proxy.py KINDS)")
     p.add_argument("--fault-sets", default=None,
                    help="';'-separated sets of kinds, each run in every round, e.g. '500;503;stall;500,503,stall'; "
                         "'503@0': the 503s ask for Retry-After: 0 (default 1 s)")

@@ -1,5 +1,5 @@
-"""Pull figures for docs/sharing.md: a cache served by the loopback HTTP server of the tests
-(tests/servers.py, aiohttp on 127.0.0.1), pulled with `cachebuild pull`'s library call.
+"""Pull figures for docs/sharing.md: a cache served by the loopback HTTP server
+(support/http_server.py, aiohttp on 127.0.0.1), pulled with `cachebuild pull`'s library call.
 
 Reports, per storage kind: a cold pull (MB/s, files, every file sha256-checked on arrival), a pull
 interrupted after about half the files and resumed (bytes fetched by the resume, counted at the server),
@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cachebuild.share.pull import pull
 from cachebuild.storage.cache.writer import write_cache
-from tests.servers import HttpServer, _Loop
+from support.http_server import HttpServer
+from support.loopback import EventLoopThread
 
 
 def _cache(root: Path, mb: int, storage: str) -> int:
@@ -41,14 +42,14 @@ def _cache(root: Path, mb: int, storage: str) -> int:
 
 def run(mb: int, jobs: int) -> list[dict]:
     rows = []
-    loop = _Loop()
+    loop = EventLoopThread()
     try:
         for storage in ("npy", "zarr"):
             tmp = Path(tempfile.mkdtemp(prefix="bench-share-"))
             try:
                 n = _cache(tmp / "site" / "c", mb, storage)
                 server = HttpServer(tmp / "site")
-                loop.run(server._start())
+                loop.run(server.start())
                 url = server.url_for("c")
                 t = time.perf_counter()
                 cold = pull(url, tmp / "dest" / "c", jobs=jobs, progress=False)[0]
@@ -75,7 +76,7 @@ def run(mb: int, jobs: int) -> list[dict]:
                     "resume_bytes_at_server_mb": round(resumed_bytes / 1e6, 1),
                     "rerun": again.status, "rerun_bytes_at_server": server.log.bytes(),
                 })
-                loop.run(server._stop())
+                loop.run(server.stop())
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
     finally:

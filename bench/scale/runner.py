@@ -78,19 +78,20 @@ class Runner:
         return r
 
     def pull(self, out: Path, dest: Path) -> dict[str, Any]:
-        """``pull`` of ``out/train`` from the loopback HTTP range server (tests/servers.py) into ``dest``."""
+        """``pull`` of ``out/train`` from the loopback HTTP range server (support/http_server.py) into ``dest``."""
         sys.path.insert(0, str(ROOT))
-        from tests.servers import HttpServer, _Loop
+        from support.http_server import HttpServer
+        from support.loopback import EventLoopThread
 
-        loop = _Loop()
+        loop = EventLoopThread()
         server = HttpServer(out)
-        loop.run(server._start())
+        loop.run(server.start())
         shutil.rmtree(dest, ignore_errors=True)
         try:
             r = self.step("pull", "cli", "pull", server.url_for("train"), str(dest), "--jobs", "8",
                           "--no-progress", "-q")
         finally:
-            loop.run(server._stop())
+            loop.run(server.stop())
             loop.close()
         if "error" not in r:
             nbytes = sum(f.stat().st_size for f in dest.iterdir())

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fault_proxy import KINDS
+from support.fault_proxy import KINDS
 from tests.fault_scenarios import OPS, Served, run_op, set_fault_env
 from tests.loaders_fixtures import make_cache
 
