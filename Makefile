@@ -78,15 +78,15 @@ device-wheels: $(STAMP)  ## zarr, simplejpeg, psutil, matplotlib for the GPU dev
 		--platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d .device-wheels
 
 lint: $(STAMP)
-	$(BIN)/ruff check cachebuild loaders tests bench
-	$(BIN)/mypy  # cachebuild/ and loaders/, settings in pyproject.toml
+	$(BIN)/ruff check cachebuild loaders tests bench support doctools
+	$(BIN)/mypy  # cachebuild/, loaders/, bench/, support/, doctools/: settings in pyproject.toml
 	$(BIN)/lint-imports  # the layers and no cycles: [tool.importlinter] in pyproject.toml
-	$(BIN)/python -m bench.check_docs  # README.md and docs/: figures traced, generated blocks current, links, flags
+	$(BIN)/python -m doctools.check_docs  # README.md and docs/: figures traced, generated blocks current, links, flags
 
 # The README's stated durations: `make install` first, then this (adds to the folder's commands.json), then
-# `python -m bench.docs` to write them into the README.
+# `python -m doctools.blocks` to write them into the README.
 timings: $(STAMP)
-	$(BIN)/python -m bench.timings --out $(TIMINGS_OUT) $(TIMINGS)
+	$(BIN)/python -m doctools.timings --out $(TIMINGS_OUT) $(TIMINGS)
 
 clean:
 	rm -rf $(DEMO) bench/work reliability-out .pytest_cache

@@ -8,21 +8,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.stats import format_ratio as _x
+from bench.stats import format_summary as _mmm
+
 __all__ = ["CHARTS", "goals", "write_charts", "write_markdown"]
 
 CHARTS = ("build.png", "load.png", "step_time.png", "training_curves.png")
 PARTS = (("data_wait", "data wait"), ("h2d", "host-to-device"), ("transforms", "transforms"),
          ("fwd_bwd", "forward + backward + step"))
-
-
-def _mmm(s: dict[str, Any] | None, fmt: str = "{:,.0f}") -> str:
-    if not s:
-        return "-"
-    return f"{fmt.format(s['median'])} ({fmt.format(s['min'])}-{fmt.format(s['max'])})"
-
-
-def _x(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}x"
 
 
 def _mb(b: int | None) -> str:

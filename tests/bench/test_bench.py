@@ -229,7 +229,7 @@ def test_the_comparison_takes_cachebuilds_fastest_loader_and_names_a_peer_ahead(
 @pytest.mark.slow
 def test_the_comparison_names_a_peer_ahead_and_by_how_much(tiny_run, tmp_path: Path) -> None:
     from bench.compare import comparisons, peer_lines
-    from bench.readme import update_readme
+    from doctools.performance import update_readme
 
     _, res = tiny_run
     res = json.loads(json.dumps(res))
@@ -282,7 +282,7 @@ def test_a_peer_runs_in_the_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 @pytest.mark.slow  # the whole tiny run: ~35 s of children (builds, loaders, training)
 def test_readme_sections_come_from_the_results_folder(tiny_run, tmp_path: Path) -> None:
-    from bench.readme import update_readme
+    from doctools.performance import update_readme
 
     out, res = tiny_run
     readme = out.parent / "README.md"

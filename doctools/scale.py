@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.doc_blocks import machine_line
+from doctools.summary import machine_line
 
 __all__ = ["scale_section"]
 

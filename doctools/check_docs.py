@@ -1,11 +1,11 @@
-"""The docs' checker (``make lint``, and ``tests/bench/test_check_docs.py`` in ``make test``):
+"""The docs' checker (``make lint``, and ``tests/doctools/test_check_docs.py`` in ``make test``):
 
-    python -m bench.check_docs        # one line per problem; exit 1 if any
+    python -m doctools.check_docs      # one line per problem; exit 1 if any
 
 Over README.md and docs/*.md (CHANGELOG.md is history and is not checked):
 
 1. **Generated blocks** (``<!-- bench:KIND:begin SOURCE -->``) equal what their results folder generates
-   (``bench/docs.py``; ``python -m bench.docs`` rewrites them).
+   (``doctools/blocks.py``; ``python -m doctools.blocks`` rewrites them).
 2. **Every figure traceable.** A figure is a number with a unit of measure (img/s, MB/s, s, ms, min, %,
    dB, kB/MB/GB/KiB/MiB/GiB, a ratio such as ``1.49x``) in prose or a table, outside code, or a table cell
    holding only numbers (its unit in the column's header). Outside generated blocks, each must be found,
@@ -33,7 +33,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from bench.docs import BLOCK, REPO, check, doc_files
+from doctools.blocks import BLOCK, REPO, check, doc_files
 
 __all__ = ["check_all", "figure_problems", "flag_problems", "link_problems", "main", "signature_problems"]
 

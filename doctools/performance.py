@@ -1,9 +1,9 @@
 """The benchmark's sections of docs/performance.md (performance, "ImageNet on paper", peers), each written from
 one results folder's ``results.json``, so that the page holds nothing the folder does not. ``python -m
-bench.docs`` rewrites every generated block of the docs from the folder its marker names; this module's
+doctools.blocks`` rewrites every generated block of the docs from the folder its marker names; this module's
 command writes chosen blocks from a folder given by hand:
 
-    python -m bench.readme bench/results/<run> docs/performance.md --blocks performance,imagenet
+    python -m doctools.performance bench/results/<run> docs/performance.md --blocks performance,imagenet
 
 Each section sits between ``<!-- bench:NAME:begin [SOURCE] -->`` and ``<!-- bench:NAME:end -->`` markers and
 is replaced whole. Arithmetic on measured figures is shown with its inputs; estimates say so.
@@ -19,8 +19,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.doc_blocks import machine_line
-from bench.report import _mmm, _x
+from bench.stats import format_ratio as _x
+from bench.stats import format_summary as _mmm
+from doctools.summary import machine_line
 
 __all__ = ["BLOCKS", "IMAGENET_TRAIN", "imagenet_section", "peers_section", "performance_section",
            "update_readme"]
@@ -212,7 +213,7 @@ def update_readme(run_dir: Path, readme: Path, blocks: tuple[str, ...] = ("perfo
 if __name__ == "__main__":
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m bench.readme", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m doctools.performance", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", type=Path)
     ap.add_argument("readme", type=Path, nargs="?", default=Path("docs/performance.md"))

@@ -1,7 +1,7 @@
 """Regenerate, or check, every generated block of README.md and docs/*.md from the results folder it names:
 
-    python -m bench.docs            # rewrite every block from its folder
-    python -m bench.docs --check    # exit 1 naming each block that differs from what its folder generates
+    python -m doctools.blocks          # rewrite every block from its folder
+    python -m doctools.blocks --check  # exit 1 naming each block that differs from what its folder generates
 
 A generated block is
 
@@ -11,7 +11,7 @@ A generated block is
 
 SOURCE is a results folder relative to the repository root (``bench/results/RUN``), or a glob of folders
 (``bench/results/*-reliability*``): the newest match, by name (results folders begin with their date), so
-a new run committed under a matching name is picked up by the next ``python -m bench.docs``.
+a new run committed under a matching name is picked up by the next ``python -m doctools.blocks``.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.doc_blocks import commands_section, headline_section, reliability_section
-from bench.doc_scale import scale_section
-from bench.readme import imagenet_section, peers_section, performance_section
+from doctools.performance import imagenet_section, peers_section, performance_section
+from doctools.scale import scale_section
+from doctools.summary import commands_section, headline_section, reliability_section
 
 __all__ = ["KINDS", "REPO", "check", "doc_files", "find_blocks", "regenerate", "resolve"]
 
@@ -101,12 +101,12 @@ def check(repo: Path = REPO) -> list[str]:
             if m.group("body") != want:
                 line = text[: m.start()].count("\n") + 1
                 problems.append(f"{doc.relative_to(repo)}:{line}: the {m.group('kind')} block differs from what "
-                                f"{m.group('source')} generates: run `python -m bench.docs`")
+                                f"{m.group('source')} generates: run `python -m doctools.blocks`")
     return problems
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.docs", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m doctools.blocks", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if a block is out of date")
     a = ap.parse_args(argv)

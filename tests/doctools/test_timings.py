@@ -1,4 +1,4 @@
-"""bench.timings reads make demo's commands from the Makefile itself, and the README's block says what is
+"""doctools.timings reads make demo's commands from the Makefile itself, and the README's block says what is
 not measured yet."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.doc_blocks import commands_section
-from bench.timings import demo_commands
+from doctools.summary import commands_section
+from doctools.timings import demo_commands
 from tests.repo import REPO
 
 

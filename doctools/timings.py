@@ -1,12 +1,12 @@
 """Time the commands the README states durations for, and record them with the machine and the commit:
 
-    python -m bench.timings --out bench/results/<run> make-demo demo-build     # in a checkout with .venv
-    python -m bench.timings --out bench/results/<run> make-test                # `make test` as it runs
-    python -m bench.timings --out bench/results/<run> --tree /tmp/old --label before demo-build
+    python -m doctools.timings --out bench/results/<run> make-demo demo-build     # in a checkout with .venv
+    python -m doctools.timings --out bench/results/<run> make-test                # `make test` as it runs
+    python -m doctools.timings --out bench/results/<run> --tree /tmp/old --label before demo-build
 
 Each named command becomes one entry of ``<run>/commands.json`` (added to what the file holds, so one
 folder can gather runs made at different times; each entry carries its own machine, commit and load).
-The README's "Two commands" block is generated from that file (``python -m bench.docs``).
+The README's "Two commands" block is generated from that file (``python -m doctools.blocks``).
 
 - ``make-demo``: ``make demo`` in a fresh output folder when the tree's ``.venv`` is installed (so nothing
   is installed while the clock runs); otherwise the ``demo`` target's commands, read from the Makefile,
@@ -57,7 +57,7 @@ def demo_commands(makefile: Path, demo: Path, python: str = sys.executable) -> l
         if words and words[0] == "$(BIN)/cachebuild":
             out.append([python, "-m", "cachebuild", *words[1:]])
         elif words:
-            raise SystemExit(f"{makefile}: demo step {line!r} is not a cachebuild command; teach bench.timings it")
+            raise SystemExit(f"{makefile}: demo step {line!r} is not a cachebuild command; teach doctools.timings it")
     return out
 
 
@@ -135,7 +135,7 @@ def record(name: str, tree: Path, repeat: int = 3) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.timings", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m doctools.timings", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("commands", nargs="+", choices=COMMANDS)
     ap.add_argument("--out", type=Path, required=True, help="results folder; commands.json there is added to")

@@ -1,4 +1,4 @@
-"""Generated blocks of the docs besides the benchmark's own (``bench/readme.py``): the README's headline table,
+"""Generated blocks of the docs besides the benchmark's own (``doctools/performance.py``): the README's headline table,
 its "what the two commands print" block, and the reliability table. Each takes the parsed results file and
 the results folder as the page links it; nothing else goes in.
 """
@@ -51,7 +51,7 @@ def commands_section(data: dict[str, Any], where: str) -> str:
     missing = [f"`{n.replace('-', ' ', 1)}`" for n in STATED if n not in entries]
     if missing:
         lines += ["", f"Not measured in this folder yet: {', '.join(missing)} (`make timings`, then "
-                  "`python -m bench.docs`)."]
+                  "`python -m doctools.blocks`)."]
     return "\n".join(lines)
 
 

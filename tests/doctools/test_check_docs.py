@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import docs as gen
-from bench.check_docs import check_all, figure_problems, flag_problems, link_problems, signature_problems
+from doctools import blocks as gen
+from doctools.check_docs import check_all, figure_problems, flag_problems, link_problems, signature_problems
 from tests.repo import REPO
 
 RUN = REPO / "bench" / "results" / "2026-12-01-vm-evening"
