@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from bench import peers
-from bench.extras import EXTRA_SECTIONS, run_extra
 from bench.machine import machine_info
+from bench.sections.extras import EXTRA_SECTIONS, run_extra
 
 __all__ = ["PROFILES", "SCHEMA", "main", "run"]
 
@@ -81,9 +81,9 @@ def _notes(cfg: dict[str, Any]) -> list[str]:
 
 def run(cfg: dict[str, Any], out: Path, work: Path, sections: tuple[str, ...], command: str,
         log: Any = print) -> dict[str, Any]:
-    from bench.build import run_build
     from bench.data import file_list, source_tree, subset_tree
     from bench.report import goals, write_charts, write_markdown
+    from bench.sections.build import run_build
 
     t_start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
@@ -123,31 +123,31 @@ def run(cfg: dict[str, Any], out: Path, work: Path, sections: tuple[str, ...], c
             log("== caches (the build section's contenders, one round, not reported)")
             _, outputs = run_build({**cfg, "rounds": 1}, work, src, work / f"files-{cfg['n']}.json", log)
         if "load" in sections:
-            from bench.load import run_load
+            from bench.sections.load import run_load
 
             log("== load")
             res["load"] = run_load(cfg, src, files, outputs, log, work / f"files-{cfg['n']}.json")
             save()
             if cfg["peers"] and "streaming_raw" in outputs:
-                from bench.peers_remote import run_remote_peers
+                from bench.sections.peers_remote import run_remote_peers
 
                 log("== load from S3 (loopback): cachebuild and Streaming, cold and warm")
                 res["load"]["remote"] = run_remote_peers(cfg, outputs, work, log)
                 save()
         if "transforms" in sections:
-            from bench.transforms import run_transforms
+            from bench.sections.transforms import run_transforms
 
             log("== transforms")
             res["transforms"] = run_transforms(cfg, log)
             save()
         if "train" in sections:
-            from bench.train import run_train
+            from bench.sections.train import run_train
 
             log("== train")
             res["train"] = run_train(cfg, src, outputs, log)
             save()
         if "gpu" in sections:
-            from bench.gpu import run_gpu
+            from bench.sections.gpu import run_gpu
 
             log("== gpu")
             res["gpu"] = run_gpu(cfg, src, outputs, log)

@@ -74,8 +74,8 @@ def _value(v: Any) -> str:
 
 
 def _extra_sections(res: dict[str, Any]) -> list[str]:
-    """The script sections (bench/extras.py): each figure its script wrote, as it named it."""
-    from bench.extras import EXTRA_SECTIONS
+    """The script sections (bench/sections/extras.py): each figure its script wrote, as it named it."""
+    from bench.sections.extras import EXTRA_SECTIONS
 
     lines: list[str] = []
     for section in EXTRA_SECTIONS:

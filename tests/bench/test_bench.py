@@ -338,7 +338,7 @@ SCRIPT_CHECKS = {"remote": _check_remote, "compact": _check_compact, "share": _c
 def test_the_script_sections_run_in_the_harness(tmp_path: Path, sections: tuple[str, ...]) -> None:
     """remote, compact, share, quality, plan: each script runs as a section, its figures land in results.json and
     results.md, and they say what the scripts measure (not just that they ran)."""
-    from bench.extras import EXTRA_SECTIONS
+    from bench.sections.extras import EXTRA_SECTIONS
 
     assert set(SCRIPT_CHECKS) == set(EXTRA_SECTIONS)  # a new script gets its checks here
     cfg = {**PROFILES["tiny"], "profile": "tiny", "peers": False, "gpu": False, "jobs": 1}
@@ -362,7 +362,7 @@ def test_a_timed_epoch_runs_with_the_harness_heap_collected_and_frozen() -> None
     happened to trigger it; each timed epoch (and the limit's) starts collected with the heap frozen."""
     import gc
 
-    from bench.load import _count
+    from bench.sections.load import _count
 
     seen: list[int] = []
 
@@ -377,16 +377,17 @@ def test_a_timed_epoch_runs_with_the_harness_heap_collected_and_frozen() -> None
 
 
 def test_the_gpu_peer_check_is_wired_and_says_what_it_skipped(tmp_path: Path) -> None:
-    """.ci/gpu-checks runs bench/gpu_peers.py (DALI nvJPEG vs device_loader(decode="cuda")); without CUDA it
-    exits 0 and its JSON names why nothing was measured."""
+    """.ci/gpu-checks runs bench/scripts/gpu_peers.py (DALI nvJPEG vs device_loader(decode="cuda")); without CUDA
+    it exits 0 and its JSON names why nothing was measured."""
     import subprocess
 
     root = REPO
-    assert "bench/gpu_peers.py" in (root / ".ci" / "gpu-checks").read_text()
+    assert "bench/scripts/gpu_peers.py" in (root / ".ci" / "gpu-checks").read_text()
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine measures it in .ci/gpu-checks")
     out = tmp_path / "gpu-peers.json"
-    r = subprocess.run([sys.executable, str(root / "bench" / "gpu_peers.py"), "--n", "8", "--json", str(out)],
+    script = root / "bench" / "scripts" / "gpu_peers.py"
+    r = subprocess.run([sys.executable, str(script), "--n", "8", "--json", str(out)],
                        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(root)})
     assert r.returncode == 0, r.stderr
     assert json.loads(out.read_text())["skipped"] == "no CUDA device on this machine"

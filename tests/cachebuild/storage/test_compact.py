@@ -81,7 +81,7 @@ def test_round_trip_on_real_photos(builds):
     # 64 px samples of photos hold more detail per pixel than 224 px ones: ~35 dB here, ~39 at 224 (bench)
     assert np.median(psnr) >= 34 and psnr.min() >= 29, np.round(np.sort(psnr)[:5], 1)
     stored = sum(p.stat().st_size for p in builds["j1"].glob("images-*"))
-    assert stored * 5 <= ref.nbytes  # 64 px photos: ~7x smaller (224 px: see bench/bench_compact.py)
+    assert stored * 5 <= ref.nbytes  # 64 px photos: ~7x smaller (224 px: see bench/scripts/compact.py)
 
 
 def test_served_pixels_are_a_plain_decode_of_the_stored_bytes(builds):

@@ -1,7 +1,7 @@
 """On a GPU: NVIDIA DALI's nvJPEG decode + GPU augmentation against cachebuild's compact (JPEG) cache read
 with ``device_loader(decode="cuda")`` and the device transforms, on the same files, batch and worker count.
 
-    python bench/gpu_peers.py --n 2000 --json out.json     # on a machine with CUDA (.ci/gpu-checks runs it)
+    python bench/scripts/gpu_peers.py --n 2000 --json out.json     # on a machine with CUDA (.ci/gpu-checks runs it)
 
 Contenders, each a shuffled epoch of uint8 JPEGs -> float NCHW 224 px batches on the GPU, RandomResizedCrop +
 flip + normalize:
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)

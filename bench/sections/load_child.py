@@ -1,10 +1,10 @@
-"""The copy-bound load rows again, in a process without ``GLIBC_TUNABLES`` (run by ``bench.load`` when the
+"""The copy-bound load rows again, in a process without ``GLIBC_TUNABLES`` (run by ``bench.sections.load`` when the
 harness runs with it, so one run shows both).
 
-    python -m bench.load_child --src TRAIN_DIR --cache NPY_CACHE --size S --batch B --workers W --epochs E
+    python -m bench.sections.load_child --src TRAIN_DIR --cache NPY_CACHE --size S --batch B --workers W --epochs E
 
 Prints one JSON line: img/s of each timed epoch (one warm-up left out) of the npy DataLoader +
-``collate_batch``, FastLoader and the bare memmap gather, measured as in ``bench.load``.
+``collate_batch``, FastLoader and the bare memmap gather, measured as in ``bench.sections.load``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from bench.load import COPY_BOUND, _bare_gather, _interleaved, _loaders
+from bench.sections.load import COPY_BOUND, _bare_gather, _interleaved, _loaders
 from cachebuild.storage.cache.reader import open_cache
 
 

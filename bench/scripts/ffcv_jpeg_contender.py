@@ -1,7 +1,7 @@
 """FFCV's JPEG field as a contender for bench_compact.py: run with a separate venv's python where ``ffcv``
 is installed (FFCV is never a dependency of cachebuild; this script imports nothing from the project):
 
-    $FFCV_PYTHON bench/ffcv_jpeg_contender.py --images imgs.npy --labels labels.npy --json out.json
+    $FFCV_PYTHON bench/scripts/ffcv_jpeg_contender.py --images imgs.npy --labels labels.npy --json out.json
 
 It writes a ``.beton`` of the same uint8 (N, S, S, 3) samples the compact cache holds, with
 ``RGBImageField(write_mode='jpg', jpeg_quality=90)`` (FFCV encodes with OpenCV, 4:2:0) + ``IntField``, then

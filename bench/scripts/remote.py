@@ -1,7 +1,7 @@
 """Reading a cache from a URL against reading it from a local path, in one run.
 
-    python bench/bench_remote.py                                  # 4,000 samples at 224 (600 MB), batch 256
-    python bench/bench_remote.py --baseline-tree /tmp/cb-base     # plus the local path of another checkout
+    python bench/scripts/remote.py                                  # 4,000 samples at 224 (600 MB), batch 256
+    python bench/scripts/remote.py --baseline-tree /tmp/cb-base     # plus the local path of another checkout
 
 Contenders, each a shuffled epoch (CacheSampler) through a DataLoader with 2 workers and collate_batch:
   local            CachedImageDataset(path): memory-mapped shards (page cache warm)
@@ -146,7 +146,7 @@ def _fault_epochs(url: str, work: Path, args: argparse.Namespace, tag: str) -> d
 def fault_rounds(url_root: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Cold and warm-block-cache epochs through the fault proxy at 0 and at ``args.faults`` with each set of
     fault kinds, every set once per round (rounds interleaved); ratios are faulty / fault-free of one round."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from support.fault_proxy import FaultProxy
     from support.loopback import EventLoopThread
 
@@ -282,7 +282,7 @@ def main() -> None:
 
 
 def _provenance() -> dict[str, Any]:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from bench.machine import machine_info
 
     machine = machine_info()

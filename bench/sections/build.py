@@ -42,8 +42,8 @@ def _procs(n: int) -> str:
 
 def own_contenders(src: Path, n: int, size: int, jobs: int, rounds: int) -> list[BuildContender]:
     def child(name: str, source: Path) -> Callable[[Path], list[str]]:
-        return lambda out: [sys.executable, "-m", "bench.build_child", name, "--src", str(source), "--out", str(out),
-                            "--size", str(size), "--jobs", str(jobs)]
+        return lambda out: [sys.executable, "-m", "bench.sections.build_child", name, "--src", str(source),
+                            "--out", str(out), "--size", str(size), "--jobs", str(jobs)]
 
     return [
         BuildContender("bare_decode", f"bare cv2.imdecode, {_procs(jobs)} (the limit)", child("bare_decode", src), n,

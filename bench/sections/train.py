@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 
-from bench.load import MEAN, STD, NaiveNpy
+from bench.sections.load import MEAN, STD, NaiveNpy
 from bench.stats import ratio, summary
 
 __all__ = ["pipelines", "run_train", "timed_epoch"]

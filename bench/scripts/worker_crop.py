@@ -1,7 +1,7 @@
 """Augmented loading with the crop in the loader's workers vs on the batch, in one run, rounds alternating.
 
-    python bench/bench_worker_crop.py                       # a synthetic 224 px npy cache, 2 workers, CPU
-    python bench/bench_worker_crop.py --cache PATH --crop 176 --rounds 5 --json out.json [--train]
+    python bench/scripts/worker_crop.py                       # a synthetic 224 px npy cache, 2 workers, CPU
+    python bench/scripts/worker_crop.py --cache PATH --crop 176 --rounds 5 --json out.json [--train]
 
 What it reports (medians over rounds; each ratio taken within one round, the two paths alternating):
   load    img/s to a normalized float batch: ``CachedImageDataset(crop=RandomResizedCrop, flip=True)`` in 2
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from cachebuild.storage.cache.writer import write_cache  # noqa: E402

@@ -38,7 +38,7 @@ __all__ = ["COPY_BOUND", "run_load"]
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 Epoch = Callable[[], Iterable[Any]]
-# Rows bound by memory copies, measured again without GLIBC_TUNABLES when the run has it (bench.load_child)
+# Rows bound by memory copies, measured again without GLIBC_TUNABLES when the run has it (bench.sections.load_child)
 COPY_BOUND = ("cachebuild_npy_dataloader", "cachebuild_npy_fastloader")
 
 
@@ -260,9 +260,9 @@ def _glibc_default_rows(cfg: dict[str, Any], src: Path, cache: Path, rows: dict[
                         log: Callable[[str], None]) -> None:
     """The copy-bound rows and their limit again in a child without GLIBC_TUNABLES: what a job gets without it."""
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-    cmd = [sys.executable, "-m", "bench.load_child", "--src", str(src), "--cache", str(cache),
+    cmd = [sys.executable, "-m", "bench.sections.load_child", "--src", str(src), "--cache", str(cache),
            *[x for k in ("size", "batch", "workers", "epochs") for x in (f"--{k}", str(cfg[k]))]]
-    ans, _ = run_child(cmd, timeout=cfg["child_timeout"], env=env, cwd=str(Path(__file__).resolve().parent.parent))
+    ans, _ = run_child(cmd, timeout=cfg["child_timeout"], env=env, cwd=str(Path(__file__).resolve().parents[2]))
     for key, r in ans.items():
         label = rows[key]["label"] if key in rows else key
         rows[key + GLIBC_DEFAULT] = {"label": f"{label}, glibc's default copy threshold (a process without "

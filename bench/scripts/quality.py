@@ -7,7 +7,7 @@ default (JPEGs at least 4x the target decoded DCT-reduced first) and with ``redu
 JPEG decoded at full scale), so the cost of the reduced decode shows in the same run. One process, no
 timing: these are properties of the pixels.
 
-    python bench/bench_quality.py --n 1000 --sizes 64,96,224 --json bench-out/quality.json
+    python bench/scripts/quality.py --n 1000 --sizes 64,96,224 --json bench-out/quality.json
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from cachebuild.builder.decode import ResizeSpec, _reduction, decode_into, probe  # noqa: E402

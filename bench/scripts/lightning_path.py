@@ -1,6 +1,6 @@
 """Lightning's path vs our own DataLoader path on the same cache: img/s of the data path, as a ratio.
 
-    python -m bench.lightning_path [--n 2048] [--size 128] [--batch 128] [--workers 2] [--rounds 3] [--out F]
+    python -m bench.scripts.lightning_path [--n 2048] [--size 128] [--batch 128] [--workers 2] [--rounds 3] [--out F]
 
 Both paths read the same cache with the same sampler, workers and device transform (Normalize to float),
 and run the same trivial step (a mean), so what is timed is the data path and the loop around it:

@@ -1,6 +1,6 @@
-"""One build contender in its own process (run by ``bench.build`` through ``bench.children``).
+"""One build contender in its own process (run by ``bench.sections.build`` through ``bench.children``).
 
-    python -m bench.build_child CONTENDER --src TRAIN_DIR --out DIR --size S --jobs J
+    python -m bench.sections.build_child CONTENDER --src TRAIN_DIR --out DIR --size S --jobs J
 
 Prints one JSON line: ``seconds`` (the timed part only: imports and the warm-up of the worker pool
 come before it), ``images``, ``bytes_written``. Contenders:

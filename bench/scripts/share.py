@@ -6,7 +6,7 @@ interrupted after about half the files and resumed (bytes fetched by the resume,
 and a rerun on the finished copy (up to date: bytes fetched). Loopback measures the tool's own cost
 (hashing, fsync, staging), not a network.
 
-    python bench/bench_share.py --mb 256 --json bench-out/share.json
+    python bench/scripts/share.py --mb 256 --json bench-out/share.json
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from cachebuild.share.pull import pull
 from cachebuild.storage.cache.writer import write_cache

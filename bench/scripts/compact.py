@@ -1,7 +1,7 @@
 """Compact (jpeg) caches: size, quality, decoder choice and read speed, contenders side by side in one run.
 
-    python bench/bench_compact.py                         # 4,000 real-photo samples at 224, CPU
-    python bench/bench_compact.py --n 2000 --json out.json [--ffcv-python PATH] [--cuda]
+    python bench/scripts/compact.py                         # 4,000 real-photo samples at 224, CPU
+    python bench/scripts/compact.py --n 2000 --json out.json [--ffcv-python PATH] [--cuda]
 
 What it reports (ratios taken within one run, per round where there are rounds, medians):
   size        bytes of the jpeg cache's shards / the raw (npy) cache's shards, same build  (issue: <= 1/10)
@@ -12,7 +12,7 @@ What it reports (ratios taken within one run, per round where there are rounds, 
               bare decode loop of the same bytes in 2 processes (memory-mapped shards, simplejpeg into a
               reused batch buffer, no checks) (issue: >= 0.8x); FastLoader (2 threads) and the raw cache's
               DataLoader for context
-  ffcv        FFCV's Loader on a .beton of the same samples as JPEG q90 (bench/ffcv_jpeg_contender.py in FFCV's
+  ffcv        FFCV's Loader on a .beton of the same samples as JPEG q90 (bench/scripts/ffcv_jpeg_contender.py in FFCV's
               own venv: --ffcv-python, $FFCV_PYTHON, or $BENCH_VENVS/ffcv, default bench/.venvs/ffcv)
               (issue: DataLoader >= 3x FFCV)
   cuda        with --cuda and a GPU: nvJPEG batched decode img/s of the stored samples (issue: >= 20,000 on an
@@ -39,7 +39,7 @@ import numpy as np
 import simplejpeg
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from cachebuild.builder.pipeline import BuildOptions, build  # noqa: E402
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         elif Path(ffcv_py).exists():
             np.save(tmp / "images.npy", ref.read(np.arange(n)))
             np.save(tmp / "labels.npy", ref.labels)
-            r = subprocess.run([ffcv_py, str(ROOT / "bench" / "ffcv_jpeg_contender.py"), "--images",
+            r = subprocess.run([ffcv_py, str(ROOT / "bench" / "scripts" / "ffcv_jpeg_contender.py"), "--images",
                                 str(tmp / "images.npy"), "--labels", str(tmp / "labels.npy"), "--quality",
                                 str(a.quality), "--workers", str(a.workers), "--batch", str(BATCH),
                                 "--json", str(tmp / "ffcv.json")], capture_output=True, text=True)

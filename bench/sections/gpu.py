@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
+from bench.sections.train import run_train
+from bench.sections.transforms import run_transforms
 from bench.stats import summary
-from bench.train import run_train
-from bench.transforms import run_transforms
 
 __all__ = ["h2d_bandwidth", "run_gpu"]
 
