@@ -65,7 +65,7 @@ def _sections(text: str) -> Iterator[tuple[int, str]]:
     """(first line number, text) of each section (a heading to the next heading), code blocks and generated
     blocks blanked out (line numbers kept)."""
     text = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), _strip_generated(text))
-    start, buf = 1, []
+    start, buf = 1, list[str]()  # a section's first line number and its lines
     for i, raw in enumerate(text.split("\n"), 1):
         if raw.startswith("#") and buf:
             yield start, "\n".join(buf)

@@ -197,6 +197,11 @@ def peers_section(res: dict[str, Any], where: str) -> str:
 BLOCKS = {"performance": performance_section, "imagenet": imagenet_section, "peers": peers_section}
 
 
+def _between_markers(pattern: re.Pattern[str], body: str, text: str) -> str:
+    """``text`` with what ``pattern``'s two marker groups enclose replaced by ``body``."""
+    return pattern.sub(lambda m: f"{m.group(1)}{body}\n{m.group(2)}", text)
+
+
 def update_readme(run_dir: Path, readme: Path, blocks: tuple[str, ...] = ("performance", "imagenet")) -> None:
     res = json.loads((run_dir / "results.json").read_text())
     where = _rel(run_dir, readme)
@@ -206,7 +211,7 @@ def update_readme(run_dir: Path, readme: Path, blocks: tuple[str, ...] = ("perfo
         pattern = re.compile(rf"(<!-- bench:{name}:begin[^>]*-->\n).*?(<!-- bench:{name}:end -->)", re.S)
         if not pattern.search(text):
             raise SystemExit(f"{readme} has no <!-- bench:{name}:begin --> ... end markers")
-        text = pattern.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), text)
+        text = _between_markers(pattern, body, text)
     readme.write_text(text)
 
 

@@ -83,7 +83,8 @@ def _demo(tree: Path, env: dict[str, str], work: Path) -> dict[str, Any]:
         prefix = str(work) + "/"
         return {"command": "make demo (venv installed)", "runs_s": [round(wall, 2)], "steps": [],
                 "output_tail": [line.replace(prefix, "") for line in _tail(text)]}
-    steps, outputs = [], []
+    steps: list[dict[str, Any]] = []
+    outputs: list[str] = []
     for cmd in demo_commands(tree / "Makefile", work / "demo-out"):
         wall, text = _run(cmd, tree, env)
         steps.append({"command": shlex.join(["cachebuild", *cmd[3:]]).replace(str(work) + "/", ""),
@@ -144,7 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeat", type=int, default=3, help="runs of demo-build (default 3)")
     a = ap.parse_args(argv)
     path = a.out / "commands.json"
-    data = json.loads(path.read_text()) if path.exists() else {"format": "cachebuild-timings", "entries": {}}
+    data: dict[str, Any] = (json.loads(path.read_text()) if path.exists()
+                            else {"format": "cachebuild-timings", "entries": {}})
     # Written once, after the last command (or its failure): `make test` checks the README's generated block
     # against this file, so an entry added while later commands still run would fail that very check.
     try:

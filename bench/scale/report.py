@@ -93,10 +93,10 @@ def write_md(path: Path, res: dict[str, Any], targets: list[dict[str, Any]]) -> 
         lines.append(f"- **tree read once before the builds** (so every build, joblib, resumed and Dask, starts "
                      f"from a warm page cache; this is the cold read): {t['files']:,} files, "
                      f"{t['bytes'] / MB:,.0f} MB in {t['seconds']:.1f} s ({t['files'] / t['seconds']:,.0f} files/s)")
-    for key in ("kill", "val", "dask"):
-        if res.get(key):
-            shown = {k: v for k, v in res[key].items() if k not in ("output", "workers")}
-            lines.append(f"- **{key}**: " + ", ".join(f"{k}={_short(v)}" for k, v in shown.items()))
+    for check in ("kill", "val", "dask"):
+        if res.get(check):
+            shown = {k: v for k, v in res[check].items() if k not in ("output", "workers")}
+            lines.append(f"- **{check}**: " + ", ".join(f"{k}={_short(v)}" for k, v in shown.items()))
     lines += ["", "## Targets", "", "| target | measured | limit | |", "|---|---|---|---|"]
     lines += [f"| {t['target']} | {t['measured']} | {t['limit']} | {'PASS' if t['passed'] else '**FAIL**'} |"
               for t in targets]

@@ -38,10 +38,12 @@ def write_sparse_shards(folder: Path, shards: int, per_shard: int, image_bytes: 
             for i, label in enumerate(labels.tolist()):
                 key = f"n{label:08d}_{s * per_shard + i}"
                 meta = json.dumps({"filename": f"{key}.JPEG", "label": label}).encode()
-                for ext, data, size in (("cls", str(label).encode(), None), ("jpg", None, image_bytes),
-                                        ("json", meta, None)):
+                cls = str(label).encode()
+                members: list[tuple[str, bytes | None, int]] = [  # (extension, data or a hole, size)
+                    ("cls", cls, len(cls)), ("jpg", None, image_bytes), ("json", meta, len(meta))]
+                for ext, data, size in members:
                     ti = tarfile.TarInfo(f"{key}.{ext}")
-                    ti.size = len(data) if data is not None else size
+                    ti.size = size
                     ti.mtime, ti.mode, ti.uname, ti.gname = 1700000000, 0o444, "bigdata", "bigdata"
                     f.write(ti.tobuf(tarfile.PAX_FORMAT))
                     padded = -(-ti.size // 512) * 512

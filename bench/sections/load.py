@@ -77,6 +77,8 @@ class JpegBytes(Dataset):
 
         with open(self.files[i][0], "rb") as f:
             img = cv2.imdecode(np.frombuffer(f.read(), np.uint8), cv2.IMREAD_COLOR)
+        if img is None:
+            raise ValueError(f"{self.files[i][0]}: cv2.imdecode could not decode it")
         return img.shape[0], self.files[i][1]
 
 
@@ -275,8 +277,8 @@ def run_load(cfg: dict[str, Any], src: Path, files: list[tuple[str, int]], outpu
              log: Callable[[str], None], files_json: Path | None = None) -> dict[str, Any]:
     n, epochs = len(files), cfg["epochs"]
     sample_bytes = cfg["size"] ** 2 * 3
-    for p in outputs.values():  # every cache in the page cache
-        for f in p.rglob("*"):
+    for cache in outputs.values():  # every cache in the page cache
+        for f in cache.rglob("*"):
             if f.is_file():
                 with open(f, "rb") as fh:
                     while fh.read(16 << 20):
@@ -293,7 +295,8 @@ def run_load(cfg: dict[str, Any], src: Path, files: list[tuple[str, int]], outpu
         if not aug:
             loaders.update(_limits(cfg, files, outputs))
         rates = _interleaved({k: v[1] for k, v in loaders.items()}, n, epochs, log)
-        rows = {k: {"label": loaders[k][0], "img_s": summary(v, 1)} for k, v in rates.items()}
+        rows: dict[str, dict[str, Any]] = {k: {"label": loaders[k][0], "img_s": summary(v, 1)}
+                                           for k, v in rates.items()}
         del loaders
         gc.collect()
         if not aug and os.environ.get("GLIBC_TUNABLES") and "cachebuild_npy" in outputs:

@@ -73,7 +73,8 @@ def run_transforms(cfg: dict[str, Any], log: Callable[[str], None], device: torc
             fn(x)
             sync()
             rates[key].append(b / (time.perf_counter() - t0))
-    rows = {k: {"label": contenders[k][0], "img_s": summary(v, 1)} for k, v in rates.items()}
+    rows: dict[str, dict[str, Any]] = {k: {"label": contenders[k][0], "img_s": summary(v, 1)}
+                                       for k, v in rates.items()}
     for r in rows.values():
         r["x_v1_scripted"] = ratio(r["img_s"], rows.get("v1_scripted", {}).get("img_s"))
     log("  transforms " + ", ".join(f"{k} {r['img_s']['median']:.0f} img/s" for k, r in rows.items()))
