@@ -18,6 +18,7 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,13 +82,34 @@ def _notes(cfg: dict[str, Any]) -> list[str]:
 
 def run(cfg: dict[str, Any], out: Path, work: Path, sections: tuple[str, ...], command: str,
         log: Any = print) -> dict[str, Any]:
-    from bench.data import file_list, source_tree, subset_tree
     from bench.report import goals, write_charts, write_markdown
-    from bench.sections.build import run_build
 
     t_start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
+    res = _start(cfg, sections, command, log)
+
+    def save() -> None:
+        res["run"]["seconds"] = round(time.perf_counter() - t_start, 1)
+        res["goals"] = goals(res)
+        (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
+
+    try:
+        _run_sections(cfg, res, work, sections, save, log)
+    except Exception:
+        res["error"] = traceback.format_exc()
+        raise
+    finally:
+        save()
+        write_charts(res, out)
+        write_markdown(res, out)
+        shutil.rmtree(work / "build-out", ignore_errors=True)
+        log(f"results: {out}/results.json, results.md, charts ({res['run']['seconds']:.0f} s)")
+    return res
+
+
+def _start(cfg: dict[str, Any], sections: tuple[str, ...], command: str, log: Any) -> dict[str, Any]:
+    """The results' head: the run, the machine, the config, and each peer's status before anything ran."""
     res: dict[str, Any] = {
         "schema": SCHEMA,
         "run": {"profile": cfg["profile"], "command": command, "started": dt.datetime.now(dt.timezone.utc).isoformat(
@@ -104,75 +126,67 @@ def run(cfg: dict[str, Any], out: Path, work: Path, sections: tuple[str, ...], c
                               "version": peers.peer_version(name) if status == "ran" else None}
         if status != "ran":
             log(f"peer {name}: {status}")
-
-    def save() -> None:
-        res["run"]["seconds"] = round(time.perf_counter() - t_start, 1)
-        res["goals"] = goals(res)
-        (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
-
-    try:
-        log(f"source: {cfg['n']} real-photo JPEGs (made once in {work})")
-        src = subset_tree(source_tree(work, cfg["n"]), cfg["n"], work / f"set-{cfg['n']}")
-        files = file_list(src, work / f"files-{cfg['n']}.json")
-        outputs: dict[str, Path] = {}
-        if "build" in sections:
-            log("== build")
-            res["build"], outputs = run_build(cfg, work, src, work / f"files-{cfg['n']}.json", log)
-            save()
-        elif set(sections) & {"load", "train", "gpu"}:  # their caches, built once and not reported
-            log("== caches (the build section's contenders, one round, not reported)")
-            _, outputs = run_build({**cfg, "rounds": 1}, work, src, work / f"files-{cfg['n']}.json", log)
-        if "load" in sections:
-            from bench.sections.load import run_load
-
-            log("== load")
-            res["load"] = run_load(cfg, src, files, outputs, log, work / f"files-{cfg['n']}.json")
-            save()
-            if cfg["peers"] and "streaming_raw" in outputs:
-                from bench.sections.peers_remote import run_remote_peers
-
-                log("== load from S3 (loopback): cachebuild and Streaming, cold and warm")
-                res["load"]["remote"] = run_remote_peers(cfg, outputs, work, log)
-                save()
-        if "transforms" in sections:
-            from bench.sections.transforms import run_transforms
-
-            log("== transforms")
-            res["transforms"] = run_transforms(cfg, log)
-            save()
-        if "train" in sections:
-            from bench.sections.train import run_train
-
-            log("== train")
-            res["train"] = run_train(cfg, src, outputs, log)
-            save()
-        if "gpu" in sections:
-            from bench.sections.gpu import run_gpu
-
-            log("== gpu")
-            res["gpu"] = run_gpu(cfg, src, outputs, log)
-            save()
-        for section in EXTRA_SECTIONS:
-            if section in sections:
-                log(f"== {section}")
-                res[section] = run_extra(section, cfg, work, log)
-                save()
-        for key, p in res.get("build", {}).get("skipped", {}).items():
-            res["peers"][key]["status"] = f"skipped: {p}"
-        for key, why in res.get("build", {}).get("failed", {}).items():
-            peer = key.split("_")[0]
-            if peer in res["peers"]:
-                res["peers"][peer]["status"] = f"failed: {why}"
-    except Exception:
-        res["error"] = traceback.format_exc()
-        raise
-    finally:
-        save()
-        write_charts(res, out)
-        write_markdown(res, out)
-        shutil.rmtree(work / "build-out", ignore_errors=True)
-        log(f"results: {out}/results.json, results.md, charts ({res['run']['seconds']:.0f} s)")
     return res
+
+
+def _run_sections(cfg: dict[str, Any], res: dict[str, Any], work: Path, sections: tuple[str, ...],
+                  save: Callable[[], None], log: Any) -> None:
+    """Each section asked for, in order, into ``res`` (saved after each); then the peers' build outcomes."""
+    from bench.data import file_list, source_tree, subset_tree
+    from bench.sections.build import run_build
+
+    log(f"source: {cfg['n']} real-photo JPEGs (made once in {work})")
+    src = subset_tree(source_tree(work, cfg["n"]), cfg["n"], work / f"set-{cfg['n']}")
+    files = file_list(src, work / f"files-{cfg['n']}.json")
+    outputs: dict[str, Path] = {}
+    if "build" in sections:
+        log("== build")
+        res["build"], outputs = run_build(cfg, work, src, work / f"files-{cfg['n']}.json", log)
+        save()
+    elif set(sections) & {"load", "train", "gpu"}:  # their caches, built once and not reported
+        log("== caches (the build section's contenders, one round, not reported)")
+        _, outputs = run_build({**cfg, "rounds": 1}, work, src, work / f"files-{cfg['n']}.json", log)
+    if "load" in sections:
+        from bench.sections.load import run_load
+
+        log("== load")
+        res["load"] = run_load(cfg, src, files, outputs, log, work / f"files-{cfg['n']}.json")
+        save()
+        if cfg["peers"] and "streaming_raw" in outputs:
+            from bench.sections.peers_remote import run_remote_peers
+
+            log("== load from S3 (loopback): cachebuild and Streaming, cold and warm")
+            res["load"]["remote"] = run_remote_peers(cfg, outputs, work, log)
+            save()
+    if "transforms" in sections:
+        from bench.sections.transforms import run_transforms
+
+        log("== transforms")
+        res["transforms"] = run_transforms(cfg, log)
+        save()
+    if "train" in sections:
+        from bench.sections.train import run_train
+
+        log("== train")
+        res["train"] = run_train(cfg, src, outputs, log)
+        save()
+    if "gpu" in sections:
+        from bench.sections.gpu import run_gpu
+
+        log("== gpu")
+        res["gpu"] = run_gpu(cfg, src, outputs, log)
+        save()
+    for section in EXTRA_SECTIONS:
+        if section in sections:
+            log(f"== {section}")
+            res[section] = run_extra(section, cfg, work, log)
+            save()
+    for key, p in res.get("build", {}).get("skipped", {}).items():
+        res["peers"][key]["status"] = f"skipped: {p}"
+    for key, why in res.get("build", {}).get("failed", {}).items():
+        peer = key.split("_")[0]
+        if peer in res["peers"]:
+            res["peers"][peer]["status"] = f"failed: {why}"
 
 
 def main(argv: list[str] | None = None) -> int:

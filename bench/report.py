@@ -94,10 +94,18 @@ def _extra_sections(res: dict[str, Any]) -> list[str]:
 
 
 def write_markdown(res: dict[str, Any], folder: Path) -> Path:
+    lines = [*_head(res), *_goal_table(res), *_build_table(res), *_load_tables(res), *_transform_tables(res),
+             *_train_tables(res), *_gpu_lines(res), *_extra_sections(res), *_remote_table(res), *_peer_tables(res)]
+    path = folder / "results.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _head(res: dict[str, Any]) -> list[str]:
     m, run = res["machine"], res["run"]
     gpu = m["gpu"]["name"] if m.get("gpu") else "none"
     v = m["versions"]
-    lines = [
+    return [
         f"# Benchmark results: {run['started'][:10]} on {m['host']}",
         "",
         f"`{run['command']}` (profile **{run['profile']}**, {run['seconds']:.0f} s). Machine: {m['cpu']}, "
@@ -109,42 +117,60 @@ def write_markdown(res: dict[str, Any], folder: Path) -> Path:
         *[f"- {note}" for note in run["notes"]],
         "",
     ]
-    lines += ["## Goals", "", "| goal | target | measured | met |", "|---|---:|---:|---|"]
+
+
+def _goal_table(res: dict[str, Any]) -> list[str]:
+    lines = ["## Goals", "", "| goal | target | measured | met |", "|---|---:|---:|---|"]
     for g in res.get("goals", []):
         met = "-" if g["met"] is None else ("yes" if g["met"] else "**no**")
         lines.append(f"| {g['goal']} | {g['target']}x | {_x(g['measured'])} | {met} |")
     lines.append("")
-    if "build" in res:
-        b = res["build"]
-        lines += [f"## Build: {b['images']} JPEGs ({b['source_mb']} MB) -> {b['size']}x{b['size']}, "
-                  f"{b['rounds']} rounds", "", "![build](build.png)", "",
-                  "| contender | img/s, median (min-max) | x bare decode | MB/s written | on disk "
-                  "| peak memory, PSS (RSS) |",
-                  "|---|---:|---:|---:|---:|---:|"]
-        for r in b["contenders"].values():
-            lines.append(f"| {r['label']} | {_mmm(r['img_s'])} | {_x(r.get('x_bare_decode', {}).get('median'))} | "
-                         f"{r['mb_s']['median']:,.0f} | {_mb(r['bytes_on_disk'])} | "
-                         f"{r['peak_pss_mb']['median']:,.0f} MB "
-                         f"({r['peak_rss_mb']['median']:,.0f}) |")
-        for k, why in {**b.get("skipped", {}), **b.get("failed", {})}.items():
-            lines.append(f"| {k}: not measured ({why}) | | | | | |")
+    return lines
+
+
+def _build_table(res: dict[str, Any]) -> list[str]:
+    if "build" not in res:
+        return []
+    b = res["build"]
+    lines = [f"## Build: {b['images']} JPEGs ({b['source_mb']} MB) -> {b['size']}x{b['size']}, "
+             f"{b['rounds']} rounds", "", "![build](build.png)", "",
+             "| contender | img/s, median (min-max) | x bare decode | MB/s written | on disk "
+             "| peak memory, PSS (RSS) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in b["contenders"].values():
+        lines.append(f"| {r['label']} | {_mmm(r['img_s'])} | {_x(r.get('x_bare_decode', {}).get('median'))} | "
+                     f"{r['mb_s']['median']:,.0f} | {_mb(r['bytes_on_disk'])} | "
+                     f"{r['peak_pss_mb']['median']:,.0f} MB "
+                     f"({r['peak_rss_mb']['median']:,.0f}) |")
+    for k, why in {**b.get("skipped", {}), **b.get("failed", {})}.items():
+        lines.append(f"| {k}: not measured ({why}) | | | | | |")
+    lines.append("")
+    return lines
+
+
+def _load_tables(res: dict[str, Any]) -> list[str]:
+    if "load" not in res:
+        return []
+    ld = res["load"]
+    lines = [f"## Load: shuffled epochs of {ld['images']} samples, batch {ld['batch']}, {ld['workers']} workers",
+             "", "![load](load.png)", ""]
+    for group, rows in ld["groups"].items():
+        lines += [f"### {group}", "",
+                  "| contender | img/s, median (min-max) | GB/s | x ImageFolder | x bare gather |",
+                  "|---|---:|---:|---:|---:|"]
+        for r in rows.values():
+            gb = "-" if r.get("gb_s") is None else f"{r['gb_s']:.2f}"
+            lines.append(f"| {r['label']} | {_mmm(r['img_s'])} | {gb} | {_x(r['x_imagefolder'])} | "
+                         f"{_x(r.get('x_bare_gather'))} |")
         lines.append("")
-    if "load" in res:
-        ld = res["load"]
-        lines += [f"## Load: shuffled epochs of {ld['images']} samples, batch {ld['batch']}, {ld['workers']} workers",
-                  "", "![load](load.png)", ""]
-        for group, rows in ld["groups"].items():
-            lines += [f"### {group}", "",
-                      "| contender | img/s, median (min-max) | GB/s | x ImageFolder | x bare gather |",
-                      "|---|---:|---:|---:|---:|"]
-            for r in rows.values():
-                gb = "-" if r.get("gb_s") is None else f"{r['gb_s']:.2f}"
-                lines.append(f"| {r['label']} | {_mmm(r['img_s'])} | {gb} | {_x(r['x_imagefolder'])} | "
-                             f"{_x(r.get('x_bare_gather'))} |")
-            lines.append("")
-        for k, why in ld.get("skipped", {}).items():
-            lines.append(f"- {k}: not measured ({why})")
-        lines.append("")
+    for k, why in ld.get("skipped", {}).items():
+        lines.append(f"- {k}: not measured ({why})")
+    lines.append("")
+    return lines
+
+
+def _transform_tables(res: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     for title, tf in (("Device transforms (CPU)", res.get("transforms")),
                       ("Device transforms (CUDA, bf16 output)", res.get("gpu", {}).get("transforms_bf16"))):
         if not tf:
@@ -157,6 +183,11 @@ def write_markdown(res: dict[str, Any], folder: Path) -> Path:
         for k, why in tf.get("failed", {}).items():
             lines.append(f"| {k}: failed ({why}) | | |")
         lines.append("")
+    return lines
+
+
+def _train_tables(res: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     for title, tr, chart in (("Training (CPU)", res.get("train"), "step_time.png"),
                              ("Training on CUDA", res.get("gpu", {}).get("resnet50"), "step_time_gpu.png")):
         if not tr:
@@ -173,6 +204,11 @@ def write_markdown(res: dict[str, Any], folder: Path) -> Path:
         lines.append("")
     if res.get("train"):
         lines += ["![training curves](training_curves.png)", ""]
+    return lines
+
+
+def _gpu_lines(res: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     gpu_res = res.get("gpu", {})
     if "h2d" in gpu_res:
         h = gpu_res["h2d"]
@@ -180,31 +216,37 @@ def write_markdown(res: dict[str, Any], folder: Path) -> Path:
                   f"pageable {_mmm(h['pageable_gb_s'], '{:.1f}')} GB/s.", ""]
     if "skipped" in gpu_res:
         lines += [f"## GPU: not measured ({gpu_res['skipped']})", ""]
-    lines += _extra_sections(res)
+    return lines
+
+
+def _remote_table(res: dict[str, Any]) -> list[str]:
     remote = res.get("load", {}).get("remote")
-    if remote:
-        lines += [f"## Load from S3 (loopback moto server): batch {remote['batch']}, {remote['workers']} workers, "
-                  f"{remote['epochs']} epochs", "", "Epoch 1 fetches every byte (cold); the others read the local "
-                  "folder each filled (warm). Workers persistent for both: the cold epoch includes their start-up.", "",
-                  "| contender | cold epoch img/s | warm epochs img/s, median (min-max) |", "|---|---:|---:|"]
-        for r in remote["rows"].values():
-            lines.append(f"| {r['label']} | {r['cold_img_s']:,.0f} | {_mmm(r['warm_img_s'])} |")
-        for k, why in remote.get("skipped", {}).items():
-            lines.append(f"| {k}: not measured ({why}) | | |")
-        lines.append("")
+    if not remote:
+        return []
+    lines = [f"## Load from S3 (loopback moto server): batch {remote['batch']}, {remote['workers']} workers, "
+             f"{remote['epochs']} epochs", "", "Epoch 1 fetches every byte (cold); the others read the local "
+             "folder each filled (warm). Workers persistent for both: the cold epoch includes their start-up.", "",
+             "| contender | cold epoch img/s | warm epochs img/s, median (min-max) |", "|---|---:|---:|"]
+    for r in remote["rows"].values():
+        lines.append(f"| {r['label']} | {r['cold_img_s']:,.0f} | {_mmm(r['warm_img_s'])} |")
+    for k, why in remote.get("skipped", {}).items():
+        lines.append(f"| {k}: not measured ({why}) | | |")
+    lines.append("")
+    return lines
+
+
+def _peer_tables(res: dict[str, Any]) -> list[str]:
     from bench.compare import peer_lines
 
-    lines += ["## Peers side by side", "", "Each peer contender against cachebuild in the same run (for loads, "
-              "cachebuild's fastest loader of that table), same files, batch and worker or thread count; build ratios "
-              "within each round both ran, then the median.", "",
-              *peer_lines(res), ""]
+    lines = ["## Peers side by side", "", "Each peer contender against cachebuild in the same run (for loads, "
+             "cachebuild's fastest loader of that table), same files, batch and worker or thread count; build ratios "
+             "within each round both ran, then the median.", "",
+             *peer_lines(res), ""]
     lines += ["## Peers", "", "| peer | version | status | settings |", "|---|---|---|---|"]
     for name, p in res.get("peers", {}).items():
         lines.append(f"| {name} | {p.get('version') or '-'} | {p['status']} | {p['settings']} |")
     lines.append("")
-    path = folder / "results.md"
-    path.write_text("\n".join(lines))
-    return path
+    return lines
 
 
 def _bars(ax: Any, labels: list[str], stats: list[dict[str, Any]], color: str) -> None:
