@@ -37,6 +37,14 @@ T = TypeVar("T")
 _MAKING = threading.Lock()
 
 
+def _unlock_in_child() -> None:
+    global _MAKING
+    _MAKING = threading.Lock()  # a fork while another thread held it (DataLoader workers) must not inherit it
+
+
+os.register_at_fork(after_in_child=_unlock_in_child)
+
+
 class FsspecLocation(Location):
     """A folder behind any fsspec URL. The filesystem object is made lazily in each process (so the
     location pickles into DataLoader workers, fork or spawn, without an event loop or sockets).

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -108,6 +109,14 @@ class UrlFiles:
 
 _lock = threading.Lock()
 _shared: dict[tuple[str, float], UrlFiles] = {}
+
+
+def _unlock_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()  # a fork while another thread held it must not inherit it held
+
+
+os.register_at_fork(after_in_child=_unlock_in_child)
 
 
 def url_files(url: str) -> UrlFiles:
