@@ -11,7 +11,7 @@ while the blocks run, as in a worker.
 Blocks, bytes and records are those of any other build (block boundaries follow from the plan alone).
 
 An explicit ``--jobs N``, another joblib backend (``--dask-scheduler``) and URL sources (whose planning has
-already run fsspec's I/O threads in this process) keep the worker processes.
+already started the storage layer's I/O threads in this process) keep the worker processes.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ stops uploading on its own once its last renewal is older than half of that, so 
 writes. So a push killed at any point and rerun on the same host resumes at once; rerun elsewhere, after
 :data:`STALE_S`.
 
-Stores without conditional writes (plain HTTP PUT servers, and fsspec filesystems other than S3 here) get the
+Stores without conditional writes (plain HTTP PUT servers, and every store but S3 here:
+:attr:`~cachebuild.storage.Location.conditional_writes`) get the
 same checks with plain writes: a holder that is alive is refused, but two pushes that start in the same
 instant are not locked out; the push warns once. Run one push at a time against those.
 """
@@ -38,7 +39,7 @@ from cachebuild.builder.locks import Holder, pid_alive
 from cachebuild.errors import LockHeldError, RemoteNotFoundError, TransferError
 from cachebuild.storage import Location
 from cachebuild.storage.cache.provenance import current_host
-from cachebuild.storage.remote.pinning import etag_of, precondition_failed
+from cachebuild.storage.remote.pinning import etag_of
 
 __all__ = ["HEARTBEAT_S", "STALE_S", "ClaimRaced", "PushClaim"]
 
@@ -47,7 +48,6 @@ log = logging.getLogger("cachebuild")
 HEARTBEAT_S = 30.0
 STALE_S = float(os.environ.get("CACHEBUILD_PUSH_STALE_S", "300"))  # a claim not renewed for this long is free
 HOLD_S = STALE_S / 2  # a holder whose last renewal is older than this stops: nobody can have taken it over yet
-CONDITIONAL_PROTOCOLS = frozenset({"s3", "s3a"})
 
 _ACTIVE: set[str] = set()  # tokens of the claims this process holds now
 _LOST = object()
@@ -92,7 +92,7 @@ class PushClaim:
         self.dst = dst
         self.name = marker_name
         self.url = dst.describe()
-        self.conditional = getattr(dst, "protocol", "") in CONDITIONAL_PROTOCOLS
+        self.conditional = dst.conditional_writes
         self.token = secrets.token_hex(8)
         self.holder = asdict(Holder.me())
         self._doc: dict[str, Any] = {}
@@ -135,11 +135,8 @@ class PushClaim:
         return etag_of(self._info(name) or {}) == tag
 
     def _info(self, name: str = "") -> dict[str, Any] | None:
-        name = name or self.name
-        fs, path = self.dst.fs, self.dst._path(name)  # type: ignore[attr-defined]
-        kw = {"refresh": True} if self.conditional else {}
         try:
-            return dict(self.dst._call(name, "check it", lambda: fs.info(path, **kw)))  # type: ignore[attr-defined]
+            return self.dst.stat(name or self.name, fresh=True)
         except RemoteNotFoundError:
             return None
 
@@ -179,11 +176,9 @@ class PushClaim:
             self.dst.write_bytes(self.name, data)
             self._etag, self._renewed = "", time.monotonic()
             return
-        if first:
-            kw: dict[str, Any] = {"IfMatch": self._found_etag} if self._found_etag else {"mode": "create"}
-        else:
-            kw = {"IfMatch": self._etag}
-        got = self._conditional_put(self.name, data, kw)
+        # the first write: over the marker found (its tag), or only where there is none (None)
+        match = (self._found_etag or None) if first else self._etag
+        got = self._conditional_put(self.name, data, match)
         if got is _LOST:
             if first:
                 doc = self._read_doc()
@@ -194,22 +189,12 @@ class PushClaim:
             raise self._conflict()
         self._etag, self._renewed = got, time.monotonic()  # type: ignore[assignment]
 
-    def _conditional_put(self, name: str, data: bytes, kw: dict[str, Any]) -> object:
+    def _conditional_put(self, name: str, data: bytes, match: str | None) -> object:
         """The new ETag, or _LOST when the condition failed. A retried write whose first try landed fails
         its condition too: the marker's token says whether it was ours."""
-        fs, path = self.dst.fs, self.dst._path(name)  # type: ignore[attr-defined]
-
-        def put() -> object:
-            try:
-                return fs.pipe_file(path, data, **kw)
-            except Exception as e:
-                if isinstance(e, FileExistsError) or precondition_failed(e):
-                    return _LOST
-                raise
-
-        got = self.dst._call(name, "write it", put)  # type: ignore[attr-defined]
-        if got is not _LOST:
-            return (got or {}).get("ETag") or etag_of(self._info() or {})
+        got = self.dst.write_if(name, data, match)
+        if got is not None:
+            return got or etag_of(self._info() or {})
         if name == self.name and self._read_doc().get("token") == self.token:
             return etag_of(self._info() or {})
         if name != self.name and self._read(name) == data:
@@ -219,9 +204,7 @@ class PushClaim:
     def _forget_listing(self) -> None:
         # s3fs sizes a whole-object read from its listings cache: a marker written since this process listed
         # the prefix would read as missing.
-        invalidate = getattr(self.dst.fs, "invalidate_cache", None)  # type: ignore[attr-defined]
-        if invalidate is not None:
-            invalidate(self.dst._path(self.name))  # type: ignore[attr-defined]
+        self.dst.forget_listing(self.name)
 
     def _read(self, name: str) -> bytes | None:
         self._forget_listing()
@@ -270,7 +253,7 @@ class PushClaim:
         if not self.conditional:
             self.dst.write_bytes(name, data)
             return
-        if self._conditional_put(name, data, {"mode": "create"}) is _LOST:
+        if self._conditional_put(name, data, None) is _LOST:
             self._lost = f"another push published {self.dst.describe(name)} first"
             raise self._conflict()
 
@@ -285,7 +268,7 @@ class PushClaim:
             doc = {k: v for k, v in self._doc.items() if k not in ("holder", "token")}
             try:
                 if self.conditional:
-                    self._conditional_put(self.name, json.dumps(doc).encode(), {"IfMatch": self._etag})
+                    self._conditional_put(self.name, json.dumps(doc).encode(), self._etag)
                 else:
                     self.dst.write_bytes(self.name, json.dumps(doc).encode())
             except Exception as e:  # the push's own error is the one to report

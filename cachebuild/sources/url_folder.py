@@ -1,6 +1,7 @@
-"""A class-folder tree at a URL (``s3://bucket/images``, ``https://host/images/``): listed once with fsspec,
-each file read whole in the workers, with the same classes, extensions and order as ImageFolder's rules
-for a local tree (``cachebuild.sources.folder``)."""
+"""A class-folder tree at a URL (``s3://bucket/images``, ``https://host/images/``): listed once and each file read
+whole in the workers, both through the storage layer's locations (their socket timeout, retries and S3 session),
+with the same classes, extensions and order as ImageFolder's rules for a local tree
+(``cachebuild.sources.folder``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import json
 import posixpath
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -17,10 +17,9 @@ from cachebuild.errors import SourceError
 from cachebuild.format.pathnames import CACHE_SUBFOLDER
 from cachebuild.sources.image_files import IMG_EXTENSIONS
 from cachebuild.sources.plan import Plan
-from cachebuild.sources.shards.remote import _infos, _version, filesystem
 from cachebuild.storage import FsspecLocation, redact
 from cachebuild.storage.locations.names import is_web_url
-from cachebuild.storage.remote import retry
+from cachebuild.storage.locations.url_files import FileInfo, UrlFiles
 
 __all__ = ["UrlFileReader", "url_folder_plan"]
 
@@ -39,28 +38,26 @@ class UrlFileReader:
         return self._location[0].read_bytes(urllib.parse.quote(key) if is_web_url(self.root) else key)
 
 
-def _listing(url: str) -> dict[str, dict[str, Any]]:
-    """Relative file name -> fsspec info. HTTP index pages link percent-encoded URLs (``caf%C3%A9/``): names
+def _listing(url: str) -> dict[str, FileInfo]:
+    """Relative file name -> its listing. HTTP index pages link percent-encoded URLs (``caf%C3%A9/``): names
     are decoded, so that classes, their order and keys are the local copy's."""
-    fs, path = filesystem(url)
-    base = path.rstrip("/")
+    files = UrlFiles(url)
     name_of = urllib.parse.unquote if is_web_url(url) else str
-    prefix = name_of(fs._strip_protocol(base))
     try:
-        found = retry.call(lambda: fs.find(base, detail=True))  # retried as the storage layer retries
-    except (FileNotFoundError, OSError) as e:
+        prefix = name_of(files.path_of(url).rstrip("/"))
+        found = files.find(files.path_of(url).rstrip("/"))  # retried as the storage layer retries
+        listed = {}
+        for f in found:
+            rel = name_of(f.path)[len(prefix):].lstrip("/")
+            if rel and not f.is_dir:
+                listed[rel] = f
+        unsized = [r for r, f in listed.items() if f.size is None]  # HTTP index pages give no sizes
+        listed.update(zip(unsized, files.infos([listed[r].url for r in unsized]), strict=True))
+    except OSError as e:
         raise SourceError(f"{redact(url)} cannot be listed: {type(e).__name__}: {e}") from None
     except Exception as e:  # aiohttp's ClientResponseError (403...) is not an OSError
         raise SourceError(f"{redact(url)} cannot be listed: {type(e).__name__}: {str(e).splitlines()[0]}") from None
-    files, urls = {}, {}
-    for full, info in found.items():
-        rel = name_of(fs._strip_protocol(full))[len(prefix):].lstrip("/")
-        if rel and info.get("type", "file") != "directory":
-            files[rel], urls[rel] = info, full
-    unsized = [r for r, i in files.items() if i.get("size") is None]  # HTTP index pages give no sizes
-    for rel, info in zip(unsized, _infos(fs, [urls[r] for r in unsized]), strict=True):
-        files[rel] = info
-    return files
+    return listed
 
 
 def url_folder_plan(url: str, *, dataset: str = "folder", split: str = "train",
@@ -89,8 +86,8 @@ def url_folder_plan(url: str, *, dataset: str = "folder", split: str = "train",
     labels = np.asarray([index[k.split("/", 1)[0]] for k in keys], dtype=np.int64)
     h = hashlib.sha256(json.dumps({"classes": classes}, sort_keys=True).encode())
     for key, label in zip(keys, labels.tolist(), strict=True):
-        info = files[key]
-        h.update(f"{key}\0{label}\0{info.get('size')}:{_version(info)}\n".encode("utf-8", "surrogateescape"))
+        f = files[key]
+        h.update(f"{key}\0{label}\0{f.size}:{f.version}\n".encode("utf-8", "surrogateescape"))
     return Plan(dataset=dataset, split=split, root=root, keys=keys, labels=labels, classes=classes,
                 source_digest=h.hexdigest(), reader=UrlFileReader(root))
 

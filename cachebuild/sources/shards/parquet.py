@@ -28,8 +28,9 @@ from cachebuild.errors import DecodeError, SourceError
 from cachebuild.sources.kind import SourceKind, SourceOptions, option
 from cachebuild.sources.plan import Plan
 from cachebuild.sources.sample_table import SampleTable
+from cachebuild.sources.shards.files import Shard, is_url, open_shard, retrying
 from cachebuild.sources.shards.plan import ShardPart, plan_shards, split_option
-from cachebuild.sources.shards.remote import Shard, filesystem, is_url, open_shard, retrying
+from cachebuild.storage.locations.url_files import url_files
 
 __all__ = ["ParquetColumns", "ParquetOptions", "ParquetRowReader", "ParquetSource", "hf_features", "parquet_plan"]
 
@@ -144,9 +145,7 @@ def _parquet_file(shard: Shard) -> Any:
     pf = _files.open.get(key)
     if pf is None:
         if is_url(shard.url):
-            fs, path = filesystem(shard.url)
-            pf = pq.ParquetFile(fs.open(path, "rb", block_size=_ROW_GROUP_READ, cache_type="readahead",
-                                        size=shard.size))
+            pf = pq.ParquetFile(url_files(shard.url).open(shard.url, shard.size, _ROW_GROUP_READ))
         else:
             size = os.stat(shard.url).st_size
             if size != shard.size:

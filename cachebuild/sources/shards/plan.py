@@ -20,7 +20,8 @@ from cachebuild.errors import SourceError
 from cachebuild.sources.kind import option
 from cachebuild.sources.plan import Plan, SampleReader
 from cachebuild.sources.sample_table import SampleTable
-from cachebuild.sources.shards.remote import Shard, is_url, list_shards, retrying
+from cachebuild.sources.shards.files import Shard, is_url, list_shards, retrying
+from cachebuild.storage.locations import FsspecLocation
 
 __all__ = ["SPLIT_WORDS", "ShardFormat", "ShardPart", "check_labels", "dataset_name",
            "digest_shards", "plan_shards", "read_classes", "select_split", "split_option"]
@@ -80,13 +81,10 @@ def read_classes(path: str | os.PathLike[str]) -> list[str]:
     file or a URL."""
     path = os.fspath(path)
     try:
-        if is_url(path):
-            import fsspec
-
-            with fsspec.open(path, "rt", encoding="utf-8") as f:
-                text = f.read()
+        if is_url(path) and not path.startswith("file://"):  # through the storage layer: its timeout, retries
+            text = FsspecLocation(path).read_bytes("").decode("utf-8")
         else:
-            with open(path, encoding="utf-8") as f:
+            with open(path.removeprefix("file://"), encoding="utf-8") as f:
                 text = f.read()
     except (OSError, UnicodeDecodeError) as e:
         raise SourceError(f"{path}: cannot read the class names ({e})") from None

@@ -26,8 +26,8 @@ from cachebuild.errors import SourceError
 from cachebuild.sources.kind import SourceKind, SourceOptions, option
 from cachebuild.sources.plan import Plan
 from cachebuild.sources.sample_table import SampleTable
+from cachebuild.sources.shards.files import Shard, open_shard, read_range
 from cachebuild.sources.shards.plan import ShardPart, plan_shards, split_option
-from cachebuild.sources.shards.remote import Shard, open_shard, read_range
 from cachebuild.sources.shards.tar_index import TarMember, index_tar
 
 __all__ = ["IMAGE_KEYS", "TarSampleReader", "WdsLayout", "WdsOptions", "WdsSource", "index_wds_shard", "wds_plan"]

@@ -7,7 +7,7 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from cachebuild.storage.locations.names import redact
 
@@ -77,6 +77,27 @@ class Location(ABC):
     @abstractmethod
     def remove(self, *names: str) -> None:
         """Delete the files ``names`` (in bulk where the store can); files already gone are fine."""
+
+    # ---------------------------------------------------------------- versions (a push's claim)
+    @property
+    def conditional_writes(self) -> bool:
+        """Whether :meth:`write_if` can make a write conditional on a file's version (S3 here)."""
+        return False
+
+    def stat(self, name: str, fresh: bool = False) -> dict[str, Any]:
+        """The store's description of ``name`` (``size``, ``ETag``, ``LastModified``...); ``fresh``: asked of the
+        store, not from a listing cached. A missing file raises :class:`~cachebuild.errors.RemoteNotFoundError`."""
+        raise TypeError(f"{self.describe()} is not a remote location")
+
+    def write_if(self, name: str, data: bytes, match: str | None) -> str | None:
+        """Write ``name`` whole only if it is at version ``match`` (its ETag), or, with ``match`` None, only if
+        there is none; the new ETag ("" when the store did not say), or None when the condition failed."""
+        raise TypeError(f"{self.describe()} offers no conditional writes")
+
+    def forget_listing(self, name: str = "") -> None:
+        """Drop what this process cached of listings of ``name``: a read sized from one would miss a file
+        written since. Nothing to drop by default."""
+        return None
 
     def local_path(self, name: str = "") -> Path:
         raise TypeError(f"{self.describe()} is not a local folder")

@@ -9,18 +9,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from cachebuild.errors import (
-    CacheChangedError,
-    CacheCorruptError,
-    RemoteError,
-    RemoteNotFoundError,
-    RemoteUnavailableError,
-)
+from cachebuild.errors import CacheChangedError, RemoteError, RemoteNotFoundError
 from cachebuild.storage.locations.base import Location
-from cachebuild.storage.locations.names import check_name, is_url, redact
+from cachebuild.storage.locations.names import check_name
+from cachebuild.storage.locations.url_errors import changed_error, named_error
 from cachebuild.storage.remote import retry
 from cachebuild.storage.remote.pinning import (
     PINNABLE_PROTOCOLS,
@@ -35,11 +31,18 @@ from cachebuild.storage.remote.s3_session import new_s3_session
 
 __all__ = ["FsspecLocation"]
 
+CONDITIONAL_WRITE_PROTOCOLS = frozenset({"s3", "s3a"})  # writes conditional on a version: If-Match, If-None-Match: *
+
 T = TypeVar("T")
+_MAKING = threading.Lock()
 
 
-def _status(exc: BaseException) -> int | None:
-    return retry.classify(exc).status
+def _unlock_in_child() -> None:
+    global _MAKING
+    _MAKING = threading.Lock()  # a fork while another thread held it (DataLoader workers) must not inherit it
+
+
+os.register_at_fork(after_in_child=_unlock_in_child)
 
 
 class FsspecLocation(Location):
@@ -80,22 +83,30 @@ class FsspecLocation(Location):
     @property
     def fs(self) -> Any:
         if self._fs is None or self._pid != os.getpid():
-            import fsspec
-
-            opts = self.fs_options()
-            if self.protocol in ("s3", "s3a"):
-                opts.setdefault("session", new_s3_session())
-                if self.pins is not None:
-                    install_s3_hook(opts["session"], self.pins)
-            try:
-                self._fs = fsspec.filesystem(self.protocol, skip_instance_cache=True, **opts)
-            except ImportError as e:
-                raise RemoteError(f"reading {self.protocol}:// URLs needs an extra package ({e}); "
-                                  f"pip install 'cachebuild[remote]'") from None
-            if self.protocol in ("s3", "s3a"):
-                self._fs.retries = 1  # s3fs's own retry loop (a class attribute): one try, ours retry it
-            self._pid = os.getpid()
+            with _MAKING:  # threads sharing a location (a source's readers) make one filesystem, not one each
+                if self._fs is None or self._pid != os.getpid():
+                    self._fs = self._make_fs()
+                    self._pid = os.getpid()
         return self._fs
+
+    def _make_fs(self) -> Any:
+        import fsspec
+
+        opts = self.fs_options()
+        if self.protocol in ("s3", "s3a"):
+            opts.setdefault("session", new_s3_session())
+            if self.pins is not None:
+                install_s3_hook(opts["session"], self.pins)
+        try:
+            fs = fsspec.filesystem(self.protocol, skip_instance_cache=True, **opts)
+        except ImportError as e:
+            raise RemoteError(f"reading {self.protocol}:// URLs needs an extra package ({e}); "
+                              f"pip install 'cachebuild[remote]'") from None
+        except ValueError as e:  # "Protocol not known"
+            raise RemoteError(f"{self.describe()}: cannot open this URL ({e})") from None
+        if self.protocol in ("s3", "s3a"):
+            fs.retries = 1  # s3fs's own retry loop (a class attribute): one try, ours retry it
+        return fs
 
     @property
     def _async(self) -> bool:
@@ -130,43 +141,10 @@ class FsspecLocation(Location):
         return self._error(name, what, exc)
 
     def _changed(self, name: str) -> CacheChangedError:
-        return CacheChangedError(
-            f"{self.describe(name)} changed since this job opened the cache at {self.describe()} (replaced by "
-            f"`cachebuild push --force`, or rewritten): this reader stops rather than serve bytes of another "
-            f"cache; restart the job to read what is there now")
+        return changed_error(self.describe(name), self.describe())
 
     def _error(self, name: str, what: str, exc: BaseException) -> Exception:
-        where = self.describe(name)
-        if isinstance(exc, Exhausted):
-            return self._unavailable(where, what, exc)
-        status = _status(exc)
-        missing = getattr(exc, "filename", None) or (exc.args[0] if exc.args else None)
-        if isinstance(exc, FileNotFoundError) and isinstance(missing, str) and is_url(missing):
-            where = redact(missing)  # the file of a multi-file call that was not there
-        if status == 404 or (isinstance(exc, FileNotFoundError) and status is None):
-            return RemoteNotFoundError(f"{where}: not found (cannot {what})")
-        if status in (401, 403) or (isinstance(exc, PermissionError) and status is None):
-            return RemoteError(f"{where}: access denied{f' (HTTP {status})' if status else ''}; check the "
-                               f"credentials for this store (its standard environment variables or config files)")
-        if isinstance(exc, RangeIgnored):
-            return RemoteError(f"{where}: the server ignores HTTP Range requests ({exc}); serve the cache from one "
-                               f"that answers them with 206 (nginx, Apache, object stores), or `cachebuild pull` it")
-        if isinstance(exc, ShortRead):
-            return CacheCorruptError(f"{where} is shorter than its manifest says (truncated upload?): {exc}")
-        return RemoteError(f"{where}: cannot {what}: {type(exc).__name__}: {self._detail(exc)}")
-
-    def _detail(self, exc: BaseException) -> str:
-        detail = str(exc).replace(self.url, redact(self.url))
-        return detail[:200] + "..." if len(detail) > 200 else detail
-
-    def _unavailable(self, where: str, what: str, exc: Exhausted) -> RemoteUnavailableError:
-        last = f"HTTP {exc.status}" if exc.status is not None else type(exc.last).__name__
-        why = (f"the time budget of {exc.budget_s:g} s (CACHEBUILD_RETRY_BUDGET) ran out" if exc.out_of_time
-               else "CACHEBUILD_RETRIES tries")
-        return RemoteUnavailableError(
-            f"{where}: cannot {what} after {exc.attempts} attempts in {exc.elapsed:.1f} s ({why}); last answer: "
-            f"{last}: {self._detail(exc.last)}; the store is failing or overloaded: run the command again later",
-            where, exc.status, exc.attempts)
+        return named_error(self.describe(name), what, exc, self.url)
 
     def child(self, name: str) -> FsspecLocation:
         return FsspecLocation(self._path(name), self.storage_options, self.pins)
@@ -391,6 +369,38 @@ class FsspecLocation(Location):
     def write_bytes(self, name: str, data: bytes) -> None:
         path = self._path(name)
         self._call(name, "write it", lambda: self.fs.pipe_file(path, bytes(data)))
+
+    @property
+    def conditional_writes(self) -> bool:
+        return self.protocol in CONDITIONAL_WRITE_PROTOCOLS
+
+    def stat(self, name: str, fresh: bool = False) -> dict[str, Any]:
+        path = self._path(name)
+        kw = self._fresh() if fresh else {}
+        return dict(self._call(name, "check it", lambda: self.fs.info(path, **kw)))
+
+    def write_if(self, name: str, data: bytes, match: str | None) -> str | None:
+        if not self.conditional_writes:
+            raise TypeError(f"{self.describe()} offers no conditional writes")
+        path = self._path(name)
+        kw: dict[str, Any] = {"IfMatch": match} if match is not None else {"mode": "create"}  # s3fs: IfNoneMatch="*"
+        lost = object()
+
+        def put() -> Any:
+            try:
+                return self.fs.pipe_file(path, bytes(data), **kw)
+            except Exception as e:
+                if isinstance(e, FileExistsError) or precondition_failed(e):
+                    return lost
+                raise
+
+        got = self._call(name, "write it", put)
+        return None if got is lost else str((got or {}).get("ETag") or "")
+
+    def forget_listing(self, name: str = "") -> None:
+        invalidate = getattr(self.fs, "invalidate_cache", None)  # s3fs sizes whole reads from its listings
+        if invalidate is not None:
+            invalidate(self._path(name))
 
     def remove(self, *names: str) -> None:
         if not names:

@@ -1,7 +1,8 @@
 """The one remote layer: which failures are worth another try, how tries are spaced, and when to give up.
 
 Every request to a URL (a cache's files through :class:`~cachebuild.storage.locations.url.FsspecLocation`,
-a source's shards through ``cachebuild.sources.shards.remote``) goes through :func:`call` (one request, in a thread)
+a source's files through :mod:`cachebuild.storage.locations.url_files`, on that location's filesystem) goes
+through :func:`call` (one request, in a thread)
 or :func:`each` (a group of requests on an fsspec event loop, each retried on its own: one failing request
 never makes the others run again, and what arrived is kept).
 

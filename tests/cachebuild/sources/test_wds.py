@@ -22,7 +22,7 @@ from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.cli import main
 from cachebuild.errors import CacheExistsError, SourceError
 from cachebuild.sources.plan import block_reader
-from cachebuild.sources.shards.remote import close_handles
+from cachebuild.sources.shards.files import close_handles
 from cachebuild.sources.shards.tar_index import index_tar
 from cachebuild.sources.shards.wds import IMAGE_KEYS, WdsLayout, wds_plan
 from cachebuild.storage.cache.reader import open_cache, read_manifest
@@ -163,12 +163,12 @@ def test_a_task_ships_only_its_block_and_a_worker_opens_each_shard_once(wds_set,
         [plan.reader(i, plan.keys[i]) for i in range(8, 16) if i not in plan.reader.table.problems]
     with pytest.raises(IndexError):
         part(0, plan.keys[0])
-    import cachebuild.sources.shards.remote as remote
+    import cachebuild.sources.shards.files as files
 
     opened = []
     real_open = os.open
-    monkeypatch.setattr(remote.os, "open", lambda p, *a, **k: opened.append(p) or real_open(p, *a, **k))
-    monkeypatch.setattr(remote, "_handles", remote._Handles())
+    monkeypatch.setattr(files.os, "open", lambda p, *a, **k: opened.append(p) or real_open(p, *a, **k))
+    monkeypatch.setattr(files, "_fds", files._Fds())
     for i in range(len(plan)):
         if i not in plan.reader.table.problems:
             plan.reader(i, plan.keys[i])

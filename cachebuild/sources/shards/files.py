@@ -9,17 +9,17 @@ for URLs), which the plan's source digest covers.
 
 Workers read ranges through :func:`read_range`: each thread keeps its shard handles open (a few, LRU), so a
 block of samples costs one open per shard and, for URLs, a few large readahead requests, not one request or
-one listing per sample. Retries are the storage layer's one policy (:mod:`cachebuild.storage.remote.retry`): a
-URL read that fails in a transient way (a dropped connection, a 5xx) is retried on a fresh handle; one that
-keeps failing stops the build with a :class:`SourceError`; finished blocks are kept. Listings and the size
-of each shard are asked one request at a time, each retried on its own.
+one listing per sample. URLs are listed, opened and read through the storage layer
+(:mod:`cachebuild.storage.locations.url_files`: its socket timeout, its retries, its S3 session): a read that
+fails in a transient way (a dropped connection, a 5xx, a stalled answer) is retried on a fresh handle; one that
+keeps failing stops the build with a :class:`SourceError`; finished blocks are kept. This module words those
+failures for a source.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import functools
 import glob
 import logging
 import os
@@ -27,7 +27,6 @@ import posixpath
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +34,10 @@ from typing import Any, BinaryIO, TypeVar
 
 from cachebuild.errors import DecodeError, SourceError
 from cachebuild.storage.locations.names import is_url, is_web_url, redact
+from cachebuild.storage.locations.url_files import FileInfo, UrlFiles, close_url_handles, read_url_range, url_files
 from cachebuild.storage.remote import retry
 
-__all__ = ["Shard", "close_handles", "filesystem", "is_url", "list_shards", "open_shard", "read_range", "retrying"]
+__all__ = ["Shard", "close_handles", "is_url", "list_shards", "open_shard", "read_range", "retrying"]
 
 log = logging.getLogger("cachebuild")
 T = TypeVar("T")
@@ -53,25 +53,6 @@ class Shard:
     url: str  # absolute local path or full URL
     size: int
     version: str  # local: mtime in ns; URL: ETag, else Last-Modified, else "" (then size alone)
-
-
-def filesystem(url: str) -> tuple[Any, str]:
-    """(fsspec filesystem, path within it) of ``url``; fsspec caches the filesystem per process."""
-    import fsspec
-
-    try:
-        return fsspec.core.url_to_fs(url)
-    except (ImportError, ValueError) as e:  # unknown protocol or its package missing
-        raise SourceError(f"{url}: cannot open this URL ({e}); URLs need fsspec and the protocol's package, "
-                          f"e.g. pip install 'cachebuild[remote]'") from None
-
-
-def _version(info: dict[str, Any]) -> str:
-    for field in ("ETag", "etag", "LastModified", "Last-Modified", "mtime", "last_modified"):
-        value = info.get(field)
-        if value:
-            return f"{field}={value}"
-    return ""
 
 
 def _brace_expand(pattern: str) -> list[str]:
@@ -112,20 +93,6 @@ def _local_shards(src: str, suffixes: tuple[str, ...]) -> tuple[str, list[str]]:
     return _root(os.path.abspath(src), paths, folder, os.path), paths
 
 
-def _infos(fs: Any, paths: list[str]) -> list[dict[str, Any]]:
-    """``fs.info`` of many files at once (one HEAD each over HTTP or S3: 1024 in sequence would take minutes),
-    each request retried on its own under one budget."""
-    budget = retry.Budget()
-
-    def info(p: str) -> dict[str, Any]:
-        return retry.call(lambda: fs.info(p), budget)
-
-    if len(paths) <= 1:
-        return [info(p) for p in paths]
-    with ThreadPoolExecutor(max_workers=min(16, len(paths))) as pool:
-        return list(pool.map(info, paths))
-
-
 def _listing_error(src: str, protocol: str, e: BaseException) -> SourceError:
     """A listing that failed for good, named by what the failure was (its type and status)."""
     if isinstance(e, retry.Exhausted):
@@ -142,40 +109,32 @@ def _listing_error(src: str, protocol: str, e: BaseException) -> SourceError:
     return SourceError(f"{src} cannot be listed ({type(e).__name__}: {first})")
 
 
-def _url_shards(src: str, suffixes: tuple[str, ...]) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
-    fs, _ = filesystem(src)
+def _url_shards(src: str, suffixes: tuple[str, ...]) -> tuple[str, list[FileInfo]]:
+    files = UrlFiles(src)  # a filesystem of its own: listed afresh, whatever this process listed before
     protocol = src.split("://", 1)[0]
-    found: dict[str, dict[str, Any]] = {}
+    found: dict[str, FileInfo] = {}
     expanded = _brace_expand(src)
     folder = False
     budget = retry.Budget()
     try:
         named = []
         for pattern in expanded:
-            _, path = filesystem(pattern)
             if _has_glob(pattern):
-                found.update(retry.call(functools.partial(fs.glob, path, detail=True), budget))
-            elif len(expanded) == 1 and (pattern.endswith("/") or _is_folder(fs, path, budget)):
+                found.update((f.path, f) for f in files.glob(pattern, budget))
+            elif len(expanded) == 1 and (pattern.endswith("/") or files.is_folder(pattern, budget)):
                 folder = True  # a prefix ends in '/'; s3 and friends also say "directory"
-                listed = retry.call(functools.partial(fs.find, path, detail=True), budget)
-                found.update({p: i for p, i in listed.items() if p.lower().endswith(suffixes)})
+                found.update((f.path, f) for f in files.find(pattern, budget) if f.path.lower().endswith(suffixes))
             else:
-                named.append(path)
-        found.update(zip(named, _infos(fs, named), strict=True))
-        found = {p: i for p, i in found.items() if i.get("type", "file") != "directory"}
-        unsized = [p for p, i in found.items() if i.get("size") is None]  # HTTP index pages give no sizes
-        found.update(zip(unsized, _infos(fs, unsized), strict=True))
+                named.append(pattern)
+        found.update((f.path, f) for f in files.infos(named))
+        found = {p: f for p, f in found.items() if not f.is_dir}
+        unsized = [f.url for f in found.values() if f.size is None]  # HTTP index pages give no sizes
+        found.update((f.path, f) for f in files.infos(unsized))
     except Exception as e:  # aiohttp / botocore / OSError types: told apart by type and status
         raise _listing_error(src, protocol, e) from None
-    files = sorted(found)
-    urls = [p if is_url(p) else fs.unstrip_protocol(p) for p in files]
-    bare = [u.split("://", 1)[1] for u in urls]
-    root = _root(src.split("://", 1)[1], bare, folder, posixpath)
-    return f"{protocol}://{root}", [(u, found[p]) for u, p in zip(urls, files, strict=True)]
-
-
-def _is_folder(fs: Any, path: str, budget: retry.Budget) -> bool:
-    return retry.call(lambda: fs.info(path), budget).get("type") == "directory"
+    listed = [found[p] for p in sorted(found)]
+    root = _root(src.split("://", 1)[1], [f.url.split("://", 1)[1] for f in listed], folder, posixpath)
+    return f"{protocol}://{root}", listed
 
 
 def list_shards(src: str | os.PathLike[str], suffixes: tuple[str, ...], what: str) -> tuple[str, list[Shard]]:
@@ -185,14 +144,14 @@ def list_shards(src: str | os.PathLike[str], suffixes: tuple[str, ...], what: st
     shards: list[Shard] = []
     if is_url(src):
         root, listed = _url_shards(src, suffixes)
-        for url, info in listed:
-            if info.get("size") is None:
-                raise SourceError(f"{url}: the server does not tell its size (no Content-Length), so it cannot "
+        for f in listed:
+            if f.size is None:
+                raise SourceError(f"{f.url}: the server does not tell its size (no Content-Length), so it cannot "
                                   f"be read by range")
-            name = url[len(root):].lstrip("/")
+            name = f.url[len(root):].lstrip("/")
             if is_web_url(src):  # index pages link names percent-encoded:
                 name = urllib.parse.unquote(name)  # decoded, they sort (and read in provenance) as the local copy's
-            shards.append(Shard(name, url, int(info["size"]), _version(info)))
+            shards.append(Shard(name, f.url, int(f.size), f.version))
     else:
         root, paths = _local_shards(src, suffixes)
         for p in paths:
@@ -213,61 +172,66 @@ def open_shard(shard: Shard, block_size: int = INDEX_BLOCK) -> Iterator[BinaryIO
         with open(shard.url, "rb") as f:
             yield f
         return
-    fs, path = filesystem(shard.url)
-    with fs.open(path, "rb", block_size=block_size, cache_type="readahead", size=shard.size) as f:
+    with url_files(shard.url).open(shard.url, shard.size, block_size) as f:
         yield f
 
 
-class _Handles(threading.local):
+class _Fds(threading.local):
     def __init__(self) -> None:
-        self.open: collections.OrderedDict[tuple[str, int, str], Any] = collections.OrderedDict()
+        self.open: collections.OrderedDict[tuple[str, int, str], int] = collections.OrderedDict()
 
 
-_handles = _Handles()
+_fds = _Fds()
 
 
 def close_handles() -> None:
-    """Close this thread's shard handles (they otherwise live as long as the worker)."""
-    while _handles.open:
-        _close(_handles.open.popitem()[1])
+    """Close this thread's shard handles, local and URL (they otherwise live as long as the worker)."""
+    while _fds.open:
+        with contextlib.suppress(OSError):
+            os.close(_fds.open.popitem()[1])
+    close_url_handles()
 
 
-def _handle(shard: Shard) -> Any:
-    """This thread's open handle of ``shard`` (an fd for local files, an fsspec file for URLs), kept per shard
-    version, so a shard rewritten since is opened afresh."""
+def _fd(shard: Shard) -> int:
+    """This thread's open descriptor of the local ``shard``, kept per shard version, so a shard rewritten since
+    is opened afresh."""
     key = (shard.url, shard.size, shard.version)
-    h = _handles.open.get(key)
-    if h is not None:
-        _handles.open.move_to_end(key)
-        return h
-    if is_url(shard.url):
-        fs, path = filesystem(shard.url)
-        h = fs.open(path, "rb", block_size=READ_BLOCK, cache_type="readahead", size=shard.size)
-    else:
-        h = os.open(shard.url, os.O_RDONLY)
-        size = os.fstat(h).st_size
-        if size != shard.size:
-            os.close(h)
-            raise SourceError(f"{shard.url} changed since it was planned ({shard.size} -> {size} bytes); "
-                              f"run the command again to plan it afresh")
-    _handles.open[key] = h
-    while len(_handles.open) > _OPEN_HANDLES:
-        _close(_handles.open.popitem(last=False)[1])
-    return h
+    fd = _fds.open.get(key)
+    if fd is not None:
+        _fds.open.move_to_end(key)
+        return fd
+    fd = os.open(shard.url, os.O_RDONLY)
+    size = os.fstat(fd).st_size
+    if size != shard.size:
+        os.close(fd)
+        raise SourceError(f"{shard.url} changed since it was planned ({shard.size} -> {size} bytes); "
+                          f"run the command again to plan it afresh")
+    _fds.open[key] = fd
+    while len(_fds.open) > _OPEN_HANDLES:
+        with contextlib.suppress(OSError):
+            os.close(_fds.open.popitem(last=False)[1])
+    return fd
 
 
-def _close(h: Any) -> None:
-    with contextlib.suppress(Exception):  # a handle whose connection is already gone
-        if isinstance(h, int):
-            os.close(h)
-        else:
-            h.close()
+_EXPECTED = (FileNotFoundError, PermissionError, SourceError, DecodeError)
 
 
-def _drop(shard: Shard) -> None:
-    h = _handles.open.pop((shard.url, shard.size, shard.version), None)
-    if h is not None:
-        _close(h)
+def _read_failed(shard: Shard, e: Exception) -> Exception:
+    """A URL read that failed for good (as the remote layer raises it), as one line naming the shard; a missing
+    or forbidden file (its sample is listed as unreadable) and the source's own errors as they are."""
+    if isinstance(e, _EXPECTED):
+        return e
+    if isinstance(e, retry.Exhausted):
+        last = f"HTTP {e.status}" if e.status is not None else type(e.last).__name__
+        return SourceError(f"{redact(shard.url)}: reading failed {e.attempts} times in {e.elapsed:.1f} s (last "
+                           f"answer: {last}: {e.last}); run the same command again to resume (finished blocks "
+                           f"are kept)")
+    status = retry.classify(e).status
+    if status in (401, 403):  # not retried: asking again is refused again
+        return SourceError(f"{redact(shard.url)}: access denied (HTTP {status}); check the credentials for "
+                           f"this store, then run the same command again to resume")
+    return SourceError(f"{redact(shard.url)}: reading failed ({type(e).__name__}: {e}); run the same "
+                       f"command again to resume (finished blocks are kept)")
 
 
 def retrying(shard: Shard, read: Callable[[], T], forget: Callable[[], None]) -> T:
@@ -277,44 +241,32 @@ def retrying(shard: Shard, read: Callable[[], T], forget: Callable[[], None]) ->
     shards are read once, as they are."""
     if not is_url(shard.url):
         return read()
-    expected = (FileNotFoundError, PermissionError, SourceError, DecodeError)
 
     def dropped(e: BaseException) -> None:
         forget()  # whatever happened, the next attempt (or the next sample) opens a fresh handle
 
     try:
         return retry.call(read, on_failure=dropped)
-    except expected:
-        raise
-    except retry.Exhausted as e:
-        last = f"HTTP {e.status}" if e.status is not None else type(e.last).__name__
-        raise SourceError(f"{redact(shard.url)}: reading failed {e.attempts} times in {e.elapsed:.1f} s (last "
-                          f"answer: {last}: {e.last}); run the same command again to resume (finished blocks "
-                          f"are kept)") from None
-    except Exception as e:  # a permanent failure of another type: one line naming the shard
-        status = retry.classify(e).status
-        if status in (401, 403):  # not retried: asking again is refused again
-            raise SourceError(f"{redact(shard.url)}: access denied (HTTP {status}); check the credentials for "
-                              f"this store, then run the same command again to resume") from None
-        raise SourceError(f"{redact(shard.url)}: reading failed ({type(e).__name__}: {e}); run the same "
-                          f"command again to resume (finished blocks are kept)") from None
+    except Exception as e:
+        err = _read_failed(shard, e)
+        if err is e:
+            raise
+        raise err from None
 
 
 def read_range(shard: Shard, offset: int, size: int) -> bytes:
-    """``size`` bytes of ``shard`` at ``offset``, through this thread's open handle of the shard."""
+    """``size`` bytes of ``shard`` at ``offset``, through this thread's open handle of the shard (for a URL, the
+    storage layer's: reading ahead :data:`READ_BLOCK`, retried on a fresh handle)."""
     if not is_url(shard.url):
-        data = os.pread(_handle(shard), size, offset)
+        data = os.pread(_fd(shard), size, offset)
         if len(data) != size:
             raise SourceError(f"{shard.url} is shorter than when it was planned (byte {offset + len(data)} of "
                               f"{offset + size}); run the command again to plan it afresh")
         return data
-
-    def read() -> bytes:
-        f = _handle(shard)
-        f.seek(offset)
-        data = f.read(size)
-        if len(data) != size:
-            raise retry.ShortRead(f"short read: {len(data)} of {size} bytes at {offset}")
-        return data
-
-    return retrying(shard, read, lambda: _drop(shard))
+    try:
+        return read_url_range(shard.url, shard.size, shard.version, offset, size, READ_BLOCK)
+    except Exception as e:
+        err = _read_failed(shard, e)
+        if err is e:
+            raise
+        raise err from None
