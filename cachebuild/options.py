@@ -160,8 +160,9 @@ class Declared:
             parse_float(name, value, flag.min, flag.max, min_open=flag.min_open, max_open=flag.max_open)
         elif flag.path is not None:
             parse_path(name, value)
-        elif not isinstance(value, self.kind) or (self.kind is tuple and not all(isinstance(v, str) for v in value)):
-            raise OptionError(f"{name} must be {_WORDS.get(self.kind, self.kind.__name__)}; got {value!r}")
+        elif not isinstance(value, self.kind) or (isinstance(value, tuple) and not all(isinstance(v, str)
+                                                                                     for v in value)):
+            raise OptionError(f"{name} must be {_WORDS.get(self.kind) or self.kind.__name__}; got {value!r}")
 
     def check_more(self, value: Any) -> None:
         """The field's own ``check`` of a set value: ValueError(why), the why not naming the field."""
@@ -169,16 +170,20 @@ class Declared:
             self.flag.check(value)
 
 
-_WORDS = {str: "a string", tuple: "a list of strings"}
+_WORDS: dict[type, str] = {str: "a string", tuple: "a list of strings"}
 
 
 def _whole(bound: float | None) -> int | None:
     return None if bound is None else int(bound)
 
 
-@functools.cache
 def declared(options: type) -> tuple[Declared, ...]:
     """The fields of the dataclass ``options`` that declare a flag (:func:`option`), in field order."""
+    return _declared(options)
+
+
+@functools.cache
+def _declared(options: Any) -> tuple[Declared, ...]:
     try:
         hints = typing.get_type_hints(options)
     except (NameError, TypeError):  # an annotation this module cannot resolve: the default's type then

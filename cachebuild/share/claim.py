@@ -5,9 +5,9 @@ On S3 that write is atomic and exclusive: ``If-None-Match: *`` where there is no
 to take over one whose holder is gone. Of two pushes that start together exactly one gets the claim; the
 other stops before it has written anything, with a :class:`~cachebuild.errors.LockHeldError` naming the
 holder (host, pid, user, start time, command, as a build's lock does). The holder renews its marker every
-tenth of the claim's lifetime, at most :data:`HEARTBEAT_S` (each write ``If-Match`` its last one), checks the claim is still its own before it
-writes the file table and the manifest, and writes the manifest ``If-None-Match: *``: a push that lost its
-claim never publishes.
+tenth of the claim's lifetime, at most :data:`HEARTBEAT_S` (each write ``If-Match`` its last one), checks the
+claim is still its own before it writes the file table and the manifest, and writes the manifest
+``If-None-Match: *``: a push that lost its claim never publishes.
 
 A marker's holder is gone when it is a process of this host that no longer runs (or this process, whose push
 of it ended), when the marker was last renewed more than the claim's lifetime ago by the store's clock and ours
