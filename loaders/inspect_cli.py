@@ -22,6 +22,7 @@ import click
 
 from cachebuild.errors import CacheBuildError
 from cachebuild.flags import field_options
+from cachebuild.inspect.report import ReportOptions  # no torch: numpy and the cache reader, as report needs
 from cachebuild.options import REQUIRED, check_fields, option
 
 __all__ = ["ReportTarget", "ShowOptions", "report", "run_curves", "show"]
@@ -138,7 +139,7 @@ class ReportTarget:
 def _report(**kw: Any) -> None:
     """A static HTML dataset card of the cache at PATH or URL: the manifest in words, per-class counts and
     contact sheets, pixel statistics for Normalize, skipped files, and (with --run) training curves."""
-    from cachebuild.inspect import ReportOptions, write_report
+    from cachebuild.inspect import write_report
 
     target = ReportTarget(**{f.name: kw.pop(f.name) for f in dataclasses.fields(ReportTarget)})
     opts = ReportOptions(**kw)
@@ -155,11 +156,5 @@ def _report(**kw: Any) -> None:
                f"{min(opts.stats_sample, reader.manifest.count)} samples)")
 
 
-def _report_command() -> click.Command:
-    from cachebuild.inspect.report import ReportOptions  # imports no torch; numpy, as the report does
-
-    return click.Command("report", params=[*field_options(ReportTarget), *field_options(ReportOptions)],
-                         callback=_report, help=_report.__doc__, context_settings={"show_default": True})
-
-
-report = _report_command()
+report = click.Command("report", params=[*field_options(ReportTarget), *field_options(ReportOptions)],
+                       callback=_report, help=_report.__doc__, context_settings={"show_default": True})
