@@ -1,6 +1,7 @@
 """The build commands of ``cachebuild``, one per source kind, generated from the sources registry.
 
-A command's flags are its kind's options (the fields of its options dataclass, :func:`field_options`), then
+A command's flags are its kind's options (the fields of its options dataclass, made into flags by
+:func:`cachebuild.flags.field_options`, as ``train``, ``show`` and ``report`` are), then
 ``--size``, then the flags every build shares (:func:`build_params`), whose defaults are read from
 ``BuildOptions`` and whose choices are the tuples it checks against: each is declared once.
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,11 +19,13 @@ import click
 
 from cachebuild.cli_common import WAIT, setup_logging
 from cachebuild.errors import CacheBuildError, DecodeError, OptionError, SourceError
-from cachebuild.sources.kind import SourceKind, flag_of
+from cachebuild.flags import field_options
+from cachebuild.settings import settings
+from cachebuild.sources.kind import SourceKind
 from cachebuild.sources.plan import Plan
 from cachebuild.storage import DEFAULT_STORAGE, backend_names, codecs
 
-__all__ = ["SIZE", "build_command", "build_params", "default_out", "field_options"]
+__all__ = ["SIZE", "build_command", "build_params", "default_out"]
 
 log = logging.getLogger("cachebuild")
 
@@ -32,43 +34,10 @@ SIZE = click.IntRange(min=8, max=8192)
 
 def default_out(dataset: str, size: int, fit: str, storage: str) -> Path:
     """``$CACHEBUILD_HOME`` (default ``~/.cache/cachebuild``) / ``<dataset>-<size>[-<fit>][-<storage>]``."""
-    home = Path(os.environ.get("CACHEBUILD_HOME", Path.home() / ".cache" / "cachebuild"))
+    home = settings().home
     name = f"{dataset}-{size}" + ("" if fit == "crop" else f"-{fit}")
     name += "" if storage == DEFAULT_STORAGE else f"-{storage}"
     return home / name
-
-
-class _Parsed(click.ParamType):
-    """A field's ``parse`` as a click type: a ValueError is the flag's usage error."""
-
-    name = "text"
-
-    def __init__(self, parse: Callable[[str], Any]) -> None:
-        self.parse = parse
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if not isinstance(value, str):
-            return value
-        try:
-            return self.parse(value)
-        except ValueError as e:
-            self.fail(str(e), param, ctx)
-
-
-def field_options(options: type) -> list[click.Option]:
-    """One flag per field of the dataclass ``options`` that declares one (:func:`cachebuild.sources.kind.option`),
-    in field order; the parameter is named as the field."""
-    out = []
-    for f in dataclasses.fields(options):
-        flag = flag_of(f)
-        if flag is None:
-            continue
-        kind: Any = click.Choice(list(flag.choices)) if flag.choices is not None else \
-            _Parsed(flag.parse) if flag.parse is not None else None
-        default = ",".join(f.default) if isinstance(f.default, tuple) else f.default  # shown as typed
-        out.append(click.Option([flag.flag or "--" + f.name.replace("_", "-"), f.name], type=kind, default=default,
-                                show_default=flag.show_default, metavar=flag.metavar, help=flag.help))
-    return out
 
 
 def _codecs() -> list[str]:

@@ -19,6 +19,8 @@ Over README.md and docs/*.md (CHANGELOG.md is history and is not checked):
    (the commands' own click definitions, ``--help``'s source), every ``--flag`` in the text is an option of
    some command, every ``make TARGET`` is a Makefile target, and every keyword argument a ``python`` code
    block passes to a function of ``loaders`` or ``cachebuild`` is a parameter of it.
+5. **Settings as declared**: the table of ``CACHEBUILD_*`` variables in ``docs/settings.md`` lists every knob
+   of ``cachebuild/settings.py`` with its default, and nothing else; no page names a variable that is not one.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from pathlib import Path
 
 from doctools.blocks import BLOCK, REPO, check, doc_files
 
-__all__ = ["check_all", "figure_problems", "flag_problems", "link_problems", "main", "signature_problems"]
+__all__ = ["check_all", "figure_problems", "flag_problems", "link_problems", "main", "settings_problems",
+           "signature_problems"]
 
 UNIT = (r"img/s|samples/s|[kMG]i?B/s|core-hours|dB|%|x(?![a-zA-Z0-9])|ms\b|s\b|min\b|minutes\b|seconds\b|"
         r"hours\b|[kKMGT]i?B\b")
@@ -277,13 +280,41 @@ def signature_problems(doc: Path) -> list[str]:
     return problems
 
 
+SETTINGS_DOC = REPO / "docs" / "settings.md"
+KNOB_ROW = re.compile(r"^\|\s*`(?P<env>CACHEBUILD_\w+)`\s*\|\s*`(?P<default>[^`]*)`\s*\|", re.M)
+
+
+def settings_problems(table: Path = SETTINGS_DOC, docs: Iterable[Path] = ()) -> list[str]:
+    """The table of ``CACHEBUILD_*`` variables in ``table`` (rows ``| `NAME` | `DEFAULT` | meaning |``) against
+    ``cachebuild.settings.KNOBS``: every knob listed once, none the code lacks, the same defaults; and no page
+    of ``docs`` naming a variable that is not a knob."""
+    from cachebuild.settings import KNOBS
+
+    knobs = {k.env: k for k in KNOBS}
+    where = _name(table)
+    rows = [(m.group("env"), m.group("default")) for m in KNOB_ROW.finditer(table.read_text(encoding="utf-8"))]
+    listed = [env for env, _ in rows]
+    problems = [f"{where}: {env} is not in the table (cachebuild/settings.py declares it, default "
+                f"{knobs[env].default!r})" for env in knobs if env not in listed]
+    problems += [f"{where}: {env} is listed more than once" for env in sorted(set(listed)) if listed.count(env) > 1]
+    for env, default in rows:
+        if env not in knobs:
+            problems.append(f"{where}: {env} is no setting of cachebuild (cachebuild/settings.py)")
+        elif default != knobs[env].default:
+            problems.append(f"{where}: {env}: the table says default `{default}`, the code {knobs[env].default!r}")
+    for doc in docs:
+        named = set(re.findall(r"CACHEBUILD_[A-Z][A-Z0-9_]*[A-Z0-9]", doc.read_text(encoding="utf-8")))
+        problems += [f"{_name(doc)}: {env} is no setting of cachebuild" for env in sorted(named - set(knobs))]
+    return problems
+
+
 def check_all(docs: Iterable[Path] | None = None) -> list[str]:
     docs = list(docs or doc_files())
     commands = _commands()
     problems = list(check())
     for doc in docs:
         problems += figure_problems(doc) + link_problems(doc) + flag_problems(doc, commands) + signature_problems(doc)
-    return problems
+    return problems + settings_problems(docs=docs)
 
 
 def main() -> int:

@@ -21,6 +21,7 @@ from cachebuild.inspect.paths import PathTable
 from cachebuild.inspect.select import pick_per_class, pick_random
 from cachebuild.inspect.show import Selection, show
 from cachebuild.inspect.stats import PixelStats, pixel_stats
+from cachebuild.options import check_fields, option
 from cachebuild.storage.cache.reader import CacheReader
 
 __all__ = ["FILE_LIST", "ReportOptions", "RunCurves", "write_report"]
@@ -38,11 +39,17 @@ _FITS = {"crop": "short side resized to the target, then centre-cropped",
 
 @dataclass(frozen=True)
 class ReportOptions:
-    per_class: int = 8  # samples on each class's contact sheet
-    classes_per_page: int = 10
-    stats_sample: int = 10_000  # samples the pixel statistics are computed over
-    overview: int = 32  # random samples on the first page
-    seed: int = 0
+    """What a report shows; each field declared once (``cachebuild report``'s flags are made from them)."""
+
+    stats_sample: int = option(10_000, "Samples the pixel statistics are computed over (all when the cache is "
+                               "smaller).", min=1)
+    per_class: int = option(8, "Samples on each class's contact sheet.", min=1)
+    classes_per_page: int = option(10, None, min=1)
+    overview: int = 32  # random samples on the first page (not a flag)
+    seed: int = option(0, None)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 class _Ledger:

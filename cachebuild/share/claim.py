@@ -5,17 +5,18 @@ On S3 that write is atomic and exclusive: ``If-None-Match: *`` where there is no
 to take over one whose holder is gone. Of two pushes that start together exactly one gets the claim; the
 other stops before it has written anything, with a :class:`~cachebuild.errors.LockHeldError` naming the
 holder (host, pid, user, start time, command, as a build's lock does). The holder renews its marker every
-:data:`HEARTBEAT_S` (each write ``If-Match`` its last one), checks the claim is still its own before it
-writes the file table and the manifest, and writes the manifest ``If-None-Match: *``: a push that lost its
-claim never publishes.
+tenth of the claim's lifetime, at most :data:`HEARTBEAT_S` (each write ``If-Match`` its last one), checks the
+claim is still its own before it writes the file table and the manifest, and writes the manifest
+``If-None-Match: *``: a push that lost its claim never publishes.
 
 A marker's holder is gone when it is a process of this host that no longer runs (or this process, whose push
-of it ended), when the marker was last renewed more than :data:`STALE_S` ago by the store's clock and ours
+of it ended), when the marker was last renewed more than the claim's lifetime ago by the store's clock and ours
 (a holder on another host that stopped), or when it names no holder (a push that failed gives its marker up
 so, and a release before claims wrote none). A holder
 stops uploading on its own once its last renewal is older than half of that, so a takeover never meets its
 writes. So a push killed at any point and rerun on the same host resumes at once; rerun elsewhere, after
-:data:`STALE_S`.
+the lifetime: ``CACHEBUILD_PUSH_STALE_S`` seconds (default 300), read when a push starts
+(:mod:`cachebuild.settings`), so that the lifetime, the holder's own limit and its renewals always agree.
 
 Stores without conditional writes (plain HTTP PUT servers, and every store but S3 here:
 :attr:`~cachebuild.storage.Location.conditional_writes`) get the
@@ -37,17 +38,16 @@ from typing import Any
 
 from cachebuild.builder.locks import Holder, pid_alive
 from cachebuild.errors import LockHeldError, RemoteNotFoundError, TransferError
+from cachebuild.settings import settings
 from cachebuild.storage import Location
 from cachebuild.storage.cache.provenance import current_host
 from cachebuild.storage.remote.pinning import etag_of
 
-__all__ = ["HEARTBEAT_S", "STALE_S", "ClaimRaced", "PushClaim"]
+__all__ = ["HEARTBEAT_S", "ClaimRaced", "PushClaim"]
 
 log = logging.getLogger("cachebuild")
 
-HEARTBEAT_S = 30.0
-STALE_S = float(os.environ.get("CACHEBUILD_PUSH_STALE_S", "300"))  # a claim not renewed for this long is free
-HOLD_S = STALE_S / 2  # a holder whose last renewal is older than this stops: nobody can have taken it over yet
+HEARTBEAT_S = 30.0  # the longest wait between a holder's renewals
 
 _ACTIVE: set[str] = set()  # tokens of the claims this process holds now
 _LOST = object()
@@ -95,6 +95,9 @@ class PushClaim:
         self.conditional = dst.conditional_writes
         self.token = secrets.token_hex(8)
         self.holder = asdict(Holder.me())
+        self.stale_s = settings().push_stale_s  # a claim not renewed for this long is free
+        self.hold_s = self.stale_s / 2  # a holder whose last renewal is older stops: nobody can have taken over
+        self.heartbeat_s = min(HEARTBEAT_S, self.stale_s / 10)
         self._doc: dict[str, Any] = {}
         self._etag: str | None = None  # the marker's tag as we last wrote it (None: not ours yet)
         self._found_etag: str | None = None  # the tag of a marker we may take over
@@ -118,7 +121,7 @@ class PushClaim:
         doc = self._read_doc()
         if not doc and self._read(self.name) is None:  # removed since: that push ended; what it left decides
             raise ClaimRaced(f"{self.url}: another push ended while this one looked at it")
-        if not _gone(doc, info, STALE_S):
+        if not _gone(doc, info, self.stale_s):
             raise self._held(doc)
         self._found_etag = etag_of(info)
         return doc
@@ -144,7 +147,7 @@ class PushClaim:
         return LockHeldError(
             f"another push is writing {self.url}: {_holder_text(doc)}; its marker is "
             f"{self.dst.describe(self.name)}. Wait for it to finish; if it was stopped, rerun on its host (at "
-            f"once) or anywhere once its marker is {STALE_S:.0f} s old")
+            f"once) or anywhere once its marker is {self.stale_s:.0f} s old")
 
     # ---------------------------------------------------------------- writing under the claim
     def write(self, marker: dict[str, Any]) -> None:
@@ -222,7 +225,7 @@ class PushClaim:
         return doc if isinstance(doc, dict) else {}
 
     def _heartbeat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
+        while not self._stop.wait(self.heartbeat_s):
             with self._lock:
                 if self._lost or self._stop.is_set():
                     return
@@ -240,7 +243,7 @@ class PushClaim:
         """Raise unless the claim is still ours (and recent enough that nobody may take it over)."""
         if self._lost:
             raise self._conflict()
-        if time.monotonic() - self._renewed > HOLD_S:
+        if time.monotonic() - self._renewed > self.hold_s:
             self._lost = f"its claim was not renewed for {time.monotonic() - self._renewed:.0f} s"
             raise self._conflict()
         if self.conditional and etag_of(self._info() or {}) != self._etag:
@@ -260,7 +263,7 @@ class PushClaim:
     def abandon(self) -> None:
         """The push failed: give the marker up (its holder removed, what it says for a rerun kept), so that a
         rerun anywhere takes it over at once. Best effort: a store that cannot be reached keeps it until
-        :data:`STALE_S` has passed."""
+        the claim's lifetime has passed."""
         self._stop.set()
         with self._lock:
             if self._etag is None or self._lost:

@@ -2,7 +2,8 @@
 
 Registered once in :mod:`cachebuild.sources.registry` (which attaches each plan's recipe, so that ``cachebuild
 status`` can make it again); the ``cachebuild`` build command of a kind is generated from its options'
-fields (:func:`option` puts the flag, help and choices beside the field's one default). A new kind::
+fields (:func:`~cachebuild.options.option`, re-exported here, puts the flag, help and choices beside the
+field's one default; :func:`cachebuild.flags.field_options` makes the flags). A new kind::
 
     @dataclass(frozen=True)
     class ListingOptions(SourceOptions):
@@ -24,12 +25,10 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from cachebuild.errors import OptionError
-from cachebuild.options import parse_choice
+from cachebuild.options import Flag, check_fields, flag_of, option
 from cachebuild.sources.plan import Plan
 
 __all__ = ["Flag", "SourceKind", "SourceOptions", "flag_of", "option"]
@@ -38,45 +37,14 @@ O = TypeVar("O", bound="SourceOptions")
 
 
 @dataclass(frozen=True)
-class Flag:
-    """How a field is offered on the command line (default and choices stay with the field)."""
-
-    help: str | None
-    flag: str | None = None  # default: --field-name
-    metavar: str | None = None
-    choices: Sequence[str] | None = None
-    parse: Callable[[str], Any] | None = None  # the typed text to the value (ValueError: a bad value)
-    show_default: bool | str = True
-
-
-def option(default: Any, help: str | None, **cli: Any) -> Any:
-    """A dataclass field with its command-line flag: ``option("all", "Split.", choices=("train", "all"))``."""
-    return dataclasses.field(default=default, metadata={"cli": Flag(help, **cli)})
-
-
-def flag_of(f: dataclasses.Field[Any]) -> Flag | None:
-    return f.metadata.get("cli")
-
-
-@dataclass(frozen=True)
 class SourceOptions:
     """Base of the options of a source kind: JSON values, checked when made, flat ``to_dict``/``from_dict``
     (a kind whose recorded recipes nest some fields overrides both)."""
 
     def __post_init__(self) -> None:
-        """Each flagged field checked as its default says: one of its choices, else of its default's type (a
-        string where the default is None), so a recipe or call that cannot plan fails here, naming the field."""
-        for f in dataclasses.fields(self):
-            flag, value = flag_of(f), getattr(self, f.name)
-            default: Any = f.default
-            if flag is None:
-                continue
-            if flag.choices is not None:
-                parse_choice(f.name, value, flag.choices)
-            elif value is not None or default is not None:
-                want = type(default) if default is not None else str
-                if not isinstance(value, want) or (want is tuple and not all(isinstance(v, str) for v in value)):
-                    raise OptionError(f"{f.name} must be {_WORDS.get(want, want.__name__)}; got {value!r}")
+        """Each flagged field checked as it is declared (its annotation's type, its choices), so a recipe or
+        call that cannot plan fails here, naming the field."""
+        check_fields(self)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: _json(getattr(self, f.name)) for f in dataclasses.fields(self)}
@@ -91,9 +59,6 @@ class SourceOptions:
         (``--split all``, no ``--name``), so that planning them again gives this plan alone."""
         names = {f.name for f in dataclasses.fields(self)}
         return dataclasses.replace(self, **{k: getattr(plan, k) for k in ("split", "dataset") if k in names})
-
-
-_WORDS = {str: "a string", tuple: "a list of strings", int: "an integer", bool: "True or False"}
 
 
 def _json(value: Any) -> Any:

@@ -1,8 +1,9 @@
 """``TrainConfig``: every setting of a run, and the one declaration of each training choice.
 
-The tuples below are where the choices live: ``TrainConfig`` checks against them and ``cachebuild
-train``'s options take their ``click.Choice`` lists (and every default) from them and from the fields.
-Imports no torch, so the CLI can build its options without it.
+Each field declares its flag, help, default, choices and bounds once (:func:`cachebuild.options.option`);
+``cachebuild train`` is made from the fields (:func:`cachebuild.flags.field_options`) and ``TrainConfig``
+checks itself against the same declarations. The tuples below are where the choices live. Imports no torch,
+so the CLI can build its options without it.
 """
 
 from __future__ import annotations
@@ -11,14 +12,7 @@ import re
 from dataclasses import dataclass
 
 from cachebuild.errors import CacheBuildError, OptionError
-from cachebuild.options import (
-    parse_bool,
-    parse_choice,
-    parse_float,
-    parse_int,
-    parse_optional_bool,
-    parse_path,
-)
+from cachebuild.options import REQUIRED, check_fields, option
 
 __all__ = [
     "AMP_CHOICES",
@@ -29,6 +23,7 @@ __all__ = [
     "OPTIMIZERS",
     "TrainConfig",
     "TrainSetupError",
+    "parse_progressive",
 ]
 
 AMP_CHOICES: tuple[str, ...] = ("auto", "bf16", "fp16", "off")
@@ -48,113 +43,119 @@ class TrainSetupError(CacheBuildError, ValueError):
     """A run that cannot start: mismatched caches, impossible sizes, a missing checkpoint to resume."""
 
 
+def _known_model(name: str) -> None:
+    from loaders.train.models import is_known_model  # imports torch: only when a model is named
+
+    if not is_known_model(name):
+        raise ValueError(f"unknown model {name!r}; try small_cnn, tiny_cnn, linear, resnet18, resnet50 (any "
+                         "torchvision classifier name)")
+
+
+def _device(name: str) -> None:
+    if not _DEVICE.fullmatch(name):
+        raise ValueError(f"must be cpu, cuda, cuda:N or auto; got {name!r}")
+
+
+def parse_progressive(text: str) -> tuple[int, int, int | None, int | None]:
+    """``LOW:HIGH[:START:END]`` as (low, high, start, end), START and END None when not given."""
+    try:
+        vals = [int(p) for p in str(text).split(":")]
+    except ValueError:
+        vals = []
+    if len(vals) not in (2, 4):
+        raise ValueError(f"must be LOW:HIGH or LOW:HIGH:START:END (integers), got {text!r}")
+    low, high = vals[0], vals[1]
+    start, end = (vals[2], vals[3]) if len(vals) == 4 else (None, None)
+    if not 8 <= low <= high or (start is not None and end is not None and not 0 <= start <= end):
+        raise ValueError(f"{text!r}: need 8 <= LOW <= HIGH and 0 <= START <= END")
+    return low, high, start, end
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Every setting of a run; written to ``OUT/config.json`` (with the resolved values) at the start.
 
-    Frozen and checked when made: a value that cannot work raises :class:`~cachebuild.errors.OptionError`
-    naming the field, before any cache is opened.
+    Each field is declared once (:func:`~cachebuild.options.option`: its flag, help, choices and bounds beside
+    its default): ``cachebuild train``'s options are made from these fields. Frozen and checked when made: a
+    value that cannot work raises :class:`~cachebuild.errors.OptionError` naming the field, before any cache is
+    opened.
     """
 
-    train: str
-    out: str
-    val: str | None = None
-    model: str = "small_cnn"
-    epochs: int = 1
-    batch_size: int = 64  # per process, per micro-batch
-    accum: int = 1
-    amp: str = "auto"
-    lr: float = 0.1
-    optimizer: str = "sgd"
-    momentum: float = 0.9
-    weight_decay: float = 5e-5
-    warmup_epochs: float = 0.0
-    label_smoothing: float = 0.0
+    train: str = option(REQUIRED, None, argument=True, metavar="CACHE", path="dir")
+    val: str | None = option(None, "Validation cache (same classes): top-1/top-5 after every epoch.", path="dir")
+    out: str = option("runs/train", "Run folder: checkpoint.pt, metrics.jsonl, metrics.png, config.json, "
+                      "summary.json.", path="dir")
+    model: str = option("small_cnn", "small_cnn / tiny_cnn / linear (CPU demos) or a torchvision model name "
+                        "(weights=None).", check=_known_model)
+    epochs: int = option(1, None, min=1)
+    batch_size: int = option(64, "Per process, per micro-batch.", min=1)
+    accum: int = option(1, "Micro-batches per optimizer step (gradient accumulation).", min=1)
+    amp: str = option("auto", "autocast dtype; auto: bf16 where native, fp16 on older GPUs, off on CPUs without "
+                      "bf16.", choices=AMP_CHOICES)
+    lr: float = option(0.1, "Peak learning rate.", min=0, min_open=True)
+    optimizer: str = option("sgd", None, choices=OPTIMIZERS)
+    momentum: float = option(0.9, None, min=0, max=1)
+    weight_decay: float = option(5e-5, None, min=0)
+    warmup_epochs: float = option(0.0, "Linear warm-up, then cosine decay to 0 (stepped per optimizer step).",
+                                  min=0)
+    label_smoothing: float = option(0.0, None, min=0, max=1, max_open=True)
     # batch-level mixing (loaders.transforms.MixUpCutMix): Beta(alpha, alpha) lambdas; 0 switches one off
-    mixup: float = 0.0
-    cutmix: float = 0.0
-    clip_grad: float | None = None
-    augment: str = "auto"
-    crop: int | None = None  # training/eval resolution; default: the cache's image size
-    augment_in: str = "device"  # one of AUGMENT_IN
-    # "A:B[:START:END]": train at A px until epoch START, then up to B px at epoch END (default: 0 and the
-    # last epoch); needs augment_in "workers". Evaluation stays at `crop`.
-    progressive: str | None = None
-    workers: int = 2  # DataLoader worker processes, or ThreadLoader threads
-    loader: str = "auto"  # one of LOADERS
-    in_memory: str = "auto"
-    device: str = "auto"
-    seed: int = 0
-    compile: bool = False
-    deterministic: bool = False
-    log_every: int = 20  # optimizer steps
-    ckpt_every: int = 0  # optimizer steps; 0: at the end of each epoch only
-    resume: bool = False
-    overwrite: bool = False  # a fresh run into an --out holding a run: remove that run's files first
-    progress: bool | None = None  # None: when stderr is a terminal
-    stop_after_steps: int | None = None  # testing: hard exit after this many optimizer steps
+    mixup: float = option(0.0, "MixUp on the device batch with Beta(ALPHA, ALPHA) lambdas (0: off; DeiT uses "
+                          "0.8).", min=0, metavar="ALPHA")
+    cutmix: float = option(0.0, "CutMix on the device batch (0: off; DeiT uses 1.0); with --mixup too, one of the "
+                           "two per batch, each with probability 0.5. Targets become soft; --label-smoothing "
+                           "smooths them.", min=0, metavar="ALPHA")
+    clip_grad: float | None = option(None, "Clip the gradient norm (after unscaling, under fp16).", min=0,
+                                     min_open=True)
+    augment: str = option("auto", "Device transform preset; auto: cifar for 32x32 caches, else imagenet "
+                          "(RandomResizedCrop).", choices=AUGMENTS)
+    crop: int | None = option(None, "Train/eval resolution [default: the cache's image size].", min=8)
+    augment_in: str = option("device", "Where the preset's crop, resize and flip run: device (on the batch) or "
+                             "workers (per sample, in the loader's workers/threads, straight into a batch of the "
+                             "crop's size; the device only normalizes). imagenet and none presets.",
+                             choices=AUGMENT_IN)
+    progressive: str | None = option(None, "Progressive resizing (needs --augment-in workers): train at LOW px "
+                                     "until epoch START, then rise to HIGH px at epoch END (multiples of 8) "
+                                     "[START, END default: 0 and the last epoch]. Evaluation stays at --crop.",
+                                     metavar="LOW:HIGH[:START:END]", check=parse_progressive)
+    workers: int = option(2, "DataLoader worker processes (--loader dataloader) or ThreadLoader threads (--loader "
+                          "threads).", min=0)
+    loader: str = option("auto", "threads: a ThreadLoader (batches gathered by threads of this process); "
+                         "dataloader: DataLoader worker processes; auto: threads on CPU (no processes competing "
+                         "for the cores), dataloader on CUDA.", choices=LOADERS)
+    in_memory: str = option("auto", "Load the cache into shared RAM once (auto: when it fits half the free "
+                            "memory).", choices=IN_MEMORY)
+    device: str = option("auto", "cpu, cuda, cuda:N or auto.", check=_device)
+    seed: int = option(0, None)
+    compile: bool = option(False, "torch.compile the model.")
+    deterministic: bool = option(False, "Deterministic algorithms (slower; for exact resume).")
+    log_every: int = option(20, "Optimizer steps between log lines.", min=0)
+    ckpt_every: int = option(0, "Optimizer steps between checkpoints (0: end of each epoch only).", min=0)
+    resume: bool = option(False, "Continue from OUT/checkpoint.pt, mid-epoch if it was written so.")
+    overwrite: bool = option(False, "Start over in an OUT that holds a run: removes that run's files there (only "
+                             "those), not others.")
+    progress: bool | None = option(None, "Progress bar [default: when on a terminal].")  # None: stderr a terminal
+    stop_after_steps: int | None = option(None, "Testing: exit hard (os._exit) after this many optimizer steps, "
+                                          "like a crash.", min=1, hidden=True)
 
     def __post_init__(self) -> None:
-        from loaders.train.models import is_known_model
-
-        parse_path("train", self.train)
-        parse_path("out", self.out)
-        parse_path("val", self.val, optional=True)
-        if not isinstance(self.model, str) or not is_known_model(self.model):
-            raise OptionError(f"model {self.model!r} is not known: small_cnn, tiny_cnn, linear or a torchvision "
-                              f"classifier name")
-        parse_int("epochs", self.epochs, 1)
-        parse_int("batch_size", self.batch_size, 1)
-        parse_int("accum", self.accum, 1)
-        parse_choice("amp", self.amp, AMP_CHOICES)
-        parse_float("lr", self.lr, 0, min_open=True)
-        parse_choice("optimizer", self.optimizer, OPTIMIZERS)
-        parse_float("momentum", self.momentum, 0, 1)
-        parse_float("weight_decay", self.weight_decay, 0)
-        parse_float("warmup_epochs", self.warmup_epochs, 0)
-        parse_float("label_smoothing", self.label_smoothing, 0, 1, max_open=True)
-        parse_float("mixup", self.mixup, 0)
-        parse_float("cutmix", self.cutmix, 0)
-        parse_float("clip_grad", self.clip_grad, 0, min_open=True, optional=True)
-        parse_choice("augment", self.augment, AUGMENTS)
-        parse_int("crop", self.crop, 8, optional=True)
-        parse_choice("augment_in", self.augment_in, AUGMENT_IN)
-        if self.progressive is not None:
-            self.progressive_schedule()  # checks it
-            if self.augment_in != "workers":
-                raise OptionError("progressive resizing crops in the loader's workers: add --augment-in workers")
-        parse_int("workers", self.workers, 0)
-        parse_choice("loader", self.loader, LOADERS)
-        parse_choice("in_memory", self.in_memory, IN_MEMORY)
-        if not isinstance(self.device, str) or not _DEVICE.fullmatch(self.device):
-            raise OptionError(f"device must be cpu, cuda, cuda:N or auto; got {self.device!r}")
-        parse_int("seed", self.seed)
-        for name in ("compile", "deterministic", "resume", "overwrite"):
-            parse_bool(name, getattr(self, name))
+        check_fields(self)
+        if self.progressive is not None and self.augment_in != "workers":
+            raise OptionError("progressive resizing crops in the loader's workers: add --augment-in workers")
         if self.resume and self.overwrite:
             raise OptionError("resume and overwrite exclude each other: --resume continues the run in --out, "
                               "--overwrite starts it over")
-        parse_int("log_every", self.log_every, 0)
-        parse_int("ckpt_every", self.ckpt_every, 0)
-        parse_optional_bool("progress", self.progress)
-        parse_int("stop_after_steps", self.stop_after_steps, 1, optional=True)
 
     def progressive_schedule(self) -> tuple[int, int, int, int] | None:
         """``progressive`` as (low, high, start epoch, end epoch), or None; OptionError when malformed."""
         if self.progressive is None:
             return None
-        parts = str(self.progressive).split(":")
         try:
-            vals = [int(p) for p in parts]
-        except ValueError:
-            vals = []
-        if len(vals) not in (2, 4):
-            raise OptionError(f"progressive must be LOW:HIGH or LOW:HIGH:START:END (integers), "
-                              f"got {self.progressive!r}")
-        low, high = vals[0], vals[1]
-        start, end = (vals[2], vals[3]) if len(vals) == 4 else (0, max(self.epochs - 1, 0))
-        if not 8 <= low <= high or not 0 <= start <= end:
-            raise OptionError(f"progressive {self.progressive!r}: need 8 <= LOW <= HIGH and 0 <= START <= END")
+            low, high, start, end = parse_progressive(self.progressive)
+        except ValueError as e:
+            raise OptionError(f"progressive {e}") from None
+        if start is None or end is None:
+            start, end = 0, max(self.epochs - 1, 0)
         return low, high, start, end
 
     def check(self) -> None:

@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from doctools import blocks as gen
-from doctools.check_docs import check_all, figure_problems, flag_problems, link_problems, signature_problems
+from doctools.check_docs import (
+    SETTINGS_DOC,
+    check_all,
+    figure_problems,
+    flag_problems,
+    link_problems,
+    settings_problems,
+    signature_problems,
+)
 from tests.repo import REPO
 
 RUN = REPO / "bench" / "results" / "2026-12-01-vm-evening"
@@ -85,3 +93,25 @@ def test_links_flags_targets_and_keywords(tmp_path: Path) -> None:
 @pytest.mark.parametrize("bad", ["```python\nx = f(\n```\n"])
 def test_a_python_block_that_does_not_parse_is_named(tmp_path: Path, bad: str) -> None:
     assert "does not parse" in signature_problems(_doc(tmp_path, bad))[0]
+
+
+def test_the_settings_table_is_held_to_the_settings_object(tmp_path: Path) -> None:
+    """docs/settings.md lists every CACHEBUILD_* knob of cachebuild.settings with its default: a knob left out,
+    one the code lacks, a default that differs and a page naming an unknown variable are each found."""
+    from cachebuild.settings import KNOBS
+
+    text = SETTINGS_DOC.read_text(encoding="utf-8")
+    assert settings_problems() == [] and all(f"| `{k.env}` | `{k.default}` |" in text for k in KNOBS)
+    table = tmp_path / "settings.md"
+    table.write_text("\n".join(line for line in text.splitlines() if "`CACHEBUILD_HEDGE_AFTER`" not in line))
+    assert settings_problems(table) == [f"{table}: CACHEBUILD_HEDGE_AFTER is not in the table (cachebuild/settings.py "
+                                        "declares it, default '0.05')"]
+    table.write_text(text.replace("| `CACHEBUILD_RETRIES` | `10` |", "| `CACHEBUILD_RETRIES` | `5` |")
+                     + "| `CACHEBUILD_TURBO` | `1` | Goes faster. |\n")
+    problems = settings_problems(table)
+    assert len(problems) == 2, problems
+    assert "CACHEBUILD_RETRIES: the table says default `5`, the code '10'" in problems[0]
+    assert "CACHEBUILD_TURBO is no setting of cachebuild" in problems[1]
+    page = tmp_path / "page.md"
+    page.write_text("Set `CACHEBUILD_RETRIES=3` or `CACHEBUILD_RETRYS=3`.\n")
+    assert settings_problems(docs=[page]) == [f"{page}: CACHEBUILD_RETRYS is no setting of cachebuild"]

@@ -22,13 +22,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
-import os
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from cachebuild.errors import OptionError
+from cachebuild.settings import defaults as knob_defaults
+from cachebuild.settings import settings as read_knobs
 from cachebuild.storage.remote import hedge
 
 __all__ = ["Budget", "Exhausted", "Failure", "RangeIgnored", "RemoteSettings", "ShortRead", "call", "classify",
@@ -37,47 +37,35 @@ __all__ = ["Budget", "Exhausted", "Failure", "RangeIgnored", "RemoteSettings", "
 T = TypeVar("T")
 
 
+_D = knob_defaults()
+
+
 @dataclass(frozen=True)
 class RemoteSettings:
-    attempts: int = 10  # tries of one request; at a steady 33% failure rate 10 fail together once in 60,000
-    budget_s: float = 120.0  # wall time of one call (a request, or a group of them), waits included
-    http_timeout_s: float = 60.0  # a socket read that long with no byte: a stalled response
-    pin_versions: bool = True
+    """The remote layer's policy: the knobs it reads (:mod:`cachebuild.settings`, defaults from there) and
+    the spacing of tries, which is not a knob."""
+
+    attempts: int = _D.retries  # tries of one request; at a steady 33% failure rate 10 fail together once in 60,000
+    budget_s: float = _D.retry_budget_s  # wall time of one call (a request, or a group of them), waits included
+    http_timeout_s: float = _D.http_timeout_s  # a socket read that long with no byte: a stalled response
+    pin_versions: bool = _D.pin_versions
     backoff_s: float = 0.05  # the first wait is up to this, doubling each try
     backoff_max_s: float = 5.0
     retry_after_max_s: float = 30.0  # a server asking for longer gets this much
-    hedge: bool = True  # a second request for a range read that is late (cachebuild.storage.remote.hedge)
-    hedge_after_s: float = 0.05  # never hedge sooner than this
-    hedge_factor: float = 3.0  # hedge a read this many times slower than the median of its size class
-
-
-def _env_number(name: str, default: float, cast: Callable[[str], float]) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = cast(raw)
-    except ValueError:
-        raise OptionError(f"{name}={raw!r} is not a number; unset it or give e.g. {name}={default:g}") from None
-    if value <= 0:
-        raise OptionError(f"{name}={raw!r} must be positive; unset it or give e.g. {name}={default:g}")
-    return value
+    hedge: bool = _D.hedge  # a second request for a range read that is late (cachebuild.storage.remote.hedge)
+    hedge_after_s: float = _D.hedge_after_s  # never hedge sooner than this
+    hedge_factor: float = _D.hedge_factor  # hedge a read this many times slower than the median of its size class
 
 
 def settings() -> RemoteSettings:
     """The remote layer's settings from the environment as it is now (``CACHEBUILD_RETRIES``,
     ``CACHEBUILD_RETRY_BUDGET`` seconds, ``CACHEBUILD_HTTP_TIMEOUT`` seconds, ``CACHEBUILD_PIN_VERSIONS=0``,
-    ``CACHEBUILD_HEDGE=0``, ``CACHEBUILD_HEDGE_AFTER`` seconds, ``CACHEBUILD_HEDGE_FACTOR``)."""
-    d = RemoteSettings()
-    return RemoteSettings(
-        attempts=int(_env_number("CACHEBUILD_RETRIES", d.attempts, int)),
-        budget_s=_env_number("CACHEBUILD_RETRY_BUDGET", d.budget_s, float),
-        http_timeout_s=_env_number("CACHEBUILD_HTTP_TIMEOUT", d.http_timeout_s, float),
-        pin_versions=os.environ.get("CACHEBUILD_PIN_VERSIONS", "1") != "0",
-        hedge=os.environ.get("CACHEBUILD_HEDGE", "1") != "0",
-        hedge_after_s=_env_number("CACHEBUILD_HEDGE_AFTER", d.hedge_after_s, float),
-        hedge_factor=_env_number("CACHEBUILD_HEDGE_FACTOR", d.hedge_factor, float),
-    )
+    ``CACHEBUILD_HEDGE=0``, ``CACHEBUILD_HEDGE_AFTER`` seconds, ``CACHEBUILD_HEDGE_FACTOR``), read through
+    :func:`cachebuild.settings.settings`."""
+    s = read_knobs()
+    return RemoteSettings(attempts=s.retries, budget_s=s.retry_budget_s, http_timeout_s=s.http_timeout_s,
+                          pin_versions=s.pin_versions, hedge=s.hedge, hedge_after_s=s.hedge_after_s,
+                          hedge_factor=s.hedge_factor)
 
 
 class ShortRead(OSError):

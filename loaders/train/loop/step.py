@@ -153,12 +153,11 @@ def train_one_epoch(
     scaler: torch.amp.GradScaler | None = None,
     on_log: Callable[[dict[str, float]], None] | None = None,
     on_step: Callable[[StepInfo], None] | None = None,
-    **settings: Any,
 ) -> EpochResult:
     """Train ``model`` on one epoch of ``batches``; returns timings and the mean loss.
 
-    ``config`` holds the settings (:class:`EpochConfig`: accumulation, resume point, AMP...); its fields
-    may also be passed as keywords (``accum=2``), as in earlier releases, and override ``config``'s.
+    ``config`` holds the settings (:class:`EpochConfig`: accumulation, resume point, AMP...; default: its
+    defaults), the one way to pass them: ``train_one_epoch(model, batches, opt, EpochConfig(accum=2))``.
 
     Gradient accumulation: the optimizer steps on every ``accum``-th micro-batch and on the last one;
     each micro-batch's loss is divided by the length of *its own* window, so a shorter last window is
@@ -175,7 +174,7 @@ def train_one_epoch(
     (fp16) the loss is scaled, gradients are unscaled before clipping, and an inf/NaN gradient makes
     the scaler skip the step, leaving the weights as they were.
     """
-    cfg, num_batches = _resolve(config, settings, batches)
+    cfg, num_batches = _resolve(config, batches)
     device = torch.device(cfg.device) if cfg.device is not None else model_device(model)
     step = _Step(model, optimizer, loss_fn if loss_fn is not None else nn.CrossEntropyLoss(), transform,
                  batch_transform, scheduler, scaler, cfg, num_batches, device)
@@ -214,10 +213,11 @@ def train_one_epoch(
     return _epoch_result(st, cfg, t_prev - t_start, device)
 
 
-def _resolve(config: EpochConfig | None, settings: dict[str, Any],
-             batches: Iterable[Any]) -> tuple[EpochConfig, int]:
-    """``config`` with the keyword ``settings`` applied and ``num_batches`` filled in, checked."""
-    cfg = dataclasses.replace(config if config is not None else EpochConfig(), **settings)
+def _resolve(config: EpochConfig | None, batches: Iterable[Any]) -> tuple[EpochConfig, int]:
+    """``config`` with ``num_batches`` filled in, checked."""
+    cfg = config if config is not None else EpochConfig()
+    if not isinstance(cfg, EpochConfig):
+        raise TypeError(f"config must be an EpochConfig, got {type(cfg).__name__}")
     if cfg.accum < 1:
         raise ValueError(f"accum must be >= 1, got {cfg.accum}")
     num_batches = cfg.num_batches

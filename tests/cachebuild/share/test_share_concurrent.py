@@ -5,10 +5,12 @@ completes. Real processes against moto's S3 server on 127.0.0.1 (its conditional
 
 from __future__ import annotations
 
+import datetime
 import importlib
 import json
 import re
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +18,6 @@ import pytest
 from click.testing import CliRunner
 
 from cachebuild.cli import main
-from cachebuild.share import claim as claim_module
 from cachebuild.storage.cache.provenance import current_host
 from tests import share_races
 from tests.loaders_fixtures import make_cache, make_images
@@ -146,7 +147,12 @@ def test_a_claim_renewed_by_its_holder_is_refused_and_one_left_by_a_stopped_host
     r = _cli("push", caches["b"][0], url, "--no-progress")
     assert r.exit_code == 1 and "another push is writing" in r.output, r.output
     assert "pid 4242 on gpu-node-7 (user ada)" in r.output, r.output
-    monkeypatch.setattr(claim_module, "STALE_S", 0.0)
+    # The claim's lifetime is read when a push starts (CACHEBUILD_PUSH_STALE_S): at 2 s the marker expires 2 s
+    # after it was written, and this push renews its own claim every 0.2 s and would stop if it went 1 s without.
+    monkeypatch.setenv("CACHEBUILD_PUSH_STALE_S", "2")
+    written = s3.fs.info(s3.url(f"team/x/{MARKER}"), refresh=True)["LastModified"]
+    while (datetime.datetime.now(datetime.timezone.utc) - written).total_seconds() <= 2:
+        time.sleep(0.1)
     r = _cli("push", caches["b"][0], url, "--no-progress")
     assert r.exit_code == 0, r.output
     assert _check_one_cache(url, caches, s3, "team/x") == "b"

@@ -131,24 +131,23 @@ def test_logged_lr_is_the_one_the_step_applied() -> None:
     assert applied == logged == [1.0, 0.5, 1 / 3]
 
 
-def test_keyword_settings_of_earlier_releases_equal_the_config() -> None:
-    """``accum=2, num_samples=...`` as keywords (the signature of earlier releases) trains exactly as the
-    same values in an EpochConfig; keywords override the config's; an unknown one is a TypeError."""
+def test_the_config_is_the_one_way_to_pass_settings() -> None:
+    """Settings go in an EpochConfig only: ``accum=`` as a keyword (the signature of earlier releases) is a
+    TypeError, as is a config of another type; no config trains with EpochConfig's defaults."""
     g = torch.Generator().manual_seed(3)
     sizes = [4, 4, 4, 2]
     data = [(torch.randn(n, 3, 2, 2, generator=g, dtype=torch.float64), torch.randint(0, 5, (n,), generator=g))
             for n in sizes]
-    a, b, c = _mlp(), _mlp(), _mlp()
-    res_a = train_one_epoch(a, data, torch.optim.SGD(a.parameters(), lr=0.1), accum=3, num_samples=sum(sizes))
-    res_b = train_one_epoch(b, data, torch.optim.SGD(b.parameters(), lr=0.1),
-                            EpochConfig(accum=3, num_samples=sum(sizes)))
-    res_c = train_one_epoch(c, data, torch.optim.SGD(c.parameters(), lr=0.1), EpochConfig(accum=1),
-                            accum=3, num_samples=sum(sizes))
-    assert res_a.steps == res_b.steps == res_c.steps == 2
-    for p, q, r in zip(a.parameters(), b.parameters(), c.parameters(), strict=True):
-        assert torch.equal(p, q) and torch.equal(p, r)
-    with pytest.raises(TypeError, match="accumulate"):
-        train_one_epoch(a, data, torch.optim.SGD(a.parameters(), lr=0.1), accumulate=2)
+    a, b = _mlp(), _mlp()
+    with pytest.raises(TypeError, match="accum"):
+        train_one_epoch(a, data, torch.optim.SGD(a.parameters(), lr=0.1), accum=3)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="config must be an EpochConfig, got dict"):
+        train_one_epoch(a, data, torch.optim.SGD(a.parameters(), lr=0.1), {"accum": 3})  # type: ignore[arg-type]
+    res_a = train_one_epoch(a, data, torch.optim.SGD(a.parameters(), lr=0.1))
+    res_b = train_one_epoch(b, data, torch.optim.SGD(b.parameters(), lr=0.1), EpochConfig())
+    assert res_a.steps == res_b.steps == 4
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.equal(p, q)
 
 
 def test_batch_transform_runs_after_the_transform_and_takes_soft_targets() -> None:
@@ -195,7 +194,7 @@ def test_window_size_shortens_only_the_last_window() -> None:
 def test_resume_mid_epoch_matches_one_pass() -> None:
     data = _batches(7, 4)
     a, b = _mlp(), _mlp()
-    train_one_epoch(a, data, torch.optim.SGD(a.parameters(), lr=0.1), accum=2)
+    train_one_epoch(a, data, torch.optim.SGD(a.parameters(), lr=0.1), EpochConfig(accum=2))
     opt_b = torch.optim.SGD(b.parameters(), lr=0.1)
     stops: list[int] = []
     train_one_epoch(b, data[:4], opt_b, EpochConfig(accum=2, num_batches=7), on_step=lambda s: stops.append(s.batch))
@@ -232,7 +231,7 @@ def test_bf16_autocast_on_cpu_lowers_the_loss() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     data = _separable(12)
     before = evaluate(model, data, amp_dtype=torch.bfloat16)
-    losses = [train_one_epoch(model, data, opt, amp_dtype=torch.bfloat16).loss for _ in range(3)]
+    losses = [train_one_epoch(model, data, opt, EpochConfig(amp_dtype=torch.bfloat16)).loss for _ in range(3)]
     after = evaluate(model, data, amp_dtype=torch.bfloat16)
     assert losses[-1] < 0.6 * losses[0], losses
     assert after["loss"] < before["loss"]

@@ -28,6 +28,7 @@ import numpy as np
 
 from cachebuild.atomic import AtomicFile
 from cachebuild.errors import CacheCorruptError, OptionError, RemoteError
+from cachebuild.settings import settings
 from cachebuild.storage.kinds.base import (
     Backend,
     BlockRecord,
@@ -57,12 +58,9 @@ def shard_file_name(index: int) -> str:
 def decode_threads() -> int:
     """Decoding threads for this process: ``$CACHEBUILD_DECODE_THREADS``, else the CPUs this process may
     use divided among the DataLoader's workers when in one, at most 4."""
-    env = os.environ.get("CACHEBUILD_DECODE_THREADS")
-    if env:
-        try:
-            return max(1, int(env))
-        except ValueError:
-            raise OptionError(f"CACHEBUILD_DECODE_THREADS must be a positive integer, got {env!r}") from None
+    threads = settings().decode_threads
+    if threads is not None:
+        return threads
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     workers = 1
     data = sys.modules.get("torch.utils.data")  # never imported here: only asked when the caller uses torch
