@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import textwrap
@@ -115,6 +116,37 @@ def test_pickles_cheaply_without_open_files(tmp_path: Path) -> None:
     assert len(blob) < 20_000
     clone = pickle.loads(blob)
     assert clone._images.rows._handles is None and np.array_equal(clone[7][0].numpy(), images[7])
+
+
+# ---------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize(("field", "bad", "message"), [
+    ("decode", "gpu", "decode must be 'cpu' or 'none'"),
+    ("decode_threads", 0, "decode_threads must be >= 1"),
+    ("in_memory", "yes", "in_memory must be True, False or 'auto'"),
+    ("ring_slots", -1, "ring_slots must be in 0.."),
+    ("flip", 1.5, "flip must be a bool or a probability"),
+    ("flip", True, "flip needs crop=RandomResizedCrop"),
+])
+def test_options_refuse_bad_values_when_made(field: str, bad: object, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):  # before any cache is opened: no root involved
+        DatasetOptions(**{field: bad})  # type: ignore[arg-type]
+
+
+def test_one_options_value_opens_caches_alike(tmp_path: Path) -> None:
+    (a, images_a, _), (b, images_b, _) = make_cache(tmp_path / "a", n=9), make_cache(tmp_path / "b", n=5, h=10)
+    options = DatasetOptions(in_memory=True, return_boxes=True, ring_slots=2)
+    for root, images in ((a, images_a), (b, images_b)):
+        ds = CachedImageDataset(root, options)
+        assert ds.in_memory and ds.return_boxes and ds.ring_slots == 2
+        assert np.array_equal(ds.gather(np.arange(len(images))), images) and len(ds[0]) == 3
+    with pytest.raises(AttributeError):
+        options.in_memory = False  # type: ignore[misc]  # frozen: a value shared by datasets stays what it was
+    with pytest.raises(TypeError, match=r"must be a loaders\.dataset\.DatasetOptions, got dict"):
+        CachedImageDataset(a, {"in_memory": True})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="in_memory"):
+        CachedImageDataset(a, in_memory=True)  # type: ignore[call-arg]  # the settings are the options' fields
 
 
 # ---------------------------------------------------------------- bad input: named errors at open

@@ -138,6 +138,19 @@ def test_gather_cropped_on_storage_kinds(tmp_path: Path, kind: str) -> None:
         assert not np.array_equal(_reference(ds, idx, (24, 24), 3, boxes=whole), got)
 
 
+def test_sample_views_are_read_only_views_where_samples_lie_in_memory(tmp_path: Path) -> None:
+    root = _npy(tmp_path)
+    zarr = make_cache(tmp_path / "z", n=40, h=H, w=W, shard_size=16, storage="zarr")[0]
+    idx = np.array([17, 3, 3, 39])
+    for ds in (CachedImageDataset(root), CachedImageDataset(root, DatasetOptions(in_memory=True))):
+        views = ds.sample_views(idx)
+        assert views is not None and np.array_equal(np.stack(views), ds.gather(idx))
+        assert not any(v.flags.writeable for v in views)  # a view of the cache is never written through
+    assert CachedImageDataset(zarr).sample_views(idx) is None  # chunks must be read: the crop gathers them
+    with pytest.raises(IndexError, match="out of range"):
+        CachedImageDataset(root).sample_views([40])
+
+
 def test_compact_and_url_caches(tmp_path: Path, http_server) -> None:  # type: ignore[no-untyped-def]
     root, _, _ = jpeg_index_cache(tmp_path / "site" / "j", n=40)
     url = http_server(tmp_path / "site").url_for("j")
