@@ -4,7 +4,7 @@
 set (or changed) after ``import cachebuild`` counts from the next call on. A value that cannot work raises
 :class:`~cachebuild.errors.OptionError` naming the variable, what it holds and a value that would do; an
 unset or empty variable is its default. The table in ``docs/settings.md`` lists the same knobs, and
-``python -m bench.check_docs`` holds it to :data:`KNOBS` (every knob, its default).
+``python -m doctools.check_docs`` holds it to :data:`KNOBS` (every knob, its default).
 """
 
 from __future__ import annotations

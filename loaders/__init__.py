@@ -14,6 +14,7 @@ __all__ = [
     "CacheBatch",
     "CacheSampler",
     "CachedImageDataset",
+    "DatasetOptions",
     "DeviceLoader",
     "FastLoader",
     "ThreadLoader",
@@ -25,6 +26,7 @@ _HOME = {
     "CacheBatch": "loaders.dataset",
     "CachedImageDataset": "loaders.dataset",
     "collate_batch": "loaders.dataset",
+    "DatasetOptions": "loaders.dataset_options",
     "DeviceLoader": "loaders.device",
     "FastLoader": "loaders.device",  # ThreadLoader's name in earlier releases
     "ThreadLoader": "loaders.thread_loader",

@@ -43,8 +43,8 @@ from torch.utils.data import get_worker_info
 from cachebuild.processes import pid_alive
 from loaders.shared_memory import shm_free_bytes
 
-__all__ = ["MAX_SLOTS", "WAIT_S", "InlineTensor", "SlotTensor", "WorkerRing", "drop_dead_rings", "ring_bytes",
-           "ring_stats", "rings_fit"]
+__all__ = ["MAX_SLOTS", "WAIT_S", "InlineTensor", "ProcessRing", "SlotTensor", "WorkerRing", "drop_dead_rings",
+           "ring_bytes", "ring_stats", "rings_fit"]
 
 WAIT_S = 0.005  # longest wait for a free slot; a fresh 38 MB batch costs ~30 ms, so waiting longer never pays
 
@@ -200,6 +200,46 @@ class WorkerRing:
         self.counts[0] += 1
         storage = self.storage if self.buf[_ACK] == 0 else None
         return _rebuild_slot, (self.key, slot, shape, _PAGE + slot * self.stride, storage, self.retire)
+
+
+class ProcessRing:
+    """A dataset's batch ring in the worker it runs in: made on its first batch, remade when a batch
+    outgrows it or ``slots`` changes, never carried into another process (a fork or a pickled copy starts
+    without one), and given up for fresh batches in a process where shared memory is refused."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self.ring: WorkerRing | None = None
+        self.failed = False  # shared memory refused (small /dev/shm): fresh batches in this process
+        self.pid = os.getpid()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._reset()
+
+    def take(self, slots: int, shape: tuple[int, ...]) -> SlotTensor | None:
+        """A free slot of ``shape`` in this process's ring of ``slots``, or None (the caller makes a fresh batch)."""
+        if self.pid != os.getpid():  # forked: the parent's ring is not ours
+            self._reset()
+        if self.failed:
+            return None
+        nbytes = int(np.prod(shape))
+        ring = self.ring
+        if ring is None or ring.slot_bytes < nbytes or ring.slots != slots:
+            self.ring = None  # the old ring lives on while its batches do
+            if not rings_fit(slots, nbytes):
+                self.failed = True
+                return None
+            try:
+                ring = self.ring = WorkerRing(slots, nbytes, retire=None if ring is None else ring.key)
+            except RuntimeError:  # e.g. /dev/shm too small for the ring: one fresh batch at a time may fit
+                self.failed = True
+                return None
+        return ring.take(shape)
 
 
 # ---------------------------------------------------------------------------- main process side

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import operator
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,23 +35,18 @@ from torch.utils.data import Dataset, get_worker_info
 from cachebuild.errors import CacheChangedError
 from cachebuild.format import Manifest
 from cachebuild.format.identity import check_fingerprint
-from cachebuild.storage import BlockCache, ImageStore
+from cachebuild.storage import ImageStore
 from cachebuild.storage.cache.reader import open_cache
 from cachebuild.storage.kinds.side_arrays import load_paths, map_array
 from cachebuild.storage.locations.replacement import ReaderLock
-from loaders.batch_ring import MAX_SLOTS, InlineTensor, WorkerRing, rings_fit
+from loaders.batch_ring import InlineTensor, ProcessRing
 from loaders.collate import CacheBatch, collate_batch
-from loaders.dataset_crop import WorkerCropMixin
+from loaders.dataset_options import DatasetOptions
 from loaders.encoded import EncodedImages
 from loaders.shared_memory import auto_budget, load_shared, shared_uint8
-from loaders.worker_crop import CropSpec
+from loaders.worker_crop import CropPlan, CropSpec, flip_probability
 
-__all__ = ["CacheBatch", "CachedImageDataset", "collate_batch"]
-
-# Batch slots per DataLoader worker: the DataLoader keeps prefetch_factor (default 2) batches in flight
-# per worker, the loop holds the batch it works on and the one before (a `for x, y in dl` rebinds x only
-# after next() returns), and device_loader one more.
-DEFAULT_RING_SLOTS = 5
+__all__ = ["CacheBatch", "CachedImageDataset", "DatasetOptions", "collate_batch"]
 
 
 def _in_worker() -> bool:
@@ -67,114 +62,60 @@ def _new_uint8(shape: tuple[int, ...], shared: bool) -> torch.Tensor:
     return shared_uint8(shape)
 
 
-def _as_writable_numpy(t: torch.Tensor) -> np.ndarray:
-    return t.numpy()
+def _inline(labels: torch.Tensor, boxes: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A batch's small tensors made to cross to the main process by value (``batch_ring.InlineTensor``)."""
+    return labels.as_subclass(InlineTensor), None if boxes is None else boxes.as_subclass(InlineTensor)
 
 
-class CachedImageDataset(WorkerCropMixin, Dataset):
+class CachedImageDataset(Dataset):
     """A cachebuild cache as a map-style dataset: ``ds[i] -> (uint8 HWC tensor, int label[, box])``.
 
     Args:
         root: the cache folder (holding ``manifest.json``), or its URL (``s3://``, ``gs://``, ``https://``,
             ``file://``); the storage kind is read from the manifest.
-        transform: optional per-sample CPU callable applied to the uint8 HWC tensor. With it, batches
-            are collated sample by sample (slower); the fast path is ``transform=None`` plus device-side
-            transforms on the batch.
-        return_boxes: also return the valid box ``(y0, x0, y1, x1)`` int32 (end-exclusive) of each sample.
-            Caches built with ``--fit pad`` store it; for other caches every pixel is valid, so the box is
-            the full image ``(0, 0, H, W)``.
-        in_memory: ``False`` reads through memory maps (page cache); ``True`` loads the whole cache once
-            into shared memory that every DataLoader worker sees (fork or spawn, no per-worker copy);
-            ``"auto"`` does so when the images fit ``memory_budget`` and half of the space free in
-            /dev/shm (the other half is left to batches in flight: containers often keep it small),
-            both split between the ``LOCAL_WORLD_SIZE`` processes torchrun starts on a node, each of
-            which loads its own copy.
-        memory_budget: bytes one process may load for ``in_memory="auto"``; default half of the
-            available RAM, split as above.
-        ring_slots: reused batch slots per ``DataLoader`` worker (``loaders.batch_ring``); costs
-            ``ring_slots`` x batch bytes of shared memory per worker (5 x 38.5 MB for 256 x 224 x 224 x 3),
-            mapped by the worker and the main process. Use ``prefetch_factor + 3`` when raising the
-            DataLoader's ``prefetch_factor``; 0 allocates a fresh shared batch every time (the old path).
-            A batch that finds no free slot (e.g. the loop keeps every batch) gets a fresh one.
-        local_cache: for a URL, a local folder where fetched blocks are kept (bounded by
-            ``local_cache_bytes``, shared safely by workers and jobs), so later epochs read local disk.
-        storage_options: fsspec options for a URL (credentials normally come from the store's config).
-        expect_fingerprint: a prefix (8+ hex digits) of the cache's fingerprint, i.e. its build key, as
-            ``cachebuild info`` / ``ls`` show it: opening a rebuilt or different cache then raises
-            ``FingerprintMismatchError`` naming both, instead of training on other data.
-        decode: for compact caches (``--codec jpeg``): ``"cpu"`` decodes each batch where it is read (a small
-            pool of threads per process, ``decode_threads`` of them; default: the CPUs divided among the
-            DataLoader's workers, at most 4); ``"none"`` makes batches carry the stored JPEGs undecoded
-            (:class:`~loaders.encoded.EncodedImages`) for ``device_loader(..., decode="cuda")``, which sets
-            it. Raw caches have nothing to decode and ignore both.
-        crop: crop in the loader's workers (``loaders.worker_crop``): a
-            :class:`~loaders.worker_crop.RandomResizedCrop` (train) or :class:`~loaders.worker_crop.CenterCrop`
-            (eval). Each sample is cropped inside its valid box and resized straight into the batch, which is
-            then uint8 (B, size, size, 3): the device side only normalizes. Boxes and flips are a pure function
-            of (``seed``, epoch, sample index); set the epoch with :meth:`set_epoch` (or an
-            :class:`~loaders.worker_crop.EpochSampler`) and the output size with :meth:`set_resolution`.
-        flip: with a ``RandomResizedCrop``, mirror each sample left-right with probability 0.5
-            (``True``) or the given probability.
-        seed: the seed of the crop boxes and flips.
+        options: every other setting (:class:`~loaders.dataset_options.DatasetOptions`: transform, boxes,
+            crop in the workers, in memory, batch ring, block cache, fingerprint, decode); the defaults
+            read raw uint8 samples through memory maps.
+
+    ``transform``, ``return_boxes``, ``ring_slots`` and ``decode`` are attributes a loader may set afterwards
+    (``device_loader(decode="cuda")``, a DataLoader's prefetch); the crop in the workers is :attr:`crop` (a
+    :class:`~loaders.worker_crop.CropPlan`, or None), changed with :meth:`set_crop`.
 
     Opening validates the manifest and every shard header (named errors from ``cachebuild.errors``:
     ``CacheNotFoundError``, ``UnsupportedFormatError``, ``CacheCorruptError``) and then closes the files.
     """
 
-    def __init__(
-        self,
-        root: str | os.PathLike[str],
-        *,
-        transform: Callable[[torch.Tensor], Any] | None = None,
-        return_boxes: bool = False,
-        in_memory: bool | str = False,
-        memory_budget: int | None = None,
-        ring_slots: int = DEFAULT_RING_SLOTS,
-        local_cache: str | os.PathLike[str] | BlockCache | None = None,
-        local_cache_bytes: int | None = None,
-        storage_options: dict[str, Any] | None = None,
-        expect_fingerprint: str | None = None,
-        decode: str = "cpu",
-        decode_threads: int | None = None,
-        crop: CropSpec | None = None,
-        flip: bool | float = False,
-        seed: int = 0,
-    ) -> None:
-        if decode not in ("cpu", "none"):
-            raise ValueError(f"decode must be 'cpu' or 'none', got {decode!r}")
-        if decode_threads is not None and decode_threads < 1:
-            raise ValueError(f"decode_threads must be >= 1 or None, got {decode_threads}")
-        if in_memory not in (True, False, "auto"):
-            raise ValueError(f"in_memory must be True, False or 'auto', got {in_memory!r}")
-        if not 0 <= ring_slots <= MAX_SLOTS:
-            raise ValueError(f"ring_slots must be in 0..{MAX_SLOTS}, got {ring_slots}")
+    def __init__(self, root: str | os.PathLike[str], options: DatasetOptions | None = None) -> None:
+        o = options if options is not None else DatasetOptions()
+        if not isinstance(o, DatasetOptions):
+            raise TypeError(f"options must be a loaders.dataset.DatasetOptions, got {type(o).__name__}")
         # Validates the manifest and every shard/chunk header, here in the caller, never in a worker.
-        reader = open_cache(root, local_cache=local_cache, local_cache_bytes=local_cache_bytes,
-                            storage_options=storage_options)
-        if expect_fingerprint is not None:
-            check_fingerprint(reader.manifest, expect_fingerprint, reader.location.describe())
+        reader = open_cache(root, local_cache=o.local_cache, local_cache_bytes=o.local_cache_bytes,
+                            storage_options=None if o.storage_options is None else dict(o.storage_options))
+        if o.expect_fingerprint is not None:
+            check_fingerprint(reader.manifest, o.expect_fingerprint, reader.location.describe())
         self.root: Path | str = reader.root
         self.location = reader.location
         self.manifest: Manifest = reader.manifest
         self._images: ImageStore = reader.images
-        self._images.decode_threads = decode_threads
-        self.decode = decode
+        self._images.decode_threads = o.decode_threads
+        self.decode: str = o.decode
         self._reader_lock = reader._lock  # held while this dataset lives in this process (never pickled)
-        self.transform = transform
-        self.return_boxes = bool(return_boxes)
-        self.ring_slots = int(ring_slots)
+        self.transform = o.transform
+        self.return_boxes = bool(o.return_boxes)
+        self.ring_slots = int(o.ring_slots)
         self._labels: np.ndarray = np.ascontiguousarray(reader.labels, dtype=np.int64)
         self.sizes: np.ndarray = reader.sizes
         self._boxes: np.ndarray | None = reader.boxes
         del reader
         self._paths: list[str] | None = None
-        self._pid = os.getpid()
         self._shared: torch.Tensor | None = None
-        self._ring: WorkerRing | None = None  # per worker process, made on its first batch
-        self._ring_failed = False  # shared memory refused (small /dev/shm): fresh batches in this process
-        self.set_crop(crop, flip, seed)
+        self._ring = ProcessRing()  # a DataLoader worker's reused batches (loaders.batch_ring), made there
+        self.crop: CropPlan | None = None
+        self.set_crop(o.crop, o.flip, o.seed)
+        in_memory = o.in_memory
         if in_memory == "auto":
-            in_memory = self.nbytes <= auto_budget(memory_budget)
+            in_memory = self.nbytes <= auto_budget(o.memory_budget)
         if in_memory:
             self._shared = load_shared(self)
 
@@ -255,8 +196,6 @@ class CachedImageDataset(WorkerCropMixin, Dataset):
         state = self.__dict__.copy()
         state["_reader_lock"] = None  # the opening process holds it; its workers die before it does
         state["_paths"] = None
-        state["_ring"] = None
-        state["_ring_failed"] = False
         if self.location.is_local:  # memory-mapped side arrays: each process maps them again (storage.side_arrays)
             state["_labels"] = state["sizes"] = state["_boxes"] = None
         # _shared (a torch tensor in shared memory) travels by handle through torch's multiprocessing
@@ -265,7 +204,6 @@ class CachedImageDataset(WorkerCropMixin, Dataset):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._pid = -1
         if self._labels is None:  # mapped, not copied: nothing proportional to N travels to a worker
             self._labels = np.ascontiguousarray(map_array(self.location, self.manifest, "labels"), dtype=np.int64)
             self.sizes = map_array(self.location, self.manifest, "sizes")
@@ -275,12 +213,6 @@ class CachedImageDataset(WorkerCropMixin, Dataset):
         if getattr(self.location, "identity", None) is not None:
             with contextlib.suppress(CacheChangedError):  # already gone: the first read says so, by name
                 self._reader_lock = ReaderLock(self.location.local_path())
-
-    def _check_process(self) -> None:
-        if self._pid != os.getpid():  # forked or unpickled: another process's ring is not ours
-            self._ring = None
-            self._ring_failed = False
-            self._pid = os.getpid()
 
     # ------------------------------------------------------------------ reading
     def _indices(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> np.ndarray:
@@ -312,7 +244,6 @@ class CachedImageDataset(WorkerCropMixin, Dataset):
             raise ValueError(f"out must be uint8{[len(idx), *self.shape]}, got {out.dtype}{list(out.shape)}")
         if len(idx) == 0:
             return out
-        self._check_process()
         if self._shared is not None:
             # mode="clip": indices are checked above; the default mode="raise" buffers `out` (a 2nd copy).
             np.take(self._shared.numpy(), idx, axis=0, out=out, mode="clip")
@@ -322,30 +253,72 @@ class CachedImageDataset(WorkerCropMixin, Dataset):
         self._images.gather(idx, out)
         return out
 
-    def _boxes_at(self, idx: np.ndarray) -> np.ndarray:
+    def valid_boxes(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """int32 (B, 4) valid boxes ``(y0, x0, y1, x1)`` of samples ``indices``; full images when the cache has none."""
+        idx = self._indices(indices)
         if self._boxes is not None:
             return self._boxes[idx]
         h, w, _ = self.shape
         return np.tile(np.array([0, 0, h, w], dtype=np.int32), (len(idx), 1))
 
-    def _slot(self, shape: tuple[int, ...]) -> torch.Tensor | None:
-        """A free slot of this worker's batch ring (made, or remade larger, on demand), or None."""
-        self._check_process()
-        nbytes = int(np.prod(shape))
-        ring = self._ring
-        if self._ring_failed:
-            return None
-        if ring is None or ring.slot_bytes < nbytes or ring.slots != self.ring_slots:
-            self._ring = None  # the old ring lives on while its batches do
-            if not rings_fit(self.ring_slots, nbytes):
-                self._ring_failed = True
-                return None
-            try:
-                ring = self._ring = WorkerRing(self.ring_slots, nbytes, retire=None if ring is None else ring.key)
-            except RuntimeError:  # e.g. /dev/shm too small for the ring: one fresh batch at a time may fit
-                self._ring_failed = True
-                return None
-        return ring.take(shape)
+    def sample_views(self, indices: Sequence[int] | np.ndarray) -> list[np.ndarray] | None:
+        """Read-only (H, W, 3) views of samples ``indices`` where they lie in this process's memory
+        (``in_memory``, or a local cache's memory maps), no copy; None where a read must copy (zarr chunks,
+        JPEG payloads, a URL): then :meth:`gather` them."""
+        idx = self._indices(indices)
+        if self._shared is None:
+            local_rows = getattr(self._images, "local_rows", None)  # npy stores have memory maps to view
+            return None if local_rows is None else local_rows(idx)
+        rows = self._shared.numpy().view()
+        rows.flags.writeable = False
+        return [rows[i] for i in idx.tolist()]
+
+    # ------------------------------------------------------------------ crop in the workers
+    def set_crop(self, crop: CropSpec | None, flip: bool | float = False, seed: int = 0) -> None:
+        """Crop in the workers as ``DatasetOptions(crop=, flip=, seed=)`` says (None: no crop); before making
+        loaders."""
+        if crop is None:
+            flip_probability(None, flip)  # a flip without a crop is refused, as DatasetOptions refuses it
+            self.crop = None
+        else:
+            self.crop = CropPlan(crop, flip, seed)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the crop boxes and flips are drawn for (seen by persistent workers at their next batch)."""
+        if self.crop is not None:
+            self.crop.set_epoch(epoch)
+
+    def set_resolution(self, size: int | Sequence[int]) -> None:
+        """Output size of the crop from the next batch on (progressive resizing); call between epochs."""
+        if self.crop is None:
+            raise ValueError("set_resolution needs a dataset made with crop=RandomResizedCrop(...) or CenterCrop(...)")
+        self.crop.set_size(size)
+
+    @property
+    def resolution(self) -> tuple[int, int] | None:
+        """(h, w) of the batches' images under ``crop``; None without one."""
+        return None if self.crop is None else self.crop.size
+
+    @property
+    def output_shape(self) -> tuple[int, int, int]:
+        """(H, W, 3) of a sample as batches carry it: the crop size under ``crop``, else :attr:`shape`."""
+        return self.shape if self.crop is None else self.crop.output_shape
+
+    def load_batch(self, indices: Sequence[int] | np.ndarray, images: torch.Tensor) -> CacheBatch:
+        """Samples ``indices`` as a batch, their pixels written into ``images`` (uint8 (B, h, w, 3), of
+        :attr:`output_shape` when the batch is made): cropped by :attr:`crop`, else gathered whole; with their
+        labels and, under ``return_boxes``, the boxes of what ``images`` holds (all of it once cropped)."""
+        idx = self._indices(indices)
+        out = images.numpy()
+        if self.crop is None:
+            self.gather(idx, out)
+        else:
+            self.crop.gather(self, idx, out)
+        labels = torch.from_numpy(self._labels[idx])
+        if not self.return_boxes:
+            return CacheBatch(images, labels)
+        boxes = self.valid_boxes(idx) if self.crop is None else self.crop.whole_boxes(len(idx), out.shape)
+        return CacheBatch(images, labels, torch.from_numpy(boxes))
 
     def __getitem__(self, index: int | Sequence[int] | np.ndarray | torch.Tensor) -> tuple[Any, ...]:
         """One sample ``(image, label[, box])``; a 1-D list/array/tensor of indices gives the batch
@@ -357,16 +330,13 @@ class CachedImageDataset(WorkerCropMixin, Dataset):
         if not -len(self) <= i < len(self):
             raise IndexError(f"sample index {i} is out of range for a cache of {len(self)} samples")
         i %= len(self)
-        if self.crop is None:
-            img: Any = torch.from_numpy(self.gather([i])[0])
-        else:
-            img = torch.from_numpy(self.gather_cropped([i], np.empty((1, *self.output_shape), np.uint8))[0])
+        batch = self.load_batch(np.array([i]), torch.empty((1, *self.output_shape), dtype=torch.uint8))
+        img: Any = batch.images[0]
         if self.transform is not None:
             img = self.transform(img)
-        label = int(self._labels[i])
-        if self.return_boxes:
-            return img, label, torch.from_numpy(self._boxes_out(np.array([i]), (1, *img.shape))[0])
-        return img, label
+        if batch.boxes is not None:
+            return img, int(batch.labels[0]), batch.boxes[0]
+        return img, int(batch.labels[0])
 
     def __getitems__(self, indices: Sequence[int]) -> CacheBatch | list[tuple[Any, ...]]:
         """A whole batch in one pass: a :class:`CacheBatch` (see :func:`collate_batch`).
@@ -374,32 +344,29 @@ class CachedImageDataset(WorkerCropMixin, Dataset):
         With a ``transform`` it returns per-sample tuples instead, for ``default_collate`` to stack.
         """
         idx = self._indices(indices)
-        shape = (len(idx), *self.output_shape)
         worker = _in_worker()
         if (self.decode == "none" and self._images.encoded and self.transform is None and self._shared is None
                 and self.crop is None):
             return self._encoded_batch(idx, worker)
-        images = self._slot(shape) if worker and self.transform is None and self.ring_slots else None
+        shape = (len(idx), *self.output_shape)
+        images: torch.Tensor | None = None
+        if worker and self.transform is None and self.ring_slots:
+            images = self._ring.take(self.ring_slots, shape)
         if images is None:
             images = _new_uint8(shape, shared=worker)
-        self.load_batch(idx, _as_writable_numpy(images))
-        labels = torch.from_numpy(self._labels[idx])
-        boxes = torch.from_numpy(self._boxes_out(idx, shape)) if self.return_boxes else None
+        batch = self.load_batch(idx, images)
         if worker and self.ring_slots:  # small tensors by value: no shared-memory segment per batch
-            labels = labels.as_subclass(InlineTensor)
-            boxes = None if boxes is None else boxes.as_subclass(InlineTensor)
+            batch = CacheBatch(batch.images, *_inline(batch.labels, batch.boxes))
         if self.transform is not None:
-            batch = CacheBatch(images, labels, boxes)
             return [(self.transform(s[0]), *s[1:]) for s in batch]
-        return CacheBatch(images, labels, boxes)
+        return batch
 
     def _encoded_batch(self, idx: np.ndarray, worker: bool) -> CacheBatch:
         """The batch's stored JPEGs, checked against their checksums, undecoded (for decoding on a GPU)."""
         data, offsets = self._images.read_encoded(idx)
         labels = torch.from_numpy(self._labels[idx])
-        boxes = torch.from_numpy(self._boxes_at(idx)) if self.return_boxes else None
+        boxes = torch.from_numpy(self.valid_boxes(idx)) if self.return_boxes else None
         if worker:  # small tensors by value; the payload crosses in shared memory like any tensor
-            labels = labels.as_subclass(InlineTensor)
-            boxes = None if boxes is None else boxes.as_subclass(InlineTensor)
+            labels, boxes = _inline(labels, boxes)
         images = EncodedImages(torch.from_numpy(data), torch.from_numpy(offsets), self.shape)
         return CacheBatch(images, labels, boxes)  # type: ignore[arg-type]

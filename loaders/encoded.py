@@ -1,6 +1,6 @@
 """Batches of stored JPEGs handed over undecoded, to be decoded where the batch lands (nvJPEG on a GPU).
 
-With ``CachedImageDataset(..., decode="none")`` (what ``device_loader(dl, decode="cuda")`` sets) the
+With ``DatasetOptions(decode="none")`` (what ``device_loader(dl, decode="cuda")`` sets) the
 DataLoader workers of a compact cache read and checksum each sample's stored bytes and hand them over as
 one :class:`EncodedImages`: ~12 kB a sample at 224 px instead of 150 kB of pixels. The host then sends only
 those bytes to the GPU, where :func:`loaders.cuda_decode.decode_on_cuda` decodes the batch with nvJPEG.
@@ -64,7 +64,7 @@ class EncodedImages:
         if device.type == "cuda":
             if not torch.cuda.is_available():  # before importing the nvJPEG path, which dies deep in torchvision
                 raise RuntimeError(f"cannot decode stored JPEGs on {device}: CUDA is not available here; "
-                                   f"decode on the CPU (device='cpu', or CachedImageDataset(decode='cpu'))")
+                                   f"decode on the CPU (device='cpu', or DatasetOptions(decode='cpu'))")
             from loaders.cuda_decode import decode_on_cuda
 
             return decode_on_cuda(self.payloads(), self.shape, device)

@@ -25,6 +25,7 @@ This module is the only one that imports ``lightning``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +35,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from loaders.collate import collate_batch
-from loaders.dataset import CachedImageDataset
+from loaders.dataset import CachedImageDataset, DatasetOptions
 from loaders.sampler import CacheSampler
 
 __all__ = ["CacheDataModule", "DistributedCacheSampler", "ResumableDataLoader"]
@@ -68,11 +69,11 @@ class ResumableDataLoader(DataLoader):
         self.sampler.load_state_dict(state)  # type: ignore[attr-defined]
 
 
-def _open(source: Any, options: dict[str, Any]) -> CachedImageDataset:
+def _open(source: Any, options: DatasetOptions) -> CachedImageDataset:
     if isinstance(source, CachedImageDataset):
         return source
     if isinstance(source, (str, os.PathLike)):
-        return CachedImageDataset(source, **options)
+        return CachedImageDataset(source, options)
     raise TypeError(f"expected a cache folder, a cache URL or a CachedImageDataset, got {type(source).__name__}")
 
 
@@ -94,7 +95,8 @@ class CacheDataModule(pl.LightningDataModule):
         pin_memory: default True when the Trainer runs on CUDA.
         prefetch_factor: batches in flight per worker (the dataset's batch ring is sized to match).
         return_boxes: hand the valid boxes of a ``--fit pad`` cache to the transforms.
-        dataset_options: more ``CachedImageDataset`` keyword arguments (``in_memory``, ``local_cache``...).
+        dataset_options: the :class:`~loaders.dataset_options.DatasetOptions` the caches given by path or URL are
+            opened with (``in_memory``, ``local_cache``...); its ``return_boxes`` is this module's.
 
     A training batch reaches ``training_step`` as ``(images, targets)`` (``images`` transformed, ``targets``
     int64 labels, or soft targets with ``mix``); ``(images, labels, boxes)`` when ``return_boxes`` and no
@@ -119,7 +121,7 @@ class CacheDataModule(pl.LightningDataModule):
         pin_memory: bool | None = None,
         prefetch_factor: int = 4,
         return_boxes: bool = False,
-        dataset_options: dict[str, Any] | None = None,
+        dataset_options: DatasetOptions | None = None,
     ) -> None:
         super().__init__()
         if batch_size < 1 or (val_batch_size is not None and val_batch_size < 1):
@@ -135,8 +137,7 @@ class CacheDataModule(pl.LightningDataModule):
         self.shuffle, self.drop_last, self.chunked = bool(shuffle), bool(drop_last), bool(chunked)
         self.pin_memory = pin_memory
         self.prefetch_factor = int(prefetch_factor)
-        self.dataset_options = dict(dataset_options or {})
-        self.dataset_options["return_boxes"] = bool(return_boxes)
+        self.dataset_options = dataclasses.replace(dataset_options or DatasetOptions(), return_boxes=bool(return_boxes))
         self.train_ds: CachedImageDataset | None = None
         self.val_ds: CachedImageDataset | None = None
         self.train_sampler: DistributedCacheSampler | None = None

@@ -193,12 +193,8 @@ class ThreadLoader:
         return torch.from_numpy(self._pool.acquire()[:b])
 
     def _load(self, idx: np.ndarray, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        ds = self.dataset
-        ds.load_batch(idx, images.numpy())  # dataset.crop: cropped into the buffer by this thread
-        labels = torch.from_numpy(ds.labels[idx])
-        if ds.return_boxes:
-            return images, labels, torch.from_numpy(ds._boxes_out(idx, tuple(images.shape)))
-        return images, labels
+        # dataset.crop: cropped into the buffer by this thread
+        return self.dataset.load_batch(idx, images).as_tuple()
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
         indices = self._indices()

@@ -21,9 +21,11 @@ Three parts:
   path's own kernels (``functional.resize`` with antialias + ``center_crop``) on one sample, so they
   equal ``imagenet_eval`` on the batch.
 
-:class:`CropControl` holds the epoch and the output size in a small shared-memory tensor: persistent
-DataLoader workers (fork or spawn: the tensor travels by handle) see ``set_epoch`` / ``set_resolution``
-of the main process at their next batch. Change them between epochs, not while one is being loaded.
+:class:`CropPlan` is what a dataset holds when it crops (``DatasetOptions(crop=...)``, ``set_crop``): the spec,
+flip and seed, and the epoch and output size in a small shared-memory tensor, so persistent DataLoader workers
+(fork or spawn: the tensor travels by handle) see ``set_epoch`` / ``set_resolution`` of the main process at
+their next batch. Change them between epochs, not while one is being loaded. It reads the dataset only through
+:class:`StoredSamples`, the dataset's public reading methods (``gather``, ``sample_views``, ``valid_boxes``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import cv2
 import numpy as np
@@ -43,12 +45,14 @@ from loaders.sampler import CacheSampler
 
 __all__ = [
     "CenterCrop",
-    "CropControl",
+    "CropPlan",
+    "CropSpec",
     "EpochSampler",
     "RandomResizedCrop",
+    "StoredSamples",
     "crop_output_bytes",
     "draw_crops",
-    "gather_cropped",
+    "flip_probability",
     "progressive",
     "resize_into",
 ]
@@ -102,25 +106,81 @@ class CenterCrop:
 CropSpec = RandomResizedCrop | CenterCrop
 
 
-class CropControl:
-    """Epoch and output size shared by the main process and its workers (int64 [epoch, h, w])."""
+def flip_probability(crop: CropSpec | None, flip: bool | float) -> float:
+    """``flip`` as a probability, checked against ``crop`` (only a ``RandomResizedCrop`` flips)."""
+    if crop is not None and not isinstance(crop, (RandomResizedCrop, CenterCrop)):
+        raise TypeError(f"crop must be a loaders.worker_crop RandomResizedCrop or CenterCrop, got {crop!r} "
+                        "(the device transforms of loaders.transforms run on the batch, not here)")
+    flip_p = 0.5 if flip is True else float(flip)
+    if not 0.0 <= flip_p <= 1.0:
+        raise ValueError(f"flip must be a bool or a probability in [0, 1], got {flip!r}")
+    if flip_p and not isinstance(crop, RandomResizedCrop):
+        raise ValueError("flip needs crop=RandomResizedCrop(...): eval crops do not flip")
+    return flip_p
 
-    def __init__(self, size: tuple[int, int]) -> None:
-        self.values = torch.tensor([0, size[0], size[1]], dtype=torch.int64).share_memory_()
+
+class StoredSamples(Protocol):
+    """What a :class:`CropPlan` crops from (a :class:`~loaders.dataset.CachedImageDataset`)."""
+
+    @property
+    def shape(self) -> tuple[int, int, int]: ...
+
+    def valid_boxes(self, indices: Any) -> np.ndarray: ...
+
+    def sample_views(self, indices: Any) -> Sequence[np.ndarray] | None: ...
+
+    def gather(self, indices: Any, out: np.ndarray | None = None) -> np.ndarray: ...
+
+
+class CropPlan:
+    """A dataset's crop in the workers: what to crop (``spec``), the flip probability and the seed, and the
+    epoch and output size, which live in a small shared-memory tensor (int64 [epoch, h, w]) that travels to
+    DataLoader workers by handle, so persistent workers see :meth:`set_epoch` / :meth:`set_size` of the main
+    process at their next batch."""
+
+    def __init__(self, spec: CropSpec, flip: bool | float = False, seed: int = 0) -> None:
+        self.flip_p = flip_probability(spec, flip)
+        self.spec = spec
+        self.seed = int(seed)
+        h, w = _size2(spec.size)
+        self._values = torch.tensor([0, h, w], dtype=torch.int64).share_memory_()
+
+    def __repr__(self) -> str:
+        return f"CropPlan({self.spec!r}, flip={self.flip_p}, seed={self.seed}, epoch={self.epoch}, size={self.size})"
 
     @property
     def epoch(self) -> int:
-        return int(self.values[0])
+        return int(self._values[0])
 
     @property
     def size(self) -> tuple[int, int]:
-        return int(self.values[1]), int(self.values[2])
+        """(h, w) of the crops from the next batch on."""
+        return int(self._values[1]), int(self._values[2])
 
-    def set(self, epoch: int | None = None, size: tuple[int, int] | None = None) -> None:
-        if size is not None:
-            self.values[1], self.values[2] = size
-        if epoch is not None:
-            self.values[0] = int(epoch)
+    @property
+    def output_shape(self) -> tuple[int, int, int]:
+        return (*self.size, 3)
+
+    def set_epoch(self, epoch: int) -> None:
+        self._values[0] = int(epoch)
+
+    def set_size(self, size: int | Sequence[int]) -> None:
+        self._values[1], self._values[2] = _size2(size)
+
+    def gather(self, samples: StoredSamples, idx: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Samples ``idx`` (int64 in [0, N)) of ``samples`` cropped into ``out`` uint8 (B, h, w, 3), for the
+        current epoch; the size is ``out``'s. Ascending sample order, each sample resized into its slot."""
+        if out.ndim != 4 or out.shape[0] != len(idx) or out.shape[3] != 3 or out.dtype != np.uint8:
+            raise ValueError(f"out must be uint8[{len(idx)}, h, w, 3], got {out.dtype}{list(out.shape)}")
+        if not out.flags.c_contiguous:
+            raise ValueError("out must be C-contiguous")
+        if len(idx):
+            _crop_batch(samples, idx, self.spec, self.flip_p, self.seed, self.epoch, out)
+        return out
+
+    def whole_boxes(self, n: int, shape: tuple[int, ...]) -> np.ndarray:
+        """Boxes of a cropped batch of ``shape`` (B, h, w, 3): every output pixel is valid."""
+        return np.tile(np.array([0, 0, shape[1], shape[2]], dtype=np.int32), (n, 1))
 
 
 def progressive(low: int, high: int, start_epoch: int, end_epoch: int, step: int = 32) -> Callable[[int], int]:
@@ -244,16 +304,15 @@ def _scratch(shape: tuple[int, ...]) -> np.ndarray:
     return buf[:n].reshape(shape)
 
 
-def gather_cropped(store: Any, shared: np.ndarray | None,
-                   sample_shape: tuple[int, int, int], idx: np.ndarray, boxes: np.ndarray,
-                   spec: CropSpec, flip_p: float, seed: int, epoch: int, out: np.ndarray) -> None:
-    """Batch ``idx`` cropped into ``out`` (B, h, w, 3), each sample resized into its output slot, in ascending
-    sample order: straight from ``shared`` (a cache in memory) or the store's memory maps (local npy:
-    ``store.local_rows``), else read a few at a time into scratch (``store.gather``: zarr, JPEG, URLs)."""
-    local = getattr(store, "local_rows", None)
+def _crop_batch(samples: StoredSamples, idx: np.ndarray, spec: CropSpec, flip_p: float, seed: int, epoch: int,
+                out: np.ndarray) -> None:
+    """Batch ``idx`` cropped into ``out`` (B, h, w, 3), a few samples at a time in ascending order: resized
+    straight from views of the stored samples where there are some (in memory, local npy memory maps), else
+    read into scratch first (zarr, JPEG, URLs)."""
     size = (out.shape[1], out.shape[2])
+    boxes = samples.valid_boxes(idx)
     if isinstance(spec, RandomResizedCrop):
-        crops, flips = draw_crops(spec, boxes, sample_shape[:2], uniforms(seed, epoch, idx), flip_p)
+        crops, flips = draw_crops(spec, boxes, samples.shape[:2], uniforms(seed, epoch, idx), flip_p)
         resize_for = 0
     else:
         crops, flips = None, np.zeros(len(idx), dtype=bool)
@@ -262,17 +321,9 @@ def gather_cropped(store: Any, shared: np.ndarray | None,
     order = np.argsort(idx, kind="stable")
     for lo in range(0, len(order), _GATHER_CHUNK):
         part = order[lo : lo + _GATHER_CHUNK]
-        views = local(idx[part]) if shared is None and local is not None else None
-        if shared is not None:
-            rows: Any = shared
-            at = idx[part]
-        elif views is not None:
-            rows, at = views, np.arange(len(part))
-        else:
-            rows = _scratch((len(part), *sample_shape))
-            store.gather(idx[part], rows)
-            at = np.arange(len(part))
-        for j, i in zip(at, part, strict=True):
+        views = samples.sample_views(idx[part])
+        rows = views if views is not None else samples.gather(idx[part], _scratch((len(part), *samples.shape)))
+        for j, i in enumerate(part):
             if crops is not None:
                 resize_into(rows[j], crops[i], out[i], bool(flips[i]), flip_buf)
             else:

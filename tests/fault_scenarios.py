@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 from cachebuild.cli import main
 from cachebuild.share.pull import pull
 from cachebuild.share.push import push
-from loaders.dataset import CachedImageDataset, collate_batch
+from loaders.dataset import CachedImageDataset, DatasetOptions, collate_batch
 from loaders.sampler import CacheSampler
 from tests.loaders_fixtures import decode_index
 
@@ -51,7 +51,7 @@ def cache_files(root: Path) -> dict[str, bytes]:
 
 
 def epoch(s: Served, tmp: Path, block_cache: bool) -> None:
-    ds = CachedImageDataset(s.url, local_cache=tmp / "blocks" if block_cache else None)
+    ds = CachedImageDataset(s.url, DatasetOptions(local_cache=tmp / "blocks" if block_cache else None))
     sampler = CacheSampler(ds, shuffle=True, seed=7)
     dl = DataLoader(ds, batch_size=16, sampler=sampler, num_workers=2, collate_fn=collate_batch, timeout=300,
                     persistent_workers=block_cache)

@@ -132,11 +132,11 @@ def _fault_epochs(url: str, work: Path, args: argparse.Namespace, tag: str) -> d
     """img/s of ``url``: a cold epoch (no block cache), and with a block cache its first epoch (the fill:
     1 MiB blocks, a few requests a batch; the first batch and the workers' start counted, as the first batch
     of a small cache fetches most of its blocks) and the median of the later (warm) ones."""
-    from loaders.dataset import CachedImageDataset
+    from loaders.dataset import CachedImageDataset, DatasetOptions
 
     cold = epochs(CachedImageDataset(url), args, 1, persistent=False)[0]
     blocks = work / f"blocks-{tag}"
-    ds = CachedImageDataset(url, local_cache=blocks)
+    ds = CachedImageDataset(url, DatasetOptions(local_cache=blocks))
     fill = epochs(ds, args, 1, persistent=False, whole=True)[0]
     rates = epochs(ds, args, max(3, args.epochs))
     shutil.rmtree(blocks, ignore_errors=True)
@@ -226,7 +226,7 @@ def main() -> None:
         child(args)
         return
 
-    from loaders.dataset import CachedImageDataset
+    from loaders.dataset import CachedImageDataset, DatasetOptions
 
     work = Path(tempfile.mkdtemp(prefix="bench-remote-"))
     results: dict[str, Any] = {"n": args.n, "size": args.size, "batch": args.batch, "workers": args.workers,
@@ -269,7 +269,7 @@ def main() -> None:
         results["http_cold_requests_per_batch"] = server.requests / -(-args.n // args.batch)
 
         server.sent = 0
-        ds = CachedImageDataset(url, local_cache=work / "blocks")
+        ds = CachedImageDataset(url, DatasetOptions(local_cache=work / "blocks"))
         rates = epochs(ds, args, max(3, args.epochs))
         results["http_block_cache_cold_img_s"] = rates[0]
         results["http_block_cache_warm_img_s"] = median_warm(rates)

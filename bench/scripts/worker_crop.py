@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from cachebuild.storage.cache.writer import write_cache  # noqa: E402
 from loaders import transforms as T  # noqa: E402
 from loaders.collate import collate_batch  # noqa: E402
-from loaders.dataset import CachedImageDataset  # noqa: E402
+from loaders.dataset import CachedImageDataset, DatasetOptions  # noqa: E402
 from loaders.sampler import CacheSampler  # noqa: E402
 from loaders.worker_crop import RandomResizedCrop  # noqa: E402
 
@@ -124,8 +124,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         cache = a.cache or _synthetic_cache(tmp / "cache", a.n, 224)
-        fused = CachedImageDataset(cache, crop=RandomResizedCrop(a.crop), flip=True, in_memory=False)
-        whole = CachedImageDataset(cache, in_memory=False)
+        fused = CachedImageDataset(cache, DatasetOptions(crop=RandomResizedCrop(a.crop), flip=True, in_memory=False))
+        whole = CachedImageDataset(cache, DatasetOptions(in_memory=False))
         paths = {"workers": (_loader(fused, a.workers, a.batch), T.Normalize(T.IMAGENET_MEAN, T.IMAGENET_STD)),
                  "batch": (_loader(whole, a.workers, a.batch), T.imagenet_train(a.crop))}
         for dl, tf in paths.values():  # warm: workers started, page cache filled

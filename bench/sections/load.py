@@ -199,14 +199,14 @@ def _crop_in_workers(key: str, storage: str, cache: Path, cfg: dict[str, Any],
     from the stored sample into the batch (``CachedImageDataset(crop=..., flip=True)``), and only Normalize on
     the batch: FFCV's place for the same work."""
     from loaders import transforms as CT
-    from loaders.dataset import CachedImageDataset, collate_batch
+    from loaders.dataset import CachedImageDataset, DatasetOptions, collate_batch
     from loaders.device import FastLoader
     from loaders.sampler import CacheSampler
     from loaders.worker_crop import RandomResizedCrop
 
     s, b, w = cfg["size"], cfg["batch"], cfg["workers"]
     norm = CT.Normalize(CT.IMAGENET_MEAN, CT.IMAGENET_STD)
-    ds = CachedImageDataset(cache, crop=RandomResizedCrop(s), flip=True, seed=0)
+    ds = CachedImageDataset(cache, DatasetOptions(crop=RandomResizedCrop(s), flip=True, seed=0))
     sampler = CacheSampler(ds, shuffle=True, seed=0)
     what = ", RandomResizedCrop + flip in the {} (crop=), Normalize on the batch"
     dl = DataLoader(ds, batch_size=b, sampler=sampler, collate_fn=collate_batch, num_workers=w,

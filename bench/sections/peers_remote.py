@@ -87,10 +87,10 @@ def _upload(folder: Path, key: str) -> str:
 def _cachebuild_epochs(url: str, cfg: dict[str, Any], epochs: int, local: Path) -> list[float]:
     from torch.utils.data import DataLoader
 
-    from loaders.dataset import CachedImageDataset, collate_batch
+    from loaders.dataset import CachedImageDataset, DatasetOptions, collate_batch
     from loaders.sampler import CacheSampler
 
-    ds = CachedImageDataset(url, local_cache=local)
+    ds = CachedImageDataset(url, DatasetOptions(local_cache=local))
     sampler = CacheSampler(ds, shuffle=True, seed=0)
     dl = DataLoader(ds, batch_size=cfg["batch"], sampler=sampler, num_workers=cfg["workers"],
                     collate_fn=collate_batch, persistent_workers=cfg["workers"] > 0)

@@ -81,7 +81,7 @@ def pipelines(cfg: dict[str, Any], src: Path, outputs: dict[str, Path], indices:
     from torchvision.transforms import v2
 
     from loaders import transforms as CT
-    from loaders.dataset import CachedImageDataset, collate_batch
+    from loaders.dataset import CachedImageDataset, DatasetOptions, collate_batch
     from loaders.device import FastLoader
 
     b, w = cfg["batch"], cfg["workers"]
@@ -126,7 +126,8 @@ def pipelines(cfg: dict[str, Any], src: Path, outputs: dict[str, Path], indices:
         out["cachebuild_fastloader"] = ("4. cachebuild npy: FastLoader, imagenet_train() on the batch", fast, tf)
         from loaders.worker_crop import RandomResizedCrop
 
-        cropped = CachedImageDataset(outputs["cachebuild_npy"], crop=RandomResizedCrop(crop), flip=True, seed=0)
+        cropped = CachedImageDataset(outputs["cachebuild_npy"],
+                                     DatasetOptions(crop=RandomResizedCrop(crop), flip=True, seed=0))
         out["cachebuild_crop_in_workers"] = ("4. cachebuild npy: DataLoader + collate_batch, RandomResizedCrop + flip "
                                              "in the workers (crop=), Normalize on the batch",
                                              loader(cropped, collate_fn=collate_batch),

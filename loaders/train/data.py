@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -71,10 +71,11 @@ def crop_in_workers(cfg: TrainConfig, augment: str, crop: int, train_ds: Any, va
 
 def _open_caches(cfg: TrainConfig) -> tuple[Any, Any | None]:
     """The train cache and the val cache (if any), refused when empty or when their classes differ."""
-    from loaders.dataset import CachedImageDataset
+    from loaders.dataset import CachedImageDataset, DatasetOptions
 
-    in_memory: bool | str = {"yes": True, "no": False}.get(cfg.in_memory, cfg.in_memory)
-    train_ds = CachedImageDataset(cfg.train, in_memory=in_memory)
+    in_memory: bool | Literal["auto"] = "auto" if cfg.in_memory == "auto" else cfg.in_memory == "yes"
+    options = DatasetOptions(in_memory=in_memory)
+    train_ds = CachedImageDataset(cfg.train, options)
     # A letterboxed (--fit pad) cache: batches carry each sample's valid box, so crops stay off the bars.
     train_ds.return_boxes = "boxes" in train_ds.manifest.arrays
     classes = list(train_ds.classes)
@@ -82,7 +83,7 @@ def _open_caches(cfg: TrainConfig) -> tuple[Any, Any | None]:
         raise TrainSetupError(f"{cfg.train}: the cache holds no samples")
     val_ds = None
     if cfg.val is not None:
-        val_ds = CachedImageDataset(cfg.val, in_memory=in_memory)
+        val_ds = CachedImageDataset(cfg.val, options)
         if list(val_ds.classes) != classes:
             only_t = sorted(set(classes) - set(val_ds.classes))[:3]
             only_v = sorted(set(val_ds.classes) - set(classes))[:3]

@@ -78,8 +78,8 @@ def test_links_flags_targets_and_keywords(tmp_path: Path) -> None:
     doc = _doc(tmp_path, "# A\n\n[x](missing.md) [y](RUN/results.md) [z](#a) [w](#nope)\n\n"
                          "```\ncachebuild imagenet SRC --size 96 --no-such-flag\ncachebuild nope\nmake demo\n"
                          "make no-target\n```\n\nUse `--also-missing` or `--jobs`.\n\n"
-                         "```python\nfrom loaders import CachedImageDataset\n\n"
-                         "CachedImageDataset('c', ring_slots=2, no_such_kw=1)\n```\n")
+                         "```python\nfrom loaders import CachedImageDataset, DatasetOptions\n\n"
+                         "CachedImageDataset('c', DatasetOptions(ring_slots=2, no_such_kw=1))\n```\n")
     links = link_problems(doc)
     assert len(links) == 2 and any("missing.md" in p for p in links) and any("#nope" in p for p in links)
     flags = flag_problems(doc)

@@ -17,8 +17,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from loaders import batch_ring
-from loaders.batch_ring import InlineTensor, SlotTensor, WorkerRing, drop_dead_rings, ring_stats
-from loaders.dataset import CachedImageDataset, collate_batch
+from loaders.batch_ring import InlineTensor, ProcessRing, SlotTensor, WorkerRing, drop_dead_rings, ring_stats
+from loaders.dataset import CachedImageDataset, DatasetOptions, collate_batch
 from loaders.sampler import CacheSampler
 from tests.loaders_fixtures import make_cache
 
@@ -75,7 +75,7 @@ def test_file_system_sharing_strategy(tmp_path: Path, in_memory: bool) -> None:
     saved = torch.multiprocessing.get_sharing_strategy()
     torch.multiprocessing.set_sharing_strategy("file_system")
     try:
-        ds = CachedImageDataset(root, in_memory=in_memory)
+        ds = CachedImageDataset(root, DatasetOptions(in_memory=in_memory))
         sampler = CacheSampler(ds, shuffle=True, seed=3)
         before = ring_stats()
         got = [x.clone() for x, _ in _loader(ds, sampler, multiprocessing_context="fork")]
@@ -88,7 +88,7 @@ def test_file_system_sharing_strategy(tmp_path: Path, in_memory: bool) -> None:
 
 def test_slots_reused_and_rings_bounded(tmp_path: Path) -> None:
     root, images, _ = make_cache(tmp_path / "c", n=400, shard_size=64)
-    ds = CachedImageDataset(root, ring_slots=4)
+    ds = CachedImageDataset(root, DatasetOptions(ring_slots=4))
     sampler = CacheSampler(ds, shuffle=True, seed=0)
     dl = DataLoader(ds, batch_size=4, sampler=sampler, num_workers=2, collate_fn=collate_batch,
                     persistent_workers=True)
@@ -108,7 +108,7 @@ def test_slots_reused_and_rings_bounded(tmp_path: Path) -> None:
 @pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "per-epoch"])
 def test_kept_batches_never_overwritten(tmp_path: Path, persistent: bool) -> None:
     root, images, _ = make_cache(tmp_path / "c", n=160)
-    ds = CachedImageDataset(root, ring_slots=3)
+    ds = CachedImageDataset(root, DatasetOptions(ring_slots=3))
     sampler = CacheSampler(ds, shuffle=True, seed=1)
     dl = _loader(ds, sampler, persistent_workers=persistent)
     before = ring_stats()
@@ -160,7 +160,7 @@ def test_spawn_workers(tmp_path: Path) -> None:
 
 def test_in_memory_and_boxes_through_ring(tmp_path: Path) -> None:
     root, images, _ = make_cache(tmp_path / "c", n=40, boxes=True)
-    ds = CachedImageDataset(root, in_memory=True, return_boxes=True)
+    ds = CachedImageDataset(root, DatasetOptions(in_memory=True, return_boxes=True))
     before = ring_stats()
     out = list(DataLoader(ds, batch_size=7, num_workers=2, collate_fn=collate_batch))
     assert np.array_equal(torch.cat([x for x, _, _ in out]).numpy(), images)
@@ -170,7 +170,7 @@ def test_in_memory_and_boxes_through_ring(tmp_path: Path) -> None:
 
 def test_default_collate_and_custom_collate(tmp_path: Path) -> None:
     root, images, labels = make_cache(tmp_path / "c", n=48)
-    ds = CachedImageDataset(root, ring_slots=2)
+    ds = CachedImageDataset(root, DatasetOptions(ring_slots=2))
     before = ring_stats()
     # default_collate takes the whole batch as it is (loaders.collate): the slot is handed over.
     x = torch.cat([x.clone() for x, _ in DataLoader(ds, batch_size=8, num_workers=2, persistent_workers=True)])
@@ -253,9 +253,16 @@ def test_ring_refused_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         raise RuntimeError("unable to allocate shared memory")
 
     monkeypatch.setattr(batch_ring.WorkerRing, "__init__", refuse)
-    assert ds._slot((4, 8, 6, 3)) is None and ds._ring_failed
+    ring = ProcessRing()
+    assert ring.take(5, (4, 8, 6, 3)) is None and ring.failed
+    assert ring.take(5, (4, 8, 6, 3)) is None  # not asked again in this process
+    # A forked worker (which inherits the patch) is refused too and still delivers every batch, fresh ones.
+    rings = ring_stats()["rings"]
+    dl = DataLoader(ds, batch_size=8, num_workers=1, collate_fn=collate_batch, multiprocessing_context="fork")
+    assert torch.equal(torch.cat([x for x, _ in dl]), torch.from_numpy(ds.gather(np.arange(20))))
+    assert ring_stats()["rings"] == rings  # no batch came through a ring
     with pytest.raises(ValueError, match="ring_slots"):
-        CachedImageDataset(root, ring_slots=-1)
+        CachedImageDataset(root, DatasetOptions(ring_slots=-1))
 
 
 def test_threads_taking_slots_at_once_never_share_one(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Subset, default_collate
 
 from loaders.batch_ring import drop_dead_rings, ring_stats
 from loaders.collate import CacheBatch, CacheSample, collate_batch
-from loaders.dataset import CachedImageDataset
+from loaders.dataset import CachedImageDataset, DatasetOptions
 from loaders.sampler import CacheSampler
 from tests.loaders_fixtures import make_cache
 
@@ -78,7 +78,7 @@ def test_default_collate_of_a_batch_is_the_batch(cache) -> None:
 
 def test_boxes_through_default_collate(tmp_path: Path) -> None:
     root, images, _ = make_cache(tmp_path / "c", n=30, boxes=True)
-    ds = CachedImageDataset(root, return_boxes=True)
+    ds = CachedImageDataset(root, DatasetOptions(return_boxes=True))
     out = list(DataLoader(Subset(ds, range(5, 30)), batch_size=7, num_workers=2))  # Subset forwards __getitems__
     x, y, b = (torch.cat([o[k] for o in out]) for k in range(3))
     assert x.numpy().tobytes() == images[5:].tobytes() and torch.equal(b, torch.from_numpy(ds.boxes[5:]))
@@ -102,6 +102,6 @@ def test_other_sample_lists_collate_like_tuples(cache) -> None:
 
 def test_transform_datasets_still_stack(tmp_path: Path) -> None:
     root, images, _ = make_cache(tmp_path / "c", n=12)
-    ds = CachedImageDataset(root, transform=lambda t: t.flip(0))
+    ds = CachedImageDataset(root, DatasetOptions(transform=lambda t: t.flip(0)))
     x, y = next(iter(DataLoader(ds, batch_size=4)))
     assert np.array_equal(x.numpy(), images[:4, ::-1]) and y.dtype == torch.int64

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import textwrap
@@ -16,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from cachebuild.errors import CacheCorruptError, CacheNotFoundError, UnsupportedFormatError
-from loaders.dataset import CacheBatch, CachedImageDataset, collate_batch
+from loaders.dataset import CacheBatch, CachedImageDataset, DatasetOptions, collate_batch
 from loaders.sampler import CacheSampler
 from tests.loaders_fixtures import decode_index, make_cache
 from tests.manifest_edits import load_unsealed
@@ -89,18 +90,19 @@ def test_getitems_is_one_batch(cache) -> None:
 
 def test_boxes(tmp_path: Path) -> None:
     root, _images, _ = make_cache(tmp_path / "c", n=20, boxes=True)
-    ds = CachedImageDataset(root, return_boxes=True)
+    ds = CachedImageDataset(root, DatasetOptions(return_boxes=True))
     _img, _label, box = ds[4]
     assert box.tolist() == [0, 0, 8, 5]
     _x, _y, b = collate_batch(ds.__getitems__([1, 4]))
     assert b.tolist() == [[1, 0, 8, 5], [0, 0, 8, 5]]
     plain, _, _ = make_cache(tmp_path / "p", n=5)
-    assert CachedImageDataset(plain, return_boxes=True)[0][2].tolist() == [0, 0, 8, 6]  # whole image valid
+    whole = CachedImageDataset(plain, DatasetOptions(return_boxes=True))
+    assert whole[0][2].tolist() == [0, 0, 8, 6]  # the whole image is valid
 
 
 def test_transform_per_sample(tmp_path: Path) -> None:
     root, images, _ = make_cache(tmp_path / "c", n=12)
-    ds = CachedImageDataset(root, transform=lambda t: t.permute(2, 0, 1).float() / 255)
+    ds = CachedImageDataset(root, DatasetOptions(transform=lambda t: t.permute(2, 0, 1).float() / 255))
     x, _ = next(iter(DataLoader(ds, batch_size=4, collate_fn=collate_batch)))
     assert x.shape == (4, 3, 8, 6) and torch.allclose(x[1], torch.from_numpy(images[1]).permute(2, 0, 1) / 255)
 
@@ -114,6 +116,37 @@ def test_pickles_cheaply_without_open_files(tmp_path: Path) -> None:
     assert len(blob) < 20_000
     clone = pickle.loads(blob)
     assert clone._images.rows._handles is None and np.array_equal(clone[7][0].numpy(), images[7])
+
+
+# ---------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize(("field", "bad", "message"), [
+    ("decode", "gpu", "decode must be 'cpu' or 'none'"),
+    ("decode_threads", 0, "decode_threads must be >= 1"),
+    ("in_memory", "yes", "in_memory must be True, False or 'auto'"),
+    ("ring_slots", -1, "ring_slots must be in 0.."),
+    ("flip", 1.5, "flip must be a bool or a probability"),
+    ("flip", True, "flip needs crop=RandomResizedCrop"),
+])
+def test_options_refuse_bad_values_when_made(field: str, bad: object, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):  # before any cache is opened: no root involved
+        DatasetOptions(**{field: bad})  # type: ignore[arg-type]
+
+
+def test_one_options_value_opens_caches_alike(tmp_path: Path) -> None:
+    (a, images_a, _), (b, images_b, _) = make_cache(tmp_path / "a", n=9), make_cache(tmp_path / "b", n=5, h=10)
+    options = DatasetOptions(in_memory=True, return_boxes=True, ring_slots=2)
+    for root, images in ((a, images_a), (b, images_b)):
+        ds = CachedImageDataset(root, options)
+        assert ds.in_memory and ds.return_boxes and ds.ring_slots == 2
+        assert np.array_equal(ds.gather(np.arange(len(images))), images) and len(ds[0]) == 3
+    with pytest.raises(AttributeError):
+        options.in_memory = False  # type: ignore[misc]  # frozen: a value shared by datasets stays what it was
+    with pytest.raises(TypeError, match=r"must be a loaders\.dataset\.DatasetOptions, got dict"):
+        CachedImageDataset(a, {"in_memory": True})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="in_memory"):
+        CachedImageDataset(a, in_memory=True)  # type: ignore[call-arg]  # the settings are the options' fields
 
 
 # ---------------------------------------------------------------- bad input: named errors at open
@@ -173,14 +206,14 @@ def test_shard_shape_disagrees(tmp_path: Path) -> None:
 @pytest.mark.parametrize("storage", ["npy", "zarr"])
 def test_in_memory_equal_and_auto(tmp_path: Path, storage: str) -> None:
     root, images, _ = make_cache(tmp_path / "c", n=30, storage=storage)
-    ds = CachedImageDataset(root, in_memory=True)
+    ds = CachedImageDataset(root, DatasetOptions(in_memory=True))
     assert ds.in_memory and ds._shared.is_shared()
     x, _ = collate_batch(ds.__getitems__([29, 0, 5]))
     assert np.array_equal(x.numpy(), images[[29, 0, 5]])
-    assert CachedImageDataset(root, in_memory="auto", memory_budget=ds.nbytes).in_memory
-    assert not CachedImageDataset(root, in_memory="auto", memory_budget=ds.nbytes - 1).in_memory
+    assert CachedImageDataset(root, DatasetOptions(in_memory="auto", memory_budget=ds.nbytes)).in_memory
+    assert not CachedImageDataset(root, DatasetOptions(in_memory="auto", memory_budget=ds.nbytes - 1)).in_memory
     with pytest.raises(ValueError, match="in_memory"):
-        CachedImageDataset(root, in_memory="yes")
+        CachedImageDataset(root, DatasetOptions(in_memory="yes"))
 
 
 def _poke(ds: CachedImageDataset, queue) -> None:  # runs in the child process
@@ -191,7 +224,7 @@ def _poke(ds: CachedImageDataset, queue) -> None:  # runs in the child process
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_in_memory_shared_not_copied(tmp_path: Path, method: str) -> None:
     root, images, _ = make_cache(tmp_path / "c", n=10)
-    ds = CachedImageDataset(root, in_memory=True)
+    ds = CachedImageDataset(root, DatasetOptions(in_memory=True))
     ctx = torch.multiprocessing.get_context(method)
     q = ctx.Queue()
     p = ctx.Process(target=_poke, args=(ds, q))
@@ -204,7 +237,7 @@ def test_in_memory_shared_not_copied(tmp_path: Path, method: str) -> None:
 
 def test_in_memory_dataloader_workers(tmp_path: Path) -> None:
     root, images, _ = make_cache(tmp_path / "c", n=40)
-    ds = CachedImageDataset(root, in_memory=True)
+    ds = CachedImageDataset(root, DatasetOptions(in_memory=True))
     dl = DataLoader(ds, batch_size=7, num_workers=2, collate_fn=collate_batch)
     assert np.array_equal(torch.cat([x for x, _ in dl]).numpy(), images)
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from loaders.dataset import CachedImageDataset, collate_batch
+from loaders.dataset import CachedImageDataset, DatasetOptions, collate_batch
 from loaders.device import FastLoader, device_loader
 from loaders.sampler import CacheSampler
 from tests.loaders_fixtures import decode_index, make_cache
@@ -39,7 +39,7 @@ def test_device_loader_cpu(cache) -> None:
 
 def test_device_loader_boxes_and_default_collate(cache) -> None:
     root, images, _ = cache
-    ds = CachedImageDataset(root, return_boxes=True)
+    ds = CachedImageDataset(root, DatasetOptions(return_boxes=True))
     x, _, b = next(iter(device_loader(DataLoader(ds, batch_size=4, collate_fn=collate_batch), "cpu")))
     assert b.shape == (4, 4) and x.shape == (4, 3, 8, 6)
     x, _y, b = next(iter(device_loader(DataLoader(ds, batch_size=4), "cpu")))  # default_collate list

@@ -19,6 +19,7 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
+from loaders.dataset import DatasetOptions
 from loaders.lightning import CacheDataModule, DistributedCacheSampler
 from loaders.sampler import CacheSampler
 from loaders.transforms import Compose, MixUpCutMix, Normalize
@@ -158,3 +159,13 @@ def test_bad_sources_are_named(tmp_path: Path) -> None:
         CacheDataModule(np.zeros(3)).setup()  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="batch_size"):
         CacheDataModule(tmp_path, batch_size=0)
+
+
+def test_dataset_options_open_both_caches(caches: tuple[Path, Path]) -> None:
+    options = DatasetOptions(in_memory=True, ring_slots=2)
+    dm = CacheDataModule(*caches, num_workers=0, return_boxes=True, dataset_options=options)
+    dm.setup()
+    assert dm.train_ds is not None and dm.val_ds is not None
+    for ds in (dm.train_ds, dm.val_ds):  # the module's return_boxes joins the options given
+        assert ds.in_memory and ds.return_boxes and ds.ring_slots == 2
+    assert not options.return_boxes  # the caller's value is left as it was

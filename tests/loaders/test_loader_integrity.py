@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, Subset
 
 from cachebuild.storage.cache.reader import read_manifest
-from loaders import CachedImageDataset, FastLoader, collate_batch, device_loader
+from loaders import CachedImageDataset, DatasetOptions, FastLoader, collate_batch, device_loader
 from loaders.encoded import EncodedImages
 from tests.compact_fixtures import jpeg_index_cache, shard_payloads
 from tests.loaders_fixtures import decode_index, make_cache
@@ -33,7 +33,7 @@ def test_encoded_batches_through_default_collate(tmp_path: Path, workers: int) -
     ('EncodedImages' object is not subscriptable), and len() of the batch was the image height."""
     root, images, labels = jpeg_index_cache(tmp_path / "c", n=40)
     stored = [p for s in read_manifest(root).shards for p in shard_payloads(root / s.file)]
-    ds = CachedImageDataset(root, decode="none")
+    ds = CachedImageDataset(root, DatasetOptions(decode="none"))
     assert len(ds.__getitems__([0, 1, 2])) == 3
     order = np.random.default_rng(5).permutation(40)
     dl = DataLoader(ds, batch_size=8, sampler=order.tolist(), num_workers=workers)
@@ -56,9 +56,9 @@ def test_encoded_decode_on_cuda_without_cuda_is_one_line(tmp_path: Path) -> None
     root, _, _ = jpeg_index_cache(tmp_path / "c", n=8)
     code = f"""
 import sys
-from loaders import CachedImageDataset
+from loaders import CachedImageDataset, DatasetOptions
 from loaders.device import to_device
-batch = CachedImageDataset({str(root)!r}, decode="none").__getitems__([0, 1, 2])
+batch = CachedImageDataset({str(root)!r}, DatasetOptions(decode="none")).__getitems__([0, 1, 2])
 try:
     to_device(batch, "cuda")
 except RuntimeError as e:
@@ -104,7 +104,7 @@ def test_batched_indices_with_batch_size_none(tmp_path: Path, workers: int) -> N
     """torch's batched-loading pattern, ``batch_size=None`` with a ``BatchSampler`` as sampler, hands the
     dataset a list of indices; ``__getitem__`` used to crash on it (int() of a list)."""
     root, images, labels = make_cache(tmp_path / "c", n=50, boxes=True)
-    ds = CachedImageDataset(root, return_boxes=True)
+    ds = CachedImageDataset(root, DatasetOptions(return_boxes=True))
     x, y, b = ds[[3, 1, -1]]
     assert np.array_equal(x.numpy(), images[[3, 1, 49]]) and np.array_equal(y.numpy(), labels[[3, 1, 49]])
     assert np.array_equal(b.numpy(), ds.boxes[[3, 1, 49]])

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from loaders.dataset import CachedImageDataset
+from loaders.dataset import CachedImageDataset, DatasetOptions
 from tests.loaders_fixtures import make_cache
 from tests.repo import REPO
 
@@ -39,7 +39,7 @@ import json, sys
 import numpy as np, torch
 from torch.utils.data import DataLoader
 from loaders.batch_ring import ring_stats
-from loaders.dataset import CachedImageDataset, collate_batch
+from loaders.dataset import CachedImageDataset, DatasetOptions, collate_batch
 from tests.loaders_fixtures import decode_index
 root = sys.argv[1]
 """
@@ -65,7 +65,7 @@ def cache_45mb(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 _EPOCH = """
-ds = CachedImageDataset(root, in_memory=IN_MEMORY)
+ds = CachedImageDataset(root, DatasetOptions(in_memory=IN_MEMORY))
 dl = DataLoader(ds, batch_size=BATCH, num_workers=2, collate_fn=collate_batch, shuffle=True,
                 persistent_workers=True)
 seen = []
@@ -79,7 +79,7 @@ print(json.dumps({"in_memory": ds.in_memory, "seen": sorted(np.concatenate(seen)
 
 def test_auto_leaves_a_small_dev_shm_to_the_batches(cache_45mb: Path) -> None:
     # Fits RAM (and the host's /dev/shm), but would take 45 of Docker's 64 MB and starve the workers.
-    assert CachedImageDataset(cache_45mb, in_memory="auto").in_memory
+    assert CachedImageDataset(cache_45mb, DatasetOptions(in_memory="auto")).in_memory
     got = _answer(_run_with_shm(64, _EPOCH.replace("IN_MEMORY", '"auto"').replace("BATCH", "32"), cache_45mb))
     assert not got["in_memory"]
     assert got["seen"] == sorted(list(range(300)) * 2)
@@ -95,7 +95,7 @@ def test_rings_stand_aside_where_dev_shm_is_small(cache_45mb: Path) -> None:
 
 
 def test_shared_memory_that_does_not_fit_is_named(cache_45mb: Path) -> None:
-    r = _run_with_shm(32, "CachedImageDataset(root, in_memory=True)", cache_45mb)
+    r = _run_with_shm(32, "CachedImageDataset(root, DatasetOptions(in_memory=True))", cache_45mb)
     assert r.returncode != 0
     assert "MemoryError: cannot allocate 45.2 MB of shared memory for a whole cache (in_memory=True)" in r.stderr
     assert "/dev/shm has 33.6 MB free" in r.stderr and "--shm-size" in r.stderr and "in_memory=False" in r.stderr
@@ -116,7 +116,7 @@ def test_auto_splits_dev_shm_between_the_ranks_of_a_node(tmp_path: Path) -> None
     got = {}
     for ranks in ("2", "1"):  # 2 first: a copy loaded for 1 rank would itself fill /dev/shm
         os.environ["LOCAL_WORLD_SIZE"] = ranks
-        got[ranks] = CachedImageDataset(root, in_memory="auto").in_memory
+        got[ranks] = CachedImageDataset(root, DatasetOptions(in_memory="auto")).in_memory
     print(json.dumps(got))
     """
     assert _answer(_run_with_shm(64, script, root)) == {"2": False, "1": True}

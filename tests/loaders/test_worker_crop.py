@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from loaders import batch_ring
 from loaders.collate import collate_batch
-from loaders.dataset import CachedImageDataset
+from loaders.dataset import CachedImageDataset, DatasetOptions
 from loaders.sampler import CacheSampler
 from loaders.thread_loader import ThreadLoader
 from loaders.transforms import functional as TF
@@ -34,11 +34,14 @@ H, W = 40, 48
 BOXES = [(0, 0, 40, 48), (5, 7, 12, 9), (20, 10, 20, 38), (3, 0, 30, 48), (0, 17, 40, 5)]
 
 
-def _reference(ds: CachedImageDataset, idx: np.ndarray, size: tuple[int, int], epoch: int) -> np.ndarray:
-    """The batch by hand: whole samples gathered, boxes drawn from the documented key, each resized."""
+def _reference(ds: CachedImageDataset, idx: np.ndarray, size: tuple[int, int], epoch: int,
+               boxes: np.ndarray | None = None) -> np.ndarray:
+    """The batch by hand: whole samples gathered, boxes drawn from the documented key inside ``boxes`` (default:
+    the stored valid boxes), each resized."""
     full = ds.gather(idx)
-    assert isinstance(ds.crop, RandomResizedCrop)
-    crops, flips = draw_crops(ds.crop, ds._boxes_at(idx), ds.shape[:2], uniforms(ds.crop_seed, epoch, idx), ds.flip_p)
+    assert ds.crop is not None and isinstance(ds.crop.spec, RandomResizedCrop)
+    valid = ds.valid_boxes(idx) if boxes is None else boxes
+    crops, flips = draw_crops(ds.crop.spec, valid, ds.shape[:2], uniforms(ds.crop.seed, epoch, idx), ds.crop.flip_p)
     out = np.empty((len(idx), *size, 3), dtype=np.uint8)
     for i in range(len(idx)):
         resize_into(full[i], crops[i], out[i], bool(flips[i]))
@@ -111,56 +114,73 @@ def _npy(tmp_path: Path, **kw: object) -> Path:
     return make_cache(tmp_path / "c", n=40, h=H, w=W, shard_size=16, **kw)[0]  # type: ignore[arg-type]
 
 
+def _cropped(ds: CachedImageDataset, idx: np.ndarray, size: int) -> np.ndarray:
+    """What a batch of ``idx`` holds under the dataset's crop, as a numpy array."""
+    return ds.load_batch(idx, torch.empty((len(idx), size, size, 3), dtype=torch.uint8)).images.numpy()
+
+
 @pytest.mark.parametrize("kind", ["npy", "zarr", "npy-in-memory", "npy-pad"])
 def test_gather_cropped_on_storage_kinds(tmp_path: Path, kind: str) -> None:
     root = make_cache(tmp_path / "c", n=40, h=H, w=W, shard_size=16, storage="zarr" if kind == "zarr" else "npy",
                       boxes=kind == "npy-pad")[0]
-    ds = CachedImageDataset(root, crop=RandomResizedCrop(24, scale=(0.2, 1.0)), flip=True, seed=7,
-                            in_memory=kind == "npy-in-memory")
+    ds = CachedImageDataset(root, DatasetOptions(crop=RandomResizedCrop(24, scale=(0.2, 1.0)), flip=True, seed=7,
+                                                 in_memory=kind == "npy-in-memory"))
     ds.set_epoch(3)
     idx = np.array([31, 2, 17, 2, 39, 0])
-    got = ds.gather_cropped(idx, np.empty((len(idx), 24, 24, 3), np.uint8))
+    got = _cropped(ds, idx, 24)
     assert np.array_equal(got, _reference(ds, idx, (24, 24), 3))
     images, labels = collate_batch(ds.__getitems__(idx.tolist()))
     assert images.shape == (6, 24, 24, 3) and torch.equal(images, torch.from_numpy(got))
     assert labels.tolist() == ds.labels[idx].tolist()
     if kind == "npy-pad":  # the crops were drawn inside the stored boxes, not the whole padded sample
-        assert (ds._boxes_at(idx) != [0, 0, H, W]).any()
-        ds._boxes = None
-        assert not np.array_equal(ds.gather_cropped(idx, np.empty_like(got)), got)
+        assert (ds.valid_boxes(idx) != [0, 0, H, W]).any()
+        whole = np.tile([0, 0, H, W], (len(idx), 1))
+        assert not np.array_equal(_reference(ds, idx, (24, 24), 3, boxes=whole), got)
+
+
+def test_sample_views_are_read_only_views_where_samples_lie_in_memory(tmp_path: Path) -> None:
+    root = _npy(tmp_path)
+    zarr = make_cache(tmp_path / "z", n=40, h=H, w=W, shard_size=16, storage="zarr")[0]
+    idx = np.array([17, 3, 3, 39])
+    for ds in (CachedImageDataset(root), CachedImageDataset(root, DatasetOptions(in_memory=True))):
+        views = ds.sample_views(idx)
+        assert views is not None and np.array_equal(np.stack(views), ds.gather(idx))
+        assert not any(v.flags.writeable for v in views)  # a view of the cache is never written through
+    assert CachedImageDataset(zarr).sample_views(idx) is None  # chunks must be read: the crop gathers them
+    with pytest.raises(IndexError, match="out of range"):
+        CachedImageDataset(root).sample_views([40])
 
 
 def test_compact_and_url_caches(tmp_path: Path, http_server) -> None:  # type: ignore[no-untyped-def]
     root, _, _ = jpeg_index_cache(tmp_path / "site" / "j", n=40)
     url = http_server(tmp_path / "site").url_for("j")
     crop = RandomResizedCrop(16)
-    local = CachedImageDataset(root, crop=crop, flip=True)
-    remote = CachedImageDataset(url, crop=crop, flip=True)
+    local = CachedImageDataset(root, DatasetOptions(crop=crop, flip=True))
+    remote = CachedImageDataset(url, DatasetOptions(crop=crop, flip=True))
     idx = np.array([3, 30, 11, 0])
-    a = local.gather_cropped(idx, np.empty((4, 16, 16, 3), np.uint8))
-    b = remote.gather_cropped(idx, np.empty((4, 16, 16, 3), np.uint8))
+    a = _cropped(local, idx, 16)
+    b = _cropped(remote, idx, 16)
     assert np.array_equal(a, b) and np.array_equal(a, _reference(local, idx, (16, 16), 0))
     assert remote.bytes_fetched > 0
 
 
 def test_center_crop_equals_imagenet_eval_kernels(tmp_path: Path) -> None:
-    ds = CachedImageDataset(_npy(tmp_path), crop=CenterCrop(24))
+    ds = CachedImageDataset(_npy(tmp_path), DatasetOptions(crop=CenterCrop(24)))
     idx = np.arange(8)
-    got = ds.gather_cropped(idx, np.empty((8, 24, 24, 3), np.uint8))
+    got = _cropped(ds, idx, 24)
     batch = torch.from_numpy(ds.gather(idx)).permute(0, 3, 1, 2)
     ref = TF.center_crop(TF.resize(batch, [round(24 / 0.875)]), [24, 24]).permute(0, 2, 3, 1)
     assert torch.equal(torch.from_numpy(got), ref)
-    plain = CachedImageDataset(_npy(tmp_path), crop=CenterCrop(24, resize_size=0))
-    assert np.array_equal(plain.gather_cropped(idx, np.empty((8, 24, 24, 3), np.uint8)),
-                          ds.gather(idx)[:, 8:32, 12:36])
+    plain = CachedImageDataset(_npy(tmp_path), DatasetOptions(crop=CenterCrop(24, resize_size=0)))
+    assert np.array_equal(_cropped(plain, idx, 24), ds.gather(idx)[:, 8:32, 12:36])
 
 
 def test_bad_arguments_are_named(tmp_path: Path) -> None:
     root = _npy(tmp_path)
     with pytest.raises(TypeError, match=r"loaders\.worker_crop"):
-        CachedImageDataset(root, crop=object())  # type: ignore[arg-type]
+        CachedImageDataset(root, DatasetOptions(crop=object()))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="flip needs"):
-        CachedImageDataset(root, crop=CenterCrop(16), flip=True)
+        CachedImageDataset(root, DatasetOptions(crop=CenterCrop(16), flip=True))
     with pytest.raises(ValueError, match="set_resolution needs"):
         CachedImageDataset(root).set_resolution(16)
 
@@ -175,7 +195,7 @@ def _epoch(dl: object) -> list[np.ndarray]:
 @pytest.mark.parametrize("ctx", ["fork", "spawn"])
 def test_same_batches_any_workers_persistent_resolution_and_resume(tmp_path: Path, ctx: str) -> None:
     root = _npy(tmp_path)
-    ds = CachedImageDataset(root, crop=RandomResizedCrop(24), flip=True, seed=1)
+    ds = CachedImageDataset(root, DatasetOptions(crop=RandomResizedCrop(24), flip=True, seed=1))
     sampler = EpochSampler(ds, seed=5, schedule=progressive(16, 24, 0, 1))
     plain = _epoch(DataLoader(ds, batch_size=8, sampler=sampler, collate_fn=collate_batch))  # epoch 0, 16 px
     assert plain[0].shape == (8, 16, 16, 3)
@@ -192,7 +212,7 @@ def test_same_batches_any_workers_persistent_resolution_and_resume(tmp_path: Pat
     idx = sampler.rank_indices(1)
     assert np.array_equal(np.concatenate(workers), _reference(ds, idx, (24, 24), 1))
     # resume mid-epoch: the rest of the epoch is what the uninterrupted run saw
-    fresh = CachedImageDataset(root, crop=RandomResizedCrop(24), flip=True, seed=1)
+    fresh = CachedImageDataset(root, DatasetOptions(crop=RandomResizedCrop(24), flip=True, seed=1))
     resumed = EpochSampler(fresh, seed=5, schedule=progressive(16, 24, 0, 1))
     resumed.load_state_dict({**sampler.state_dict(), "position": 16})
     rest = _epoch(DataLoader(fresh, batch_size=8, sampler=resumed, num_workers=1, collate_fn=collate_batch,
@@ -201,7 +221,8 @@ def test_same_batches_any_workers_persistent_resolution_and_resume(tmp_path: Pat
 
 
 def test_thread_loader_crops_the_same_batches(tmp_path: Path) -> None:
-    ds = CachedImageDataset(_npy(tmp_path, boxes=True), crop=RandomResizedCrop(20), flip=True, return_boxes=True)
+    ds = CachedImageDataset(_npy(tmp_path, boxes=True),
+                            DatasetOptions(crop=RandomResizedCrop(20), flip=True, return_boxes=True))
     sampler = CacheSampler(ds, seed=2)
     ref = _epoch(DataLoader(ds, batch_size=8, sampler=sampler, collate_fn=collate_batch))
     tl = ThreadLoader(ds, 8, sampler=sampler, num_threads=2)

@@ -18,7 +18,7 @@ from cachebuild.errors import FingerprintMismatchError
 from cachebuild.storage.cache.provenance import current_host, current_user
 from cachebuild.storage.cache.reader import read_manifest
 from cachebuild.storage.cache.writer import write_cache
-from loaders.dataset import CachedImageDataset
+from loaders.dataset import CachedImageDataset, DatasetOptions
 from tests.loaders_fixtures import make_cache, make_images
 
 
@@ -162,17 +162,17 @@ def test_verify_quick_names_a_missing_zarr_chunk_and_a_side_array_of_the_wrong_s
 def test_expect_fingerprint_accepts_the_cache_and_refuses_a_rebuilt_one(tmp_path):
     root, images, _ = make_cache(tmp_path / "c", n=30)
     key = read_manifest(root).build_key
-    ds = CachedImageDataset(root, expect_fingerprint=key[:12].upper())
+    ds = CachedImageDataset(root, DatasetOptions(expect_fingerprint=key[:12].upper()))
     assert np.array_equal(ds.gather(np.arange(30)), images)
     make_cache(tmp_path / "c", n=31)  # rebuilt: other data
     new = read_manifest(root).build_key
     with pytest.raises(FingerprintMismatchError) as e:
-        CachedImageDataset(root, expect_fingerprint=key[:12])
+        CachedImageDataset(root, DatasetOptions(expect_fingerprint=key[:12]))
     msg = str(e.value)
     assert "\n" not in msg and key[:12] in msg and new[:12] in msg
     for bad in ("", "xyz", "beaf95"):
         with pytest.raises(ValueError, match="8 to 64 hex digits"):
-            CachedImageDataset(root, expect_fingerprint=bad)
+            CachedImageDataset(root, DatasetOptions(expect_fingerprint=bad))
 
 
 def test_files_are_group_shareable_under_a_group_umask(tmp_path, imagenet_clean):

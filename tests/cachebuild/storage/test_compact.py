@@ -25,7 +25,7 @@ from cachebuild.cli import main
 from cachebuild.errors import CacheCorruptError, CacheExistsError
 from cachebuild.sources.imagenet import imagenet_plans
 from cachebuild.storage.cache.reader import open_cache, read_manifest
-from loaders.dataset import CachedImageDataset, collate_batch
+from loaders.dataset import CachedImageDataset, DatasetOptions, collate_batch
 from loaders.device import device_loader
 from loaders.encoded import EncodedImages
 from loaders.sampler import CacheSampler
@@ -164,7 +164,7 @@ def test_fit_pad_keeps_boxes(imagenet_clean, tmp_path):
     boxes = open_cache(jpg.path).boxes
     assert boxes is not None and np.array_equal(boxes, open_cache(raw.path).boxes)
     assert (boxes[:, 2] - boxes[:, 0] < 48).any() or (boxes[:, 3] - boxes[:, 1] < 48).any()
-    ds = CachedImageDataset(jpg.path, return_boxes=True)
+    ds = CachedImageDataset(jpg.path, DatasetOptions(return_boxes=True))
     x, _y, b = ds[0]
     assert tuple(b.tolist()) == tuple(boxes[0]) and x.shape == (48, 48, 3)
 
@@ -257,8 +257,8 @@ def test_dataloader_workers_decode_shuffled_batches(tmp_path, context):
 
 def test_decode_threads_give_the_same_pixels(builds, monkeypatch):
     idx = np.random.default_rng(0).permutation(open_cache(builds["j1"]).manifest.count)
-    one = CachedImageDataset(builds["j1"], decode_threads=1).gather(idx)
-    three = CachedImageDataset(builds["j1"], decode_threads=3)
+    one = CachedImageDataset(builds["j1"], DatasetOptions(decode_threads=1)).gather(idx)
+    three = CachedImageDataset(builds["j1"], DatasetOptions(decode_threads=3))
     assert np.array_equal(three.gather(idx), one)
     assert three._images._pool is not None and three._images._pool._max_workers == 3
     monkeypatch.setenv("CACHEBUILD_DECODE_THREADS", "2")
@@ -271,7 +271,7 @@ def test_encoded_batches_carry_the_stored_bytes_to_the_device(tmp_path):
     the batch lands (on CPU here: the same pixels as decoding in the workers)."""
     root, images, _labels = jpeg_index_cache(tmp_path / "c", n=40)
     stored = [p for s in read_manifest(root).shards for p in shard_payloads(root / s.file)]
-    ds = CachedImageDataset(root, decode="none")
+    ds = CachedImageDataset(root, DatasetOptions(decode="none"))
     order = np.random.default_rng(2).permutation(40)
     dl = DataLoader(ds, batch_size=8, sampler=order.tolist(), num_workers=2, collate_fn=collate_batch)
     seen = []
@@ -334,11 +334,11 @@ def test_cpu_only_machines_never_import_cuda_paths(tmp_path):
     code = f"""
 import sys, numpy as np
 from torch.utils.data import DataLoader
-from loaders import CachedImageDataset, collate_batch, device_loader
-ds = CachedImageDataset({str(root)!r}, decode_threads=2)
+from loaders import CachedImageDataset, DatasetOptions, collate_batch, device_loader
+ds = CachedImageDataset({str(root)!r}, DatasetOptions(decode_threads=2))
 ds.gather(np.arange(20))
 list(DataLoader(ds, batch_size=8, num_workers=1, collate_fn=collate_batch))
-list(device_loader(DataLoader(CachedImageDataset({str(root)!r}, decode="none"), batch_size=8,
+list(device_loader(DataLoader(CachedImageDataset({str(root)!r}, DatasetOptions(decode="none")), batch_size=8,
                               collate_fn=collate_batch), device="cpu"))
 print(sorted(m for m in sys.modules if m in ("cachebuild.builder.gpu_build", "loaders.cuda_decode")))
 """

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 from cachebuild.cli import main
 from cachebuild.errors import CacheCorruptError
 from cachebuild.storage.cache.reader import open_cache, read_manifest
-from loaders.dataset import CachedImageDataset, collate_batch
+from loaders.dataset import CachedImageDataset, DatasetOptions, collate_batch
 from loaders.sampler import CacheSampler
 from tests.compact_fixtures import jpeg_index_cache, read_index
 
@@ -27,7 +27,7 @@ def _serve(tmp_path, http_server, n: int = 70):
 @pytest.mark.parametrize("local_cache", [False, True])
 def test_http_jpeg_cache_reads_the_same_pixels_as_the_local_copy(tmp_path, http_server, local_cache):
     server, url, root, _images = _serve(tmp_path, http_server)
-    ds = CachedImageDataset(url, local_cache=tmp_path / "blocks" if local_cache else None)
+    ds = CachedImageDataset(url, DatasetOptions(local_cache=tmp_path / "blocks" if local_cache else None))
     local = CachedImageDataset(root)
     idx = np.random.default_rng(0).permutation(70)
     assert np.array_equal(ds.gather(idx), local.gather(idx))
@@ -77,4 +77,4 @@ def test_verify_a_url_names_a_damaged_sample(tmp_path, http_server):
     r = runner.invoke(main, ["verify", url])
     assert r.exit_code == 1 and f"{s.file} samples [16, 32): checksum mismatch (samples 31 fail" in r.output
     with pytest.raises(CacheCorruptError, match=r"sample 31 \(sample-31\) of http://127\.0\.0\.1:\d+/.*images-00001\.jpegs"):
-        CachedImageDataset(url, local_cache=tmp_path / "blocks").gather([30, 31])
+        CachedImageDataset(url, DatasetOptions(local_cache=tmp_path / "blocks")).gather([30, 31])

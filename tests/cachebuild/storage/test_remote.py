@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 from cachebuild.cli import main
 from cachebuild.errors import CacheChangedError, CacheCorruptError, CacheNotFoundError, RemoteError
 from cachebuild.storage.cache.reader import open_cache
-from loaders.dataset import CachedImageDataset, collate_batch
+from loaders.dataset import CachedImageDataset, DatasetOptions, collate_batch
 from loaders.sampler import CacheSampler
 from tests.loaders_fixtures import decode_index, make_cache
 from tests.manifest_edits import load_unsealed
@@ -94,7 +94,7 @@ def test_cold_reads_fetch_only_the_rows_a_batch_needs(tmp_path, http_server):
 def test_block_cache_serves_epoch_two_from_local_disk(tmp_path, http_server):
     server, url, images, _ = _serve_cache(tmp_path, http_server, "npy", n=64, h=32, w=32)
     local = tmp_path / "blocks"
-    ds = CachedImageDataset(url, local_cache=local)
+    ds = CachedImageDataset(url, DatasetOptions(local_cache=local))
     dl = DataLoader(ds, batch_size=16, sampler=CacheSampler(ds, shuffle=True, seed=0), num_workers=2,
                     collate_fn=collate_batch, persistent_workers=False)
     server.clear()
@@ -111,7 +111,7 @@ def test_block_cache_serves_epoch_two_from_local_disk(tmp_path, http_server):
 def test_block_cache_refetches_a_damaged_block(tmp_path, http_server):
     server, url, images, _ = _serve_cache(tmp_path, http_server, "npy", n=64, h=32, w=32)
     local = tmp_path / "blocks"
-    ds = CachedImageDataset(url, local_cache=local)
+    ds = CachedImageDataset(url, DatasetOptions(local_cache=local))
     assert np.array_equal(ds.gather(np.arange(64)), images)
     for data in local.glob("*/*.data"):  # flip a byte of every mirrored file, behind the cache's back
         with open(data, "r+b") as f:
@@ -120,7 +120,7 @@ def test_block_cache_refetches_a_damaged_block(tmp_path, http_server):
             f.seek(200)
             f.write(bytes([b[0] ^ 0xFF]))
     server.clear()
-    fresh = CachedImageDataset(url, local_cache=local)  # a new process would see the same files
+    fresh = CachedImageDataset(url, DatasetOptions(local_cache=local))  # a new process would see the same files
     assert np.array_equal(fresh.gather(np.arange(64)), images)
     assert server.log.bytes() > 0  # the damaged blocks were fetched again
 
@@ -130,7 +130,7 @@ def test_block_cache_stays_within_its_bound(tmp_path, http_server):
 
     _server, url, images, _ = _serve_cache(tmp_path, http_server, "npy", n=96, h=64, w=64)  # 1.2 MB
     cache = BlockCache(tmp_path / "blocks", max_bytes=256 << 10, block_bytes=16 << 10)
-    ds = CachedImageDataset(url, local_cache=cache)
+    ds = CachedImageDataset(url, DatasetOptions(local_cache=cache))
     for lo in range(0, 96, 8):
         assert np.array_equal(ds.gather(np.arange(lo, lo + 8)), images[lo : lo + 8])
     cache.evict()
@@ -287,10 +287,10 @@ def test_block_cache_never_serves_an_earlier_cache_of_the_same_build_key(tmp_pat
     site = tmp_path / "site"
     shutil.copytree(a, site / "c")
     url, local = http_server(site).url_for("c"), tmp_path / "blocks"
-    assert np.array_equal(CachedImageDataset(url, local_cache=local).gather(np.arange(12)), pixels_a)
+    assert np.array_equal(CachedImageDataset(url, DatasetOptions(local_cache=local)).gather(np.arange(12)), pixels_a)
     shutil.rmtree(site / "c")
     shutil.copytree(b, site / "c")  # rebuilt in place, or pushed with --force
-    assert np.array_equal(CachedImageDataset(url, local_cache=local).gather(np.arange(12)), pixels_b)
+    assert np.array_equal(CachedImageDataset(url, DatasetOptions(local_cache=local)).gather(np.arange(12)), pixels_b)
 
 
 def test_s3_locations_parse_botocore_models_once_per_process(tmp_path, s3, monkeypatch):
