@@ -71,20 +71,20 @@ _fds = _Descriptors()
 
 
 def _descriptor(f: PeerFile, key: str) -> int:
+    """An open descriptor of ``f``, checked against the plan on every use (an ``fstat``: a file rewritten while
+    a descriptor stays open is caught too)."""
     fd = _fds.open.get(f)
-    if fd is not None:
+    if fd is None:
+        fd = _fds.open[f] = os.open(f.path, os.O_RDONLY | os.O_CLOEXEC)
+        while len(_fds.open) > _OPEN:
+            os.close(_fds.open.popitem(last=False)[1])
+    else:
         _fds.open.move_to_end(f)
-        return fd
-    fd = os.open(f.path, os.O_RDONLY | os.O_CLOEXEC)
     st = os.fstat(fd)
     if (st.st_size, st.st_mtime_ns) != (f.size, f.mtime_ns):
-        os.close(fd)
         raise DecodeError(key, f"{f.name} changed after the build planned it ({f.size:,} -> {st.st_size:,} bytes, "
                                f"mtime {f.mtime_ns} -> {st.st_mtime_ns}); not read: `cachebuild status` lists it, "
                                f"and a rebuild includes it")
-    _fds.open[f] = fd
-    while len(_fds.open) > _OPEN:
-        os.close(_fds.open.popitem(last=False)[1])
     return fd
 
 
@@ -183,18 +183,20 @@ class Samples:
 
 def peer_plan(samples: Samples, *, codec: str, dataset: str, split: str, root: Path, classes: list[str] | None,
               index_files: Sequence[PeerFile], digest_extra: dict[str, Any], source_format: str) -> Plan:
-    """The plan of ``samples``: classes checked (or named 0..max), digested by every sample's key, label and
-    the size and mtime of its file, plus the index files and the options that chose the fields."""
+    """The plan of ``samples``: classes checked (or named 0..max), digested by every sample's key, label,
+    payload size and file mtime, plus every file's name, size and mtime and the options that chose the fields."""
     check_codec(codec)
     if not samples.keys:
         raise SourceError(f"{root}: the dataset holds no samples")
     labels = samples.labels.astype(np.int64, copy=False)
     problems = dict(samples.problems)
     classes = check_labels(labels, classes, problems, str(root))
-    per_file = np.asarray([(f.size, f.mtime_ns) for f in samples.files], np.int64).reshape(-1, 2)
-    stats = per_file[samples.columns["file"]]
+    # a sample's inputs as the file table keeps them: its payload's size and its file's mtime (a rewritten
+    # shard changes every sample of it); the files' own sizes go into the digest beside them
+    mtimes = np.asarray([f.mtime_ns for f in samples.files], np.int64)
+    stats = np.column_stack([samples.columns["size"].astype(np.int64), mtimes[samples.columns["file"]]])
     extra = {"format": source_format, "codec": codec, "classes": classes, **digest_extra,
-             "index": [(f.name, f.size, f.mtime_ns) for f in index_files]}
+             "files": [(f.name, f.size, f.mtime_ns) for f in [*index_files, *samples.files]]}
     return Plan(
         dataset=dataset,
         split=split,

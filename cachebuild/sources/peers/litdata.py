@@ -40,6 +40,7 @@ from cachebuild.sources.plan import Plan
 __all__ = ["LitdataSource", "leaf_names", "litdata_plan"]
 
 _WHAT = "LitData optimize output"
+_IMAGE_FILES = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
 _CODECS = {"pil": "pil", "jpeg": "encoded", "bytes": "encoded", "numpy": "litdata-numpy",
            "tensor": "litdata-tensor"}
 
@@ -48,7 +49,11 @@ def image_codec(fmt: str) -> str:
     """The codec of a LitData image leaf; ValueError saying why a serializer's output is not one."""
     if fmt in _CODECS:
         return _CODECS[fmt]
-    if fmt.startswith(("image:", "file:")) or fmt == "file":
+    if fmt.startswith("image:") or fmt in ("file", "image"):
+        return "encoded"
+    if fmt.startswith("file:"):
+        if fmt[5:].lower() not in _IMAGE_FILES:
+            raise ValueError(f"files of type .{fmt[5:]}: not images")
         return "encoded"
     if fmt.startswith(("no_header_numpy", "no_header_tensor")):
         raise ValueError("a 1-D array: not an image")

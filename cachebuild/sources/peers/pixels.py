@@ -14,8 +14,9 @@ A codec is a short string, so that readers stay picklable and a plan can say whi
 - ``litdata-numpy``, ``litdata-tensor``: LitData's ``numpy`` (uint32 dtype index, rank, dims) and ``tensor``
   (big-endian uint32 dtype index, rank, dims; CHW when the first axis is 1 or 3) serializers.
 
-Pixels: uint8 only; grey ``(H, W)`` / ``(H, W, 1)`` are repeated to RGB and an alpha channel is dropped, as
-PIL's ``convert("RGB")`` does (the build decodes a grey or RGBA PNG file the same way).
+Pixels: uint8 only (PIL: any mode but a palette's, whose palette the layout drops); grey ``(H, W)`` /
+``(H, W, 1)`` are repeated to RGB and an alpha channel is dropped, as PIL's ``convert("RGB")`` does (the build
+decodes a grey or RGBA PNG file the same way).
 """
 
 from __future__ import annotations
@@ -82,6 +83,9 @@ def _pil(data: bytes, key: str) -> np.ndarray:
     raw = data[12 + n:]
     if mode == "RGB":
         return _exact(raw, (height, width, 3), key)
+    if mode in ("P", "PA"):
+        raise DecodeError(key, f"a palette image (mode {mode}) stored without its palette (PIL's tobytes drops it): "
+                               f"its colours are lost; write the images as RGB")
     from PIL import Image
 
     try:

@@ -121,6 +121,8 @@ def test_unreadable_leaves_are_refused_with_the_fields_listed(tmp_path):
     _edit_config(src, data_format=["pickle", "jpeg", "numpy", "int"])
     assert "field 'image' is pickle: pickled objects: cachebuild never unpickles" in \
         refused("litdata", src, tmp_path / "out")
+    _edit_config(src, data_format=["file:txt", "jpeg", "numpy", "int"])
+    assert "field 'image' is file:txt: files of type .txt: not images" in refused("litdata", src, tmp_path / "out")
     _edit_config(src, data_format=["pil", "jpeg", "numpy", "float"])
     assert "field 'label' is float: not an int" in refused("litdata", src, tmp_path / "out")
     # a leaf whose payloads are not what its serializer writes: refused on the first sample
