@@ -10,7 +10,7 @@ from tests.cachebuild.sources.peer_files.peer_checks import reference_pixels
 
 
 @pytest.fixture(scope="session")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def peer_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """tests/cachebuild/sources/peer_files/originals built at peer_checks.SIZE: ``pixels`` (the cache's samples)
     and ``originals`` (the arrays), by sample index."""
     return reference_pixels(tmp_path_factory.mktemp("peer-reference") / "ref")

@@ -36,7 +36,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 ORIGINALS = HERE / "originals"
 LABELS = [3, 0, 2, 1, 0, 3, 1, 2, 2, 0]  # sample i's class
-JPEG_QUALITY = 95
+JPEG_QUALITY = 97
 
 
 def _sizes(i: int) -> tuple[int, int]:
@@ -78,7 +78,7 @@ def original_path(i: int) -> Path:
 
 
 def _jpeg_files(folder: Path) -> list[Path]:
-    """Each original as a JPEG file (PIL, quality 95, no chroma subsampling), for the writers that store JPEG
+    """Each original as a JPEG file (PIL, quality 97, no chroma subsampling), for the writers that store JPEG
     files' bytes."""
     from PIL import Image
 
@@ -100,7 +100,7 @@ def _write_payloads(folder: Path, payloads: dict[str, list[str]], version: str) 
 
 
 def write_ffcv() -> None:
-    """Fields: ``image`` RGBImageField in 'smart' mode (samples over 2,000 raw bytes stored as JPEG at quality 95,
+    """Fields: ``image`` RGBImageField in 'smart' mode (samples over 2,000 raw bytes stored as JPEG at quality 97,
     the others raw), ``label`` IntField, ``weight`` FloatField (i / 10), ``png`` BytesField (the original PNG
     file's bytes). One worker, 2 MiB pages."""
     from ffcv.fields import BytesField, FloatField, IntField, RGBImageField
