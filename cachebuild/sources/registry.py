@@ -31,6 +31,9 @@ _KINDS: dict[str, str] = {
     "folder": "cachebuild.sources.folder:FolderSource",
     "wds": "cachebuild.sources.shards.wds:WdsSource",
     "parquet": "cachebuild.sources.shards.parquet:ParquetSource",
+    "ffcv": "cachebuild.sources.peers.ffcv:FfcvSource",
+    "mds": "cachebuild.sources.peers.mds:MdsSource",
+    "litdata": "cachebuild.sources.peers.litdata:LitdataSource",
 }
 _LOADED: dict[str, SourceKind] = {}
 

@@ -189,7 +189,8 @@ def test_unknown_kinds_are_named_errors():
         plan_source("imagenet", "/x", FolderOptions())
 
 
-@pytest.mark.parametrize("name", ["imagenet", "cifar10", "cifar100", "folder", "wds", "parquet"])
+@pytest.mark.parametrize("name", ["imagenet", "cifar10", "cifar100", "folder", "wds", "parquet", "ffcv", "mds",
+                                  "litdata"])
 def test_options_round_trip_through_their_dict(name):
     kind = get_source(name)
     assert kind.name == name and name in source_names()
@@ -252,6 +253,8 @@ _FLAGS = {
     "folder": ["--size", "--split", "--name", *_BUILD],
     "wds": ["--split", "--size", "--classes", "--label-key", "--cls-key", "--image-keys", "--name", *_BUILD],
     "parquet": ["--split", "--size", "--classes", "--image-column", "--label-column", "--name", *_BUILD],
+    **{peer: ["--split", "--size", "--classes", "--image-field", "--label-field", "--name", *_BUILD]
+       for peer in ("ffcv", "mds", "litdata")},
 }
 
 
