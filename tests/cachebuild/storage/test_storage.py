@@ -163,6 +163,8 @@ _ALLOWED = {
     ("cachebuild/cli_build.py", "storage not in (DEFAULT_STORAGE, encoded)"): "--codec's kind, from the registry",
     # Not storage kinds: the same words for other things.
     ("cachebuild/sources/shards/wds.py", "'jpeg'"): "a WebDataset member's extension (IMAGE_KEYS)",
+    ("cachebuild/sources/peers/litdata.py", "'jpeg'"): "a LitData leaf's type name and a file extension",
+    ("cachebuild/sources/peers/mds.py", "'jpeg'"): "an MDS column encoding (its `column_encodings`)",
     ("loaders/encoded.py", "'jpeg'"): "the samples' codec (the manifest's `codec` field), not a kind",
 }
 
