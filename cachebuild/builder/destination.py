@@ -27,6 +27,7 @@ from cachebuild.errors import CacheBuildError, CacheExistsError, OptionError, Ou
 from cachebuild.format.manifest import FORMAT_NAME, MANIFEST_NAME
 from cachebuild.format.pathnames import CACHE_SUBFOLDER
 from cachebuild.storage import cache_names, staging_names
+from cachebuild.storage.cache.columns import COLUMNS_DIR, is_own_columns_folder
 
 __all__ = [
     "CACHE_SUBFOLDER",
@@ -132,6 +133,8 @@ def check_replaceable(out: Path, problem: str | None, other: str = "another --ou
         raise CacheExistsError(f"{out}/{MANIFEST_NAME} is not a cachebuild manifest (format "
                                f"{raw.get('format')!r}); {never}: choose {other}")
     foreign = sorted(set(os.listdir(out)) - _listed_names(raw) - cache_names())
+    if COLUMNS_DIR in foreign and is_own_columns_folder(out / COLUMNS_DIR):  # `columns add` wrote it all
+        foreign.remove(COLUMNS_DIR)
     if foreign:
         shown = some_names(foreign)
         damage = f" (its manifest: {problem})" if problem else ""

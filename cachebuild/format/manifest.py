@@ -23,7 +23,10 @@ __all__ = [
     "FORMAT_VERSION",
     "MANIFEST_NAME",
     "READ_VERSIONS",
+    "COLUMNS_VERSION",
+    "PLAIN_VERSION",
     "ArrayInfo",
+    "ColumnInfo",
     "Failure",
     "Manifest",
     "ShardInfo",
@@ -35,8 +38,13 @@ FORMAT_NAME = "cachebuild"
 # Bump on any change a reader of the previous version would misread; readers refuse other versions.
 # 2: an npy shard's sha256 covers its whole file (1: its pixel rows); nothing else differs, so version 1
 # caches are still read (docs/FORMAT.md, "Changing the format").
-FORMAT_VERSION = 2
-READ_VERSIONS = (1, 2)
+# 3: version 2 plus ``columns`` (extra per-sample arrays added after the build). Only a cache that holds
+# columns is written as 3: a build (and a cache whose last column was removed) stays 2, read by releases
+# that read 2, and its build key (which names the format version) is unchanged.
+FORMAT_VERSION = 3
+READ_VERSIONS = (1, 2, 3)
+PLAIN_VERSION = 2  # what a cache without columns is written as
+COLUMNS_VERSION = 3
 MANIFEST_NAME = "manifest.json"
 
 FITS = ("crop", "squash", "pad")
@@ -68,6 +76,24 @@ class ArrayInfo:
     dtype: str
     shape: tuple[int, ...]
     sha256: str
+
+
+@dataclass(frozen=True)
+class ColumnInfo:
+    """An extra per-sample array added after the build (``cachebuild columns add``): a plain ``.npy`` whose
+    ``sha256`` and ``size`` are of the whole file, so a transfer checks it as it checks a file-table entry."""
+
+    file: str
+    dtype: str
+    shape: tuple[int, ...]
+    sha256: str
+    size: int
+
+
+# Numeric dtypes only (np.load(allow_pickle=False) reads them; torch takes them): no strings, objects, complex.
+COLUMN_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                 "float16", "float32", "float64")
+COLUMN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -143,10 +169,12 @@ class Manifest:
     # pull/push check every file against ({"table", "sha256", "count", "bytes"}), and who built the cache.
     files: dict[str, Any] = field(default_factory=dict)
     built_by: dict[str, Any] = field(default_factory=dict)  # {"user", "host"}
+    # Version 3: extra per-sample arrays added after the build, name -> ColumnInfo (none: the key is not written).
+    columns: dict[str, ColumnInfo] = field(default_factory=dict)
     dtype: str = "uint8"
     layout: str = "NHWC"
     format: str = FORMAT_NAME
-    format_version: int = FORMAT_VERSION
+    format_version: int = PLAIN_VERSION
 
     @property
     def build_key(self) -> str:
@@ -166,6 +194,8 @@ class Manifest:
             "shards": [(s.file, s.start, s.count, s.sha256) for s in self.shards],
             "arrays": {name: (a.file, a.sha256) for name, a in sorted(self.arrays.items())},
             "files": self.files.get("sha256", ""),
+            # only when there are columns: the content ids of caches without them stay what they were
+            **({"columns": {n: (c.file, c.sha256) for n, c in sorted(self.columns.items())}} if self.columns else {}),
         }, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
 
@@ -177,6 +207,8 @@ class Manifest:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["failures"] = [{**f, "path": encode_path(f["path"])} for f in d["failures"]]  # non-UTF-8 names too
+        if not d["columns"]:  # a cache without columns: the bytes of a version 2 manifest
+            del d["columns"]
         # Lead with the fields a human or another tool checks first.
         head = {k: d.pop(k) for k in ("format", "format_version", "dataset", "split", "count", "shape",
                                       "dtype", "layout", "storage")}
@@ -233,6 +265,7 @@ class Manifest:
                 created=str(d.get("created", "")),
                 files=_parse_files(d.get("files", {})),
                 built_by=_parse_mapping("built_by", d.get("built_by", {})),
+                columns=_parse_columns(d.get("columns", {}), version),
             )
         except KeyError as e:
             raise CacheCorruptError(f"manifest is missing the field {e.args[0]!r}") from None
@@ -256,6 +289,31 @@ class Manifest:
         for required in ("labels", "sizes"):
             if required not in self.arrays:
                 raise CacheCorruptError(f"manifest lists no {required!r} array")
+        if self.columns and self.format_version < COLUMNS_VERSION:
+            raise CacheCorruptError(f"manifest lists columns but says format version {self.format_version}; "
+                                    f"columns need version {COLUMNS_VERSION}")
+        for name, c in self.columns.items():
+            if name in self.arrays or not COLUMN_NAME.fullmatch(name):
+                raise CacheCorruptError(f"column name {name!r} clashes with a built-in array or is not a name")
+            if not c.shape or c.shape[0] != self.count or c.dtype not in COLUMN_DTYPES:
+                raise CacheCorruptError(f"column {name!r} is {c.dtype}{list(c.shape)}, expected a numeric "
+                                        f"array of {self.count} rows")
+
+
+def _parse_columns(value: Any, version: int) -> dict[str, ColumnInfo]:
+    columns = _parse_mapping("columns", value)
+    if columns and version < COLUMNS_VERSION:
+        raise CacheCorruptError(f"manifest field 'columns' needs format version {COLUMNS_VERSION}, got {version}")
+    return {
+        _parse_str("columns key", k): ColumnInfo(
+            file=check_name(c["file"], "columns.file"),
+            dtype=_parse_str("columns.dtype", c["dtype"], COLUMN_DTYPES),
+            shape=_parse_shape("columns.shape", c["shape"]),
+            sha256=_parse_str("columns.sha256", c["sha256"]),
+            size=_parse_int("columns.size", c["size"]),
+        )
+        for k, c in columns.items()
+    }
 
 
 def _check_format(d: Mapping[str, Any]) -> int:

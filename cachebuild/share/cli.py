@@ -147,5 +147,7 @@ def quick_verify(where: str) -> None:
 
 
 def register(group: Any) -> None:
-    for command in (pull, push, status, ls):
+    from cachebuild.share.columns import columns
+
+    for command in (pull, push, status, ls, columns):
         group.add_command(command)

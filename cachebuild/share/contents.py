@@ -51,7 +51,7 @@ def read_manifest_bytes(location: Location) -> bytes | None:
 
 
 def _named_files(m: Manifest) -> list[str]:
-    names = [s.file for s in m.shards] + [a.file for a in m.arrays.values()]
+    names = [s.file for s in m.shards] + [a.file for a in m.arrays.values()] + [c.file for c in m.columns.values()]
     inputs = m.source.get("inputs")
     if isinstance(inputs, dict) and inputs.get("file"):
         names.append(check_name(inputs["file"], "source.inputs.file"))
@@ -77,8 +77,11 @@ def read_contents(location: Location, raw: bytes | None = None) -> CacheContents
     got = read_file_table(location, m)
     if got is not None:
         table, data = got
-        items = [Item(name, e.size, e.sha256) for name, e in sorted(table.items())]
-        _check_covered(m, set(table), location.describe(m.files["table"]))
+        # columns (format version 3) are outside the table: the manifest holds their files' size and sha256
+        columns = {c.file: Item(c.file, c.size, c.sha256) for c in m.columns.values()}
+        items = sorted([Item(name, e.size, e.sha256) for name, e in table.items() if name not in columns]
+                       + list(columns.values()), key=lambda i: i.name)
+        _check_covered(m, set(table) | set(columns), location.describe(m.files["table"]))
         return CacheContents(m, raw, items, data)
     # Built before file tables: the files are whatever the folder holds.
     try:

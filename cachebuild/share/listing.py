@@ -91,7 +91,10 @@ def cache_summary(location: Location, found: Found) -> dict[str, Any]:
         "count": m.count, "bytes": _cache_bytes(location, m), "created": m.created,
         "version": m.tool.get("version"), "fingerprint": m.build_key[:12], "build_key": m.build_key,
         "source_fingerprint": m.source.get("fingerprint"), "built_by": m.built_by or None,
+        "columns": {n: {"dtype": c.dtype, "shape": list(c.shape)} for n, c in sorted(m.columns.items())},
     })
+    if row["bytes"] is not None and m.files:  # columns are outside the file table (docs/FORMAT.md)
+        row["bytes"] += sum(c.size for c in m.columns.values())
     return row
 
 
@@ -126,6 +129,10 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         h, w, c = r["shape"]
         lines.append([path, f"{r['dataset']}/{r['split']}", f"{h}x{w}x{c}", r["fit"], r["storage"], str(r["count"]),
                       _size(r["bytes"]), r["created"].replace("+00:00", "Z"), str(r["version"]), r["fingerprint"]])
+    if any(r.get("columns") for r in rows):  # caches with columns (format version 3): their names
+        head.append("COLUMNS")
+        for line, r in zip(lines[1:], rows, strict=True):
+            line.append(",".join(r.get("columns") or ()))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     return "\n".join("  ".join(cell.ljust(wd) for cell, wd in zip(line, widths, strict=True)).rstrip()
                      for line in lines)

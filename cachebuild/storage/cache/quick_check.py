@@ -101,4 +101,12 @@ def quick_check(where: str | os.PathLike[str] | Location) -> QuickReport:
             elif size != entry.size:
                 report.problems.append(f"{name}: {size} bytes, the file table says {entry.size}")
         report.sizes_checked = len(table)
+    columns = sorted(c.file for c in m.columns.values())  # outside the table: their sizes are in the manifest
+    if columns:
+        actual = _sizes(location, columns)
+        for c in m.columns.values():
+            if actual[c.file] != c.size:
+                got = "missing" if actual[c.file] < 0 else f"{actual[c.file]} bytes"
+                report.problems.append(f"{c.file}: {got}, the manifest's column entry says {c.size} bytes")
+        report.sizes_checked += len(columns)
     return report

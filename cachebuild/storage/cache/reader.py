@@ -18,7 +18,7 @@ from cachebuild.format.manifest import MANIFEST_NAME, Manifest
 from cachebuild.format.manifest import parse_manifest as parse_spec
 from cachebuild.storage import BlockCache, ImageStore, Location, backend_names, get_backend, open_location
 from cachebuild.storage.cache.file_table import read_file_table
-from cachebuild.storage.kinds.side_arrays import load_array, load_paths, map_array, sha256_bytes
+from cachebuild.storage.kinds.side_arrays import load_array, load_column, load_paths, map_array, sha256_bytes
 from cachebuild.storage.locations.replacement import ReaderLock
 
 __all__ = ["CacheReader", "not_a_cache", "open_cache", "parse_manifest", "read_manifest"]
@@ -127,6 +127,10 @@ class CacheReader:
     def array(self, name: str) -> np.ndarray:
         return load_array(self.location, self.manifest, name)
 
+    def column(self, name: str) -> np.ndarray:
+        """Column ``name`` (format version 3: added after the build) as the manifest opened names it."""
+        return load_column(self.location, self.manifest, name)
+
     def paths(self) -> list[str]:
         """Provenance: the source path (relative to the source root) of every sample."""
         return load_paths(self.location, self.manifest)
@@ -157,6 +161,14 @@ class CacheReader:
                 continue
             if digest != info.sha256:
                 problems.append(f"{info.file}: checksum mismatch")
+        for info in self.manifest.columns.values():  # checksums of whole files, as paths.json's
+            try:
+                data = self.location.read_bytes(info.file)
+            except (OSError, RemoteError) as e:
+                problems.append(f"{info.file}: {e}")
+                continue
+            if len(data) != info.size or hashlib.sha256(data).hexdigest() != info.sha256:
+                problems.append(f"{info.file}: checksum mismatch (column)")
         return problems + self._verify_other_files(problems)
 
     def _verify_other_files(self, named: list[str]) -> list[str]:

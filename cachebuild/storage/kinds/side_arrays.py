@@ -2,7 +2,8 @@
 optional ``boxes.npy`` / ``coarse_labels.npy`` (plain ``.npy``, read with ``allow_pickle=False``) and
 ``paths.json`` (provenance). At a URL they are read whole; in a local folder the numeric ones are memory-mapped
 (:func:`map_array`), so that a reader and each of its DataLoader workers share one copy in the page cache
-instead of holding one each (16 bytes a sample: 20 MB a process at ImageNet's 1.28M).
+instead of holding one each (16 bytes a sample: 20 MB a process at ImageNet's 1.28M). Columns (format version
+3: arrays added after the build, ``columns/NAME-<sha256 prefix>.npy``) are read the same way (:func:`load_column`).
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import numpy as np
 
 from cachebuild.atomic import AtomicFile, write_bytes_atomic
 from cachebuild.errors import CacheCorruptError, RemoteError
-from cachebuild.format.manifest import ArrayInfo, Manifest
+from cachebuild.format.manifest import ArrayInfo, ColumnInfo, Manifest
 from cachebuild.format.pathnames import decode_paths, encode_paths
 from cachebuild.storage.kinds.rows import NPY_HEADER_ERRORS, npy_header
 from cachebuild.storage.locations import Location
 
-__all__ = ["PATHS_FILE", "load_array", "load_paths", "map_array", "save_array", "save_paths", "sha256_bytes"]
+__all__ = ["PATHS_FILE", "load_array", "load_column", "load_paths", "map_array", "save_array", "save_paths",
+           "sha256_bytes"]
 
 PATHS_FILE = "paths.json"
 
@@ -73,6 +75,36 @@ def map_array(location: Location, manifest: Manifest, name: str) -> np.ndarray:
     info = manifest.arrays.get(name)
     if info is None or info.dtype == "str" or not location.is_local or 0 in info.shape:
         return load_array(location, manifest, name)
+    return _map(location, info)
+
+
+def load_column(location: Location, manifest: Manifest, name: str) -> np.ndarray:
+    """Column ``name`` of the cache as ``manifest`` describes it: memory-mapped from a local cache, read whole
+    (and checked against its sha256) at a URL. The file name holds a prefix of its checksum, so a column added
+    or replaced later never takes the place of the one this manifest names."""
+    info = manifest.columns.get(name)
+    if info is None:
+        have = ", ".join(sorted(manifest.columns)) or "none"
+        raise CacheCorruptError(f"{location.describe()} has no column {name!r} (its columns: {have}); add it with "
+                                f"`cachebuild columns add CACHE {name} FILE`")
+    if location.is_local and 0 not in info.shape:
+        return _map(location, info)
+    data = _read(location, info.file, "column file")
+    where = location.describe(info.file)
+    if hashlib.sha256(data).hexdigest() != info.sha256:
+        raise CacheCorruptError(f"column file {where} does not match the checksum its manifest records; "
+                                f"re-fetch the cache or add the column again")
+    try:
+        arr = np.load(io.BytesIO(data), allow_pickle=False)
+    except NPY_HEADER_ERRORS as e:
+        raise CacheCorruptError(f"column file {where} is truncated or unreadable: {e}") from None
+    if str(arr.dtype) != info.dtype or tuple(arr.shape) != info.shape:
+        raise CacheCorruptError(f"{where} holds {arr.dtype}{list(arr.shape)}, the manifest says "
+                                f"{info.dtype}{list(info.shape)}")
+    return arr
+
+
+def _map(location: Location, info: ArrayInfo | ColumnInfo) -> np.ndarray:
     where = location.describe(info.file)
     try:
         with location.open_file(info.file) as f:

@@ -25,7 +25,7 @@ import shutil
 import weakref
 from pathlib import Path
 
-__all__ = ["ReaderLock", "find_pinned", "folder_identity", "replaced_folders", "set_aside", "sweep_replaced"]
+__all__ = ["ReaderLock", "find_pinned", "is_locked", "folder_identity", "replaced_folders", "set_aside", "sweep_replaced"]
 
 log = logging.getLogger("cachebuild")
 
@@ -88,6 +88,16 @@ def set_aside(out: Path) -> Path:
     return aside
 
 
+def is_locked(path: Path) -> bool:
+    """True while a reader holds its shared lock on ``path`` (the check releases at once)."""
+    with open(path, "rb") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+    return False
+
+
 def sweep_replaced(out: Path) -> list[Path]:
     """Delete replaced versions of ``out`` that no reader holds; returns those kept (still in use)."""
     kept = []
@@ -96,13 +106,12 @@ def sweep_replaced(out: Path) -> list[Path]:
         if not manifest.is_file():
             kept.append(folder)  # not something we can prove we wrote: leave it
             continue
-        with open(manifest, "rb") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                kept.append(folder)
-                continue
-            shutil.rmtree(folder)
+        # readers of an older manifest of it (swapped by `columns add`) hold their lock on the inode kept there
+        held = [manifest, *sorted(folder.glob("columns/held-*.json"))]
+        if any(is_locked(p) for p in held):
+            kept.append(folder)
+            continue
+        shutil.rmtree(folder)
     if kept:
         log.info("kept %d replaced version(s) of %s while jobs still read them; the next build of it removes "
                  "them once those jobs are done", len(kept), out)
