@@ -23,7 +23,7 @@ __all__ = ["CacheBatch", "CacheSample", "collate_batch", "collate_cache_samples"
 
 
 class CacheSample(tuple):
-    """One sample of a :class:`CacheBatch`: ``(image uint8 HWC view, int label[, box])``.
+    """One sample of a :class:`CacheBatch`: ``(image uint8 HWC view, int label[, box], *columns)``.
 
     A plain tuple in every way but its type, which tells torch's ``default_collate`` where it came from.
     """
@@ -32,18 +32,22 @@ class CacheSample(tuple):
 
 
 class CacheBatch(Sequence):
-    """A whole batch already gathered: ``images`` uint8 (B, H, W, 3), ``labels`` int64 (B,), ``boxes``.
+    """A whole batch already gathered: ``images`` uint8 (B, H, W, 3), ``labels`` int64 (B,) (or a column's
+    values: float (B, C) soft labels), ``boxes``, and the ``columns`` asked for (``DatasetOptions(columns=)``),
+    carried after them.
 
     It is also a sequence of per-sample :class:`CacheSample` tuples (views made on demand), so torch's
-    ``default_collate`` receives it whole and returns ``[images, labels[, boxes]]`` without copying.
+    ``default_collate`` receives it whole and returns ``[images, labels[, boxes], *columns]`` without copying.
     """
 
-    __slots__ = ("boxes", "images", "labels")
+    __slots__ = ("boxes", "columns", "images", "labels")
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, boxes: torch.Tensor | None = None) -> None:
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, boxes: torch.Tensor | None = None,
+                 columns: tuple[torch.Tensor, ...] = ()) -> None:
         self.images = images
         self.labels = labels
         self.boxes = boxes
+        self.columns = columns
 
     def __len__(self) -> int:
         # labels, not images: an EncodedImages' ``shape`` is one sample's (H, W, 3), not the batch's
@@ -52,21 +56,21 @@ class CacheBatch(Sequence):
     def __getitem__(self, i: int) -> CacheSample:  # type: ignore[override]
         if isinstance(i, slice):
             raise TypeError("CacheBatch does not slice; use .images / .labels")
-        if self.boxes is None:
-            return CacheSample((self.images[i], int(self.labels[i])))
-        return CacheSample((self.images[i], int(self.labels[i]), self.boxes[i]))
+        label = int(self.labels[i]) if self.labels.ndim == 1 else self.labels[i]  # soft labels: a row
+        head = (self.images[i], label) if self.boxes is None else (self.images[i], label, self.boxes[i])
+        return CacheSample(head + tuple(c[i] for c in self.columns))
 
     def __iter__(self) -> Iterator[CacheSample]:
         return (self[i] for i in range(len(self)))
 
     def as_tuple(self) -> tuple[torch.Tensor, ...]:
-        if self.boxes is None:
-            return self.images, self.labels
-        return self.images, self.labels, self.boxes
+        head = (self.images, self.labels) if self.boxes is None else (self.images, self.labels, self.boxes)
+        return head + self.columns
 
 
 def collate_batch(batch: Any) -> Any:
-    """``collate_fn`` for ``DataLoader``: pass a :class:`CacheBatch` through as ``(images, labels[, boxes])``.
+    """``collate_fn`` for ``DataLoader``: pass a :class:`CacheBatch` through as ``(images, labels[, boxes],
+    *columns)``.
 
     Anything else (e.g. per-sample tuples from a dataset with a ``transform``) goes to ``default_collate``.
     """

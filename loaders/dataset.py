@@ -37,7 +37,7 @@ from cachebuild.format import Manifest
 from cachebuild.format.identity import check_fingerprint
 from cachebuild.storage import ImageStore
 from cachebuild.storage.cache.reader import open_cache
-from cachebuild.storage.kinds.side_arrays import load_paths, map_array
+from cachebuild.storage.kinds.side_arrays import load_column, load_paths, map_array
 from cachebuild.storage.locations.replacement import ReaderLock
 from loaders.batch_ring import InlineTensor, ProcessRing
 from loaders.collate import CacheBatch, collate_batch
@@ -62,9 +62,25 @@ def _new_uint8(shape: tuple[int, ...], shared: bool) -> torch.Tensor:
     return shared_uint8(shape)
 
 
-def _inline(labels: torch.Tensor, boxes: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _inline(batch: CacheBatch) -> CacheBatch:
     """A batch's small tensors made to cross to the main process by value (``batch_ring.InlineTensor``)."""
-    return labels.as_subclass(InlineTensor), None if boxes is None else boxes.as_subclass(InlineTensor)
+    return CacheBatch(batch.images, batch.labels.as_subclass(InlineTensor),
+                      None if batch.boxes is None else batch.boxes.as_subclass(InlineTensor),
+                      tuple(c.as_subclass(InlineTensor) for c in batch.columns))
+
+
+def _label_column(values: np.ndarray, name: str, manifest: Manifest, where: str) -> np.ndarray:
+    """Column ``name`` checked as labels: int (N,) class indices, or float (N, C) soft labels, C the classes."""
+    c = len(manifest.classes)
+    if values.dtype.kind in "iu" and values.ndim == 1:
+        if values.size and (values.min() < 0 or values.max() >= c):
+            raise ValueError(f"{where}: column {name!r} holds labels in [{values.min()}, {values.max()}], the "
+                             f"cache has {c} classes; relabel within [0, {c - 1}]")
+        return np.ascontiguousarray(values, dtype=np.int64)
+    if values.dtype.kind == "f" and values.ndim == 2 and values.shape[1] == c:
+        return values
+    raise ValueError(f"{where}: column {name!r} is {values.dtype}{list(values.shape)}; labels are integer (N,) "
+                     f"class indices or float (N, {c}) soft labels")
 
 
 class CachedImageDataset(Dataset):
@@ -105,6 +121,11 @@ class CachedImageDataset(Dataset):
         self.return_boxes = bool(o.return_boxes)
         self.ring_slots = int(o.ring_slots)
         self._labels: np.ndarray = np.ascontiguousarray(reader.labels, dtype=np.int64)
+        # Columns (format version 3) as the manifest opened names them: mapped locally, read whole at a URL.
+        self.column_names, self.label_column = o.columns, o.labels
+        self._columns: dict[str, np.ndarray] | None = {n: reader.column(n) for n in o.columns}
+        if o.labels is not None:
+            self._labels = _label_column(reader.column(o.labels), o.labels, self.manifest, reader.location.describe())
         self.sizes: np.ndarray = reader.sizes
         self._boxes: np.ndarray | None = reader.boxes
         del reader
@@ -197,7 +218,7 @@ class CachedImageDataset(Dataset):
         state["_reader_lock"] = None  # the opening process holds it; its workers die before it does
         state["_paths"] = None
         if self.location.is_local:  # memory-mapped side arrays: each process maps them again (storage.side_arrays)
-            state["_labels"] = state["sizes"] = state["_boxes"] = None
+            state["_labels"] = state["sizes"] = state["_boxes"] = state["_columns"] = None
         # _shared (a torch tensor in shared memory) travels by handle through torch's multiprocessing
         # reductions (DataLoader workers, fork or spawn); a plain pickle.dumps copies it, as for any tensor.
         return state
@@ -208,6 +229,10 @@ class CachedImageDataset(Dataset):
             self._labels = np.ascontiguousarray(map_array(self.location, self.manifest, "labels"), dtype=np.int64)
             self.sizes = map_array(self.location, self.manifest, "sizes")
             self._boxes = map_array(self.location, self.manifest, "boxes") if "boxes" in self.manifest.arrays else None
+            self._columns = {n: load_column(self.location, self.manifest, n) for n in self.column_names}
+            if self.label_column is not None:  # checked at open: the same file (its name holds its checksum)
+                self._labels = load_column(self.location, self.manifest, self.label_column)
+                self._labels = self._labels.astype(np.int64, copy=False) if self._labels.ndim == 1 else self._labels
         # A copy (a DataLoader worker's, a job's) holds its own shared lock on the folder it reads, so that
         # a --force rebuild keeps that folder for as long as any copy lives, not only the original.
         if getattr(self.location, "identity", None) is not None:
@@ -316,9 +341,22 @@ class CachedImageDataset(Dataset):
             self.crop.gather(self, idx, out)
         labels = torch.from_numpy(self._labels[idx])
         if not self.return_boxes:
-            return CacheBatch(images, labels)
+            return CacheBatch(images, labels, None, self._column_values(idx))
         boxes = self.valid_boxes(idx) if self.crop is None else self.crop.whole_boxes(len(idx), out.shape)
-        return CacheBatch(images, labels, torch.from_numpy(boxes))
+        return CacheBatch(images, labels, torch.from_numpy(boxes), self._column_values(idx))
+
+    def _column_values(self, idx: np.ndarray) -> tuple[torch.Tensor, ...]:
+        """The asked-for columns' rows ``idx``, in ``DatasetOptions.columns`` order."""
+        assert self._columns is not None
+        return tuple(torch.from_numpy(np.ascontiguousarray(self._columns[n][idx])) for n in self.column_names)
+
+    def column(self, name: str) -> np.ndarray:
+        """Column ``name`` of the cache as opened (one of ``DatasetOptions.columns``), all rows, read-only."""
+        if self._columns is None or name not in self._columns:
+            raise KeyError(f"column {name!r} was not asked for: open with DatasetOptions(columns=[{name!r}])")
+        v = self._columns[name].view()
+        v.flags.writeable = False
+        return v
 
     def __getitem__(self, index: int | Sequence[int] | np.ndarray | torch.Tensor) -> tuple[Any, ...]:
         """One sample ``(image, label[, box])``; a 1-D list/array/tensor of indices gives the batch
@@ -331,12 +369,11 @@ class CachedImageDataset(Dataset):
             raise IndexError(f"sample index {i} is out of range for a cache of {len(self)} samples")
         i %= len(self)
         batch = self.load_batch(np.array([i]), torch.empty((1, *self.output_shape), dtype=torch.uint8))
-        img: Any = batch.images[0]
+        sample = batch[0]
+        img: Any = sample[0]
         if self.transform is not None:
             img = self.transform(img)
-        if batch.boxes is not None:
-            return img, int(batch.labels[0]), batch.boxes[0]
-        return img, int(batch.labels[0])
+        return (img, *sample[1:])
 
     def __getitems__(self, indices: Sequence[int]) -> CacheBatch | list[tuple[Any, ...]]:
         """A whole batch in one pass: a :class:`CacheBatch` (see :func:`collate_batch`).
@@ -356,7 +393,7 @@ class CachedImageDataset(Dataset):
             images = _new_uint8(shape, shared=worker)
         batch = self.load_batch(idx, images)
         if worker and self.ring_slots:  # small tensors by value: no shared-memory segment per batch
-            batch = CacheBatch(batch.images, *_inline(batch.labels, batch.boxes))
+            batch = _inline(batch)
         if self.transform is not None:
             return [(self.transform(s[0]), *s[1:]) for s in batch]
         return batch
@@ -366,7 +403,6 @@ class CachedImageDataset(Dataset):
         data, offsets = self._images.read_encoded(idx)
         labels = torch.from_numpy(self._labels[idx])
         boxes = torch.from_numpy(self.valid_boxes(idx)) if self.return_boxes else None
-        if worker:  # small tensors by value; the payload crosses in shared memory like any tensor
-            labels, boxes = _inline(labels, boxes)
         images = EncodedImages(torch.from_numpy(data), torch.from_numpy(offsets), self.shape)
-        return CacheBatch(images, labels, boxes)  # type: ignore[arg-type]
+        batch = CacheBatch(images, labels, boxes, self._column_values(idx))  # type: ignore[arg-type]
+        return _inline(batch) if worker else batch  # small tensors by value; the payload crosses in shared memory

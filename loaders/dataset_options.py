@@ -43,6 +43,11 @@ class DatasetOptions:
             then uint8 (B, size, size, 3): the device side only normalizes. Boxes and flips are a pure function
             of (``seed``, epoch, sample index); set the epoch with ``set_epoch`` (or an
             :class:`~loaders.worker_crop.EpochSampler`) and the output size with ``set_resolution``.
+        columns: names of the cache's columns (``cachebuild columns add``) to carry with every sample and
+            batch, after the image, the label and the box: ``(image, label[, box], *columns)``; each is a
+            tensor of its stored dtype, (B, ...) in a batch. A name the cache lacks is an error at open.
+        labels: a column to serve as the labels instead of the built-in ones (``cachebuild train --labels``):
+            an integer (N,) column (relabelled classes) or float (N, C) soft labels (distillation targets).
         flip: with a ``RandomResizedCrop``, mirror each sample left-right with probability 0.5
             (``True``) or the given probability.
         seed: the seed of the crop boxes and flips.
@@ -81,6 +86,8 @@ class DatasetOptions:
     transform: Callable[[torch.Tensor], Any] | None = None
     return_boxes: bool = False
     crop: CropSpec | None = None
+    columns: tuple[str, ...] = ()
+    labels: str | None = None
     flip: bool | float = False
     seed: int = 0
     decode: Literal["cpu", "none"] = "cpu"
@@ -103,3 +110,8 @@ class DatasetOptions:
         if not 0 <= self.ring_slots <= MAX_SLOTS:
             raise ValueError(f"ring_slots must be in 0..{MAX_SLOTS}, got {self.ring_slots}")
         flip_probability(self.crop, self.flip)
+        if isinstance(self.columns, str) or not all(isinstance(c, str) for c in self.columns):
+            raise TypeError(f"columns must be a list of column names, got {self.columns!r}")
+        object.__setattr__(self, "columns", tuple(self.columns))  # a list is fine; kept hashable and frozen
+        if len(set(self.columns)) != len(self.columns):
+            raise ValueError(f"columns names a column twice: {list(self.columns)}")

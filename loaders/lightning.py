@@ -100,7 +100,7 @@ class CacheDataModule(pl.LightningDataModule):
 
     A training batch reaches ``training_step`` as ``(images, targets)`` (``images`` transformed, ``targets``
     int64 labels, or soft targets with ``mix``); ``(images, labels, boxes)`` when ``return_boxes`` and no
-    transform consumed them.
+    transform consumed them; the columns of ``dataset_options.columns`` follow, in their order.
     """
 
     def __init__(
@@ -229,8 +229,9 @@ class CacheDataModule(pl.LightningDataModule):
         transform = self.train_transform if training else self.val_transform
         if transform is not None:
             transform = self._on(transform, images.device)
-            images = transform(images, rest[0]) if rest else transform(images)
-            rest = []
+            boxed = self.dataset_options.return_boxes  # then rest[0] is the boxes; columns follow
+            images = transform(images, rest[0]) if boxed else transform(images)
+            rest = rest[1:] if boxed else rest  # the boxes are used up; columns stay
         if training and self.mix is not None:
             images, labels = self._on(self.mix, images.device)(images, labels)
         return (images, labels, *rest)
