@@ -78,7 +78,7 @@ def _label_column(values: np.ndarray, name: str, manifest: Manifest, where: str)
                              f"cache has {c} classes; relabel within [0, {c - 1}]")
         return np.ascontiguousarray(values, dtype=np.int64)
     if values.dtype.kind == "f" and values.ndim == 2 and values.shape[1] == c:
-        return values
+        return values.astype(np.float32, copy=False)  # the loss's dtype (a float32 column stays mapped)
     raise ValueError(f"{where}: column {name!r} is {values.dtype}{list(values.shape)}; labels are integer (N,) "
                      f"class indices or float (N, {c}) soft labels")
 
@@ -232,7 +232,7 @@ class CachedImageDataset(Dataset):
             self._columns = {n: load_column(self.location, self.manifest, n) for n in self.column_names}
             if self.label_column is not None:  # checked at open: the same file (its name holds its checksum)
                 self._labels = load_column(self.location, self.manifest, self.label_column)
-                self._labels = self._labels.astype(np.int64, copy=False) if self._labels.ndim == 1 else self._labels
+                self._labels = self._labels.astype(np.int64 if self._labels.ndim == 1 else np.float32, copy=False)
         # A copy (a DataLoader worker's, a job's) holds its own shared lock on the folder it reads, so that
         # a --force rebuild keeps that folder for as long as any copy lives, not only the original.
         if getattr(self.location, "identity", None) is not None:

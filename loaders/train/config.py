@@ -99,6 +99,10 @@ class TrainConfig:
     warmup_epochs: float = option(0.0, "Linear warm-up, then cosine decay to 0 (stepped per optimizer step).",
                                   min=0)
     label_smoothing: float = option(0.0, None, min=0, max=1, max_open=True)
+    labels: str | None = option(None, "Train on this column of the cache (cachebuild columns add) instead of its "
+                                "labels: integer class indices (relabelled) or float (N, C) soft labels "
+                                "(distillation; MixUp/CutMix mix them); the val cache uses it when it has it.",
+                                metavar="NAME")
     # batch-level mixing (loaders.transforms.MixUpCutMix): Beta(alpha, alpha) lambdas; 0 switches one off
     mixup: float = option(0.0, "MixUp on the device batch with Beta(ALPHA, ALPHA) lambdas (0: off; DeiT uses "
                           "0.8).", min=0, metavar="ALPHA")

@@ -75,7 +75,7 @@ def _open_caches(cfg: TrainConfig) -> tuple[Any, Any | None]:
 
     in_memory: bool | Literal["auto"] = "auto" if cfg.in_memory == "auto" else cfg.in_memory == "yes"
     options = DatasetOptions(in_memory=in_memory)
-    train_ds = CachedImageDataset(cfg.train, options)
+    train_ds = CachedImageDataset(cfg.train, dataclasses.replace(options, labels=cfg.labels))
     # A letterboxed (--fit pad) cache: batches carry each sample's valid box, so crops stay off the bars.
     train_ds.return_boxes = "boxes" in train_ds.manifest.arrays
     classes = list(train_ds.classes)
@@ -83,7 +83,10 @@ def _open_caches(cfg: TrainConfig) -> tuple[Any, Any | None]:
         raise TrainSetupError(f"{cfg.train}: the cache holds no samples")
     val_ds = None
     if cfg.val is not None:
-        val_ds = CachedImageDataset(cfg.val, options)
+        from cachebuild.storage.cache.reader import read_manifest
+
+        relabelled = cfg.labels is not None and cfg.labels in read_manifest(cfg.val).columns
+        val_ds = CachedImageDataset(cfg.val, dataclasses.replace(options, labels=cfg.labels if relabelled else None))
         if list(val_ds.classes) != classes:
             only_t = sorted(set(classes) - set(val_ds.classes))[:3]
             only_v = sorted(set(val_ds.classes) - set(classes))[:3]

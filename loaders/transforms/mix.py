@@ -2,7 +2,9 @@
 """MixUp and CutMix on the device: batch transforms with torchvision v2's semantics, plus timm's switch.
 
 ``forward(images, labels) -> (mixed images, soft targets)``: ``images`` an (N, C, H, W) uint8 or floating
-batch on any device, ``labels`` int (N,) class indices; the targets are float32 (N, num_classes).
+batch on any device, ``labels`` int (N,) class indices or float (N, num_classes) soft labels (a column of
+the cache: ``cachebuild train --labels``), mixed as the one-hot rows would be; the targets are float32
+(N, num_classes).
 
 Semantics (``torchvision.transforms.v2.MixUp``/``CutMix``, checked value for value in the tests):
 
@@ -47,6 +49,7 @@ __all__ = [
     "box_lambda",
     "box_weight",
     "check_labels",
+    "check_soft_labels",
     "cutmix_box",
     "mix_images",
     "mix_targets",
@@ -81,6 +84,15 @@ def check_labels(labels: Tensor, n: int, num_classes: int) -> None:
             _check_label_range(labels, num_classes)
         else:
             _check_label_range_eager(labels, num_classes)
+
+
+def check_soft_labels(labels: Tensor, n: int, num_classes: int) -> None:
+    """Raise ValueError unless ``labels`` is a floating (n, num_classes) tensor of per-class weights."""
+    if labels.dim() != 2 or labels.shape[0] != n or labels.shape[1] != num_classes:
+        raise ValueError(
+            f"labels: soft labels must be float [{n}, {num_classes}] (one row of class weights per image), "
+            f"got {list(labels.shape)}"
+        )
 
 
 def _check_label_range(labels: Tensor, num_classes: int) -> None:
@@ -124,12 +136,17 @@ def mix_targets(
     labels: Tensor, num_classes: int, lam: Tensor, label_smoothing: float = 0.0, flip_pairs: bool = False
 ) -> Tensor:
     """float32 (N, num_classes) soft targets: smoothed one-hot of ``labels`` mixed with its partner's by
-    ``lam`` (float64 scalar tensor), as timm's ``mixup_target``; torchvision's when ``label_smoothing=0``."""
+    ``lam`` (float64 scalar tensor), as timm's ``mixup_target``; torchvision's when ``label_smoothing=0``.
+    Float (N, num_classes) ``labels`` (soft labels: a teacher's probabilities) are smoothed and mixed the same
+    way, as the one-hot rows they stand for (a one-hot row gives exactly the targets of its class index)."""
     off = label_smoothing / num_classes
     on = 1.0 - label_smoothing + off
     n = labels.shape[0]
-    y = torch.full([n, num_classes], off, dtype=torch.float32, device=labels.device)
-    y = y.scatter(1, labels.to(torch.int64)[:, None], on)
+    if labels.is_floating_point():
+        y = labels.to(torch.float32) * (1.0 - label_smoothing) + off
+    else:
+        y = torch.full([n, num_classes], off, dtype=torch.float32, device=labels.device)
+        y = y.scatter(1, labels.to(torch.int64)[:, None], on)
     lam = lam.to(labels.device)
     return y * lam.to(torch.float32) + _partner(y, flip_pairs) * (1.0 - lam).to(torch.float32)
 
@@ -250,7 +267,10 @@ class _Mix(nn.Module):
     def forward(self, images: Tensor, labels: Tensor) -> Tuple[Tensor, Tensor]:
         _check_batch(images)
         labels = labels.to(images.device)
-        check_labels(labels, images.shape[0], self.num_classes)
+        if labels.is_floating_point():  # soft labels (N, C), e.g. distillation targets: mixed like one-hot rows
+            check_soft_labels(labels, images.shape[0], self.num_classes)
+        else:
+            check_labels(labels, images.shape[0], self.num_classes)
         weight, lam = self.get_params(images)
         return (
             mix_images(images, weight, self.flip_pairs),

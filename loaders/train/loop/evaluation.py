@@ -61,7 +61,7 @@ def evaluate(
             logits = logits.float()
             k = min(5, logits.shape[1])
             top = logits.topk(k, dim=1).indices
-            hit = top == y[:, None]
+            hit = top == (y.argmax(1) if y.is_floating_point() else y)[:, None]  # soft labels: their top class
             totals[0] += loss_fn(logits, y).double()
             totals[1] += hit[:, 0].sum()
             totals[2] += hit.any(dim=1).sum()
