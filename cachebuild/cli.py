@@ -123,7 +123,8 @@ def info(where: str, as_json: bool) -> None:
         f"  skipped: {len(m.failures)}",
     ]
     if m.columns:  # format version 3: arrays added after the build (`cachebuild columns`)
-        lines.insert(-1, "  columns: " + ", ".join(f"{n} {c.dtype}{list(c.shape)}" for n, c in sorted(m.columns.items())))
+        shown = ", ".join(f"{n} {c.dtype}{list(c.shape)}" for n, c in sorted(m.columns.items()))
+        lines.insert(-1, f"  columns: {shown}")
     lines += [f"    {f.path}: {f.reason}" for f in m.failures[:20]]
     if len(m.failures) > 20:
         lines.append(f"    ... {len(m.failures) - 20} more (--json lists all)")

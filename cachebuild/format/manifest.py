@@ -19,12 +19,12 @@ from cachebuild.format.pathnames import check_name, decode_path, encode_path
 
 __all__ = [
     "CHECKSUM_FIELD",
+    "COLUMNS_VERSION",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "MANIFEST_NAME",
-    "READ_VERSIONS",
-    "COLUMNS_VERSION",
     "PLAIN_VERSION",
+    "READ_VERSIONS",
     "ArrayInfo",
     "ColumnInfo",
     "Failure",

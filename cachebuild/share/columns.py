@@ -37,7 +37,7 @@ def add(cache: str, name: str, file: str, replace: bool, wait: float | None) -> 
     The column file is written first, then the manifest swapped atomically: a crash leaves the cache as it
     was, and jobs reading it keep what they opened.
     """
-    from cachebuild.storage.cache.columns import local_folder, add_column
+    from cachebuild.storage.cache.columns import add_column, local_folder
 
     try:
         folder = local_folder(cache)
@@ -78,11 +78,11 @@ def ls(cache: str, as_json: bool) -> None:
         m = read_manifest(cache)
     except CacheBuildError as e:
         raise click.ClickException(str(e)) from None
-    rows = {n: {"dtype": c.dtype, "shape": list(c.shape), "file": c.file, "bytes": c.size, "sha256": c.sha256}
-            for n, c in sorted(m.columns.items())}
     if as_json:
+        rows = {n: {"dtype": c.dtype, "shape": list(c.shape), "file": c.file, "bytes": c.size, "sha256": c.sha256}
+                for n, c in sorted(m.columns.items())}
         click.echo(json.dumps(rows, indent=1))
-    elif not rows:
+    elif not m.columns:
         click.echo(f"{cache}: no columns (add one with `cachebuild columns add {cache} NAME FILE`)", err=True)
-    for n, r in rows.items() if not as_json else ():
-        click.echo(f"{n}  {r['dtype']}{r['shape']}  {Path(r['file']).name}")
+    for n, c in sorted(m.columns.items()) if not as_json else ():
+        click.echo(f"{n}  {c.dtype}{list(c.shape)}  {Path(c.file).name}")

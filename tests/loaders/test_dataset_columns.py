@@ -43,7 +43,7 @@ def _want(cache: Path, name: str) -> np.ndarray:
 
 def test_columns_come_with_samples_and_every_loaders_batches(cache: Path) -> None:
     ds = CachedImageDataset(cache, DatasetOptions(columns=["score", "soft"], return_boxes=True))
-    img, label, box, score, soft = ds[7]
+    _img, label, box, score, soft = ds[7]
     assert float(score) == 7 / 4 and torch.equal(soft, torch.from_numpy(_want(cache, "soft")[7]))
     assert label == int(np.load(cache / "labels.npy")[7]) and box.shape == (4,)
     loaders = {
@@ -68,13 +68,13 @@ def test_a_column_as_the_labels_relabelled_or_soft(cache: Path) -> None:
     np.testing.assert_array_equal(relabel.labels, (np.arange(N) + 1) % 5)
     assert relabel[3][1] == 4
     soft = CachedImageDataset(cache, DatasetOptions(labels="soft"))
-    x, y = next(iter(DataLoader(soft, batch_size=6, num_workers=1, collate_fn=collate_batch)))
+    _x, y = next(iter(DataLoader(soft, batch_size=6, num_workers=1, collate_fn=collate_batch)))
     assert y.shape == (6, 5) and torch.allclose(y, torch.from_numpy(_want(cache, "soft")[:6]))
     with pytest.raises(ValueError, match=r"labels in \[10, 49\], the cache has 5 classes"):
         CachedImageDataset(cache, DatasetOptions(labels="bad"))
     with pytest.raises(ValueError, match="soft labels"):
         CachedImageDataset(cache, DatasetOptions(labels="score"))
-    with pytest.raises(CacheCorruptError, match="has no column 'nope'.*cachebuild columns add"):
+    with pytest.raises(CacheCorruptError, match=r"has no column 'nope'.*cachebuild columns add"):
         CachedImageDataset(cache, DatasetOptions(columns=["nope"]))
     with pytest.raises(ValueError, match="twice"):
         DatasetOptions(columns=["soft", "soft"])
@@ -113,7 +113,7 @@ def test_lightning_keeps_columns_after_the_boxes_are_used(cache: Path) -> None:
     batch = next(iter(dm.train_dataloader()))
     assert len(batch) == 4  # images, labels, boxes, score
     dm.trainer = None
-    x, y, score = dm.on_after_batch_transfer(batch, 0)  # no trainer: the val transform takes the boxes
+    x, _y, score = dm.on_after_batch_transfer(batch, 0)  # no trainer: the val transform takes the boxes
     assert x.shape[1] == 3 and x.dtype == torch.float32 and score.dtype == torch.float64
     assert torch.equal(score, batch[3])
 

@@ -106,7 +106,7 @@ def quick_check(where: str | os.PathLike[str] | Location) -> QuickReport:
         actual = _sizes(location, columns)
         for c in m.columns.values():
             if actual[c.file] != c.size:
-                got = "missing" if actual[c.file] < 0 else f"{actual[c.file]} bytes"
-                report.problems.append(f"{c.file}: {got}, the manifest's column entry says {c.size} bytes")
+                found = "missing" if actual[c.file] < 0 else f"{actual[c.file]} bytes"
+                report.problems.append(f"{c.file}: {found}, the manifest's column entry says {c.size} bytes")
         report.sizes_checked += len(columns)
     return report

@@ -161,14 +161,14 @@ class CacheReader:
                 continue
             if digest != info.sha256:
                 problems.append(f"{info.file}: checksum mismatch")
-        for info in self.manifest.columns.values():  # checksums of whole files, as paths.json's
+        for col in self.manifest.columns.values():  # checksums of whole files, as paths.json's
             try:
-                data = self.location.read_bytes(info.file)
+                data = self.location.read_bytes(col.file)
             except (OSError, RemoteError) as e:
-                problems.append(f"{info.file}: {e}")
+                problems.append(f"{col.file}: {e}")
                 continue
-            if len(data) != info.size or hashlib.sha256(data).hexdigest() != info.sha256:
-                problems.append(f"{info.file}: checksum mismatch (column)")
+            if len(data) != col.size or hashlib.sha256(data).hexdigest() != col.sha256:
+                problems.append(f"{col.file}: checksum mismatch (column)")
         return problems + self._verify_other_files(problems)
 
     def _verify_other_files(self, named: list[str]) -> list[str]:

@@ -25,7 +25,8 @@ import shutil
 import weakref
 from pathlib import Path
 
-__all__ = ["ReaderLock", "find_pinned", "is_locked", "folder_identity", "replaced_folders", "set_aside", "sweep_replaced"]
+__all__ = ["ReaderLock", "find_pinned", "folder_identity", "is_locked", "replaced_folders", "set_aside",
+           "sweep_replaced"]
 
 log = logging.getLogger("cachebuild")
 

@@ -14,7 +14,7 @@ from cachebuild.cli import main
 from cachebuild.errors import CacheCorruptError, UnsupportedFormatError
 from cachebuild.format import manifest as spec
 from cachebuild.storage.cache import columns as cols
-from cachebuild.storage.cache.columns import ColumnError, add_column, remove_column
+from cachebuild.storage.cache.columns import add_column, remove_column
 from cachebuild.storage.cache.reader import open_cache, read_manifest
 from loaders.dataset import CachedImageDataset, DatasetOptions
 from tests.loaders_fixtures import make_cache
