@@ -212,3 +212,18 @@ def test_a_replaced_cache_is_kept_while_a_reader_holds_its_manifest_from_before_
 
     gc.collect()
     assert sweep_replaced(cache) == [] and not aside.exists()
+
+
+def test_the_format_docs_column_snippet_reads_a_column_without_cachebuild(cache: Path, tmp_path: Path) -> None:
+    import re
+
+    from tests.repo import REPO
+
+    section = (REPO / "docs" / "FORMAT.md").read_text(encoding="utf-8").split("\n## Columns", 1)[1].split("\n## ")[0]
+    (snippet,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    soft = np.random.default_rng(2).random((20, 3)).astype(np.float32)
+    np.save(tmp_path / "soft.npy", soft)
+    add_column(cache, "soft", tmp_path / "soft.npy")
+    scope = {"cache": str(cache)}
+    exec(compile(snippet, "FORMAT.md:columns", "exec"), scope)
+    np.testing.assert_array_equal(scope["soft"], soft)
