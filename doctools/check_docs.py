@@ -200,7 +200,10 @@ def _commands() -> dict[str, set[str]]:
         cmd = main.get_command(ctx, name)
         if name == "train" and (cmd is None or not cmd.params):  # not installed as an entry point here
             from loaders.train.cli import train as cmd
-        out[name] = {o for p in (cmd.params if cmd else []) for o in (*p.opts, *p.secondary_opts)} | {"--help"}
+        # a group (`cachebuild columns add|ls|rm`): the options of its subcommands, under the group's name
+        subs = list(cmd.commands.values()) if isinstance(cmd, click.Group) else []
+        params = [p for c in ([cmd] if cmd else []) + subs for p in c.params]
+        out[name] = {o for p in params for o in (*p.opts, *p.secondary_opts)} | {"--help"}
     return out
 
 
