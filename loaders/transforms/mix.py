@@ -87,7 +87,13 @@ def check_labels(labels: Tensor, n: int, num_classes: int) -> None:
 
 
 def check_soft_labels(labels: Tensor, n: int, num_classes: int) -> None:
-    """Raise ValueError unless ``labels`` is a floating (n, num_classes) tensor of per-class weights."""
+    """Raise unless ``labels`` is a floating (n, num_classes) tensor of per-class weights (a float (n,) one:
+    class indices of the wrong dtype, a TypeError as before soft labels were taken)."""
+    if labels.dim() == 1:
+        raise TypeError(
+            f"labels: expected integer class indices, got dtype {labels.dtype} of shape {list(labels.shape)}; "
+            f"soft labels are float [{n}, {num_classes}]"
+        )
     if labels.dim() != 2 or labels.shape[0] != n or labels.shape[1] != num_classes:
         raise ValueError(
             f"labels: soft labels must be float [{n}, {num_classes}] (one row of class weights per image), "
