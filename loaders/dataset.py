@@ -84,7 +84,7 @@ def _label_column(values: np.ndarray, name: str, manifest: Manifest, where: str)
 
 
 class CachedImageDataset(Dataset):
-    """A cachebuild cache as a map-style dataset: ``ds[i] -> (uint8 HWC tensor, int label[, box])``.
+    """A cachebuild cache as a map-style dataset: ``ds[i] -> (uint8 HWC tensor, int label[, box], *columns)``.
 
     Args:
         root: the cache folder (holding ``manifest.json``), or its URL (``s3://``, ``gs://``, ``https://``,

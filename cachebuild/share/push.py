@@ -45,7 +45,7 @@ from cachebuild.share.claim import ClaimRaced, PushClaim
 from cachebuild.share.contents import PUSH_MARKER, CacheContents, read_contents, split_caches
 from cachebuild.share.transfer import DEFAULT_JOBS, upload
 from cachebuild.storage import LocalLocation, Location, open_location
-from cachebuild.storage.cache.file_table import read_file_table
+from cachebuild.storage.cache.file_table import FileEntry, read_file_table
 from cachebuild.storage.cache.reader import CacheReader, parse_manifest
 from cachebuild.storage.locations.replacement import ReaderLock
 
@@ -240,6 +240,8 @@ def _clear_old_cache(dst: Location, old: Any, contents: CacheContents, remote: d
             old_table = got[0] if got is not None else None
         except CacheBuildError:
             old_table = None
+    if old_table is not None:  # its columns (format version 3) are outside its table: the manifest lists them
+        old_table.update({c.file: FileEntry(c.size, c.sha256) for c in old.columns.values()})
     if old_table is None:
         # No table to tell the old cache's files from anything else: delete nothing, trust nothing.
         _unpublish(dst, contents, claim)

@@ -188,6 +188,12 @@ def test_columns_travel_with_push_and_pull_and_read_at_a_url(cache: Path, tmp_pa
     assert res.exit_code == 1 and "--force" in res.output
     assert _cli("pull", url, tmp_path / "copy", "--force").exit_code == 0
     assert set(read_manifest(tmp_path / "copy").columns) == {"a", "b"}
+    old = read_manifest(cache).columns["a"].file
+    remove_column(cache, "a")
+    assert _cli("push", cache, url, "--force").exit_code == 0
+    assert not s3.fs.exists(s3.url(f"team/c/{old}"))  # the replaced cache's column went with it
+    assert s3.fs.exists(s3.url(f"team/c/{read_manifest(cache).columns['b'].file}"))
+    add_column(cache, "a", tmp_path / "a.npy")
     server = http_server(cache)
     assert _cli("columns", "ls", server.url).output.startswith("a ")
     (cache / read_manifest(cache).columns["a"].file).write_bytes(b"\x93NUMPY damaged")
