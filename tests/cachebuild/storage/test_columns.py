@@ -233,3 +233,16 @@ def test_the_format_docs_column_snippet_reads_a_column_without_cachebuild(cache:
     scope = {"cache": str(cache)}
     exec(compile(snippet, "FORMAT.md:columns", "exec"), scope)
     np.testing.assert_array_equal(scope["soft"], soft)
+
+
+def test_a_version_1_cache_is_refused_with_the_fix(cache: Path, tmp_path: Path) -> None:
+    """Version 3 is version 2 plus columns: a version 1 cache (another npy checksum meaning) is rebuilt first."""
+    from tests.manifest_edits import load_unsealed
+
+    d = load_unsealed(cache / "manifest.json")
+    d["format_version"] = 1
+    (cache / "manifest.json").write_text(json.dumps(d))
+    np.save(tmp_path / "a.npy", np.arange(20))
+    res = _cli("columns", "add", cache, "a", tmp_path / "a.npy")
+    assert res.exit_code == 1 and "format version 1 cache; rebuild it with this release" in res.output
+    assert not (cache / "columns").exists()
