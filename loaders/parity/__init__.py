@@ -1,0 +1,11 @@
+"""``cachebuild parity``: does a cache train like the torchvision pipeline it replaces?
+
+Independent references (torchvision's ``ImageFolder`` and PIL transforms, the ImageNet devkit, CIFAR's
+python batches, a Parquet label column) against what the cache serves: pixels, order and labels, the
+augmentation's distributions and, optionally, a short training A/B. Nothing here imports the build or the
+sources: an oracle that shared their code would agree with their bugs.
+"""
+
+from loaders.parity.recipe import ParityInputError, Recipe, recipe_of
+
+__all__ = ["ParityInputError", "Recipe", "recipe_of"]
