@@ -116,10 +116,13 @@ def _compare(name: str, ours: CropDraws, ref: CropDraws, alpha: float) -> tuple[
 
 
 def augmentation(boxes: np.ndarray, shape: tuple[int, int], *, draws: int, reference_draws: int, seed: int,
-                 alpha: float, samplers: dict[str, Sampler] | None = None) -> Check:
-    """Two-sample tests of each sampler's crops against torchvision's, drawn in ``boxes`` (cycled)."""
+                 alpha: float, samplers: dict[str, Sampler] | None = None,
+                 reference: CropDraws | None = None) -> Check:
+    """Two-sample tests of each sampler's crops against torchvision's (``reference``: drawn here unless
+    given), drawn in ``boxes`` (cycled)."""
     samplers = samplers if samplers is not None else {"device": device_sampler(), "worker": worker_sampler()}
-    ref = torchvision_draws(boxes[np.arange(reference_draws) % len(boxes)], seed + 1)
+    ref = reference or torchvision_draws(boxes[np.arange(reference_draws) % len(boxes)], seed + 1)
+    reference_draws = len(ref.crops)
     ours_boxes = boxes[np.arange(draws) % len(boxes)]
     failed: list[str] = []
     figures: dict[str, object] = {"draws": draws, "reference_draws": reference_draws, "alpha": alpha}
@@ -133,9 +136,10 @@ def augmentation(boxes: np.ndarray, shape: tuple[int, int], *, draws: int, refer
     return Check("augmentation", not failed, verdict, figures)
 
 
-def eval_crop(dataset: object, idx: np.ndarray, crop: int) -> Check:
+def eval_crop(dataset: object, idx: np.ndarray, crop: int, boxes: np.ndarray | None = None) -> Check:
     """Our eval centre crop (device ``Resize`` + ``CenterCrop``, and the worker ``CenterCrop``) against
-    torchvision's ``Resize(round(crop / 0.875))`` + ``CenterCrop(crop)`` on the same uint8 samples."""
+    torchvision's ``Resize(round(crop / 0.875))`` + ``CenterCrop(crop)`` on the same uint8 samples (the
+    worker's of a ``--fit pad`` cache on each sample's real pixels, its box, as it documents)."""
     import torch
     import torchvision.transforms.v2.functional as F
 
@@ -147,12 +151,19 @@ def eval_crop(dataset: object, idx: np.ndarray, crop: int) -> Check:
     idx = np.sort(np.asarray(idx, dtype=np.int64))
     samples = dataset.gather(idx)  # type: ignore[attr-defined]
     x = torch.from_numpy(np.ascontiguousarray(samples)).permute(0, 3, 1, 2)
-    ref = F.center_crop(F.resize(x, [resize], antialias=True), [crop, crop]).permute(0, 2, 3, 1).numpy()
+
+    def tv(t: torch.Tensor) -> np.ndarray:
+        return F.center_crop(F.resize(t, [resize], antialias=True), [crop, crop]).permute(0, 2, 3, 1).numpy()
+
+    ref = tv(x)
+    ref_worker = ref if boxes is None else np.concatenate(
+        [tv(x[k : k + 1, :, b[0] : b[2], b[1] : b[3]]) for k, b in enumerate(np.asarray(boxes)[idx].tolist())]
+        or [ref])
     device = CenterCrop(crop)(Resize(resize)(x)).permute(0, 2, 3, 1).numpy()
     worker = np.empty((len(samples), crop, crop, 3), np.uint8)
     CropPlan(WorkerCenterCrop(crop)).gather(dataset, idx, worker)  # type: ignore[arg-type]
-    diffs = {name: int(np.abs(out.astype(np.int16) - ref.astype(np.int16)).max()) if len(out) else 0
-             for name, out in (("device", device), ("worker", worker))}
+    diffs = {name: int(np.abs(out.astype(np.int16) - want.astype(np.int16)).max()) if len(out) else 0
+             for name, out, want in (("device", device, ref), ("worker", worker, ref_worker))}
     ok = all(d == 0 for d in diffs.values())
     verdict = (f"Resize({resize}) + CenterCrop({crop}) of {len(samples)} samples: "
                + ", ".join(f"{k} {'equal' if d == 0 else f'differs by up to {d}'}" for k, d in diffs.items()))

@@ -34,10 +34,11 @@ class ParityOptions:
                           path="any", exists=True)
     n: int = option(256, "Samples whose pixels are compared (all when the cache has fewer).", min=1)
     seed: int = option(0, "Seed of the sampled samples, the crop draws and the training A/B.")
-    min_median_psnr: float | None = option(None, "The pixels check's floor for the median PSNR, dB [default: 40, "
-                                           "or 32 for a jpeg cache].", min=0.0)
-    min_psnr: float | None = option(None, "The pixels check's floor for every sample's PSNR, dB [default: 24, or "
-                                    "20 for a jpeg cache].", min=0.0)
+    min_median_psnr: float | None = option(None, "The pixels check's floor for the median PSNR, dB [default: 40 "
+                                           "for antialias, 25 for area and linear; at most 32 for a jpeg cache].",
+                                           min=0.0)
+    min_psnr: float | None = option(None, "The pixels check's floor for every sample's PSNR, dB [default: 24 for "
+                                    "antialias, 15 for area and linear, at most 18 for a jpeg cache].", min=0.0)
     draws: int = option(200_000, "Crops drawn by each of our two paths for the augmentation tests.", min=100)
     reference_draws: int = option(20_000, "Crops drawn by torchvision's get_params for the same tests.", min=100)
     alpha: float = option(1e-3, "A two-sample test fails under this p-value.", min=1e-12, max=0.5)
@@ -66,10 +67,14 @@ def _open(where: str) -> Any:
         raise ParityInputError(f"{where}: not a cache ({str(e).splitlines()[0]})") from None
 
 
-def _thresholds(o: ParityOptions, codec: str | None) -> tuple[float, float]:
-    median = o.min_median_psnr if o.min_median_psnr is not None else (32.0 if codec else 40.0)
-    each = o.min_psnr if o.min_psnr is not None else (20.0 if codec else 24.0)
-    return median, each
+def _thresholds(o: ParityOptions, recipe: Any) -> tuple[float, float]:
+    """The PSNR floors: antialiased resizes match torchvision closely; plain bilinear and area filters alias,
+    so a sub-pixel difference in where the crop starts changes many pixels; a jpeg cache adds its coding."""
+    median, each = (40.0, 24.0) if recipe.interpolation == "antialias" else (25.0, 15.0)
+    if recipe.codec:
+        median, each = min(median, 32.0), min(each, 18.0)
+    return (o.min_median_psnr if o.min_median_psnr is not None else median,
+            o.min_psnr if o.min_psnr is not None else each)
 
 
 def _side(where: str, src: Path, o: ParityOptions) -> tuple[Any, Any, Any, Any]:
@@ -99,7 +104,7 @@ def run_parity(o: ParityOptions, echo: Callable[[str], None] = lambda s: None) -
     reader, recipe, listing, match = _side(o.cache, o.source, o)
     echo(f"{reader.location.describe()}: {recipe.describe()}; reference: {listing.how}")
     results = checks.order_and_labels(reader, listing, match)
-    median, each = _thresholds(o, recipe.codec)
+    median, each = _thresholds(o, recipe)
     pix, res = checks.pixels(reader, listing, match, recipe, n=o.n, seed=o.seed, min_median=median, min_each=each)
     results.append(pix)
     s = recipe.size
@@ -108,7 +113,7 @@ def run_parity(o: ParityOptions, echo: Callable[[str], None] = lambda s: None) -
                                         reference_draws=o.reference_draws, seed=o.seed, alpha=o.alpha))
     dataset = CachedImageDataset(o.cache)
     picks = np.random.default_rng(o.seed).permutation(len(dataset))[: min(64, len(dataset))]
-    results.append(augment.eval_crop(dataset, picks, max(8, round(s * 0.875))))
+    results.append(augment.eval_crop(dataset, picks, max(8, round(s * 0.875)), reader.boxes))
     curves = None
     if o.train_steps is not None:
         results.append(_training(o, dataset, listing, match, output.CURVES))

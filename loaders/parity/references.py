@@ -74,10 +74,21 @@ def _devkit_root(src: Path, tmp: list[tempfile.TemporaryDirectory[str]]) -> Path
     return None
 
 
+def _devkit_truth(devkit: Path) -> tuple[dict[int, str], list[int]]:
+    """(ILSVRC2012_ID -> wnid of the leaf synsets, ground-truth ID per val image): the parsing of
+    torchvision's ``parse_devkit_archive`` (its helpers are not importable), without its archive md5 check."""
+    import scipy.io
+
+    meta = scipy.io.loadmat(str(devkit / "data" / "meta.mat"), squeeze_me=True)["synsets"]
+    leaves = [row for row in meta if int(row[4]) == 0]  # num_children == 0: the 1,000 classes
+    idx_to_wnid = {int(row[0]): str(row[1]) for row in leaves}
+    lines = (devkit / "data" / "ILSVRC2012_validation_ground_truth.txt").read_text().split()
+    return idx_to_wnid, [int(v) for v in lines]
+
+
 def _flat_val(src: Path, val: Path) -> Listing:
     """A flat ImageNet val: labels from the devkit (torchvision's parsers) or Kaggle's LOC_val_solution.csv."""
     from torchvision.datasets.folder import IMG_EXTENSIONS
-    from torchvision.datasets.imagenet import parse_meta_mat, parse_val_groundtruth_txt
 
     names = sorted(n for n in os.listdir(val) if n.lower().endswith(IMG_EXTENSIONS) and (val / n).is_file())
     kaggle, tmp = src / "LOC_val_solution.csv", []
@@ -91,14 +102,13 @@ def _flat_val(src: Path, val: Path) -> Listing:
         if devkit is None:
             raise ParityInputError(f"{val} is flat and {src} holds no {_DEVKIT}/ (or .tar.gz) nor "
                                    "LOC_val_solution.csv: no reference labels")
-        idx_to_wnid, _ = parse_meta_mat(str(devkit))
-        truth = parse_val_groundtruth_txt(str(devkit))
+        idx_to_wnid, truth = _devkit_truth(devkit)
         wnids = []
         for n in names:
             digits = "".join(ch for ch in Path(n).stem.rsplit("_", 1)[-1] if ch.isdigit())
             k = int(digits) if digits else 0
             wnids.append(idx_to_wnid[truth[k - 1]] if 1 <= k <= len(truth) else "?")
-        leaves, how = sorted(idx_to_wnid.values()), f"torchvision's devkit parsers ({devkit.name})"
+        leaves, how = sorted(idx_to_wnid.values()), f"the devkit's ground truth ({devkit.name})"
     from torchvision.datasets.folder import find_classes
 
     classes = find_classes(str(src / "train"))[0] if (src / "train").is_dir() else leaves

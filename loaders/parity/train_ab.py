@@ -78,7 +78,7 @@ def _train(model: Any, batches: list[np.ndarray], make: Callable[[np.ndarray], A
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses
 
 
