@@ -65,13 +65,14 @@ def order_and_labels(reader: CacheReader, listing: Listing, match: Matching) -> 
     skipped = {f.path for f in m.failures}
     ref_keys = set(listing.keys)
     classes_ok = not listing.classes or list(m.classes) == list(listing.classes)
-    diff = [f"#{i} cache {a!r} vs {b!r}" for i, (a, b) in enumerate(zip(m.classes, listing.classes)) if a != b]
+    pairs = enumerate(zip(m.classes, listing.classes, strict=False))
+    diff = [f"#{i} cache {a!r} vs {b!r}" for i, (a, b) in pairs if a != b]
     classes = Check("classes", classes_ok, f"{len(m.classes)} classes as {listing.how}" if classes_ok else
                     f"{len(m.classes)} in the cache, {len(listing.classes)} in the reference; first differences: "
                     f"{'; '.join(_first(diff)) or 'the lists differ in length'}",
                     {"cache": len(m.classes), "reference": len(listing.classes)})
     expected = [k for k in listing.keys if k not in skipped]
-    bad_order = [i for i, (a, b) in enumerate(zip(paths, expected)) if a != b]
+    bad_order = [i for i, (a, b) in enumerate(zip(paths, expected, strict=False)) if a != b]
     missing = [k for k in expected if k not in set(paths)]
     unknown_skips = sorted(skipped - ref_keys)
     order_ok = not bad_order and len(paths) == len(expected) and not unknown_skips

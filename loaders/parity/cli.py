@@ -131,7 +131,7 @@ def _training(o: ParityOptions, dataset: Any, listing: Any, match: Any, curves_n
 
     train = AbData(dataset, listing, match.ref_index)
     if o.val is not None:
-        v_reader, _, v_listing, v_match = _side(o.val, o.source, o)
+        _, _, v_listing, v_match = _side(o.val, o.source, o)
         val = AbData(CachedImageDataset(o.val), v_listing, v_match.ref_index)
     else:
         val = train

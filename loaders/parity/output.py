@@ -50,8 +50,8 @@ def worst_sheet(res: PixelResult, classes: list[str], labels: np.ndarray, paths:
 def write_html(out: Path, doc: dict[str, Any], sheet: bool, curves: bool) -> Path:
     rows = [(c["name"], "pass" if c["passed"] else "FAIL", c["verdict"]) for c in doc["checks"]]
     head = {k: v for k, v in doc.items() if k in ("cache", "source", "recipe", "reference", "seconds")}
-    body = [f"<h2>Verdict</h2>\n<p>{'Every check passed.' if doc['passed'] else 'Failed: ' + P.esc(', '.join(doc['failed']))}"
-            "</p>\n" + P.table(["check", "result", "what was compared"], rows),
+    verdict = "Every check passed." if doc["passed"] else "Failed: " + P.esc(", ".join(doc["failed"]))
+    body = [f"<h2>Verdict</h2>\n<p>{verdict}</p>\n" + P.table(["check", "result", "what was compared"], rows),
             "<h2>Inputs</h2>\n" + P.definition_list(head)]
     if sheet:
         body.append("<h2>Worst pixels</h2>\n<p>Each sample as the cache serves it (left) beside torchvision's "

@@ -53,7 +53,7 @@ def reference_pixels(source: Any, recipe: Recipe) -> tuple[np.ndarray, tuple[int
     from PIL import Image
 
     img = source if isinstance(source, Image.Image) else Image.fromarray(np.asarray(source))
-    s, w, h = recipe.size, img.width, img.height  # noqa: F841
+    s, w, h = recipe.size, img.width, img.height
     if recipe.fit == "squash":
         return _resize(img, [s, s], recipe.interpolation), (0, 0, s, s)
     if recipe.fit == "pad":

@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -91,7 +91,7 @@ def _flat_val(src: Path, val: Path) -> Listing:
     from torchvision.datasets.folder import IMG_EXTENSIONS
 
     names = sorted(n for n in os.listdir(val) if n.lower().endswith(IMG_EXTENSIONS) and (val / n).is_file())
-    kaggle, tmp = src / "LOC_val_solution.csv", []
+    kaggle, tmp = src / "LOC_val_solution.csv", []  # type: tuple[Path, list[tempfile.TemporaryDirectory[str]]]
     if kaggle.is_file():
         with open(kaggle, newline="") as f:
             by_id = {r["ImageId"]: r["PredictionString"].split()[0] for r in csv.DictReader(f)}
@@ -120,10 +120,10 @@ def _flat_val(src: Path, val: Path) -> Listing:
 class _Batches(pickle.Unpickler):
     """CIFAR's Python-2 pickles hold dicts of numpy arrays: those globals, nothing else, may load."""
 
-    _ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-                ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
-                ("numpy._core.multiarray", "scalar"), ("_codecs", "encode"), ("copy_reg", "_reconstructor"),
-                ("__builtin__", "object")}
+    _ALLOWED: ClassVar[set[tuple[str, str]]] = {
+        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"), ("numpy", "ndarray"),
+        ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+        ("_codecs", "encode"), ("copy_reg", "_reconstructor"), ("__builtin__", "object")}
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) not in self._ALLOWED:
@@ -144,13 +144,16 @@ def _cifar_files(src: Path, folder: str) -> Callable[[str], bytes]:
     archives = [src] if src.is_file() else sorted(src.glob("*.tar.gz"))
     if not archives:
         raise ParityInputError(f"{src} holds no {folder}/ batches nor a .tar.gz of them: not a CIFAR source")
-    tar = tarfile.open(archives[0])
 
     def read(name: str) -> bytes:
-        member = tar.extractfile(f"{folder}/{name}")
-        if member is None:
-            raise ParityInputError(f"{archives[0]} has no {folder}/{name}")
-        return member.read()
+        with tarfile.open(archives[0]) as tar:  # a few files, each read once
+            try:
+                member = tar.extractfile(f"{folder}/{name}")
+            except KeyError:
+                member = None
+            if member is None:
+                raise ParityInputError(f"{archives[0]} has no {folder}/{name}: not a {folder} archive")
+            return member.read()
 
     return read
 
@@ -167,7 +170,9 @@ def _cifar(recipe: Recipe, src: Path) -> Listing:
         return {k.decode() if isinstance(k, bytes) else k: v for k, v in d.items()}
 
     classes = [str(c) for c in load(meta_name)[names_key]]
-    images, labels, keys = [], [], []
+    images: list[np.ndarray] = []
+    labels: list[int] = []
+    keys: list[str] = []
     for name in splits.get(recipe.split, []):
         d = load(name)
         images.append(np.asarray(d["data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
@@ -191,7 +196,9 @@ def _parquet(recipe: Recipe, src: Path) -> Listing:
     cols = recipe.options.get("columns") or {}
     label_col, image_col = cols.get("label") or "label", cols.get("image") or "image"
     root = src if src.is_dir() else src.parent
-    keys, labels, cells = [], [], []
+    keys: list[str] = []
+    labels: list[int] = []
+    cells: list[Any] = []
     for f in files:
         t = pq.read_table(f, columns=[image_col, label_col])
         rel = f.relative_to(root).as_posix()
@@ -209,6 +216,8 @@ def _parquet(recipe: Recipe, src: Path) -> Listing:
     def open_row(i: int) -> Any:
         cell = cells[i]
         data = cell.get("bytes") if isinstance(cell, dict) else cell
+        if data is None:
+            raise ParityInputError(f"row {keys[i]} has no image bytes")
         return Image.open(io.BytesIO(data)).convert("RGB")
 
     return Listing(f"pyarrow: column {label_col!r} of {len(files)} Parquet file(s)", classes, keys,

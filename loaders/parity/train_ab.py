@@ -57,7 +57,7 @@ def _cache_batch(data: AbData, idx: np.ndarray) -> Any:
 
 def _batches(n: int, s: AbSettings) -> list[np.ndarray]:
     """The sample indices of every step: epochs of one seeded permutation each, sorted within a batch."""
-    rng, out = np.random.default_rng(s.seed), []
+    rng, out = np.random.default_rng(s.seed), []  # type: np.random.Generator, list[np.ndarray]
     b = min(s.batch, n)
     while len(out) < s.steps:
         perm = rng.permutation(n)

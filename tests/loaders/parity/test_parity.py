@@ -178,7 +178,7 @@ def test_bad_input_exits_2_with_the_reason(tree, tmp_path):
 
 def test_cifar_and_a_flat_devkit_val_have_their_own_references(tmp_path):
     cifar = write_cifar10(tmp_path / "cifar", n_train=60, n_test=20, seed=3)
-    cache = build([p for p in plan_source("cifar10", tmp_path / "cifar") if p.split == "test"][0],
+    cache = build(next(p for p in plan_source("cifar10", tmp_path / "cifar") if p.split == "test"),
                   tmp_path / "cc", BuildOptions(size=32, jobs=1)).path
     rc, doc, out = _run(cache, tmp_path / "cifar", tmp_path)
     assert rc == 0, out
