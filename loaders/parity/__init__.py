@@ -3,9 +3,6 @@
 Independent references (torchvision's ``ImageFolder`` and PIL transforms, the ImageNet devkit, CIFAR's
 python batches, a Parquet label column) against what the cache serves: pixels, order and labels, the
 augmentation's distributions and, optionally, a short training A/B. Nothing here imports the build or the
-sources: an oracle that shared their code would agree with their bugs.
+sources: an oracle that shared their code would agree with their bugs. Importing this package imports
+nothing (``cachebuild --help`` loads the command's module, ``loaders.parity.cli``, and only that).
 """
-
-from loaders.parity.recipe import ParityInputError, Recipe, recipe_of
-
-__all__ = ["ParityInputError", "Recipe", "recipe_of"]
