@@ -61,22 +61,21 @@ def _image_folder(folder: Path, prefix: str) -> Listing:
                    np.asarray([y for _, y in items], dtype=np.int64), lambda i: _pil_open(paths[i]))
 
 
-def _devkit_root(src: Path, tmp: list[tempfile.TemporaryDirectory[str]]) -> Path | None:
+def _devkit_truth(src: Path) -> tuple[dict[int, str], list[int], str] | None:
+    """(ILSVRC2012_ID -> wnid of the leaf synsets, ground-truth ID per val image, where) from the devkit
+    folder or its archive in ``src``; None when neither is there."""
     if (src / _DEVKIT).is_dir():
-        return src / _DEVKIT
+        return (*_parse_devkit(src / _DEVKIT), f"{_DEVKIT}/")
     archive = src / f"{_DEVKIT}.tar.gz"
-    if archive.is_file():  # torchvision's parse_devkit_archive insists on the real archive's md5
-        t = tempfile.TemporaryDirectory(prefix="parity-devkit-")
-        tmp.append(t)
-        with tarfile.open(archive) as tar:
-            tar.extractall(t.name, filter="data")
-        return Path(t.name) / _DEVKIT
-    return None
+    if not archive.is_file():
+        return None
+    with tempfile.TemporaryDirectory(prefix="parity-devkit-") as tmp, tarfile.open(archive) as tar:
+        tar.extractall(tmp, filter="data")  # torchvision's parse_devkit_archive insists on the real archive's md5
+        return (*_parse_devkit(Path(tmp) / _DEVKIT), archive.name)
 
 
-def _devkit_truth(devkit: Path) -> tuple[dict[int, str], list[int]]:
-    """(ILSVRC2012_ID -> wnid of the leaf synsets, ground-truth ID per val image): the parsing of
-    torchvision's ``parse_devkit_archive`` (its helpers are not importable), without its archive md5 check."""
+def _parse_devkit(devkit: Path) -> tuple[dict[int, str], list[int]]:
+    """The parsing of torchvision's ``parse_devkit_archive`` (its helpers are nested, not importable)."""
     import scipy.io
 
     meta = scipy.io.loadmat(str(devkit / "data" / "meta.mat"), squeeze_me=True)["synsets"]
@@ -91,24 +90,24 @@ def _flat_val(src: Path, val: Path) -> Listing:
     from torchvision.datasets.folder import IMG_EXTENSIONS
 
     names = sorted(n for n in os.listdir(val) if n.lower().endswith(IMG_EXTENSIONS) and (val / n).is_file())
-    kaggle, tmp = src / "LOC_val_solution.csv", []  # type: tuple[Path, list[tempfile.TemporaryDirectory[str]]]
+    kaggle = src / "LOC_val_solution.csv"
     if kaggle.is_file():
         with open(kaggle, newline="") as f:
             by_id = {r["ImageId"]: r["PredictionString"].split()[0] for r in csv.DictReader(f)}
         wnids = [by_id.get(Path(n).stem, "?") for n in names]
         leaves, how = sorted(set(by_id.values())), f"Kaggle's {kaggle}"
     else:
-        devkit = _devkit_root(src, tmp)
+        devkit = _devkit_truth(src)
         if devkit is None:
             raise ParityInputError(f"{val} is flat and {src} holds no {_DEVKIT}/ (or .tar.gz) nor "
                                    "LOC_val_solution.csv: no reference labels")
-        idx_to_wnid, truth = _devkit_truth(devkit)
+        idx_to_wnid, truth, where = devkit
         wnids = []
         for n in names:
             digits = "".join(ch for ch in Path(n).stem.rsplit("_", 1)[-1] if ch.isdigit())
             k = int(digits) if digits else 0
             wnids.append(idx_to_wnid[truth[k - 1]] if 1 <= k <= len(truth) else "?")
-        leaves, how = sorted(idx_to_wnid.values()), f"the devkit's ground truth ({devkit.name})"
+        leaves, how = sorted(idx_to_wnid.values()), f"the devkit's ground truth ({where})"
     from torchvision.datasets.folder import find_classes
 
     classes = find_classes(str(src / "train"))[0] if (src / "train").is_dir() else leaves
@@ -203,7 +202,7 @@ def _parquet(recipe: Recipe, src: Path) -> Listing:
         t = pq.read_table(f, columns=[image_col, label_col])
         rel = f.relative_to(root).as_posix()
         keys.extend(f"{rel}#{r}" for r in range(t.num_rows))
-        labels.extend(int(v) for v in t.column(label_col).to_pylist())
+        labels.extend(-1 if v is None else int(v) for v in t.column(label_col).to_pylist())
         cells.extend(t.column(image_col).to_pylist())
     meta = pq.read_schema(files[0]).metadata or {}
     classes: list[str] = []

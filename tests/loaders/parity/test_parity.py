@@ -212,3 +212,11 @@ def test_training_ab_on_a_held_out_split_agrees(tree, tmp_path):
                         "--val", str(val))
     assert rc == 0, out
     assert _check(doc, "training")["figures"]["eval_images"] == read_manifest(val).count
+
+
+def test_parquet_labels_come_from_the_label_column(hf_set, tmp_path):
+    data = Path(hf_set["files"][0]).parent
+    cache = _build(data, tmp_path / "pq", kind="parquet")
+    rc, doc, out = _run(cache, data, tmp_path)
+    assert "pyarrow" in doc["reference"], out
+    assert [c["name"] for c in doc["checks"] if not c["passed"]] == [], out
