@@ -1,0 +1,145 @@
+"""Order, labels and pixels of a cache against a reference listing; each a :class:`Check` with its figures."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from cachebuild.storage.cache.reader import CacheReader
+from loaders.parity.pixels import PixelResult, psnr, reference_pixels
+from loaders.parity.recipe import Recipe
+from loaders.parity.references import Listing
+
+__all__ = ["Check", "Matching", "match_samples", "order_and_labels", "pixels"]
+
+
+@dataclass
+class Check:
+    """One check: passed or not, a one-line verdict that names the first problem, and its figures."""
+
+    name: str
+    passed: bool
+    verdict: str
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def line(self) -> str:
+        return f"{self.name}: {'ok' if self.passed else 'FAIL'}, {self.verdict}"
+
+
+@dataclass
+class Matching:
+    """Each cache sample's reference index (-1: none), found by its path, else by its file name (a file
+    moved to another class folder keeps its name)."""
+
+    ref_index: np.ndarray
+    by_name: int  # samples matched by file name only
+
+
+def match_samples(paths: list[str], listing: Listing) -> Matching:
+    pos = {k: i for i, k in enumerate(listing.keys)}
+    names: dict[str, int] = {}
+    for i, k in enumerate(listing.keys):
+        base = os.path.basename(k)
+        names[base] = -2 if base in names else i  # -2: not unique, no match by name
+    out, by_name = np.full(len(paths), -1, np.int64), 0
+    for i, p in enumerate(paths):
+        j = pos.get(p)
+        if j is None:
+            j = names.get(os.path.basename(p), -1)
+            j, by_name = (j, by_name + 1) if j >= 0 else (-1, by_name)
+        out[i] = j
+    return Matching(out, by_name)
+
+
+def _first(items: list[str], limit: int = 5) -> list[str]:
+    return items[:limit]
+
+
+def order_and_labels(reader: CacheReader, listing: Listing, match: Matching) -> list[Check]:
+    """The ``classes``, ``order`` and ``labels`` checks (skipped files accounted for in ``order``)."""
+    m = reader.manifest
+    paths, labels = reader.paths(), np.asarray(reader.labels, dtype=np.int64)
+    skipped = {f.path for f in m.failures}
+    ref_keys = set(listing.keys)
+    classes_ok = not listing.classes or list(m.classes) == list(listing.classes)
+    pairs = enumerate(zip(m.classes, listing.classes, strict=False))
+    diff = [f"#{i} cache {a!r} vs {b!r}" for i, (a, b) in pairs if a != b]
+    classes = Check("classes", classes_ok, f"{len(m.classes)} classes as {listing.how}" if classes_ok else
+                    f"{len(m.classes)} in the cache, {len(listing.classes)} in the reference; first differences: "
+                    f"{'; '.join(_first(diff)) or 'the lists differ in length'}",
+                    {"cache": len(m.classes), "reference": len(listing.classes)})
+    expected = [k for k in listing.keys if k not in skipped]
+    bad_order = [i for i, (a, b) in enumerate(zip(paths, expected, strict=False)) if a != b]
+    missing = [k for k in expected if k not in set(paths)]
+    unknown_skips = sorted(skipped - ref_keys)
+    order_ok = not bad_order and len(paths) == len(expected) and not unknown_skips
+    if order_ok:
+        verdict = (f"{len(paths)} samples in the reference's order; {len(skipped)} skipped files are source files "
+                   f"the build listed as failures")
+    elif bad_order:
+        i = bad_order[0]
+        verdict = (f"{len(bad_order)} samples out of place, first #{i}: cache has {paths[i]}, reference "
+                   f"{expected[i]}")
+    else:
+        verdict = (f"{len(paths)} samples, the reference has {len(expected)} after {len(skipped)} skipped; "
+                   f"{len(missing)} source files neither cached nor skipped (first: {_first(missing, 1)}), "
+                   f"{len(unknown_skips)} skipped files not in the source")
+    order = Check("order", order_ok, verdict, {
+        "samples": len(paths), "reference": len(listing.keys), "skipped": len(skipped),
+        "out_of_place": len(bad_order), "missing": len(missing), "skipped_not_in_source": len(unknown_skips),
+        "first_out_of_place": [{"index": i, "cache": paths[i], "reference": expected[i]} for i in bad_order[:5]]})
+    got = match.ref_index
+    found = got >= 0
+    ref_labels = np.where(found, listing.labels[np.maximum(got, 0)], -1)
+    wrong = np.flatnonzero(found & (ref_labels != labels))
+    first = [{"index": int(i), "file": paths[i], "expected": int(ref_labels[i]), "got": int(labels[i])}
+             for i in wrong[:5]]
+    if len(wrong):
+        f0 = first[0]
+        verdict = (f"{len(wrong)} samples differ, first #{f0['index']} {f0['file']}: expected {f0['expected']}, "
+                   f"got {f0['got']}")
+    else:
+        verdict = f"{int(found.sum())} samples labelled as {listing.how}"
+    unmatched = int((~found).sum())
+    if unmatched:
+        verdict += f"; {unmatched} samples have no source file"
+    labels_check = Check("labels", not len(wrong) and not unmatched, verdict,
+                         {"compared": int(found.sum()), "differ": len(wrong), "no_source_file": unmatched,
+                          "matched_by_file_name": match.by_name, "first_differences": first})
+    return [classes, order, labels_check]
+
+
+def pixels(reader: CacheReader, listing: Listing, match: Matching, recipe: Recipe, *, n: int, seed: int,
+           min_median: float, min_each: float, keep_worst: int = 8) -> tuple[Check, PixelResult]:
+    """PSNR of ``n`` random samples (all when the cache is smaller) against the reference pixels."""
+    count = reader.manifest.count
+    rng = np.random.default_rng(seed)
+    picks = np.arange(count) if n >= count else np.sort(rng.choice(count, n, replace=False))
+    picks = picks[match.ref_index[picks] >= 0]
+    res = PixelResult()
+    boxes = reader.boxes
+    for lo in range(0, len(picks), 64):
+        idx = picks[lo : lo + 64]
+        ours = reader.read(idx)
+        for k, i in enumerate(idx):
+            ref, box = reference_pixels(listing.open(int(match.ref_index[i])), recipe)
+            res.indices.append(int(i))
+            res.scores.append(psnr(ours[k], ref))
+            if boxes is not None and tuple(int(v) for v in boxes[i]) != box:
+                res.box_mismatches.append(int(i))
+            res.worst = sorted([*res.worst, (res.scores[-1], int(i), ours[k].copy(), ref)],
+                               key=lambda t: t[0])[:keep_worst]
+    s = res.summary()
+    if not s["checked"]:
+        return Check("pixels", False, "no sample could be matched to a source file", s), res
+    ok = s["median_db"] >= min_median and s["min_db"] >= min_each and not res.box_mismatches
+    worst = s["worst"][0]
+    verdict = (f"{s['checked']} samples vs torchvision ({recipe.describe()}): median {s['median_db']:.1f} dB "
+               f"(at least {min_median:g}), min {s['min_db']:.1f} dB at #{worst['index']} (at least {min_each:g})")
+    if res.box_mismatches:
+        verdict += f"; {len(res.box_mismatches)} pad boxes differ from the letterbox, first #{res.box_mismatches[0]}"
+    s.update({"min_median_db": min_median, "min_each_db": min_each})
+    return Check("pixels", ok, verdict, s), res

@@ -1,0 +1,191 @@
+"""``cachebuild parity CACHE --source SRC``: parse, check, run the checks of :mod:`loaders.parity`.
+
+Made from :class:`ParityOptions` (:func:`cachebuild.flags.field_options`): each flag declared once, on its
+field. Registered under the ``cachebuild.commands`` entry points (pyproject.toml), like ``train``. Exit 0
+when every check passes, 1 when one fails (each named on its line), 2 on bad input (with the reason).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from cachebuild.errors import CacheBuildError, OptionError
+from cachebuild.flags import field_options
+from cachebuild.options import REQUIRED, check_fields, option
+
+__all__ = ["ParityOptions", "parity", "run_parity"]
+
+EXIT_FAIL, EXIT_INPUT = 1, 2
+
+
+@dataclass(frozen=True)
+class ParityOptions:
+    """``cachebuild parity``: each field is one flag (``cache`` the argument), declared once."""
+
+    cache: str = option(REQUIRED, None, argument=True, metavar="PATH|URL")
+    source: Path = option(REQUIRED, "The source the cache was built from (what its build command was given).",
+                          path="any", exists=True)
+    n: int = option(256, "Samples whose pixels are compared (all when the cache has fewer).", min=1)
+    seed: int = option(0, "Seed of the sampled samples, the crop draws and the training A/B.")
+    min_median_psnr: float | None = option(None, "The pixels check's floor for the median PSNR, dB [default: 40 "
+                                           "for antialias, 25 for area and linear; at most 32 for a jpeg cache].",
+                                           min=0.0)
+    min_psnr: float | None = option(None, "The pixels check's floor for every sample's PSNR, dB [default: 24 for "
+                                    "antialias, 15 for area and linear, at most 18 for a jpeg cache].", min=0.0)
+    draws: int = option(200_000, "Crops drawn by each of our two paths for the augmentation tests.", min=100)
+    reference_draws: int = option(20_000, "Crops drawn by torchvision's get_params for the same tests.", min=100)
+    alpha: float = option(1e-3, "A two-sample test fails under this p-value.", min=1e-12, max=0.5)
+    train_steps: int | None = option(None, "Also train the same model for K steps on torchvision's pipeline and "
+                                     "on the cache's, and compare.", min=1, metavar="K")
+    train_batch: int = option(32, "The training A/B's batch size.", min=1)
+    train_model: str = option("small_cnn", "The training A/B's model (a loaders.train model name).")
+    train_lr: float = option(0.05, "The training A/B's SGD learning rate.", min=0.0)
+    val: str | None = option(None, "The cache of a held-out split of the same source: the A/B's accuracy is "
+                             "measured on it [default: on the trained split].", metavar="PATH|URL")
+    json_file: Path | None = option(None, "Write every figure here as JSON.", flag="--json", path="file")
+    out: Path | None = option(None, "Folder for an HTML page (index.html) with the worst pixels and the loss "
+                              "curves; only its own files are replaced.", path="dir")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+def _open(where: str) -> Any:
+    from cachebuild.storage.cache.reader import open_cache
+    from loaders.parity.recipe import ParityInputError
+
+    try:
+        return open_cache(where)
+    except CacheBuildError as e:
+        raise ParityInputError(f"{where}: not a cache ({str(e).splitlines()[0]})") from None
+
+
+def _thresholds(o: ParityOptions, recipe: Any) -> tuple[float, float]:
+    """The PSNR floors: antialiased resizes match torchvision closely; plain bilinear and area filters alias,
+    so a sub-pixel difference in where the crop starts changes many pixels; a jpeg cache adds its coding."""
+    median, each = (40.0, 24.0) if recipe.interpolation == "antialias" else (25.0, 15.0)
+    if recipe.codec:
+        median, each = min(median, 32.0), min(each, 18.0)
+    return (o.min_median_psnr if o.min_median_psnr is not None else median,
+            o.min_psnr if o.min_psnr is not None else each)
+
+
+def _side(where: str, src: Path, o: ParityOptions) -> tuple[Any, Any, Any, Any]:
+    """(reader, recipe, listing, matching) of one cache against its reference; ParityInputError when the
+    source is not the one the cache was built from."""
+    from loaders.parity.checks import match_samples
+    from loaders.parity.recipe import ParityInputError, recipe_of
+    from loaders.parity.references import reference_listing
+
+    reader = _open(where)
+    recipe = recipe_of(reader.manifest)
+    listing = reference_listing(recipe, src)
+    match = match_samples(reader.paths(), listing)
+    if reader.manifest.count and not (match.ref_index >= 0).any():
+        raise ParityInputError(f"none of the {reader.manifest.count} samples of {where} is a file of {src} "
+                               f"({listing.how}): another source? pass the one the cache was built from")
+    return reader, recipe, listing, match
+
+
+def run_parity(o: ParityOptions, echo: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """Every check of ``o.cache`` against ``o.source``; the JSON document (``passed``, ``checks``...).
+    :class:`~loaders.parity.recipe.ParityInputError` on bad input."""
+    from loaders import CachedImageDataset
+    from loaders.parity import augment, checks, output
+
+    t0 = time.perf_counter()
+    reader, recipe, listing, match = _side(o.cache, o.source, o)
+    echo(f"{reader.location.describe()}: {recipe.describe()}; reference: {listing.how}")
+    results = checks.order_and_labels(reader, listing, match)
+    median, each = _thresholds(o, recipe)
+    pix, res = checks.pixels(reader, listing, match, recipe, n=o.n, seed=o.seed, min_median=median, min_each=each)
+    results.append(pix)
+    s = recipe.size
+    boxes = np.asarray(reader.boxes) if reader.boxes is not None else np.array([[0, 0, s, s]])
+    results.append(augment.augmentation(boxes.astype(np.int64), (s, s), draws=o.draws,
+                                        reference_draws=o.reference_draws, seed=o.seed, alpha=o.alpha))
+    dataset = CachedImageDataset(o.cache)
+    picks = np.random.default_rng(o.seed).permutation(len(dataset))[: min(64, len(dataset))]
+    results.append(augment.eval_crop(dataset, picks, max(8, round(s * 0.875)), reader.boxes))
+    curves = None
+    if o.train_steps is not None:
+        results.append(_training(o, dataset, listing, match, output.CURVES))
+        curves = results[-1]
+    doc = output.document({"cache": reader.location.describe(), "source": str(o.source),
+                           "recipe": recipe.describe(), "reference": listing.how}, results)
+    doc["seconds"] = round(time.perf_counter() - t0, 2)
+    _write(o, doc, res, reader, curves is not None)
+    return doc
+
+
+def _training(o: ParityOptions, dataset: Any, listing: Any, match: Any, curves_name: str) -> Any:
+    from loaders import CachedImageDataset
+    from loaders.parity.train_ab import AbData, AbSettings, training_ab
+
+    train = AbData(dataset, listing, match.ref_index)
+    if o.val is not None:
+        _, _, v_listing, v_match = _side(o.val, o.source, o)
+        val = AbData(CachedImageDataset(o.val), v_listing, v_match.ref_index)
+    else:
+        val = train
+    for side in (train, val):
+        if (side.ref_index < 0).any():
+            from loaders.parity.checks import Check
+
+            return Check("training", False, "some samples have no source file: see the labels check", {})
+    png = o.out / curves_name if o.out is not None else None
+    if png is not None:
+        png.parent.mkdir(parents=True, exist_ok=True)
+    return training_ab(train, val, AbSettings(o.train_steps or 0, o.train_batch, o.train_model, o.train_lr,
+                                              o.seed), png)
+
+
+def _write(o: ParityOptions, doc: dict[str, Any], res: Any, reader: Any, curves: bool) -> None:
+    from loaders.parity import output
+
+    if o.json_file is not None:
+        output.write_json(o.json_file, doc)
+    if o.out is not None:
+        o.out.mkdir(parents=True, exist_ok=True)
+        sheet = output.worst_sheet(res, list(reader.manifest.classes), np.asarray(reader.labels), reader.paths(),
+                                   o.out / output.SHEET)
+        output.write_html(o.out, doc, sheet, curves)
+
+
+def _parity(**kw: Any) -> None:
+    """Check that the cache at PATH or URL trains like the torchvision pipeline it replaces: its pixels, order
+    and labels against torchvision's reading of --source, our crop and flip against torchvision's, the eval
+    crop, and (--train-steps) a short training A/B. Exit 0: every check passed; 1: one failed; 2: bad input."""
+    from loaders.parity.recipe import ParityInputError
+
+    try:
+        o = ParityOptions(**kw)
+    except OptionError as e:
+        raise click.UsageError(str(e)) from None
+    try:
+        doc = run_parity(o, echo=click.echo)
+    except ParityInputError as e:
+        click.echo(f"Error: {e}", err=True)
+        raise SystemExit(EXIT_INPUT) from None
+    except CacheBuildError as e:
+        click.echo(f"Error: {str(e).splitlines()[0]}", err=True)
+        raise SystemExit(EXIT_INPUT) from None
+    for c in doc["checks"]:
+        click.echo(f"{c['name']}: {'ok' if c['passed'] else 'FAIL'}, {c['verdict']}")
+    failed = doc["failed"]
+    click.echo(f"parity: {'every check passed' if not failed else 'FAILED: ' + ', '.join(failed)} "
+               f"({doc['seconds']:.1f} s)")
+    if failed:
+        raise SystemExit(EXIT_FAIL)
+
+
+#: ``cachebuild parity CACHE --source SRC [options]``: one parameter per ``ParityOptions`` field.
+parity = click.Command("parity", params=field_options(ParityOptions), callback=_parity, help=_parity.__doc__,
+                       context_settings={"show_default": True, "max_content_width": 110})

@@ -1,0 +1,222 @@
+"""``cachebuild parity``: a faithful cache passes; a cache whose manifest lies about its recipe, a source with
+files swapped between classes or changed, and a crop distribution off by a little each fail their check;
+bad input exits 2."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from cachebuild.atomic import write_bytes_atomic
+from cachebuild.builder.pipeline import BuildOptions, build
+from cachebuild.format.manifest import MANIFEST_NAME, manifest_bytes
+from cachebuild.samples.cifar_layout import write_cifar10
+from cachebuild.samples.imagenet_layout import write_imagenet
+from cachebuild.sources.registry import plan_source
+from cachebuild.storage.cache.reader import read_manifest
+from loaders.parity.augment import augmentation, device_sampler, torchvision_draws, worker_sampler
+from loaders.parity.cli import parity
+
+SIZE = 48
+FAST = ["--draws", "2000", "--reference-draws", "2000"]  # the crop tests' power is test_crop_distribution's
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A small ILSVRC2012 tree with broken files (skipped by the build) and val in class folders."""
+    return write_imagenet(tmp_path_factory.mktemp("parity"), n_classes=3, train_per_class=6, val_per_class=2,
+                          val_layout="folders", seed=5, quirks=False, broken=True)
+
+
+def _build(src: Path | str, out: Path, split: str = "train", kind: str = "imagenet", **kw: Any) -> Path:
+    plans = {p.split: p for p in plan_source(kind, src)}
+    return build(plans[split], out, BuildOptions(size=SIZE, jobs=1, **kw)).path
+
+
+def _claim(cache: Path, **fields: Any) -> None:
+    """Rewrite the manifest to claim other build parameters (the pixels stay as built): through the format's
+    own serialiser, so the manifest is sealed and well-formed and only the claim is false."""
+    m = read_manifest(cache)
+    build_fields = {k: v for k, v in fields.items() if k in ("fit", "interpolation")}
+    source = {**m.source, "recipe": {**m.source["recipe"], **fields.pop("recipe", {})}}
+    m = dataclasses.replace(m, **build_fields, build={**m.build, **build_fields}, source=source)
+    write_bytes_atomic(cache / MANIFEST_NAME, manifest_bytes(m))
+
+
+def _run(cache: Path, src: Path, tmp: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
+    doc = tmp / "parity.json"
+    r = CliRunner().invoke(parity, [str(cache), "--source", str(src), "--json", str(doc), *FAST, *extra])
+    assert r.exit_code in (0, 1, 2), (r.output, r.exc_info)
+    got = json.loads(doc.read_text()) if doc.is_file() else {}
+    return r.exit_code, got, r.output
+
+
+def _check(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(c for c in doc["checks"] if c["name"] == name)
+
+
+def test_a_faithful_cache_passes_every_check(tree, tmp_path):
+    cache = _build(tree["root"], tmp_path / "c")
+    rc, doc, out = _run(cache, Path(tree["root"]), tmp_path, "--out", str(tmp_path / "html"))
+    assert rc == 0, out
+    assert doc["passed"] and not doc["failed"]
+    assert {c["name"] for c in doc["checks"]} == {"classes", "order", "labels", "pixels", "augmentation",
+                                                  "eval_crop"}
+    order = _check(doc, "order")["figures"]
+    assert order["skipped"] == len(read_manifest(cache).failures) > 0  # the broken files, accounted for
+    assert order["samples"] + order["skipped"] == order["reference"]
+    pixels = _check(doc, "pixels")["figures"]
+    assert pixels["checked"] == order["samples"] and pixels["median_db"] >= 40
+    assert _check(doc, "eval_crop")["figures"]["max_abs_diff"] == {"device": 0, "worker": 0}
+    html = (tmp_path / "html" / "index.html").read_text()
+    assert "Every check passed" in html and 'src="worst-pixels.png"' in html
+    with Image.open(tmp_path / "html" / "worst-pixels.png") as sheet:
+        assert sheet.size[0] > SIZE * 4
+
+
+@pytest.mark.parametrize(("built", "claimed"), [({"fit": "squash"}, {"fit": "crop"}),
+                                                ({"interpolation": "linear"}, {"interpolation": "antialias"})])
+def test_a_manifest_that_claims_another_recipe_fails_the_pixels_check(tree, tmp_path, built, claimed):
+    cache = _build(tree["root"], tmp_path / "c", **built)
+    rc, doc, out = _run(cache, Path(tree["root"]), tmp_path)
+    assert rc == 0, out  # as built, it passes
+    _claim(cache, **claimed)
+    rc, doc, out = _run(cache, Path(tree["root"]), tmp_path)
+    assert rc == 1 and doc["failed"] == ["pixels"], out
+    assert "pixels: FAIL" in out and "median" in _check(doc, "pixels")["verdict"]
+
+
+def _copy(tree: dict[str, Any], tmp: Path) -> Path:
+    src = tmp / "src"
+    shutil.copytree(tree["root"], src, symlinks=True)  # the tree's broken files include a dangling link
+    return src
+
+
+def test_files_swapped_between_classes_fail_the_labels_check(tree, tmp_path):
+    src = _copy(tree, tmp_path)
+    cache = _build(src, tmp_path / "c")
+    a_dir, b_dir = sorted(p for p in (src / "train").iterdir())[:2]
+    a, b = sorted(a_dir.glob("*.JPEG"))[1], sorted(b_dir.glob("*.JPEG"))[2]
+    a.rename(b_dir / a.name)
+    b.rename(a_dir / b.name)
+    rc, doc, out = _run(cache, src, tmp_path)
+    assert rc == 1 and "labels" in doc["failed"], out
+    labels = _check(doc, "labels")
+    assert labels["figures"]["differ"] == 2
+    first = labels["figures"]["first_differences"][0]
+    assert first["file"] == f"{a_dir.name}/{a.name}" and (first["expected"], first["got"]) == (1, 0)
+    assert labels["verdict"].startswith(f"2 samples differ, first #{first['index']} {a_dir.name}/{a.name}: "
+                                        "expected 1, got 0")
+    assert "labels: FAIL, 2 samples differ" in out
+
+
+def test_a_changed_source_file_fails_the_pixels_check(tree, tmp_path):
+    src = _copy(tree, tmp_path)
+    cache = _build(src, tmp_path / "c")
+    files = sorted((src / "train").glob("*/*.JPEG"))
+    good = [f for f in files if "broken" not in f.name]
+    changed = good[3]
+    with Image.open(good[-1]) as other:
+        other.convert("RGB").rotate(90, expand=True).save(changed, "JPEG", quality=90)
+    rc, doc, out = _run(cache, src, tmp_path)
+    assert rc == 1 and doc["failed"] == ["pixels"], out
+    worst = _check(doc, "pixels")["figures"]["worst"][0]
+    assert read_manifest(cache).count and worst["psnr_db"] < 20
+    assert json.loads((cache / "paths.json").read_text())[worst["index"]] == f"{changed.parent.name}/{changed.name}"
+
+
+def test_a_crop_distribution_off_by_a_little_fails_the_augmentation_check():
+    """scale (0.1, 1) instead of torchvision's (0.08, 1): 2% of crops smaller, found by the area test only."""
+    boxes = np.array([[0, 0, 96, 96], [0, 8, 96, 88]])
+    ref = torchvision_draws(boxes[np.arange(20_000) % 2], seed=1)  # torchvision's, drawn once
+    kw = {"draws": 100_000, "reference_draws": 20_000, "seed": 0, "alpha": 1e-3, "reference": ref}
+    ok = augmentation(boxes, (96, 96), **kw)
+    assert ok.passed, ok.verdict
+    for name, sampler in (("device", device_sampler(scale=(0.1, 1.0))), ("worker", worker_sampler(scale=(0.1, 1.0)))):
+        bad = augmentation(boxes, (96, 96), samplers={name: sampler}, **kw)
+        assert not bad.passed and f"{name} area" in bad.verdict, bad.verdict
+        assert "aspect" not in bad.verdict  # the other statistics are unchanged
+    flips = augmentation(boxes, (96, 96), samplers={"device": _flip_rate(0.47)}, **kw)
+    assert not flips.passed and "flip rate" in flips.verdict
+
+
+def _flip_rate(p: float) -> Any:
+    inner = device_sampler()
+
+    def draw(boxes: np.ndarray, shape: tuple[int, int], seed: int) -> Any:
+        d = inner(boxes, shape, seed)
+        d.flips = np.random.default_rng(seed).random(len(boxes)) < p
+        return d
+
+    return draw
+
+
+def test_bad_input_exits_2_with_the_reason(tree, tmp_path):
+    cache = _build(tree["root"], tmp_path / "c")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    rc, _, out = _run(empty, Path(tree["root"]), tmp_path)
+    assert rc == 2 and "not a cache" in out
+    cifar = write_cifar10(tmp_path / "cifar", n_train=50, n_test=10)
+    rc, _, out = _run(cache, Path(cifar["folder"]).parent, tmp_path)
+    assert rc == 2 and "has no train/ folder" in out  # an ImageNet cache, a CIFAR source
+    other = write_imagenet(tmp_path / "other", n_classes=2, train_per_class=2, val_per_class=1, seed=9)
+    rc, _, out = _run(cache, Path(other["root"]), tmp_path)
+    assert rc == 2 and "another source" in out
+    _claim(cache, recipe={"kind": "wds"})
+    rc, _, out = _run(cache, Path(tree["root"]), tmp_path)
+    assert rc == 2 and "no independent reference for source kind 'wds'" in out
+
+
+def test_cifar_and_a_flat_devkit_val_have_their_own_references(tmp_path):
+    cifar = write_cifar10(tmp_path / "cifar", n_train=60, n_test=20, seed=3)
+    cache = build(next(p for p in plan_source("cifar10", tmp_path / "cifar") if p.split == "test"),
+                  tmp_path / "cc", BuildOptions(size=32, jobs=1)).path
+    rc, doc, out = _run(cache, tmp_path / "cifar", tmp_path)
+    assert rc == 0, out
+    assert _check(doc, "pixels")["figures"]["min_db"] >= 99  # 32 px: the batches' pixels, unchanged
+    assert "CIFAR python batches" in doc["reference"] and cifar["classes"]
+    flat = write_imagenet(tmp_path / "in", n_classes=2, train_per_class=2, val_per_class=3, val_layout="devkit",
+                          seed=4)
+    val = _build(flat["root"], tmp_path / "v", split="val")
+    rc, doc, out = _run(val, Path(flat["root"]), tmp_path)
+    assert rc == 0 and "devkit" in doc["reference"], out
+
+
+def test_training_ab_runs_both_pipelines_and_plots_them(tree, tmp_path):
+    cache = _build(tree["root"], tmp_path / "c")
+    rc, doc, out = _run(cache, Path(tree["root"]), tmp_path, "--train-steps", "3", "--train-batch", "4",
+                        "--out", str(tmp_path / "html"))
+    t = _check(doc, "training")["figures"]
+    assert len(t["loss_torchvision"]) == len(t["loss_cache"]) == 3
+    assert t["loss_torchvision"][0] == pytest.approx(t["loss_cache"][0], rel=0.5)  # one initialisation
+    lo, hi = t["interval_95"]
+    assert lo <= t["difference"] <= hi and t["eval_images"] == read_manifest(cache).count
+    assert (tmp_path / "html" / "training-loss.png").stat().st_size > 1000
+    assert rc in (0, 1) and ("training: ok" in out) == _check(doc, "training")["passed"]
+
+
+@pytest.mark.slow
+def test_training_ab_on_a_held_out_split_agrees(tree, tmp_path):
+    train = _build(tree["root"], tmp_path / "t")
+    val = _build(tree["root"], tmp_path / "v", split="val")
+    rc, doc, out = _run(train, Path(tree["root"]), tmp_path, "--train-steps", "30", "--train-batch", "8",
+                        "--val", str(val))
+    assert rc == 0, out
+    assert _check(doc, "training")["figures"]["eval_images"] == read_manifest(val).count
+
+
+def test_parquet_labels_come_from_the_label_column(hf_set, tmp_path):
+    data = Path(hf_set["files"][0]).parent
+    cache = _build(data, tmp_path / "pq", kind="parquet")
+    rc, doc, out = _run(cache, data, tmp_path)
+    assert "pyarrow" in doc["reference"], out
+    assert rc == 0 and _check(doc, "labels")["figures"]["compared"] == read_manifest(cache).count, out
