@@ -63,9 +63,10 @@ class _BufferPool:
     reads a kept batch (a ``multiprocessing.Process``, DataLoader workers over kept batches) must see its
     pixels, not zeros. Only those buffers become copy-on-write, and only while that child lives."""
 
-    def __init__(self, shape: tuple[int, ...], dtype: np.dtype = np.dtype(np.uint8)) -> None:
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype | None = None) -> None:
         self.shape = shape
-        self.dtype = dtype  # the flat buffers are bytes; batches are views of this dtype (float32 normalized)
+        # the flat buffers are bytes; batches are views of this dtype (float32 when the crop normalizes)
+        self.dtype = np.dtype(np.uint8) if dtype is None else dtype
         self.bufs: list[np.ndarray] = []
         probe = [np.empty(0)]
         self._base = self._refs(probe, 0)

@@ -351,19 +351,19 @@ def _crop_batch(samples: StoredSamples, idx: np.ndarray, spec: CropSpec, flip_p:
     else:
         crops, flips = None, np.zeros(len(idx), dtype=bool)
         resize_for = spec.resize_for(size)
-    tmp = None if table is None else np.empty((*size, 3), dtype=np.uint8)
+    tmp = np.empty((*size, 3), dtype=np.uint8)  # a normalized sample's uint8 crop, in cache for the LUT
     order = np.argsort(idx, kind="stable")
     for lo in range(0, len(order), _GATHER_CHUNK):
         part = order[lo : lo + _GATHER_CHUNK]
         views = samples.sample_views(idx[part])
         rows = views if views is not None else samples.gather(idx[part], _scratch((len(part), *samples.shape)))
         for j, i in enumerate(part):
-            dst = out[i] if tmp is None else tmp
+            dst = out[i] if table is None else tmp
             if crops is not None:
                 resize_into(rows[j], crops[i], dst, bool(flips[i]))
             else:
                 _center_into(rows[j], boxes[i], dst, resize_for)
-            if tmp is not None:
+            if table is not None:
                 _into(out[i], cv2.LUT(tmp, table, dst=out[i]))
 
 
