@@ -19,7 +19,8 @@ Three parts:
   ``INTER_LINEAR`` (half-pixel centres, no antialias: torchvision's ``resized_crop(...,
   antialias=False)`` within one level), flipped on the way when asked. Eval crops use the device
   path's own kernels (``functional.resize`` with antialias + ``center_crop``) on one sample, so they
-  equal ``imagenet_eval`` on the batch.
+  equal ``imagenet_eval`` on the batch. With ``normalize`` (training on a CPU) each crop then becomes its
+  normalized float32 slot of the batch in one ``cv2.LUT`` (:func:`normalize_table`), in the same thread.
 
 :class:`CropPlan` is what a dataset holds when it crops (``DatasetOptions(crop=...)``, ``set_crop``): the spec,
 flip and seed, and the epoch and output size in a small shared-memory tensor, so persistent DataLoader workers
