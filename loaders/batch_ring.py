@@ -104,7 +104,7 @@ class SlotTensor(torch.Tensor):
             # copy), after which the slot is free again; plain pickle and torch.save copy the bytes.
             return self.as_subclass(torch.Tensor).__reduce_ex__(protocol)
         self._sent = True
-        return ring.handoff(slot, tuple(self.shape))
+        return ring.handoff(slot, tuple(self.shape), self.__dict__.get("_dtype", "uint8"))
 
 
 def _from_numpy(a: np.ndarray) -> torch.Tensor:
@@ -169,9 +169,10 @@ class WorkerRing:
                 self.local[s] = True
             return s
 
-    def take(self, shape: tuple[int, ...]) -> SlotTensor | None:
-        """An uninitialised uint8 tensor of ``shape`` in a free slot, or None (caller falls back)."""
-        nbytes = int(np.prod(shape))
+    def take(self, shape: tuple[int, ...], dtype: Any = np.uint8) -> SlotTensor | None:
+        """An uninitialised tensor of ``shape`` (uint8, or ``dtype``) in a free slot, or None (caller falls back)."""
+        dt = np.dtype(dtype)
+        nbytes = int(np.prod(shape)) * dt.itemsize
         if nbytes > self.slot_bytes:
             raise ValueError(f"a batch of {nbytes} bytes does not fit slots of {self.slot_bytes}")
         s = self._claim()
@@ -186,20 +187,20 @@ class WorkerRing:
             return None
         self._vain = False
         off = _PAGE + s * self.stride
-        view = self.buf[off : off + nbytes].reshape(shape)
+        view = self.buf[off : off + nbytes].view(dt).reshape(shape)
         # The tensor's storage holds `view`; when the tensor, all its views, or torch's move of the
         # storage into fresh shared memory (when it is shared the ordinary way) let go, the slot is ours again.
         weakref.finalize(view, self.local.__setitem__, s, False)
         t = torch.from_numpy(view).as_subclass(SlotTensor)
-        t.__dict__.update(_ring=self, _slot=s)  # read back through __dict__ by __reduce_ex__
+        t.__dict__.update(_ring=self, _slot=s, _dtype=dt.str)  # read back through __dict__ by __reduce_ex__
         return t
 
-    def handoff(self, slot: int, shape: tuple[int, ...]) -> tuple[Any, ...]:
+    def handoff(self, slot: int, shape: tuple[int, ...], dtype: str = "uint8") -> tuple[Any, ...]:
         """Pickle form of a slot sent to the main process (called from the queue's feeder thread)."""
         self.flags[slot] = 1  # before the worker-side tensor can die: the slot is never free in between
         self.counts[0] += 1
         storage = self.storage if self.buf[_ACK] == 0 else None
-        return _rebuild_slot, (self.key, slot, shape, _PAGE + slot * self.stride, storage, self.retire)
+        return _rebuild_slot, (self.key, slot, shape, _PAGE + slot * self.stride, storage, self.retire, dtype)
 
 
 class ProcessRing:
@@ -221,13 +222,14 @@ class ProcessRing:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._reset()
 
-    def take(self, slots: int, shape: tuple[int, ...]) -> SlotTensor | None:
-        """A free slot of ``shape`` in this process's ring of ``slots``, or None (the caller makes a fresh batch)."""
+    def take(self, slots: int, shape: tuple[int, ...], dtype: Any = np.uint8) -> SlotTensor | None:
+        """A free slot of ``shape`` (and ``dtype``) in this process's ring of ``slots``, or None (the caller
+        makes a fresh batch)."""
         if self.pid != os.getpid():  # forked: the parent's ring is not ours
             self._reset()
         if self.failed:
             return None
-        nbytes = int(np.prod(shape))
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         ring = self.ring
         if ring is None or ring.slot_bytes < nbytes or ring.slots != slots:
             self.ring = None  # the old ring lives on while its batches do
@@ -239,7 +241,7 @@ class ProcessRing:
             except RuntimeError:  # e.g. /dev/shm too small for the ring: one fresh batch at a time may fit
                 self.failed = True
                 return None
-        return ring.take(shape)
+        return ring.take(shape, dtype)
 
 
 # ---------------------------------------------------------------------------- main process side
@@ -283,7 +285,8 @@ def _clear(buf: np.ndarray, slot: int, owner: int) -> None:
 
 
 def _rebuild_slot(key: tuple[int, str], slot: int, shape: tuple[int, ...], offset: int,
-                  storage: torch.UntypedStorage | None, retire: tuple[int, str] | None) -> torch.Tensor:
+                  storage: torch.UntypedStorage | None, retire: tuple[int, str] | None,
+                  dtype: str = "uint8") -> torch.Tensor:
     """Unpickle a slot handle in the main process: a tensor view of the slot, released when garbage."""
     with _lock:
         ring = _registry.get(key)
@@ -297,8 +300,8 @@ def _rebuild_slot(key: tuple[int, str], slot: int, shape: tuple[int, ...], offse
             ring = _registry[key] = _MainRing(storage, key[0])
             ring.buf[_ACK] = 1  # registered: later handles may leave the storage out
         ring.views += 1
-    nbytes = int(np.prod(shape))
-    view = ring.buf[offset : offset + nbytes].reshape(shape)
+    dt = np.dtype(dtype)
+    view = ring.buf[offset : offset + int(np.prod(shape)) * dt.itemsize].view(dt).reshape(shape)
     weakref.finalize(view, _clear, ring.buf, slot, ring.owner)
     return torch.from_numpy(view)
 

@@ -44,7 +44,7 @@ from loaders.collate import CacheBatch, collate_batch
 from loaders.dataset_options import DatasetOptions
 from loaders.encoded import EncodedImages
 from loaders.shared_memory import auto_budget, load_shared, shared_uint8
-from loaders.worker_crop import CropPlan, CropSpec, flip_probability
+from loaders.worker_crop import CropPlan, CropSpec, flip_probability, normalize_table
 
 __all__ = ["CacheBatch", "CachedImageDataset", "DatasetOptions", "collate_batch"]
 
@@ -53,13 +53,14 @@ def _in_worker() -> bool:
     return get_worker_info() is not None
 
 
-def _new_uint8(shape: tuple[int, ...], shared: bool) -> torch.Tensor:
-    """An uninitialised uint8 tensor; in shared memory when it will cross a process boundary."""
+def _new_batch(shape: tuple[int, ...], dtype: np.dtype, shared: bool) -> torch.Tensor:
+    """An uninitialised uint8 (or float32) tensor; in shared memory when it will cross a process boundary."""
+    tdtype = torch.from_numpy(np.empty(0, dtype)).dtype
     if not shared:
-        return torch.empty(shape, dtype=torch.uint8)
+        return torch.empty(shape, dtype=tdtype)
     # Allocated straight in shared memory (as default_collate does for its stack) rather than
     # share_memory_() afterwards, which would copy the batch once more.
-    return shared_uint8(shape)
+    return shared_uint8((*shape[:-1], shape[-1] * dtype.itemsize)).view(tdtype)  # float32: 4 bytes a value
 
 
 def _inline(batch: CacheBatch) -> CacheBatch:
@@ -133,7 +134,7 @@ class CachedImageDataset(Dataset):
         self._shared: torch.Tensor | None = None
         self._ring = ProcessRing()  # a DataLoader worker's reused batches (loaders.batch_ring), made there
         self.crop: CropPlan | None = None
-        self.set_crop(o.crop, o.flip, o.seed)
+        self.set_crop(o.crop, o.flip, o.seed, o.normalize)
         in_memory = o.in_memory
         if in_memory == "auto":
             in_memory = self.nbytes <= auto_budget(o.memory_budget)
@@ -299,14 +300,16 @@ class CachedImageDataset(Dataset):
         return [rows[i] for i in idx.tolist()]
 
     # ------------------------------------------------------------------ crop in the workers
-    def set_crop(self, crop: CropSpec | None, flip: bool | float = False, seed: int = 0) -> None:
-        """Crop in the workers as ``DatasetOptions(crop=, flip=, seed=)`` says (None: no crop); before making
-        loaders."""
+    def set_crop(self, crop: CropSpec | None, flip: bool | float = False, seed: int = 0,
+                 normalize: tuple[Sequence[float], Sequence[float]] | None = None) -> None:
+        """Crop in the workers as ``DatasetOptions(crop=, flip=, seed=, normalize=)`` says (None: no crop);
+        before making loaders."""
         if crop is None:
             flip_probability(None, flip)  # a flip without a crop is refused, as DatasetOptions refuses it
+            normalize_table(None, normalize)
             self.crop = None
         else:
-            self.crop = CropPlan(crop, flip, seed)
+            self.crop = CropPlan(crop, flip, seed, normalize)
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the crop boxes and flips are drawn for (seen by persistent workers at their next batch)."""
@@ -328,6 +331,11 @@ class CachedImageDataset(Dataset):
     def output_shape(self) -> tuple[int, int, int]:
         """(H, W, 3) of a sample as batches carry it: the crop size under ``crop``, else :attr:`shape`."""
         return self.shape if self.crop is None else self.crop.output_shape
+
+    @property
+    def output_dtype(self) -> np.dtype:
+        """numpy dtype of the batches' images: uint8, float32 under ``normalize``."""
+        return np.dtype(np.uint8) if self.crop is None else self.crop.output_dtype
 
     def load_batch(self, indices: Sequence[int] | np.ndarray, images: torch.Tensor) -> CacheBatch:
         """Samples ``indices`` as a batch, their pixels written into ``images`` (uint8 (B, h, w, 3), of
@@ -368,7 +376,7 @@ class CachedImageDataset(Dataset):
         if not -len(self) <= i < len(self):
             raise IndexError(f"sample index {i} is out of range for a cache of {len(self)} samples")
         i %= len(self)
-        batch = self.load_batch(np.array([i]), torch.empty((1, *self.output_shape), dtype=torch.uint8))
+        batch = self.load_batch(np.array([i]), _new_batch((1, *self.output_shape), self.output_dtype, False))
         sample = batch[0]
         img: Any = sample[0]
         if self.transform is not None:
@@ -388,9 +396,9 @@ class CachedImageDataset(Dataset):
         shape = (len(idx), *self.output_shape)
         images: torch.Tensor | None = None
         if worker and self.transform is None and self.ring_slots:
-            images = self._ring.take(self.ring_slots, shape)
+            images = self._ring.take(self.ring_slots, shape, self.output_dtype)
         if images is None:
-            images = _new_uint8(shape, shared=worker)
+            images = _new_batch(shape, self.output_dtype, shared=worker)
         batch = self.load_batch(idx, images)
         if worker and self.ring_slots:  # small tensors by value: no shared-memory segment per batch
             batch = _inline(batch)

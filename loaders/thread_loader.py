@@ -63,8 +63,10 @@ class _BufferPool:
     reads a kept batch (a ``multiprocessing.Process``, DataLoader workers over kept batches) must see its
     pixels, not zeros. Only those buffers become copy-on-write, and only while that child lives."""
 
-    def __init__(self, shape: tuple[int, ...]) -> None:
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype | None = None) -> None:
         self.shape = shape
+        # the flat buffers are bytes; batches are views of this dtype (float32 when the crop normalizes)
+        self.dtype = np.dtype(np.uint8) if dtype is None else dtype
         self.bufs: list[np.ndarray] = []
         probe = [np.empty(0)]
         self._base = self._refs(probe, 0)
@@ -77,10 +79,10 @@ class _BufferPool:
     def acquire(self) -> np.ndarray:
         for i in range(len(self.bufs)):
             if self._refs(self.bufs, i) <= self._base:
-                return self.bufs[i].reshape(self.shape)
-        buf = _unforked_buffer(int(np.prod(self.shape)))
+                return self.bufs[i].view(self.dtype).reshape(self.shape)
+        buf = _unforked_buffer(int(np.prod(self.shape)) * self.dtype.itemsize)
         self.bufs.append(buf)
-        return buf.reshape(self.shape)
+        return buf.view(self.dtype).reshape(self.shape)
 
     def free(self) -> list[np.ndarray]:
         """The buffers no batch uses now."""
@@ -128,7 +130,8 @@ if _MADV_WIPEONFORK is not None and _MADV_KEEPONFORK is not None and hasattr(os,
 class ThreadLoader:
     """Batches of a :class:`CachedImageDataset` gathered by background threads (no worker processes).
 
-    Yields ``(images uint8 (B, H, W, 3), labels int64 (B,)[, boxes int32 (B, 4)])`` like a DataLoader
+    Yields ``(images uint8 (B, H, W, 3), labels int64 (B,)[, boxes int32 (B, 4)])`` (images float32 under
+    ``DatasetOptions(normalize=...)``: cropped, flipped and normalized by the gathering threads) like a DataLoader
     with :func:`~loaders.dataset.collate_batch`; wrap it in :func:`~loaders.device.device_loader` as a DataLoader.
     ``sampler`` (e.g. :class:`~loaders.sampler.CacheSampler`, including its resume position) gives the
     indices; without one, ``shuffle`` draws a permutation from ``seed`` and a counter of epochs.
@@ -166,7 +169,7 @@ class ThreadLoader:
         self.prefetch = int(prefetch)
         self.pin_memory = pin_memory
         self._epochs = 0
-        self._pool = _BufferPool((self.batch_size, *dataset.output_shape))
+        self._pool = _BufferPool((self.batch_size, *dataset.output_shape), dataset.output_dtype)
 
     def _indices(self) -> np.ndarray:
         if self.sampler is not None:
@@ -185,10 +188,11 @@ class ThreadLoader:
 
     def _out(self, b: int) -> torch.Tensor:
         shape = self.dataset.output_shape  # a crop's size may change between epochs (set_resolution)
+        dtype = self.dataset.output_dtype  # float32 when the crop normalizes too
         if self.pin_memory:
-            return torch.empty((b, *shape), dtype=torch.uint8, pin_memory=True)
-        if self._pool.shape[1:] != shape:
-            self._pool = _BufferPool((self.batch_size, *shape))  # batches still held keep the old buffers
+            return torch.empty((b, *shape), dtype=torch.from_numpy(np.empty(0, dtype)).dtype, pin_memory=True)
+        if self._pool.shape[1:] != shape or self._pool.dtype != dtype:
+            self._pool = _BufferPool((self.batch_size, *shape), dtype)  # batches still held keep the old buffers
         # the short last batch too: a fresh one would be page faults and zeroing, ~10% of a raw epoch
         return torch.from_numpy(self._pool.acquire()[:b])
 

@@ -19,7 +19,8 @@ Three parts:
   ``INTER_LINEAR`` (half-pixel centres, no antialias: torchvision's ``resized_crop(...,
   antialias=False)`` within one level), flipped on the way when asked. Eval crops use the device
   path's own kernels (``functional.resize`` with antialias + ``center_crop``) on one sample, so they
-  equal ``imagenet_eval`` on the batch.
+  equal ``imagenet_eval`` on the batch. With ``normalize`` (training on a CPU) each crop then becomes its
+  normalized float32 slot of the batch in one ``cv2.LUT`` (:func:`normalize_table`), in the same thread.
 
 :class:`CropPlan` is what a dataset holds when it crops (``DatasetOptions(crop=...)``, ``set_crop``): the spec,
 flip and seed, and the epoch and output size in a small shared-memory tensor, so persistent DataLoader workers
@@ -53,6 +54,7 @@ __all__ = [
     "crop_output_bytes",
     "draw_crops",
     "flip_probability",
+    "normalize_table",
     "progressive",
     "resize_into",
 ]
@@ -119,6 +121,25 @@ def flip_probability(crop: CropSpec | None, flip: bool | float) -> float:
     return flip_p
 
 
+def normalize_table(crop: CropSpec | None, normalize: tuple[Sequence[float], Sequence[float]] | None
+                    ) -> np.ndarray | None:
+    """``normalize`` ((mean, std), 0-1 units as torchvision's ``Normalize``) checked against ``crop`` and made
+    into a float32 (256, 1, 3) table of ``(v / 255 - mean[c]) / std[c]``: one ``cv2.LUT`` pass turns a uint8
+    crop into its normalized float32 pixels (OpenCV releases the GIL: threads normalize in parallel)."""
+    if normalize is None:
+        return None
+    if crop is None:
+        raise ValueError("normalize needs crop=RandomResizedCrop(...) or CenterCrop(...): it runs in the workers")
+    try:
+        mean, std = (np.asarray(v, dtype=np.float64).reshape(-1) for v in normalize)
+    except (TypeError, ValueError):
+        raise ValueError(f"normalize must be (mean, std) of 3 values each, got {normalize!r}") from None
+    if mean.shape != (3,) or std.shape != (3,) or not (std > 0).all():
+        raise ValueError(f"normalize must be (mean, std) of 3 values each, std > 0, got {normalize!r}")
+    v = np.arange(256, dtype=np.float64)[:, None] / 255.0
+    return ((v - mean) / std).astype(np.float32).reshape(256, 1, 3)
+
+
 class StoredSamples(Protocol):
     """What a :class:`CropPlan` crops from (a :class:`~loaders.dataset.CachedImageDataset`)."""
 
@@ -136,12 +157,16 @@ class CropPlan:
     """A dataset's crop in the workers: what to crop (``spec``), the flip probability and the seed, and the
     epoch and output size, which live in a small shared-memory tensor (int64 [epoch, h, w]) that travels to
     DataLoader workers by handle, so persistent workers see :meth:`set_epoch` / :meth:`set_size` of the main
-    process at their next batch."""
+    process at their next batch. With ``normalize`` ((mean, std)) the batch is float32, normalized in the
+    workers too (:func:`normalize_table`), for training on the CPU; without it uint8."""
 
-    def __init__(self, spec: CropSpec, flip: bool | float = False, seed: int = 0) -> None:
+    def __init__(self, spec: CropSpec, flip: bool | float = False, seed: int = 0,
+                 normalize: tuple[Sequence[float], Sequence[float]] | None = None) -> None:
         self.flip_p = flip_probability(spec, flip)
         self.spec = spec
         self.seed = int(seed)
+        self.normalize = normalize
+        self.table = normalize_table(spec, normalize)
         h, w = _size2(spec.size)
         self._values = torch.tensor([0, h, w], dtype=torch.int64).share_memory_()
 
@@ -161,6 +186,11 @@ class CropPlan:
     def output_shape(self) -> tuple[int, int, int]:
         return (*self.size, 3)
 
+    @property
+    def output_dtype(self) -> np.dtype:
+        """uint8, or float32 under ``normalize``."""
+        return np.dtype(np.uint8 if self.table is None else np.float32)
+
     def set_epoch(self, epoch: int) -> None:
         self._values[0] = int(epoch)
 
@@ -168,14 +198,16 @@ class CropPlan:
         self._values[1], self._values[2] = _size2(size)
 
     def gather(self, samples: StoredSamples, idx: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """Samples ``idx`` (int64 in [0, N)) of ``samples`` cropped into ``out`` uint8 (B, h, w, 3), for the
-        current epoch; the size is ``out``'s. Ascending sample order, each sample resized into its slot."""
-        if out.ndim != 4 or out.shape[0] != len(idx) or out.shape[3] != 3 or out.dtype != np.uint8:
-            raise ValueError(f"out must be uint8[{len(idx)}, h, w, 3], got {out.dtype}{list(out.shape)}")
+        """Samples ``idx`` (int64 in [0, N)) of ``samples`` cropped into ``out`` (B, h, w, 3) of
+        :attr:`output_dtype`, for the current epoch; the size is ``out``'s. Ascending sample order, each
+        sample resized (flipped, normalized) into its slot."""
+        dt = self.output_dtype
+        if out.ndim != 4 or out.shape[0] != len(idx) or out.shape[3] != 3 or out.dtype != dt:
+            raise ValueError(f"out must be {dt}[{len(idx)}, h, w, 3], got {out.dtype}{list(out.shape)}")
         if not out.flags.c_contiguous:
             raise ValueError("out must be C-contiguous")
         if len(idx):
-            _crop_batch(samples, idx, self.spec, self.flip_p, self.seed, self.epoch, out)
+            _crop_batch(samples, idx, self.spec, self.flip_p, self.seed, self.epoch, out, self.table)
         return out
 
     def whole_boxes(self, n: int, shape: tuple[int, ...]) -> np.ndarray:
@@ -259,22 +291,23 @@ def draw_crops(spec: RandomResizedCrop, boxes: np.ndarray, shape: tuple[int, int
 # ---------------------------------------------------------------------------- pixels
 
 
-def resize_into(src: np.ndarray, crop: Sequence[int], dst: np.ndarray, flip: bool,
-                scratch: np.ndarray | None = None) -> None:
+def resize_into(src: np.ndarray, crop: Sequence[int], dst: np.ndarray, flip: bool) -> None:
     """Box ``crop`` (top, left, height, width) of ``src`` (H, W, 3) bilinearly resized into ``dst``
     (h, w, 3, C-contiguous), mirrored left-right when ``flip``."""
     t, l, h, w = (int(v) for v in crop)
     win = src[t : t + h, l : l + w]
     oh, ow = dst.shape[0], dst.shape[1]
-    target = dst if not flip else (scratch if scratch is not None else np.empty_like(dst))
     if (h, w) == (oh, ow):
-        np.copyto(target, win)
+        np.copyto(dst, win)
     else:
-        res = cv2.resize(win, (ow, oh), dst=target, interpolation=cv2.INTER_LINEAR)
-        if res.ctypes.data != target.ctypes.data:  # OpenCV allocated instead of writing in place
-            np.copyto(target, res)
-    if flip:
-        np.copyto(dst, target[:, ::-1])
+        _into(dst, cv2.resize(win, (ow, oh), dst=dst, interpolation=cv2.INTER_LINEAR))
+    if flip:  # in place (OpenCV swaps column pairs): 10x a copy from a negative-stride numpy view
+        _into(dst, cv2.flip(dst, 1, dst=dst))
+
+
+def _into(dst: np.ndarray, res: np.ndarray) -> None:
+    if res.ctypes.data != dst.ctypes.data:  # OpenCV allocated instead of writing in place
+        np.copyto(dst, res)
 
 
 def _center_into(src: np.ndarray, box: Sequence[int], dst: np.ndarray, resize_size: int) -> None:
@@ -305,10 +338,12 @@ def _scratch(shape: tuple[int, ...]) -> np.ndarray:
 
 
 def _crop_batch(samples: StoredSamples, idx: np.ndarray, spec: CropSpec, flip_p: float, seed: int, epoch: int,
-                out: np.ndarray) -> None:
+                out: np.ndarray, table: np.ndarray | None = None) -> None:
     """Batch ``idx`` cropped into ``out`` (B, h, w, 3), a few samples at a time in ascending order: resized
     straight from views of the stored samples where there are some (in memory, local npy memory maps), else
-    read into scratch first (zarr, JPEG, URLs)."""
+    read into scratch first (zarr, JPEG, URLs). With ``table`` each uint8 crop lands in a small per-call
+    buffer (in cache) and one ``cv2.LUT`` writes its normalized float32 pixels into ``out``: every step of a
+    sample in this thread, the GIL released in each, no batch-sized intermediate."""
     size = (out.shape[1], out.shape[2])
     boxes = samples.valid_boxes(idx)
     if isinstance(spec, RandomResizedCrop):
@@ -317,17 +352,20 @@ def _crop_batch(samples: StoredSamples, idx: np.ndarray, spec: CropSpec, flip_p:
     else:
         crops, flips = None, np.zeros(len(idx), dtype=bool)
         resize_for = spec.resize_for(size)
-    flip_buf = np.empty((*size, 3), dtype=np.uint8)
+    tmp = np.empty((*size, 3), dtype=np.uint8)  # a normalized sample's uint8 crop, in cache for the LUT
     order = np.argsort(idx, kind="stable")
     for lo in range(0, len(order), _GATHER_CHUNK):
         part = order[lo : lo + _GATHER_CHUNK]
         views = samples.sample_views(idx[part])
         rows = views if views is not None else samples.gather(idx[part], _scratch((len(part), *samples.shape)))
         for j, i in enumerate(part):
+            dst = out[i] if table is None else tmp
             if crops is not None:
-                resize_into(rows[j], crops[i], out[i], bool(flips[i]), flip_buf)
+                resize_into(rows[j], crops[i], dst, bool(flips[i]))
             else:
-                _center_into(rows[j], boxes[i], out[i], resize_for)
+                _center_into(rows[j], boxes[i], dst, resize_for)
+            if table is not None:
+                _into(out[i], cv2.LUT(tmp, table, dst=out[i]))
 
 
 def crop_output_bytes(size: int | Sequence[int]) -> int:

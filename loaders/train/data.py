@@ -48,24 +48,28 @@ def transforms_for(augment: str, crop: int) -> tuple[Any, Any]:
     return T.imagenet_train(crop), ev
 
 
-def crop_in_workers(cfg: TrainConfig, augment: str, crop: int, train_ds: Any, val_ds: Any | None) -> tuple[Any, Any]:
+def crop_in_workers(cfg: TrainConfig, augment: str, crop: int, train_ds: Any, val_ds: Any | None,
+                    normalize: bool = False) -> tuple[Any, Any]:
     """``--augment-in workers``: the preset's crops set on the datasets (loaders.worker_crop), and the device
-    transforms that are left (normalize only). Batches then hold only valid pixels: no boxes travel."""
+    transforms that are left (normalize only; none with ``normalize``, a CPU run, where the workers normalize
+    too and the main process only trains). Batches then hold only valid pixels: no boxes travel."""
     from loaders import transforms as T
     from loaders.worker_crop import CenterCrop, RandomResizedCrop
+
+    fused = (T.IMAGENET_MEAN, T.IMAGENET_STD) if normalize else None
 
     if augment == "cifar":
         raise TrainSetupError("--augment-in workers runs the imagenet (RandomResizedCrop) and none presets; "
                               "cifar's padded crop runs on the device: use --augment-in device")
     if augment == "none":
-        train_ds.set_crop(CenterCrop(crop))
+        train_ds.set_crop(CenterCrop(crop), normalize=fused)
     else:
-        train_ds.set_crop(RandomResizedCrop(crop), flip=True, seed=cfg.seed)
+        train_ds.set_crop(RandomResizedCrop(crop), flip=True, seed=cfg.seed, normalize=fused)
     train_ds.return_boxes = False
     if val_ds is not None:
-        val_ds.set_crop(CenterCrop(crop))
+        val_ds.set_crop(CenterCrop(crop), normalize=fused)
         val_ds.return_boxes = False
-    norm = T.Normalize(T.IMAGENET_MEAN, T.IMAGENET_STD)
+    norm = torch.nn.Identity() if normalize else T.Normalize(T.IMAGENET_MEAN, T.IMAGENET_STD)
     return norm, norm
 
 
@@ -127,7 +131,8 @@ def build_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
     shape = (h, w, c)
     augment, crop, notes = _resolution(cfg, shape, val_ds)
     if cfg.augment_in == "workers":
-        train_tf, eval_tf = crop_in_workers(cfg, augment, crop, train_ds, val_ds)
+        # on a CPU the workers normalize too (float32 batches); on a GPU uint8 travels, 4x fewer bytes
+        train_tf, eval_tf = crop_in_workers(cfg, augment, crop, train_ds, val_ds, info.device.type == "cpu")
     else:
         train_tf, eval_tf = transforms_for(augment, crop)
     ramp = cfg.progressive_schedule()

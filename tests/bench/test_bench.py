@@ -23,7 +23,8 @@ RAW_LOADS = {"imagefolder_pil", "scriptable", "naive_npy", "cachebuild_npy_datal
              "cachebuild_zarr_fastloader", "cachebuild_jpeg_dataloader", "cachebuild_jpeg_fastloader",
              "limit_bare_gather", "limit_bare_decode"}
 # the augmented group only: the crop and flip per sample in the loader's workers / threads
-CROP_IN_LOADER = {f"cachebuild_{s}_crop_in_{w}" for s in ("npy", "jpeg") for w in ("workers", "threads")}
+CROP_IN_LOADER = {f"cachebuild_{s}_{how}_in_{w}" for s in ("npy", "jpeg") for how in ("crop", "fused")
+                  for w in ("workers", "threads")}
 GLIBC = "glibc.cpu.x86_non_temporal_threshold=0x20000"
 GLIBC_DEFAULT_LOADS = {"cachebuild_npy_dataloader_glibc_default", "cachebuild_npy_fastloader_glibc_default",
                        "limit_bare_gather_glibc_default"}
