@@ -29,6 +29,7 @@ from typing import Any
 
 from doctools.performance import imagenet_section, peers_section, performance_section
 from doctools.quiet import QUIET_FULL, newest_quiet_full
+from doctools.run_figures import augment_section, compact_section
 from doctools.scale import scale_section
 from doctools.summary import commands_section, headline_section, reliability_section
 
@@ -42,6 +43,8 @@ KINDS: dict[str, tuple[str, Section]] = {
     "imagenet": ("results.json", imagenet_section),
     "peers": ("results.json", peers_section),
     "headline": ("results.json", headline_section),
+    "compact": ("results.json", compact_section),
+    "augment": ("results.json", augment_section),
     "commands": ("commands.json", commands_section),
     "reliability": ("table.json", reliability_section),
     "scale": ("scale.json", scale_section),

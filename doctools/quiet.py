@@ -16,8 +16,9 @@ outperforms). The rule (:func:`comparison_problems`):
 2. a comparison found in a full run must be found in the newest quiet full run (an older full run is refused
    once a newer quiet one exists). Runs of single scripts (faults, A/B rounds of one change) are not full
    runs: the full run does not measure them, so they may be cited when quiet;
-3. generated blocks that compare contenders (``performance``, ``peers``, ``headline``, ``imagenet``: from a
-   results.json) must come from the newest quiet full run (write their SOURCE as :data:`QUIET_FULL`).
+3. generated blocks that compare contenders (``performance``, ``peers``, ``headline``, ``imagenet``,
+   ``compact``, ``augment``: from a results.json) must come from the newest quiet full run (write their
+   SOURCE as :data:`QUIET_FULL`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ __all__ = ["COMPARING_KINDS", "QUIET_FULL", "QUIET_LOAD", "figure_run_problem", 
 
 QUIET_LOAD = 1.5
 QUIET_FULL = "bench/results/@quiet-full"  # a block SOURCE: the newest quiet full run, found anew each time
-COMPARING_KINDS = ("performance", "peers", "headline", "imagenet")
+COMPARING_KINDS = ("performance", "peers", "headline", "imagenet", "compact", "augment")
 FULL_SECTIONS = {"build", "load", "transforms", "train"}
 COMPARATIVE = re.compile(r"\b(?:faster|slower|ahead|behind|against|than|beats?|outperforms?|in our favour)\b", re.I)
 RATIO = re.compile(r"(?<![\w.])\d+(?:\.\d+)?x(?![a-zA-Z0-9])")
