@@ -36,7 +36,8 @@ def test_a_comparison_from_a_noisy_run_is_refused_and_a_plain_figure_is_not(tmp_
                                   f"([run](RUN/README.md)).\n")
     problems = figure_problems(claim)
     assert len(problems) == 2 and all("comes from a noisy run" in p and "load average 4.42" in p for p in problems)
-    ratio = _doc(tmp_path, NOISY, f"# A\n\nThreads {ours:,.0f} img/s, {ours / ffcv:.2f}x FFCV ([run](RUN/results.md)).\n")
+    ratio = _doc(tmp_path, NOISY, f"# A\n\nThreads {ours:,.0f} img/s, {ours / ffcv:.2f}x FFCV "
+                                  f"([run](RUN/results.md)).\n")
     assert len([p for p in figure_problems(ratio) if "noisy run" in p]) == 2
     plain = _doc(tmp_path, NOISY, f"# A\n\nThreads read {ours:,.0f} img/s there ([run](RUN/results.md)).\n")
     assert figure_problems(plain) == []  # a figure, but no comparison
