@@ -83,7 +83,6 @@ def _s3_server(home: Path) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     env = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
            "AWS_ENDPOINT_URL": url, "AWS_ENDPOINT_URL_S3": url, "S3_ENDPOINT_URL": url,  # the last: Streaming's
-           "AWS_ALLOW_HTTP": "true",  # LitData's obstore (object_store) refuses a plain-http endpoint without it
            "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": str(home / "config"),
            "AWS_SHARED_CREDENTIALS_FILE": str(home / "credentials")}
     saved = {k: os.environ.get(k) for k in (*env, "AWS_PROFILE", "AWS_SESSION_TOKEN")}
