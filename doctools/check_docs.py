@@ -19,12 +19,12 @@ Over README.md and docs/*.md (CHANGELOG.md is history and is not checked):
    (the commands' own click definitions, ``--help``'s source), every ``--flag`` in the text is an option of
    some command, every ``make TARGET`` is a Makefile target, and every keyword argument a ``python`` code
    block passes to a function of ``loaders`` or ``cachebuild`` is a parameter of it.
+5. **Settings as declared**: the table of ``CACHEBUILD_*`` variables in ``docs/settings.md`` lists every knob
+   of ``cachebuild/settings.py`` with its default, and nothing else; no page names a variable that is not one.
 6. **Comparisons only from quiet runs** (``doctools/quiet.py``): a figure on a line that compares (a ratio
    such as ``1.45x``, or faster/slower/ahead/behind/against/than near it) must be found in a cited file
    measured at a load average at the start <= 1.5, and, when from a full run, in the newest such full run;
    generated blocks that compare contenders come from that run (SOURCE ``bench/results/@quiet-full``).
-5. **Settings as declared**: the table of ``CACHEBUILD_*`` variables in ``docs/settings.md`` lists every knob
-   of ``cachebuild/settings.py`` with its default, and nothing else; no page names a variable that is not one.
 """
 
 from __future__ import annotations
