@@ -71,6 +71,8 @@ def _http_server(root: Path) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 @contextlib.contextmanager
@@ -101,6 +103,8 @@ def _s3_server(home: Path) -> Iterator[str]:
                 os.environ[k] = v
         proc.terminate()
         proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def _upload(folder: Path, key: str) -> str:

@@ -63,6 +63,16 @@ def test_results_json_has_every_section_and_the_machine(tiny_run) -> None:
                for p in on_disk["peers"].values())
 
 
+@pytest.mark.slow  # the whole tiny run
+def test_url_loads_from_s3_and_http_shuffled_and_sequential(tiny_run) -> None:
+    out, res = tiny_run
+    remote = res["load"]["remote"]
+    assert set(remote["rows"]) == {f"cachebuild_npy_{s}{m}" for s in ("s3", "http") for m in ("", "_sequential")}
+    for row in remote["rows"].values():
+        assert row["cold_img_s"] > 0 and row["warm_img_s"]["median"] > 0
+    assert "## Load from URLs" in (out / "results.md").read_text()
+
+
 @pytest.mark.slow  # the whole tiny run: ~35 s of children (builds, loaders, training)
 def test_build_section(tiny_run) -> None:
     _, res = tiny_run
