@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["PEER_PREFIXES", "comparisons", "peer_lines"]
+__all__ = ["PEER_PREFIXES", "comparisons", "every_row_lines", "peer_lines"]
 
 PEER_PREFIXES = ("ffcv_", "litdata_", "webdataset_", "dali_", "spdl_", "streaming_", "datago_")
 
@@ -53,11 +53,55 @@ def comparisons(res: dict[str, Any]) -> list[dict[str, Any]]:
             if _is_peer(key):
                 add(f"load, {group}", r, r["img_s"]["median"], best[1], best[1]["img_s"]["median"])
     remote = res.get("load", {}).get("remote", {}).get("rows", {})
-    if "cachebuild_npy_s3" in remote and "streaming_s3" in remote:
-        a, b = remote["cachebuild_npy_s3"], remote["streaming_s3"]
-        add("load from S3, cold epoch", b, b["cold_img_s"], a, a["cold_img_s"])
-        add("load from S3, warm epochs", b, b["warm_img_s"]["median"], a, a["warm_img_s"]["median"])
+    for store, name in (("s3", "S3"), ("http", "HTTP")):
+        ours = {k: r for k, r in remote.items() if k.startswith(f"cachebuild_npy_{store}")}
+        if not ours:
+            continue
+        cold = max(ours.values(), key=lambda r: r["cold_img_s"])
+        warm = max(ours.values(), key=lambda r: r["warm_img_s"]["median"])
+        for key, b in remote.items():
+            if _is_peer(key) and key.endswith(f"_{store}"):
+                add(f"load from {name}, cold epoch", b, b["cold_img_s"], cold, cold["cold_img_s"])
+                add(f"load from {name}, warm epochs", b, b["warm_img_s"]["median"], warm, warm["warm_img_s"]["median"])
     return out
+
+
+def _tables(res: dict[str, Any]) -> list[tuple[str, dict[str, float], dict[str, float], dict[str, str]]]:
+    """(table, our rows' rates, the peers' rates, labels) of every table with peers: each row's median."""
+    out = []
+    build = res.get("build", {}).get("contenders", {})
+    if build:
+        out.append(("build", {k: r["img_s"]["median"] for k, r in build.items() if k.startswith("cachebuild_")},
+                    {k: r["img_s"]["median"] for k, r in build.items() if _is_peer(k)},
+                    {k: r["label"] for k, r in build.items()}))
+    for group, rows in res.get("load", {}).get("groups", {}).items():
+        out.append((f"load, {group}", {k: r["img_s"]["median"] for k, r in rows.items()
+                                       if k.startswith("cachebuild_") and "glibc_default" not in k},
+                    {k: r["img_s"]["median"] for k, r in rows.items() if _is_peer(k)},
+                    {k: r["label"] for k, r in rows.items()}))
+    remote = res.get("load", {}).get("remote", {}).get("rows", {})
+    for store, name in (("s3", "S3"), ("http", "HTTP")):
+        for epoch, rate in (("cold epoch", lambda r: r["cold_img_s"]),
+                            ("warm epochs", lambda r: r["warm_img_s"]["median"])):
+            mine = {k: rate(r) for k, r in remote.items() if k.startswith(f"cachebuild_npy_{store}")}
+            if mine:
+                out.append((f"load from {name}, {epoch}", mine,
+                            {k: rate(r) for k, r in remote.items() if _is_peer(k) and k.endswith(f"_{store}")},
+                            {k: r["label"] for k, r in remote.items()}))
+    return [t for t in out if t[1] and t[2]]
+
+
+def every_row_lines(res: dict[str, Any]) -> list[str]:
+    """Every cachebuild row of every table with peers, and each peer row ahead of it (with its margin): the
+    list covers all our loaders and writers, not only the fastest of a table."""
+    lines = ["Every cachebuild row against every peer row of its table (same files, batch, workers):", "",
+             "| table | cachebuild row | img/s | peers ahead of it: img/s (cachebuild / peer) |", "|---|---|---:|---|"]
+    for table, mine, theirs, labels in _tables(res):
+        for key, rate in mine.items():
+            ahead = sorted(((r, k) for k, r in theirs.items() if r > rate), reverse=True)
+            cell = "; ".join(f"{labels[k]}: {r:,.0f} (**{rate / r:.2f}x**)" for r, k in ahead) or "none"
+            lines.append(f"| {table} | {labels[key]} | {rate:,.0f} | {cell} |")
+    return lines
 
 
 def peer_lines(res: dict[str, Any]) -> list[str]:
@@ -80,4 +124,5 @@ def peer_lines(res: dict[str, Any]) -> list[str]:
             f"{r['ours_img_s']:,.0f} img/s)" for r in ahead) + ".")
     else:
         lines.append("cachebuild is ahead of every peer contender measured in this run, in every table above.")
+    lines += ["", *every_row_lines(res)]
     return lines

@@ -152,10 +152,10 @@ def _run_sections(cfg: dict[str, Any], res: dict[str, Any], work: Path, sections
         log("== load")
         res["load"] = run_load(cfg, src, files, outputs, log, work / f"files-{cfg['n']}.json")
         save()
-        if cfg["peers"] and "streaming_raw" in outputs:
+        if "cachebuild_npy" in outputs:
             from bench.sections.peers_remote import run_remote_peers
 
-            log("== load from S3 (loopback): cachebuild and Streaming, cold and warm")
+            log("== load from URLs (loopback S3 and HTTP): cachebuild and the peers that read URLs, cold and warm")
             res["load"]["remote"] = run_remote_peers(cfg, outputs, work, log)
             save()
     if "transforms" in sections:

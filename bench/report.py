@@ -223,9 +223,10 @@ def _remote_table(res: dict[str, Any]) -> list[str]:
     remote = res.get("load", {}).get("remote")
     if not remote:
         return []
-    lines = [f"## Load from S3 (loopback moto server): batch {remote['batch']}, {remote['workers']} workers, "
-             f"{remote['epochs']} epochs", "", "Epoch 1 fetches every byte (cold); the others read the local "
-             "folder each filled (warm). Workers persistent for both: the cold epoch includes their start-up.", "",
+    lines = [f"## Load from URLs (loopback moto S3 and aiohttp HTTP servers): batch {remote['batch']}, "
+             f"{remote['workers']} workers, {remote['epochs']} epochs", "",
+             "Epoch 1 fetches every byte (cold); the others read the local folder each filled (warm). Workers "
+             "persistent for both: the cold epoch includes their start-up.", "",
              "| contender | cold epoch img/s | warm epochs img/s, median (min-max) |", "|---|---:|---:|"]
     for r in remote["rows"].values():
         lines.append(f"| {r['label']} | {r['cold_img_s']:,.0f} | {_mmm(r['warm_img_s'])} |")

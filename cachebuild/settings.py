@@ -32,6 +32,16 @@ def _count(text: str) -> int:
     return value
 
 
+def _files(text: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise ValueError("is not a whole number") from None
+    if value < 0:
+        raise ValueError("must be 0 (off) or more")
+    return value
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -105,6 +115,9 @@ class Settings:
                                 "recent median of reads of its size.", _seconds)
     hedge_after_s: float = _knob("CACHEBUILD_HEDGE_AFTER", "0.05", "Seconds before which no read is hedged.",
                                  _seconds)
+    readahead_files: int = _knob("CACHEBUILD_READAHEAD_FILES", "1", "Files read ahead, whole, past the one a "
+                                 "sequential read of a URL cache with a block cache is in; 0 turns readahead off.",
+                                 _files, example="2")
     decode_threads: int | None = _knob("CACHEBUILD_DECODE_THREADS", "auto", "Threads decoding a compact (JPEG) "
                                        "cache in each reading process; auto: the CPUs it may use, shared among "
                                        "the DataLoader's workers, at most 4.", _threads, example="2")

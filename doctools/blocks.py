@@ -11,7 +11,9 @@ A generated block is
 
 SOURCE is a results folder relative to the repository root (``bench/results/RUN``), or a glob of folders
 (``bench/results/*-reliability*``): the newest match, by name (results folders begin with their date), so
-a new run committed under a matching name is picked up by the next ``python -m doctools.blocks``.
+a new run committed under a matching name is picked up by the next ``python -m doctools.blocks``; or
+``bench/results/@quiet-full``: the newest full run whose load average at the start was <= 1.5
+(``doctools.quiet``), the one source of every block that compares contenders.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from doctools.performance import imagenet_section, peers_section, performance_section
+from doctools.quiet import QUIET_FULL, newest_quiet_full
+from doctools.run_figures import augment_section, compact_section
 from doctools.scale import scale_section
 from doctools.summary import commands_section, headline_section, reliability_section
 
@@ -39,6 +43,8 @@ KINDS: dict[str, tuple[str, Section]] = {
     "imagenet": ("results.json", imagenet_section),
     "peers": ("results.json", peers_section),
     "headline": ("results.json", headline_section),
+    "compact": ("results.json", compact_section),
+    "augment": ("results.json", augment_section),
     "commands": ("commands.json", commands_section),
     "reliability": ("table.json", reliability_section),
     "scale": ("scale.json", scale_section),
@@ -57,7 +63,10 @@ def find_blocks(text: str) -> Iterator[re.Match[str]]:
 
 
 def resolve(source: str, repo: Path = REPO) -> Path:
-    """The folder a block's SOURCE names: itself, or the newest (last by name) folder matching a glob."""
+    """The folder a block's SOURCE names: itself, the newest (last by name) folder matching a glob, or for
+    ``bench/results/@quiet-full`` the newest full run whose load average at the start was <= 1.5."""
+    if source == QUIET_FULL:
+        return newest_quiet_full(repo)
     if any(c in source for c in "*?["):
         found = sorted(p for p in repo.glob(source) if p.is_dir())
         if not found:

@@ -21,6 +21,10 @@ Over README.md and docs/*.md (CHANGELOG.md is history and is not checked):
    block passes to a function of ``loaders`` or ``cachebuild`` is a parameter of it.
 5. **Settings as declared**: the table of ``CACHEBUILD_*`` variables in ``docs/settings.md`` lists every knob
    of ``cachebuild/settings.py`` with its default, and nothing else; no page names a variable that is not one.
+6. **Comparisons only from quiet runs** (``doctools/quiet.py``): a figure on a line that compares (a ratio
+   such as ``1.45x``, or faster/slower/ahead/behind/against/than near it) must be found in a cited file
+   measured at a load average at the start <= 1.5, and, when from a full run, in the newest such full run;
+   generated blocks that compare contenders come from that run (SOURCE ``bench/results/@quiet-full``).
 """
 
 from __future__ import annotations
@@ -35,16 +39,19 @@ import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from doctools.blocks import BLOCK, REPO, check, doc_files
+from doctools.blocks import BLOCK, REPO, check, doc_files, find_blocks, resolve
+from doctools.quiet import figure_run_problem, is_comparison, is_comparison_header, run_problems
 
-__all__ = ["check_all", "figure_problems", "flag_problems", "link_problems", "main", "settings_problems",
-           "signature_problems"]
+__all__ = ["block_run_problems", "check_all", "figure_problems", "flag_problems", "link_problems", "main",
+           "settings_problems", "signature_problems"]
 
 UNIT = (r"img/s|samples/s|[kMG]i?B/s|core-hours|dB|%|x(?![a-zA-Z0-9])|ms\b|s\b|min\b|minutes\b|seconds\b|"
         r"hours\b|[kKMGT]i?B\b")
 NUM = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
 # A figure, or a run of them sharing one unit: "3.7 s", "3-20%", "44.2 / 48.2 / 41.8 dB", "0.80x and 0.65x"
 FIGURE = re.compile(rf"(?<![\w.\-/#])(?P<run>(?:{NUM})(?:\s?(?:-|to|/|and|,)\s?(?:{NUM}))*)\s?(?P<unit>{UNIT})")
+TIMED = ("img/s", "samples/s", "core-hours", "%", "x", "ms", "s", "min", "minutes", "seconds", "hours")
+TIMED_PREFIXES = tuple(f"{p}B/s" for p in ("k", "M", "G", "ki", "Mi", "Gi", "Ki"))
 SCALES = (1, 100, 0.01, 1e3, 1e-3, 1e6, 1e-6, 1e9, 1e-9, 2**-10, 2**-20, 2**-30, 2**10, 2**20, 60, 1 / 60, 1 / 3600)
 CITE = re.compile(r"(?:\]\(|<!-- figures: )(?P<path>[^)\s]*bench/results/[^)\s#]+)")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
@@ -140,28 +147,49 @@ def _found(value: str, pool: list[list[float]]) -> bool:
 
 
 def figure_problems(doc: Path) -> list[str]:
-    problems, cache = [], {}
+    problems: list[str] = []
+    pools: dict[Path, list[list[float]]] = {}
     for start, section in _sections(doc.read_text(encoding="utf-8")):
         cited = _cited(section, doc)
+        for p in cited:
+            if p not in pools:
+                nums = sorted(set(_numbers(p)))
+                pools[p] = [sorted(n * s for n in nums) for s in SCALES]
+        header = ""  # the header row of the table a line is in: a table of ratios compares in every row
         for offset, para in enumerate(section.split("\n")):
             prose = CODE.sub(" ", COMMENT.sub(" ", LINK.sub("]", para)))
+            header = (header or prose) if prose.lstrip().startswith("|") else ""
+            timed = [(m.group(0), v) for m in FIGURE.finditer(prose) if m.group("unit") in TIMED or
+                     m.group("unit").startswith(TIMED_PREFIXES) for v in _values(m.group("run"))]
             figures = [(m.group(0), v) for m in FIGURE.finditer(prose) for v in _values(m.group("run"))]
-            figures += [(cell.strip(), v) for cell in _numeric_cells(prose) for v in re.findall(NUM, cell)]
+            cells = [(cell.strip(), v) for cell in _numeric_cells(prose) for v in re.findall(NUM, cell)]
+            figures += cells
             if not figures:
                 continue
-            key = tuple(cited)
-            if key not in cache:
-                nums = sorted({n for p in cited for n in _numbers(p)})
-                cache[key] = [sorted(n * s for n in nums) for s in SCALES]
             where = f"{_name(doc)}:{start + offset}"
+            # load changes timings, not sizes or PSNR: a comparison's timed figures (and a table's bare cells)
+            comparison = set(timed + cells) if is_comparison(prose) or is_comparison_header(header) else set()
             for text, value in figures:
+                holders = [p for p in cited if _found(value, pools[p])]
                 if not cited:
                     problems.append(f"{where}: figure {value} ({text!r}) cites no results file (link one under "
                                     "bench/results/ in its section, or write a setting as `code`)")
-                elif not _found(value, cache[key]):
+                elif not holders:
                     names = ", ".join(_name(p) for p in cited)
                     problems.append(f"{where}: figure {value} ({text!r}) is not in {names}")
+                elif (text, value) in comparison and (bad := figure_run_problem(where, value, text, holders, REPO)):
+                    problems.append(bad)
     return problems
+
+
+def block_run_problems(doc: Path) -> list[str]:
+    """Generated blocks that compare contenders come from the newest quiet full run (doctools.quiet)."""
+    text = doc.read_text(encoding="utf-8")
+    out = []
+    for m in find_blocks(text):
+        where = f"{_name(doc)}:{text[: m.start()].count(chr(10)) + 1}"
+        out += run_problems(where, m.group("kind"), resolve(m.group("source")), REPO)
+    return out
 
 
 def _anchors(md: Path) -> set[str]:
@@ -316,7 +344,8 @@ def check_all(docs: Iterable[Path] | None = None) -> list[str]:
     commands = _commands()
     problems = list(check())
     for doc in docs:
-        problems += figure_problems(doc) + link_problems(doc) + flag_problems(doc, commands) + signature_problems(doc)
+        problems += figure_problems(doc) + block_run_problems(doc) + link_problems(doc)
+        problems += flag_problems(doc, commands) + signature_problems(doc)
     return problems + settings_problems(docs=docs)
 
 

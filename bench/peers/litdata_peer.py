@@ -30,10 +30,25 @@ def build(a) -> None:
 
 
 def load(a) -> None:
+    if a.remote:  # from S3 into a fresh cache_dir: epoch 1 downloads every chunk (cold), the others read it (warm)
+        import shutil
+        import tempfile
+
+        from litdata.streaming import downloader
+
+        # its obstore client refuses a plain-http endpoint (the loopback S3 server; real S3 is https) unless told
+        downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True
+
+        cache = Path(tempfile.mkdtemp(prefix="litdata-cache-"))
+        try:
+            answer(groups={"remote": _epochs(a, False, where=a.remote, cache_dir=str(cache))})
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+        return
     load_groups(a, lambda augmented: _epochs(a, augmented))
 
 
-def _epochs(a, augmented: bool) -> list[float]:
+def _epochs(a, augmented: bool, where: str | None = None, cache_dir: str | None = None) -> list[float]:
     import torch
     from litdata import StreamingDataLoader, StreamingDataset
 
@@ -45,7 +60,7 @@ def _epochs(a, augmented: bool) -> list[float]:
             x = torch.from_numpy(s["image"])
             return (aug(x.permute(2, 0, 1)) if aug else x), s["label"]
 
-    ds = Images(str(a.data), shuffle=True, drop_last=False, seed=0)
+    ds = Images(where or str(a.data), shuffle=True, drop_last=False, seed=0, cache_dir=cache_dir)
     dl = StreamingDataLoader(ds, batch_size=a.batch, num_workers=a.workers)
     return time_epochs(lambda: dl, a.epochs, len(ds))
 

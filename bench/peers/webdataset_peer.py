@@ -39,14 +39,38 @@ def build(a) -> None:
 
 
 def load(a) -> None:
+    if a.remote:
+        _remote(a)
+        return
     load_groups(a, lambda augmented: _epochs(a, augmented))
 
 
-def _epochs(a, augmented: bool) -> list[float]:
+def _remote(a) -> None:
+    """The shards at ``--remote`` (names from the build folder ``--data``): HTTP through WebDataset's own curl
+    opener, S3 through its documented ``pipe:aws s3 cp URL -``; ``cache_dir`` (its shard cache) a fresh
+    folder, so epoch 1 downloads every shard (cold) and the others read them from it (warm)."""
+    import os
+    import shutil
+    import tempfile
+
+    names = sorted(p.name for p in a.data.glob("*.tar"))
+    if a.remote.startswith("s3://"):
+        endpoint = os.environ["AWS_ENDPOINT_URL"]
+        urls = [f"pipe:aws s3 cp --quiet --endpoint-url {endpoint} {a.remote}/{n} -" for n in names]
+    else:
+        urls = [f"{a.remote}/{n}" for n in names]
+    cache = Path(tempfile.mkdtemp(prefix="wds-cache-"))
+    try:
+        answer(groups={"remote": _epochs(a, False, urls=urls, cache_dir=str(cache))})
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def _epochs(a, augmented: bool, urls: list[str] | None = None, cache_dir: str | None = None) -> list[float]:
     import torch
     import webdataset as wds
 
-    urls = sorted(str(p) for p in a.data.glob("*.tar"))
+    urls = urls or sorted(str(p) for p in a.data.glob("*.tar"))
     n = json.loads((a.data / "count.json").read_text())
     aug = augment(a.size) if augmented else None
 
@@ -54,7 +78,7 @@ def _epochs(a, augmented: bool) -> list[float]:
         t = torch.from_numpy(x)
         return aug(t.permute(2, 0, 1)) if aug else t
 
-    ds = (wds.WebDataset(urls, shardshuffle=len(urls), empty_check=False).shuffle(1000).decode()
+    ds = (wds.WebDataset(urls, shardshuffle=len(urls), empty_check=False, cache_dir=cache_dir).shuffle(1000).decode()
           .to_tuple("npy", "cls").map_tuple(image, None).batched(a.batch, partial=True))
     dl = wds.WebLoader(ds, batch_size=None, num_workers=a.workers)
     return time_epochs(lambda: dl, a.epochs, n)

@@ -1,11 +1,16 @@
-"""Load from a URL, for the peers that read one (MosaicML Streaming) and cachebuild, on the same loopback S3
-server (moto, in a process of its own on 127.0.0.1, so neither contender's process serves the bytes).
+"""Load from a URL: cachebuild and the peers that read one (MosaicML Streaming, LitData, WebDataset), each from
+its own build of the same files on the same loopback store: moto's S3, and an aiohttp HTTP server
+(``support.http_server``), each in a process of its own on 127.0.0.1, so no contender's process serves bytes.
 
-Each contender reads its own build of the same files from ``s3://bench/<name>`` into a fresh local folder:
-cachebuild ``CachedImageDataset(url, local_cache=DIR)`` (its block cache) through a DataLoader with
-collate_batch, Streaming ``StreamingDataset(remote=url, local=DIR)`` through its StreamingDataLoader; same
-batch, same workers, persistent for both. Epoch 1 is cold (every byte fetched, the workers' start-up
-included), the others warm (read from the local folder).
+cachebuild reads ``CachedImageDataset(url, DatasetOptions(local_cache=DIR))`` (its block cache) through a
+DataLoader with collate_batch, twice from a fresh DIR: shuffled (``CacheSampler(shuffle=True)``: every row
+fetched as its batch needs it) and sequential (``shuffle=False``: the shards read ahead whole,
+``cachebuild.storage.remote.readahead``). The peers read with their own local copy: Streaming
+``StreamingDataset(remote=url, local=DIR)``, LitData ``StreamingDataset(url, cache_dir=DIR)``, WebDataset
+``WebDataset(urls, cache_dir=DIR)`` (S3 through ``pipe:aws s3 cp``, HTTP through its curl opener); every peer
+shuffles. Same batch, same workers. Epoch 1 is cold (every byte fetched, the workers' start-up included), the
+others warm (read from the local copy). Ratios: cachebuild's faster cold (and warm) row of that store against
+each peer's.
 """
 
 from __future__ import annotations
@@ -42,6 +47,34 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+_SERVE_HTTP = ("import sys, time\n"
+               "from pathlib import Path\n"
+               "from support.http_server import HttpServer\n"
+               "from support.loopback import EventLoopThread\n"
+               "loop = EventLoopThread(); s = HttpServer(Path(sys.argv[1])); loop.run(s.start())\n"
+               "s.log = type(s.log)(); s.log.append = lambda item: None  # an epoch's requests: not kept\n"
+               "print(s.url, flush=True)\n"
+               "while True: time.sleep(60)\n")
+
+
+@contextlib.contextmanager
+def _http_server(root: Path) -> Iterator[str]:
+    """``support.http_server`` serving ``root`` in a child process; yields its base URL."""
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-c", _SERVE_HTTP, str(root)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, cwd=repo)
+    try:
+        url = proc.stdout.readline().strip() if proc.stdout is not None else ""
+        if not url.startswith("http://"):
+            raise RuntimeError("the loopback HTTP server did not start")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
 @contextlib.contextmanager
 def _s3_server(home: Path) -> Iterator[str]:
     """A moto S3 server in a child process, and the AWS environment that sends every client to it (this
@@ -70,6 +103,8 @@ def _s3_server(home: Path) -> Iterator[str]:
                 os.environ[k] = v
         proc.terminate()
         proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def _upload(folder: Path, key: str) -> str:
@@ -84,14 +119,14 @@ def _upload(folder: Path, key: str) -> str:
     return f"s3://{BUCKET}/{key}"
 
 
-def _cachebuild_epochs(url: str, cfg: dict[str, Any], epochs: int, local: Path) -> list[float]:
+def _cachebuild_epochs(url: str, cfg: dict[str, Any], epochs: int, local: Path, shuffle: bool) -> list[float]:
     from torch.utils.data import DataLoader
 
     from loaders.dataset import CachedImageDataset, DatasetOptions, collate_batch
     from loaders.sampler import CacheSampler
 
     ds = CachedImageDataset(url, DatasetOptions(local_cache=local))
-    sampler = CacheSampler(ds, shuffle=True, seed=0)
+    sampler = CacheSampler(ds, shuffle=shuffle, seed=0)
     dl = DataLoader(ds, batch_size=cfg["batch"], sampler=sampler, num_workers=cfg["workers"],
                     collate_fn=collate_batch, persistent_workers=cfg["workers"] > 0)
     rates = []
@@ -110,41 +145,83 @@ def _row(label: str, rates: list[float]) -> dict[str, Any]:
     return {"label": label, "cold_img_s": round(rates[0], 1), "warm_img_s": summary(rates[1:], 1)}
 
 
+# (peer, its build output, the stores it reads, its label)
+_PEERS = (("streaming", "streaming_raw", ("s3",), "Streaming: StreamingDataset(remote, local) + StreamingDataLoader"),
+          ("litdata", "litdata_raw", ("s3",), "LitData: StreamingDataset(url, cache_dir) + StreamingDataLoader"),
+          ("webdataset", "webdataset_raw", ("s3", "http"), "WebDataset: WebDataset(urls, cache_dir) + WebLoader"))
+_STORES = {"s3": "S3", "http": "HTTP"}
+
+
+def _ours(result: dict[str, Any], store: str, url: str, cfg: dict[str, Any], epochs: int, scratch: Path) -> None:
+    w = cfg["workers"]
+    for shuffle, suffix, how in ((True, "", "shuffled"), (False, "_sequential", "sequential, shards read ahead")):
+        result["rows"][f"cachebuild_npy_{store}{suffix}"] = _row(
+            f"cachebuild npy from {_STORES[store]}: CachedImageDataset(url, local_cache) + DataLoader, {w} workers, "
+            f"{how}", _cachebuild_epochs(url, cfg, epochs, scratch / f"blocks-{store}{suffix}", shuffle))
+
+
+def _peer(result: dict[str, Any], peer: str, store: str, url: str, data: Path, label: str, cfg: dict[str, Any],
+          epochs: int, log: Callable[[str], None]) -> None:
+    key = f"{peer}_{store}"
+    py, why = peers.peer_python(peer)
+    if py is None:
+        result["skipped"][key] = why
+        return
+    cmd = [py, str(peers.HERE / f"{peer}_peer.py"), "load", "--remote", url, "--data", str(data), "--size",
+           str(cfg["size"]), "--batch", str(cfg["batch"]), "--workers", str(cfg["workers"]), "--epochs", str(epochs)]
+    try:
+        ans, _ = run_child(cmd, timeout=cfg["child_timeout"], env=dict(os.environ))
+        result["rows"][key] = _row(f"{label} from {_STORES[store]}, {cfg['workers']} workers", ans["groups"]["remote"])
+    except ChildError as e:
+        result["skipped"][key] = str(e).splitlines()[0]
+        log(f"  {key}: FAILED {e}")
+
+
+def _ratios(result: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Each peer row against cachebuild's faster row of the same store, cold and warm."""
+    rows, out = result["rows"], {}
+    for key, r in rows.items():
+        if key.startswith("cachebuild_"):
+            continue
+        store = key.rsplit("_", 1)[1]
+        ours = [v for k, v in rows.items() if k.startswith(f"cachebuild_npy_{store}")]
+        if not ours:
+            continue
+        cold = max(o["cold_img_s"] for o in ours)
+        warm = max(o["warm_img_s"]["median"] for o in ours)
+        out[key] = {"cold": round(cold / r["cold_img_s"], 3), "warm": round(warm / r["warm_img_s"]["median"], 3)}
+    return out
+
+
 def run_remote_peers(cfg: dict[str, Any], outputs: dict[str, Path], work: Path,
                      log: Callable[[str], None]) -> dict[str, Any]:
-    """Rows cachebuild_npy_s3 and streaming_s3: cold epoch img/s, warm epochs img/s; ratios cachebuild/peer."""
+    """Rows cachebuild_npy_{s3,http}[_sequential] and {peer}_{store}: cold epoch img/s, warm epochs img/s;
+    ``x``: cachebuild / peer per peer row (cachebuild's faster row of that store)."""
     epochs = max(2, cfg["epochs"] + 1)
-    w = cfg["workers"]
-    result: dict[str, Any] = {"batch": cfg["batch"], "workers": w, "epochs": epochs, "rows": {}, "skipped": {}}
-    py, why = peers.peer_python("streaming")
-    if py is None or "cachebuild_npy" not in outputs:
-        result["skipped"]["streaming_s3"] = why or "no cachebuild npy build"
+    result: dict[str, Any] = {"batch": cfg["batch"], "workers": cfg["workers"], "epochs": epochs, "rows": {},
+                              "skipped": {}}
+    if "cachebuild_npy" not in outputs:
+        result["skipped"]["cachebuild_npy"] = "no cachebuild npy build"
         return result
     scratch = Path(tempfile.mkdtemp(prefix="remote-", dir=work))
     try:
         with _s3_server(scratch) as endpoint:
-            ours = _upload(outputs["cachebuild_npy"], "cachebuild")
-            theirs = _upload(outputs["streaming_raw"], "mds")
-            log(f"  uploaded both builds to {endpoint}")
-            rows = result["rows"]
-            rows["cachebuild_npy_s3"] = _row(f"cachebuild npy from S3: CachedImageDataset(url, local_cache) + "
-                                             f"DataLoader, {w} workers",
-                                             _cachebuild_epochs(ours, cfg, epochs, scratch / "blocks"))
-            cmd = [py, str(peers.HERE / "streaming_peer.py"), "load", "--remote", theirs, "--size", str(cfg["size"]),
-                   "--batch", str(cfg["batch"]), "--workers", str(w), "--epochs", str(epochs)]
-            try:
-                ans, _ = run_child(cmd, timeout=cfg["child_timeout"], env=dict(os.environ))
-                rows["streaming_s3"] = _row(f"Streaming from S3: StreamingDataset(remote, local) + "
-                                            f"StreamingDataLoader, {w} workers", ans["groups"]["remote"])
-            except ChildError as e:
-                result["skipped"]["streaming_s3"] = str(e).splitlines()[0]
-                log(f"  streaming_s3: FAILED {e}")
+            _ours(result, "s3", _upload(outputs["cachebuild_npy"], "cachebuild"), cfg, epochs, scratch)
+            for peer, build, stores, label in _PEERS:
+                if "s3" in stores and build in outputs and cfg["peers"]:
+                    _peer(result, peer, "s3", _upload(outputs[build], peer), outputs[build], label, cfg, epochs, log)
+            log(f"  S3 at {endpoint}: done")
+        with _http_server(work) as base:
+            def url(folder: Path) -> str:
+                return f"{base}/{folder.resolve().relative_to(work.resolve()).as_posix()}"
+
+            _ours(result, "http", url(outputs["cachebuild_npy"]), cfg, epochs, scratch)
+            for peer, build, stores, label in _PEERS:
+                if "http" in stores and build in outputs and cfg["peers"]:
+                    _peer(result, peer, "http", url(outputs[build]), outputs[build], label, cfg, epochs, log)
         for key, r in result["rows"].items():
             log(f"  {key}: cold {r['cold_img_s']:.0f} img/s, warm {r['warm_img_s']['median']:.0f} img/s")
-        if len(result["rows"]) == 2:
-            a, b = result["rows"]["cachebuild_npy_s3"], result["rows"]["streaming_s3"]
-            result["x_streaming"] = {"cold": round(a["cold_img_s"] / b["cold_img_s"], 3),
-                                     "warm": round(a["warm_img_s"]["median"] / b["warm_img_s"]["median"], 3)}
+        result["x"] = _ratios(result)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return result

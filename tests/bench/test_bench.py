@@ -64,6 +64,16 @@ def test_results_json_has_every_section_and_the_machine(tiny_run) -> None:
                for p in on_disk["peers"].values())
 
 
+@pytest.mark.slow  # the whole tiny run
+def test_url_loads_from_s3_and_http_shuffled_and_sequential(tiny_run) -> None:
+    out, res = tiny_run
+    remote = res["load"]["remote"]
+    assert set(remote["rows"]) == {f"cachebuild_npy_{s}{m}" for s in ("s3", "http") for m in ("", "_sequential")}
+    for row in remote["rows"].values():
+        assert row["cold_img_s"] > 0 and row["warm_img_s"]["median"] > 0
+    assert "## Load from URLs" in (out / "results.md").read_text()
+
+
 @pytest.mark.slow  # the whole tiny run: ~35 s of children (builds, loaders, training)
 def test_build_section(tiny_run) -> None:
     _, res = tiny_run
@@ -225,6 +235,36 @@ def test_the_comparison_takes_cachebuilds_fastest_loader_and_names_a_peer_ahead(
     text = "\n".join(peer_lines(res))
     assert "DALI CPU pipeline from the JPEGs, 2 threads by 2.00x" in text
     assert "SPDL from the JPEGs, 2 threads by" not in text
+
+
+def test_every_cachebuild_row_is_listed_with_each_peer_ahead_of_it_and_url_rows_by_store() -> None:
+    """Not only the fastest loader: a slower cachebuild row names every peer row ahead of it, with its margin; the
+    URL rows compare cachebuild's faster row of a store (shuffled or sequential) with each peer of that store."""
+    from bench.compare import comparisons, every_row_lines
+
+    raw = {"cachebuild_npy_dataloader": {"label": "cachebuild npy: DataLoader", "img_s": summary([1000.0])},
+           "cachebuild_jpeg_dataloader": {"label": "cachebuild jpeg: DataLoader", "img_s": summary([400.0])},
+           "ffcv_raw": {"label": "FFCV raw", "img_s": summary([800.0])},
+           "dali_jpeg": {"label": "DALI JPEGs", "img_s": summary([500.0])}}
+
+    def url_row(label: str, cold: float, warm: float) -> dict:
+        return {"label": label, "cold_img_s": cold, "warm_img_s": summary([warm])}
+
+    remote = {"cachebuild_npy_s3": url_row("ours S3 shuffled", 900.0, 9000.0),
+              "cachebuild_npy_s3_sequential": url_row("ours S3 sequential", 1500.0, 8000.0),
+              "streaming_s3": url_row("Streaming S3", 1200.0, 3000.0),
+              "webdataset_http": url_row("WebDataset HTTP", 100.0, 300.0)}
+    res = {"load": {"groups": {"raw": raw}, "remote": {"rows": remote}}}
+    text = "\n".join(every_row_lines(res))
+    assert "| load, raw | cachebuild npy: DataLoader | 1,000 | none |" in text
+    behind = "FFCV raw: 800 (**0.50x**); DALI JPEGs: 500 (**0.80x**)"
+    assert f"| load, raw | cachebuild jpeg: DataLoader | 400 | {behind} |" in text
+    assert "| load from S3, cold epoch | ours S3 shuffled | 900 | Streaming S3: 1,200 (**0.75x**) |" in text
+    assert "WebDataset HTTP" not in text  # no cachebuild HTTP row in this run: nothing to compare it with
+    rows = [r for r in comparisons(res) if r["table"].startswith("load from S3")]
+    assert [(r["table"], r["ours"], r["x"]) for r in rows] == [
+        ("load from S3, cold epoch", "ours S3 sequential", 1.25),
+        ("load from S3, warm epochs", "ours S3 shuffled", 3.0)]
 
 
 @pytest.mark.slow

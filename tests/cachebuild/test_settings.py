@@ -17,12 +17,12 @@ from tests.repo import REPO
 # What each knob holds when it is not set; the declaration is the one place these live.
 DEFAULTS = {"retries": 10, "retry_budget_s": 120.0, "http_timeout_s": 60.0,
             "home": Path.home() / ".cache" / "cachebuild", "pin_versions": True, "hedge": True, "hedge_factor": 3.0,
-            "hedge_after_s": 0.05, "decode_threads": None, "push_stale_s": 300.0}
+            "hedge_after_s": 0.05, "readahead_files": 1, "decode_threads": None, "push_stale_s": 300.0}
 
 
 def test_one_field_per_variable_and_the_defaults() -> None:
     assert [f.name for f in dataclasses.fields(Settings)] == list(DEFAULTS)
-    assert len({k.env for k in KNOBS}) == len(KNOBS) == 10
+    assert len({k.env for k in KNOBS}) == len(KNOBS) == 11
     assert all(k.env.startswith("CACHEBUILD_") and k.meaning for k in KNOBS)
     assert dataclasses.asdict(defaults()) == DEFAULTS
     assert dataclasses.asdict(settings({k.env: "" for k in KNOBS})) == DEFAULTS  # empty: unset
@@ -48,6 +48,8 @@ def test_no_module_reads_a_knob_from_the_environment_itself() -> None:
     ("CACHEBUILD_HEDGE", "2", "is neither 1 (on) nor 0 (off)"),
     ("CACHEBUILD_HEDGE_FACTOR", "0", "must be positive"),
     ("CACHEBUILD_HEDGE_AFTER", "x", "is not a number"),
+    ("CACHEBUILD_READAHEAD_FILES", "-1", "must be 0 (off) or more"),
+    ("CACHEBUILD_READAHEAD_FILES", "one", "is not a whole number"),
     ("CACHEBUILD_DECODE_THREADS", "0", "must be at least 1"),
     ("CACHEBUILD_DECODE_THREADS", "four", "is not a whole number"),
     ("CACHEBUILD_PUSH_STALE_S", "0", "must be positive"),

@@ -25,8 +25,10 @@ from typing import Any, TypeVar
 import numpy as np
 
 from cachebuild.errors import CacheCorruptError
+from cachebuild.settings import settings
 from cachebuild.storage.locations import Location
 from cachebuild.storage.remote.block_cache import BlockCache, BlockCacheFullError, CachedFile
+from cachebuild.storage.remote.readahead import STEP_BYTES, Readahead
 
 __all__ = ["NPY_HEADER_ERRORS", "RowFiles", "Segment", "ShardHandles", "in_parallel", "npy_header"]
 
@@ -94,6 +96,7 @@ class ShardHandles:
         self._pid = -1  # no handle table in any process yet
         self._lock: Any = None
         self.bytes_fetched = 0
+        self.readahead = Readahead()  # sequential reads through a block cache: whole files ahead
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_handles": None, "_pid": -1, "_lock": None, "bytes_fetched": 0}
@@ -145,6 +148,20 @@ class ShardHandles:
         with _TABLE_GUARD:  # the files of a batch are fetched by several threads at once
             self.bytes_fetched += sum(len(g) for file in got for g in file)
         return got
+
+    def read_ahead(self, k: int, start: int) -> None:
+        """A sequential read reached byte ``start`` of file ``k``: fetch the rest of it and the next
+        ``CACHEBUILD_READAHEAD_FILES`` files whole into the block cache, in the background, once each."""
+        more = settings().readahead_files
+        if self.block_cache is None or self.block_cache.full or more == 0:
+            return
+        for j in range(k, min(self._count, k + more + 1)):
+            handle = self._handle(j)
+            if isinstance(handle, CachedFile):
+                name, size = self._name_and_size(j)
+                job = functools.partial(handle.prefetch, start if j == k else 0, size,
+                                        functools.partial(self._fetch, name), STEP_BYTES)
+                self.readahead.schedule(j, job, self.location.describe(name))
 
     def read_files(self, wanted: Sequence[tuple[int, Sequence[tuple[int, int]]]]) -> list[list[Any]]:
         """The byte ranges of remote files ``(k, ranges)``, one list per file: views of block-cache mirrors
@@ -241,6 +258,8 @@ class RowFiles(ShardHandles):
                       for a, z in runs]
             wanted.append((k, ranges))
             places.append((runs, order[lo:hi]))
+            if len(runs) == 1 and hi - lo > 1:  # consecutive rows: a sequential read, whose next bytes are known
+                self.read_ahead(k, ranges[0][1])
         for (runs, dest), datas in zip(places, self.read_files(wanted), strict=True):
             for (a, z), data in zip(runs, datas, strict=True):
                 flat[dest[a:z]] = np.frombuffer(data, dtype=np.uint8).reshape(z - a, self.row_bytes)

@@ -140,6 +140,8 @@ class CachedFile:
         self._data_map = mmap.mmap(self._fd, size, prot=mmap.PROT_READ) if size else None
         self.data = np.empty(0, np.uint8) if self._data_map is None else np.frombuffer(self._data_map, np.uint8)
         self.checked = np.zeros(self.nblocks, dtype=bool)  # verified by this process
+        # lockf locks are a process's: threads of one process (a batch's reads, readahead) wait here instead
+        self._fetching = threading.Lock()
         os.utime(self.crc_path)  # "recently used", for eviction
 
     def read(self, ranges: Sequence[tuple[int, int]], fetch: Fetch) -> list[np.ndarray] | list[bytes]:
@@ -182,15 +184,36 @@ class CachedFile:
             raise OSError(f"block cache {self.data_path}: blocks {bad[:5]} fail their checksum after a re-fetch")
         return [self.data[start:end] for start, end in ranges]
 
+    def prefetch(self, start: int, end: int, fetch: Fetch, step: int) -> int:
+        """Fetch the blocks of bytes ``[start, end)`` not held yet, ``step`` bytes a request (readahead: a
+        reader wanting one of them waits for one step, not for the whole file). Returns the bytes fetched."""
+        if self.cache.full:
+            return 0
+        first, last = max(0, start) // self.block, -(-min(end, self.size) // self.block)
+        per, done = max(1, step // self.block), 0
+        for lo in range(first, last, per):
+            blocks = np.arange(lo, min(last, lo + per))
+            blocks = blocks[self.table[blocks] == 0]
+            try:
+                done += self._fetch(blocks, fetch)
+            except BlockCacheFullError as e:
+                self.cache.note_full(e)
+                break
+        return done
+
     def _check(self, b: int) -> bool:
         lo, hi = b * self.block, min(self.size, (b + 1) * self.block)
         ok = int(self.table[b]) == int(_PRESENT) | _crc(self.data[lo:hi])
         self.checked[b] = ok
         return ok
 
-    def _fetch(self, blocks: np.ndarray, fetch: Fetch) -> None:
+    def _fetch(self, blocks: np.ndarray, fetch: Fetch) -> int:
         if not len(blocks):
-            return
+            return 0
+        with self._fetching:
+            return self._fetch_locked(blocks, fetch)
+
+    def _fetch_locked(self, blocks: np.ndarray, fetch: Fetch) -> int:
         runs = np.split(blocks, np.flatnonzero(np.diff(blocks) != 1) + 1)  # consecutive blocks: one request
         # Lock the runs' table entries (POSIX byte-range locks, always in ascending order: no deadlock), so
         # that DataLoader workers wanting the same blocks wait for one fetch instead of each fetching them.
@@ -200,7 +223,7 @@ class CachedFile:
         try:
             todo = blocks[self.table[blocks] == 0]  # what no other process fetched while we waited
             if not len(todo):
-                return
+                return 0
             runs = np.split(todo, np.flatnonzero(np.diff(todo) != 1) + 1)
             spans = [(int(r[0]) * self.block, min(self.size, (int(r[-1]) + 1) * self.block)) for r in runs]
             for (lo, hi), data in zip(spans, fetch(spans), strict=True):
@@ -211,6 +234,7 @@ class CachedFile:
                     self.table[b] = _PRESENT | np.uint64(_crc(view[a:z]))  # after the data: never trusted early
                     self.checked[b] = True
             self.cache.fetched(sum(hi - lo for lo, hi in spans))
+            return sum(hi - lo for lo, hi in spans)
         finally:
             for start, length in locked:
                 fcntl.lockf(self._crc_fd, fcntl.LOCK_UN, length, start)
