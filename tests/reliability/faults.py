@@ -73,14 +73,14 @@ def install(spec: str) -> None:
     elif point == "record":
         import cachebuild.builder.block as block
 
-        real_write = block.write_json_atomic
+        real_record = block.write_bytes_atomic
 
-        def write_json_atomic(path: pathlib.Path, obj: Any, **k: Any) -> None:
-            real_write(path, obj, **k)
+        def write_record(path: pathlib.Path, data: bytes, **k: Any) -> None:
+            real_record(path, data, **k)
             if path.name.startswith("block-"):
                 counter.tick()
 
-        block.write_json_atomic = write_json_atomic
+        block.write_bytes_atomic = write_record
     elif point == "manifest":
         import cachebuild.storage.cache.writer as writer
 
