@@ -8,6 +8,7 @@ decodes the block's sources in batches on this worker's GPU instead (``cachebuil
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ class BlockTask:
     params: dict[str, Any]  # the backend's build_params
     decode_device: str = "cpu"
     claim: str = ""  # the GPU this worker claims (gpu_build.gpu_workers)
+    reuse: Any = None  # --update: the samples to copy from the cache being replaced (update.BlockReuse)
 
 
 def _init_worker() -> None:
@@ -113,14 +115,15 @@ def run_block(task: BlockTask) -> BlockRecord:
     folder = Path(task.staging)
     shape = (task.spec.size, task.spec.size, 3)
     sink = get_backend(task.storage).sink(folder, task.block, task.start, len(task.keys), shape, task.params)
+    fill = _fill if task.reuse is None else functools.partial(task.reuse.fill, decode=_fill)
     try:
-        ok, sizes, boxes, failures = _fill(task, sink)
+        ok, sizes, boxes, failures = fill(task, sink)
     except BaseException:
         sink.abort()
         raise
     file, sha256 = sink.close()
     record = BlockRecord(task.block, task.start, len(task.keys), len(ok), file, sha256, tuple(ok), tuple(sizes),
-                         tuple(boxes), tuple(failures), sink.stored_bytes)
+                         tuple(boxes), tuple(failures), sink.stored_bytes, 0 if task.reuse is None else task.reuse.reused)
     # Not fsynced: the shard it vouches for is not either, and an fsync here made ext4 write the whole
     # shard out while the worker waited (~0.15 s a block, 10-20% of the build).
     write_json_atomic(record_path(folder, task.block), record.to_json(), durable=False)

@@ -56,6 +56,7 @@ class BlockRecord:
     boxes: tuple[tuple[int, int, int, int], ...] = ()
     failures: tuple[BlockFailure, ...] = ()
     stored_bytes: int | None = None  # kinds that encode samples: bytes as stored (None: raw pixels)
+    reused: int = 0  # samples an update copied from the cache it replaces (stored bytes, not decoded)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -71,7 +72,7 @@ class BlockRecord:
                    tuple((int(h), int(w)) for h, w in d["sizes"]),
                    tuple((int(a), int(b), int(c), int(e)) for a, b, c, e in d["boxes"]),
                    tuple(BlockFailure(int(f["index"]), f["path"], str(f["reason"])) for f in d["failures"]),
-                   None if d.get("stored_bytes") is None else int(d["stored_bytes"]))
+                   None if d.get("stored_bytes") is None else int(d["stored_bytes"]), int(d.get("reused", 0)))
 
 
 class Sink(Protocol):
@@ -80,6 +81,11 @@ class Sink(Protocol):
     def next_slot(self) -> np.ndarray: ...
 
     def commit(self) -> None: ...
+
+    def commit_stored(self, stored: Any) -> None:
+        """Keep one sample given as stored (what :meth:`ImageStore.read_stored` of a cache of the same kind and
+        parameters returns for it): copied as it is, never decoded or encoded again (``--update``)."""
+        ...
 
     def abort(self) -> None: ...
 
@@ -118,6 +124,8 @@ class StorageParams(Protocol):
 class ImageStore(ABC):
     """The read side of one cache's images: picklable, reopened lazily in each process."""
 
+    #: the manifest the store was opened with
+    manifest: Manifest
     #: samples per natural read unit (a zarr chunk, ~8 MB of npy rows): CacheSampler keeps them together
     chunk_size: int
     #: True when samples are stored encoded (jpeg): ``read_encoded`` hands them over undecoded
@@ -137,6 +145,23 @@ class ImageStore(ABC):
     def bytes_fetched(self) -> int:
         """Bytes read from a remote location by this process (0 for local caches)."""
         return 0
+
+    def read_stored(self, idx: np.ndarray) -> list[Any]:
+        """Samples ``idx`` as stored, one buffer each, for a :class:`Sink` of the same kind and parameters
+        (``Sink.commit_stored``): raw kinds their pixel rows, encoded kinds their checked bytes (undecoded)."""
+        if self.encoded:
+            data, offsets = self.read_encoded(idx)
+            return [data[a:z] for a, z in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)]
+        h, w, c = self.sample_shape
+        rows = np.empty((len(idx), h, w, c), dtype=np.uint8)
+        self.gather(idx, rows)
+        return list(rows)
+
+    @property
+    def sample_shape(self) -> tuple[int, int, int]:
+        """(H, W, C) of one decoded sample."""
+        shape = self.manifest.shape
+        return (int(shape[0]), int(shape[1]), int(shape[2]))
 
     def read_encoded(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Encoded stores only: the stored bytes of samples ``idx``, checked, undecoded (uint8 data, int64

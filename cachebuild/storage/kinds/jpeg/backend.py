@@ -92,6 +92,11 @@ class JpegShardSink:
         self.payloads.append(data)
         self.crcs.append(zlib.crc32(data))
 
+    def commit_stored(self, stored: Any) -> None:
+        data = bytes(memoryview(stored).cast("B"))  # the JPEG as stored: byte-identical, never encoded again
+        self.payloads.append(data)
+        self.crcs.append(zlib.crc32(data))
+
     def abort(self) -> None:
         self.payloads.clear()  # nothing was written yet
 

@@ -99,6 +99,14 @@ class NpyShardSink:
         self.digest.update(self.slot)
         self.count += 1
 
+    def commit_stored(self, stored: Any) -> None:
+        row = memoryview(stored).cast("B")
+        if row.nbytes != self.slot.nbytes:
+            raise ValueError(f"a stored npy row is {self.slot.nbytes} bytes, not {row.nbytes}")
+        self.out.file.write(row)
+        self.digest.update(row)
+        self.count += 1
+
     def abort(self) -> None:
         self.out.discard()
 
