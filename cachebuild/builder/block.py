@@ -123,7 +123,8 @@ def run_block(task: BlockTask) -> BlockRecord:
         raise
     file, sha256 = sink.close()
     record = BlockRecord(task.block, task.start, len(task.keys), len(ok), file, sha256, tuple(ok), tuple(sizes),
-                         tuple(boxes), tuple(failures), sink.stored_bytes, 0 if task.reuse is None else task.reuse.reused)
+                         tuple(boxes), tuple(failures), sink.stored_bytes,
+                         0 if task.reuse is None else task.reuse.reused)
     # Not fsynced: the shard it vouches for is not either, and an fsync here made ext4 write the whole
     # shard out while the worker waited (~0.15 s a block, 10-20% of the build).
     write_json_atomic(record_path(folder, task.block), record.to_json(), durable=False)

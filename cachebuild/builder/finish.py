@@ -77,4 +77,5 @@ def finish(plan: Plan, out: Path, staging: Path, records: dict[int, BlockRecord]
     shutil.rmtree(staging / "blocks")
     (staging / "build.json").unlink()  # from here a killed build starts afresh (safe: nothing is half-done)
     backend.cleanup(staging)
-    return commit_cache(staging, out, manifest, replace=opts.force or opts.update)  # drops killed writers' temporary files
+    # drops killed writers' temporary files; an update replaces the old cache as --force does
+    return commit_cache(staging, out, manifest, replace=opts.force or opts.update)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -80,7 +81,7 @@ class BlockReuse:
         failures: list[Any] = []
         reuse = self.old >= 0
         cuts = [0, *(np.flatnonzero(np.diff(reuse.astype(np.int8))) + 1).tolist(), len(reuse)]
-        for a, z in zip(cuts[:-1], cuts[1:], strict=True):
+        for a, z in itertools.pairwise(cuts):
             if not reuse[a]:
                 part = decode(dataclasses.replace(task, keys=task.keys[a:z], start=task.start + a), sink)
                 for mine, theirs in zip((ok, sizes, boxes, failures), part, strict=True):

@@ -12,13 +12,13 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from kill_helpers import build_killed_after_blocks
 
 from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.builder.status import cache_status
 from cachebuild.errors import CacheBuildError, CacheExistsError
 from cachebuild.sources.folder import folder_plan
 from cachebuild.storage.cache.reader import open_cache, read_manifest
-from kill_helpers import build_killed_after_blocks
 
 HOUR_NS = 3600 * 10**9
 # what a fresh build and an update may differ in: when they ran, and who ran them
@@ -157,7 +157,7 @@ def test_an_update_of_a_damaged_cache_carries_nothing_over(imagenet_tree, tmp_pa
     data[-5] ^= 0xFF
     shard.write_bytes(bytes(data))
     next(src.rglob("*.JPEG")).unlink()
-    with pytest.raises(CacheBuildError, match="fails its checksums.*nothing damaged is carried over"):
+    with pytest.raises(CacheBuildError, match=r"fails its checksums.*nothing damaged is carried over"):
         build(folder_plan(src), out, BuildOptions(size=32, jobs=1, progress=False, update=True))
 
 
