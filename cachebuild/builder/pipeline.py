@@ -33,7 +33,7 @@ from cachebuild.builder.locks import exclusive_lock
 from cachebuild.builder.options import COMPRESSIONS, MAX_SIZE, ON_ERROR, BuildOptions, BuildResult
 from cachebuild.builder.small_plan import in_process, runs_in_process
 from cachebuild.builder.staging import build_key, check_destination, prepare_staging
-from cachebuild.builder.update import plan_reuse, racy_files
+from cachebuild.builder.update import plan_reuse, racy_files, release_reader
 from cachebuild.errors import CacheBuildError
 from cachebuild.sources.plan import Plan, block_reader
 from cachebuild.storage import get_backend, is_url
@@ -135,6 +135,7 @@ def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
         for rec in Parallel(n_jobs=1 if inline else jobs, return_as="generator_unordered")(tasks):
             records[rec.block] = rec
             bar.update(rec.planned)
+    release_reader()  # in-process blocks' reader of the cache being replaced: let it go before the commit
     manifest = finish(plan, out, staging, records, opts, params, key, spec)
     seconds = time.perf_counter() - t0
     # Bytes as stored: kinds that encode samples say so in their block records.

@@ -44,7 +44,7 @@ from cachebuild.storage.cache.source_inputs import load_source_inputs
 from cachebuild.storage.cache.writer import tool_versions
 from cachebuild.storage.kinds.side_arrays import load_paths, map_array
 
-__all__ = ["RACY_NS", "BlockReuse", "Reuse", "plan_reuse", "racy_files"]
+__all__ = ["RACY_NS", "BlockReuse", "Reuse", "plan_reuse", "racy_files", "release_reader"]
 
 log = logging.getLogger("cachebuild")
 
@@ -56,12 +56,34 @@ _READ_ROWS = 256  # stored samples read at a time when copying (bounded memory a
 Fill = Callable[[Any, Any], tuple[list[int], list[tuple[int, int]], list[Any], list[Any]]]
 
 
+# This process's reader of the cache an update copies from: opened once per process, not once per block
+# (an npy cache reads every shard's header when opened). Pinned to the folder it opened, with a shared lock
+# on it, so a worker that outlives the update holds the replaced cache until it exits or the next update.
+_READER: list[Any] = []
+
+
+def _reader(cache: str, content_id: str) -> Any:
+    if _READER and _READER[0] == (cache, content_id):
+        return _READER[1]
+    reader = open_cache(cache)
+    if reader.manifest.content_id != content_id:  # never copy another cache's bytes than the one planned from
+        raise CacheBuildError(f"{cache} changed during the update (another cache is there now); rerun the command")
+    _READER[:] = [(cache, content_id), reader]
+    return reader
+
+
+def release_reader() -> None:
+    """Drop this process's reader of a replaced cache (the build's own process, once the update committed)."""
+    _READER.clear()
+
+
 @dataclass(frozen=True)
 class BlockReuse:
     """One block's share of an update (picklable, small): per block position, the old cache's sample to copy
     (-1: decode the file) and that sample's recorded source size and box."""
 
     cache: str
+    content_id: str  # of the cache the update planned from: a worker copies from that one or fails
     old: np.ndarray  # int64 (planned,)
     sizes: np.ndarray  # int32 (planned, 2)
     boxes: np.ndarray  # int32 (planned, 4)
@@ -74,7 +96,7 @@ class BlockReuse:
                                                                    list[Any]]:
         """``block._fill`` for a block with samples to reuse: runs of reused samples copied from the old cache,
         runs of the others decoded by ``decode`` (the build's own) as a block of their own positions."""
-        reader = open_cache(self.cache)  # pinned to the folder opened now; its shared lock held while we copy
+        reader = _reader(self.cache, self.content_id)
         ok: list[int] = []
         sizes: list[tuple[int, int]] = []
         boxes: list[Any] = []
@@ -102,6 +124,7 @@ class Reuse:
     """An update's plan: for every planned file, the old cache's sample to copy, or -1 to decode it."""
 
     cache: str
+    content_id: str
     old: np.ndarray  # int64 (len(plan),)
     sizes: np.ndarray  # int32 (old count, 2)
     boxes: np.ndarray | None  # int32 (old count, 4): fit=pad only
@@ -117,7 +140,7 @@ class Reuse:
             return None
         at = np.where(old >= 0, old, 0)
         boxes = self.boxes[at] if self.boxes is not None else np.zeros((len(old), 4), np.int32)
-        return BlockReuse(self.cache, old.copy(), np.asarray(self.sizes[at]), np.asarray(boxes))
+        return BlockReuse(self.cache, self.content_id, old.copy(), np.asarray(self.sizes[at]), np.asarray(boxes))
 
 
 def _differences(old: Manifest, params: dict[str, Any]) -> list[str]:
@@ -204,8 +227,11 @@ def plan_reuse(out: Path, plan: Plan, params: dict[str, Any]) -> Reuse | None:
     if inputs is None or plan.file_stats is None:
         log.warning("%s records no per-file inputs of its source (or this source has none): the update decodes "
                     "every file", out)
-        return Reuse(str(out), np.full(len(plan), -1, np.int64), np.zeros((0, 2), np.int32), None)
-    problems = open_cache(out).verify()
+        return Reuse(str(out), m.content_id, np.full(len(plan), -1, np.int64), np.zeros((0, 2), np.int32), None)
+    held = open_cache(out)
+    if held.manifest.content_id != m.content_id:
+        raise CacheBuildError(f"cannot update {out}: it changed while the update was planned; rerun the command")
+    problems = held.verify()
     if problems:
         raise CacheBuildError(f"cannot update {out}: it fails its checksums ({problems[0]}"
                               f"{f' and {len(problems) - 1} more' if len(problems) > 1 else ''}): nothing "
@@ -216,4 +242,4 @@ def plan_reuse(out: Path, plan: Plan, params: dict[str, Any]) -> Reuse | None:
     boxes = np.asarray(map_array(location, m, "boxes")) if "boxes" in m.arrays else None
     log.info("updating %s: %d of %d files reused, %d to decode", out, int((old >= 0).sum()), len(plan),
              int((old < 0).sum()))
-    return Reuse(str(out), old, sizes, boxes)
+    return Reuse(str(out), m.content_id, old, sizes, boxes)
