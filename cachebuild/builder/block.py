@@ -114,6 +114,10 @@ def run_block(task: BlockTask) -> BlockRecord:
     """Decode one block into its storage backend's sink and write its record; returns the record."""
     _init_worker()
     folder = Path(task.staging)
+    adopted = None if task.reuse is None else task.reuse.adopt(task)  # --update: an old shard taken whole
+    if adopted is not None:
+        write_bytes_atomic(record_path(folder, task.block), json.dumps(adopted.to_json()).encode(), durable=False)
+        return adopted
     shape = (task.spec.size, task.spec.size, 3)
     sink = get_backend(task.storage).sink(folder, task.block, task.start, len(task.keys), shape, task.params)
     fill = _fill if task.reuse is None else functools.partial(task.reuse.fill, decode=_fill)

@@ -31,7 +31,7 @@ from cachebuild.builder.destination import check_outside_source, output_error
 from cachebuild.builder.finish import finish
 from cachebuild.builder.locks import exclusive_lock
 from cachebuild.builder.options import COMPRESSIONS, MAX_SIZE, ON_ERROR, BuildOptions, BuildResult
-from cachebuild.builder.small_plan import in_process, runs_in_process
+from cachebuild.builder.small_plan import in_process, runs_in_process, update_runs_in_process
 from cachebuild.builder.staging import build_key, check_destination, prepare_staging
 from cachebuild.builder.update import plan_reuse, racy_files, release_reader
 from cachebuild.errors import CacheBuildError
@@ -129,7 +129,9 @@ def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
                                      None if reuse is None else reuse.for_block(lo, lo + bs)))
         for b, lo in todo
     )
-    inline = opts.decode_device == "cpu" and runs_in_process(jobs, plan)
+    inline = opts.decode_device == "cpu" and (runs_in_process(jobs, plan) or (reuse is not None and
+                                              update_runs_in_process(plan, reuse.old < 0,
+                                                                     reuse.reused * spec.size * spec.size * 3)))
     with _progress(n, sum(r.planned for r in done.values()), f"{plan.dataset}/{plan.split}",
                    opts.progress) as bar, in_process(inline):
         for rec in Parallel(n_jobs=1 if inline else jobs, return_as="generator_unordered")(tasks):

@@ -36,12 +36,13 @@ from typing import Any
 import numpy as np
 
 from cachebuild.errors import CacheBuildError, CacheExistsError
-from cachebuild.format.manifest import MANIFEST_NAME, Manifest
+from cachebuild.format.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from cachebuild.sources.plan import Plan
-from cachebuild.storage import open_location
+from cachebuild.storage import get_backend, open_location
 from cachebuild.storage.cache.reader import open_cache, read_manifest
 from cachebuild.storage.cache.source_inputs import load_source_inputs
 from cachebuild.storage.cache.writer import tool_versions
+from cachebuild.storage.kinds.base import BlockRecord
 from cachebuild.storage.kinds.side_arrays import load_paths, map_array
 
 __all__ = ["RACY_NS", "BlockReuse", "Reuse", "plan_reuse", "racy_files", "release_reader"]
@@ -87,10 +88,25 @@ class BlockReuse:
     old: np.ndarray  # int64 (planned,)
     sizes: np.ndarray  # int32 (planned, 2)
     boxes: np.ndarray  # int32 (planned, 4)
+    shard: ShardInfo | None = None  # the old shard holding exactly this block's samples, in order
 
     @property
     def reused(self) -> int:
         return int((self.old >= 0).sum())
+
+    def adopt(self, task: Any) -> BlockRecord | None:
+        """The block's record when its storage kind takes the old shard whole (``Backend.adopt_shard``: npy and
+        jpeg shards, hard-linked), else None: nothing read, decoded or hashed again (a touched file's neighbours)."""
+        if self.shard is None:
+            return None
+        taken = get_backend(task.storage).adopt_shard(Path(task.staging), task.block,
+                                                      _reader(self.cache, self.content_id).location, self.shard)
+        if taken is None:
+            return None
+        n = len(self.old)
+        return BlockRecord(task.block, task.start, n, n, taken[0], self.shard.sha256,
+                           tuple(range(task.start, task.start + n)), tuple(tuple(s) for s in self.sizes.tolist()),
+                           tuple(tuple(b) for b in self.boxes.tolist()), (), taken[1], n)
 
     def fill(self, task: Any, sink: Any, *, decode: Fill) -> tuple[list[int], list[tuple[int, int]], list[Any],
                                                                    list[Any]]:
@@ -128,6 +144,7 @@ class Reuse:
     old: np.ndarray  # int64 (len(plan),)
     sizes: np.ndarray  # int32 (old count, 2)
     boxes: np.ndarray | None  # int32 (old count, 4): fit=pad only
+    shards: dict[tuple[int, int], ShardInfo] = dataclasses.field(default_factory=dict)  # (start, count) -> shard
 
     @property
     def reused(self) -> int:
@@ -140,7 +157,11 @@ class Reuse:
             return None
         at = np.where(old >= 0, old, 0)
         boxes = self.boxes[at] if self.boxes is not None else np.zeros((len(old), 4), np.int32)
-        return BlockReuse(self.cache, self.content_id, old.copy(), np.asarray(self.sizes[at]), np.asarray(boxes))
+        whole = None
+        if len(old) and old[0] >= 0 and np.array_equal(old, np.arange(old[0], old[0] + len(old))):
+            whole = self.shards.get((int(old[0]), len(old)))
+        return BlockReuse(self.cache, self.content_id, old.copy(), np.asarray(self.sizes[at]), np.asarray(boxes),
+                          whole)
 
 
 def _differences(old: Manifest, params: dict[str, Any]) -> list[str]:
@@ -242,4 +263,4 @@ def plan_reuse(out: Path, plan: Plan, params: dict[str, Any]) -> Reuse | None:
     boxes = np.asarray(map_array(location, m, "boxes")) if "boxes" in m.arrays else None
     log.info("updating %s: %d of %d files reused, %d to decode", out, int((old >= 0).sum()), len(plan),
              int((old < 0).sum()))
-    return Reuse(str(out), m.content_id, old, sizes, boxes)
+    return Reuse(str(out), m.content_id, old, sizes, boxes, {(sh.start, sh.count): sh for sh in m.shards})

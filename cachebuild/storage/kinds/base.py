@@ -25,8 +25,8 @@ from cachebuild.storage.remote.block_cache import BlockCache
 if TYPE_CHECKING:
     from cachebuild.format.manifest import Manifest, ShardInfo
 
-__all__ = ["Backend", "BlockFailure", "BlockRecord", "ImageStore", "Sink", "StorageParams", "one_file_per_block",
-           "sha256_file", "sha256_of_file"]
+__all__ = ["Backend", "BlockFailure", "BlockRecord", "ImageStore", "Sink", "StorageParams", "link_shard",
+           "one_file_per_block", "sha256_file", "sha256_of_file"]
 
 
 @dataclass(frozen=True)
@@ -217,6 +217,14 @@ class Backend(ABC):
     def finish(self, staging: Path, ordered: list[BlockRecord], count: int, planned: int) -> list[ShardInfo]:
         """After every block: put samples in their final places; returns the manifest's shards."""
 
+    def adopt_shard(self, staging: Path, block: int, location: Location,
+                    shard: ShardInfo) -> tuple[str, int | None] | None:
+        """``--update``: take shard ``shard`` of an older cache of this kind and parameters (at ``location``) whole
+        as block ``block``'s output, when it holds exactly that block's samples; returns the file name the block's
+        record names and its stored bytes (None: raw pixels), or None where the kind cannot (the samples are then
+        copied one by one through :meth:`sink`)."""
+        return None  # kinds whose shards are not one file per block (zarr chunks)
+
     def cleanup(self, staging: Path) -> None:
         """Remove the backend's build bookkeeping from the staging folder (just before the commit)."""
         return None  # nothing to do for kinds without such a step
@@ -244,6 +252,20 @@ def one_file_per_block(staging: Path, ordered: list[BlockRecord]) -> list[ShardI
         else:
             (staging / r.file).unlink(missing_ok=True)
     return shards
+
+
+def link_shard(src: Path, dst: Path) -> None:
+    """``dst`` made the same bytes as ``src`` (an older cache's shard): a hard link when the filesystem allows (no
+    byte copied; caches are never written in place), else a copy; under a temporary name, then renamed."""
+    import shutil
+
+    tmp = dst.with_name(dst.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
 
 
 def sha256_file(path: str | os.PathLike[str], read_bytes: int = 8 << 20) -> str:

@@ -190,3 +190,25 @@ def test_a_killed_update_resumes_and_its_json_counts(imagenet_tree, tmp_path):
     assert all(isinstance(doc[k], int) for k in ("decoded", "reused", "skipped"))
     assert doc["decoded"] + doc["reused"] == m.source["files"] and doc["skipped"] == len(m.failures)
     assert doc["reused"] > 0 and doc["decoded"] > 0 and doc["seconds"] >= doc["plan_seconds"] > 0
+
+
+@pytest.mark.parametrize("storage", ["npy", "zarr", "jpeg"])
+def test_touched_files_leave_the_other_shards_taken_whole(imagenet_tree, tmp_path, storage):
+    """Files touched, none added or removed: the blocks stay where they were, and a kind with one file per block
+    takes every untouched block's shard whole (a hard link: nothing read or hashed); the result is a fresh build's."""
+    src = _copy_tree(imagenet_tree["root"] / "train", tmp_path / "src")
+    opts = dict(size=32, jobs=1, storage=storage, block_size=4, progress=False)
+    out = tmp_path / "cache"
+    build(folder_plan(src), out, BuildOptions(**opts))
+    inodes = {p.name: p.stat().st_ino for p in out.glob("images-*")}
+    touched = sorted(f for f in src.rglob("*.JPEG") if f.is_file() and not f.is_symlink())[5]
+    os.utime(touched, ns=(touched.stat().st_atime_ns, touched.stat().st_mtime_ns + 10**9))
+    plan = folder_plan(src)
+    got = build(plan, out, BuildOptions(**opts, update=True))
+    build(plan, tmp_path / "fresh", BuildOptions(**opts))
+    _assert_same_cache(out, tmp_path / "fresh")
+    failed = len(read_manifest(out).failures)
+    assert (got.decoded, got.reused) == (1 + failed, len(plan) - 1 - failed)
+    if storage != "zarr":  # one file per block: the untouched blocks' shards are the old files
+        same = [name for name, ino in inodes.items() if (out / name).stat().st_ino == ino]
+        assert len(same) >= len(inodes) - 3, (same, inodes)
