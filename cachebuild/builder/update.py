@@ -122,8 +122,10 @@ class BlockReuse:
         for a, z in itertools.pairwise(cuts):
             if not reuse[a]:
                 part = decode(dataclasses.replace(task, keys=task.keys[a:z], start=task.start + a), sink)
-                for mine, theirs in zip((ok, sizes, boxes, failures), part, strict=True):
-                    mine.extend(theirs)
+                ok += part[0]
+                sizes += part[1]
+                boxes += part[2]
+                failures += part[3]
                 continue
             for lo in range(a, z, _READ_ROWS):
                 hi = min(z, lo + _READ_ROWS)
