@@ -107,7 +107,8 @@ def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
         m = None
     if m is not None:
         return BuildResult(out, "up to date", m.count, len(m.failures), 0.0, 0, decoded=0, reused=m.count)
-    reuse = plan_reuse(out, plan, params) if opts.update else None  # refuses another recipe before any write
+    # an update refuses another recipe before anything is written
+    reuse = plan_reuse(out, plan, params, opts.resolved_block(len(plan))) if opts.update else None
     staging = staging_path(out)
     done = prepare_staging(staging, key, opts.storage)
 

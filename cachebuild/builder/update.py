@@ -19,13 +19,16 @@ second). A tool that rewrites a file and then sets its old size-equal mtime back
 The blocks, the staging folder, resume after a kill, ``finish`` and the commit are the build's own, so the
 result is a fresh build's: the same plan order, labels, block layout, bytes, manifest and file table (but
 the times). The old cache stays whole and readable at ``--out`` until the commit renames it aside, as
-``--force`` does. It is verified before anything is copied from it: damage is never carried over.
+``--force`` does. What is copied from it is verified first (the shards whose samples are copied one by one,
+and the side arrays read): damage is never hashed into the new cache as if it were good. A shard taken whole
+(npy, jpeg: hard-linked) keeps the checksum the old manifest recorded, so ``verify`` still finds any damage in it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import hashlib
 import itertools
 import logging
 from collections.abc import Callable
@@ -43,7 +46,7 @@ from cachebuild.storage.cache.reader import open_cache, read_manifest
 from cachebuild.storage.cache.source_inputs import load_source_inputs
 from cachebuild.storage.cache.writer import tool_versions
 from cachebuild.storage.kinds.base import BlockRecord
-from cachebuild.storage.kinds.side_arrays import load_paths, map_array
+from cachebuild.storage.kinds.side_arrays import load_array, load_paths, map_array, sha256_bytes
 
 __all__ = ["RACY_NS", "BlockReuse", "Reuse", "plan_reuse", "racy_files", "release_reader"]
 
@@ -152,6 +155,25 @@ class Reuse:
     def reused(self) -> int:
         return int((self.old >= 0).sum())
 
+    def whole_shard(self, lo: int, hi: int) -> ShardInfo | None:
+        """The old shard that holds exactly the samples of block ``[lo, hi)``, in order, if one does."""
+        old = self.old[lo:hi]
+        if not len(old) or old[0] < 0 or not np.array_equal(old, np.arange(old[0], old[0] + len(old))):
+            return None
+        return self.shards.get((int(old[0]), len(old)))
+
+    def copied_shards(self, block: int, adopts: bool) -> set[int]:
+        """Starts of the old shards whose samples are copied one by one (all but those taken whole)."""
+        copied = self.old >= 0
+        if adopts:
+            for lo in range(0, len(self.old), block):
+                if self.whole_shard(lo, lo + block) is not None:
+                    copied[lo : lo + block] = False
+        starts = np.array(sorted(start for start, _ in self.shards), dtype=np.int64)
+        if not len(starts):
+            return set()
+        return set(starts[np.unique(np.searchsorted(starts, self.old[copied], side="right") - 1)].tolist())
+
     def for_block(self, lo: int, hi: int) -> BlockReuse | None:
         """Block ``[lo, hi)``'s share, or None when it reuses nothing (it is then built as any block is)."""
         old = self.old[lo:hi]
@@ -159,9 +181,7 @@ class Reuse:
             return None
         at = np.where(old >= 0, old, 0)
         boxes = self.boxes[at] if self.boxes is not None else np.zeros((len(old), 4), np.int32)
-        whole = None
-        if len(old) and old[0] >= 0 and np.array_equal(old, np.arange(old[0], old[0] + len(old))):
-            whole = self.shards.get((int(old[0]), len(old)))
+        whole = self.whole_shard(lo, hi)
         return BlockReuse(self.cache, self.content_id, old.copy(), np.asarray(self.sizes[at]), np.asarray(boxes),
                           whole)
 
@@ -230,7 +250,7 @@ def racy_files(plan: Plan, m: Manifest) -> int:
     return int((np.asarray(plan.file_stats)[:, 1] >= _listed_ns(m) - RACY_NS).sum())
 
 
-def plan_reuse(out: Path, plan: Plan, params: dict[str, Any]) -> Reuse | None:
+def plan_reuse(out: Path, plan: Plan, params: dict[str, Any], block: int) -> Reuse | None:
     """The update of the cache at ``out`` to ``plan`` (None: nothing there, a plain build). Refuses another
     recipe or a damaged cache, by name; a cache without per-file inputs (CIFAR, WebDataset, Parquet) is
     rebuilt by decoding every file, with a warning."""
@@ -254,15 +274,36 @@ def plan_reuse(out: Path, plan: Plan, params: dict[str, Any]) -> Reuse | None:
     held = open_cache(out)
     if held.manifest.content_id != m.content_id:
         raise CacheBuildError(f"cannot update {out}: it changed while the update was planned; rerun the command")
-    problems = held.verify()
+    problems = _check_arrays(held, [n for n in ("paths", "sizes", "boxes") if n in m.arrays])
+    sample_of = _old_samples(inputs.keys, load_paths(location, m), str(out)) if not problems else np.zeros(0)
+    old = _match(plan, inputs.keys, inputs.rows, sample_of, _listed_ns(m)) if not problems else np.zeros(0)
+    sizes = np.asarray(map_array(location, m, "sizes"))
+    boxes = np.asarray(map_array(location, m, "boxes")) if "boxes" in m.arrays else None
+    reuse = Reuse(str(out), m.content_id, old, sizes, boxes, {(sh.start, sh.count): sh for sh in m.shards})
+    if not problems:  # a shard taken whole keeps its checksum, for `verify` of the new cache; a copied one is checked
+        problems = held.images.verify(reuse.copied_shards(block, get_backend(m.storage).adopts_shards))
     if problems:
         raise CacheBuildError(f"cannot update {out}: it fails its checksums ({problems[0]}"
                               f"{f' and {len(problems) - 1} more' if len(problems) > 1 else ''}): nothing "
                               f"damaged is carried over; {fix}")
-    sample_of = _old_samples(inputs.keys, load_paths(location, m), str(out))
-    old = _match(plan, inputs.keys, inputs.rows, sample_of, _listed_ns(m))
-    sizes = np.asarray(map_array(location, m, "sizes"))
-    boxes = np.asarray(map_array(location, m, "boxes")) if "boxes" in m.arrays else None
     log.info("updating %s: %d of %d files reused, %d to decode", out, int((old >= 0).sum()), len(plan),
              int((old < 0).sum()))
-    return Reuse(str(out), m.content_id, old, sizes, boxes, {(sh.start, sh.count): sh for sh in m.shards})
+    return reuse
+
+
+def _check_arrays(reader: Any, names: list[str]) -> list[str]:
+    """The side arrays an update reads its samples' paths, sizes and boxes from, against their checksums."""
+    problems = []
+    for name in names:
+        info = reader.manifest.arrays[name]
+        try:
+            if info.dtype == "str":
+                digest = hashlib.sha256(reader.location.read_bytes(info.file)).hexdigest()
+            else:
+                digest = sha256_bytes(load_array(reader.location, reader.manifest, name))
+        except (OSError, CacheBuildError) as e:
+            problems.append(f"{info.file}: {e}")
+            continue
+        if digest != info.sha256:
+            problems.append(f"{info.file}: checksum mismatch")
+    return problems

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -144,8 +144,9 @@ class ImageStore(ABC):
         """Copy samples ``idx`` (int64, any order, already checked in range) into ``out`` (uint8 (B, H, W, 3))."""
 
     @abstractmethod
-    def verify(self) -> list[str]:
-        """Re-hash every shard range against the manifest; one line per problem, naming the file or chunk."""
+    def verify(self, shards: Collection[int] | None = None) -> list[str]:
+        """Re-hash every shard range against the manifest (``shards``: only those starting there); one line per
+        problem, naming the file or chunk."""
 
     @property
     def bytes_fetched(self) -> int:
@@ -186,6 +187,8 @@ class Backend(ABC):
     cache_names: ClassVar[frozenset[str]] = frozenset()
     #: kinds that store each sample encoded: the codec's name (the CLI's ``--codec``; None: raw pixels)
     codec: ClassVar[str | None] = None
+    #: True when :meth:`adopt_shard` can take an older cache's local shard whole (one file per block)
+    adopts_shards: ClassVar[bool] = False
     #: True when a shard's manifest sha256 is the sha256 of its whole file (one file per shard): the
     #: commit's file table then takes it from the manifest instead of hashing the file a second time
     shard_sha256_is_file: ClassVar[bool] = False

@@ -244,7 +244,8 @@ def test_build_flags_take_their_defaults_and_choices_from_build_options(scratch_
 # The flags of every build command as the release before the registry listed them (`cachebuild X --help`).
 _BUILD = ["--out", "--format", "--fit", "--interpolation", "-j, --jobs", "--dask-scheduler", "--shard-size",
           "--chunk-size", "--compression", "--codec", "--quality", "--subsampling", "--decode-device", "--on-error",
-          "--max-pixels", "--force", "--update", "--json", "--wait", "--progress / --no-progress", "-q, --quiet", "-v, --verbose",
+          "--max-pixels", "--force", "--update", "--json", "--wait", "--progress / --no-progress", "-q, --quiet",
+          "-v, --verbose",
           "-h, --help"]
 _FLAGS = {
     "imagenet": ["--split", "--size", *_BUILD],

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -141,9 +142,11 @@ class NpyImages(ImageStore):
     def local_rows(self, idx: np.ndarray) -> list[np.ndarray] | None:
         return self.rows.local_rows(idx)
 
-    def verify(self) -> list[str]:
+    def verify(self, shards: Collection[int] | None = None) -> list[str]:
         problems = []
         for s in self.manifest.shards:
+            if shards is not None and s.start not in shards:
+                continue
             try:
                 if self.manifest.format_version >= 2:  # the whole file (see the module doc)
                     sha = sha256_of_file(self.rows.location, s.file, self.rows.location.size(s.file))
@@ -170,6 +173,7 @@ class NpyImages(ImageStore):
 class NpyBackend(Backend):
     name = "npy"
     shard_sha256_is_file = True
+    adopts_shards = True
     staging_names = r"images-\d+\.npy(\.tmp|\.shrink)?"  # shards; AtomicFile's temporary; shrink_npy_shard's
 
     def build_params(self, opts: StorageParams) -> dict[str, Any]:
