@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,12 @@ def build_params() -> list[click.Option]:
               "Refuse, before decoding, any image whose header declares more pixels."),
         click.Option(["--force", "force"], is_flag=True, default=default["force"],
                      help="Replace a different cache already at --out."),
+        click.Option(["--update", "update"], is_flag=True, default=default["update"],
+                     help="--out holds this recipe's cache of an earlier state of SRC: decode only the files added "
+                          "or changed, copy every other sample's stored bytes, drop removed ones (as a fresh "
+                          "build of SRC, replaced as --force replaces)."),
+        click.Option(["--json", "summary"], metavar="FILE", default=default["summary"],
+                     help="Write a JSON summary there: decoded, reused, skipped, seconds (per split and in all)."),
         click.Option(["--wait", "lock_wait"], **WAIT),
         click.Option(["--progress/--no-progress", "progress"], default=default["progress"],
                      help="Progress bar (default: on a terminal)."),
@@ -133,13 +140,15 @@ def build_command(kind: SourceKind) -> click.Command:
     return click.Command(kind.name, params=params, callback=run, help=kind.help)
 
 
-def _build_plans(plans: list[Plan], root: Path, opts: Any) -> None:
+def _build_plans(plans: list[Plan], root: Path, opts: Any) -> list[Any]:
     from cachebuild.builder.pipeline import build
 
+    results = []
     for plan in plans:
         dest = root / plan.split
         log.info("%s/%s: %d files from %s -> %s", plan.dataset, plan.split, len(plan), plan.root, dest)
         result = build(plan, dest, opts)
+        results.append(result)
         if result.status == "up to date":
             click.echo(f"{dest}: up to date ({result.count} samples)")
             continue
@@ -148,8 +157,21 @@ def _build_plans(plans: list[Plan], root: Path, opts: Any) -> None:
             f"{dest}: {result.count} samples, {result.failures} skipped, {result.seconds:.1f} s, "
             f"{result.images_per_second:.0f} img/s, {mb / result.seconds:.0f} MB/s written"
         )
+        if result.reused:
+            click.echo(f"  updated: {result.decoded} decoded, {result.reused} reused from the cache it replaced")
         if result.failures:
             click.echo(f"  skipped files are listed in {dest / 'manifest.json'} (cachebuild info {dest})")
+    return results
+
+
+def _write_summary(path: str, results: list[Any], plan_seconds: float, seconds: float) -> None:
+    """``--json FILE``: the builds' counts (integers) and seconds, in all and per split."""
+    from cachebuild.atomic import write_json_atomic
+
+    total = {k: sum(r.summary()[k] for r in results) for k in ("count", "decoded", "reused", "skipped",
+                                                                  "bytes_written")}
+    write_json_atomic(Path(path), {**total, "plan_seconds": round(plan_seconds, 3), "seconds": round(seconds, 3),
+                                   "splits": [r.summary() for r in results]})
 
 
 @contextlib.contextmanager
@@ -203,10 +225,14 @@ def _run_builds(plans_fn: Callable[[], list[Plan]], size: int, *, out: Path | No
             from cachebuild.builder.gpu_build import check_decode_device
 
             check_decode_device(opts.decode_device)
+        t0 = time.perf_counter()
         plans = plans_fn()
+        planned = time.perf_counter()
         root = out if out is not None else default_out(plans[0].dataset, size, opts.fit, opts.storage)
         with _parallel_backend(kw["dask_scheduler"]):
-            _build_plans(plans, root, opts)
+            results = _build_plans(plans, root, opts)
+        if opts.summary is not None:
+            _write_summary(opts.summary, results, planned - t0, time.perf_counter() - t0)
     except DecodeError as e:
         raise click.ClickException(
             f"{e.path}: {e.reason}\n(--on-error fail stopped the build; finished blocks are kept and the same "

@@ -68,6 +68,7 @@ def run(ns: list[int], size: int, work: Path, out: Path, *, jobs: int = 2, extra
         if (full / "val").is_dir():
             res["val"] = faults.val_build(r, full, last_out / "train")
         res["dask"] = faults.dask_build(r, srcs[n], last_out, n)
+        res["update"] = r.update_touched(srcs[n], last_out, res["curves"][-1]["build"]["seconds"])
     res["load_after"] = _load()
     res["seconds"] = time.perf_counter() - t0
     _save(out, res)

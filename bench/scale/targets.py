@@ -112,4 +112,11 @@ def check_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         _row(rows, "Dask build img/s >= 0.8x joblib's (the joblib builds before and after it)",
              None if ratio is None else f"{ratio:.2f}x", ">= 0.80x",
              ratio is not None and ratio >= 0.8)
+    update = results.get("update")
+    if update:
+        ratio = update.get("ratio")
+        _row(rows, "--update of 10 touched files <= 5% of the full build's time",
+             None if ratio is None else f"{100 * ratio:.1f}% ({update['seconds']:.1f} s; {update.get('decoded')} "
+             f"decoded, {update.get('reused'):,} reused)", "<= 5%",
+             ratio is not None and ratio <= 0.05 and "error" not in update)
     return rows

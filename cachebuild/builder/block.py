@@ -8,6 +8,7 @@ decodes the block's sources in batches on this worker's GPU instead (``cachebuil
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing
 from collections.abc import Callable
@@ -44,6 +45,7 @@ class BlockTask:
     params: dict[str, Any]  # the backend's build_params
     decode_device: str = "cpu"
     claim: str = ""  # the GPU this worker claims (gpu_build.gpu_workers)
+    reuse: Any = None  # --update: the samples to copy from the cache being replaced (update.BlockReuse)
 
 
 def _init_worker() -> None:
@@ -112,16 +114,22 @@ def run_block(task: BlockTask) -> BlockRecord:
     """Decode one block into its storage backend's sink and write its record; returns the record."""
     _init_worker()
     folder = Path(task.staging)
+    adopted = None if task.reuse is None else task.reuse.adopt(task)  # --update: an old shard taken whole
+    if adopted is not None:
+        write_json_atomic(record_path(folder, task.block), adopted.to_json(), durable=False)
+        return adopted
     shape = (task.spec.size, task.spec.size, 3)
     sink = get_backend(task.storage).sink(folder, task.block, task.start, len(task.keys), shape, task.params)
+    fill = _fill if task.reuse is None else functools.partial(task.reuse.fill, decode=_fill)
     try:
-        ok, sizes, boxes, failures = _fill(task, sink)
+        ok, sizes, boxes, failures = fill(task, sink)
     except BaseException:
         sink.abort()
         raise
     file, sha256 = sink.close()
     record = BlockRecord(task.block, task.start, len(task.keys), len(ok), file, sha256, tuple(ok), tuple(sizes),
-                         tuple(boxes), tuple(failures), sink.stored_bytes)
+                         tuple(boxes), tuple(failures), sink.stored_bytes,
+                         0 if task.reuse is None else task.reuse.reused)
     # Not fsynced: the shard it vouches for is not either, and an fsync here made ext4 write the whole
     # shard out while the worker waited (~0.15 s a block, 10-20% of the build). Compact JSON: json's C
     # encoder (an indent makes it fall back to the Python one, ~4% of a worker's time at 224 px).

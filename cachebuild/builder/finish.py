@@ -54,6 +54,8 @@ def finish(plan: Plan, out: Path, staging: Path, records: dict[int, BlockRecord]
         source["recipe"] = plan.recipe
     if plan.file_stats is not None:  # what `cachebuild status` compares a source against, file by file
         source["inputs"] = save_source_inputs(staging, plan.keys, plan.labels, plan.file_stats)
+        if plan.listed_ns is not None:  # when those stats were taken: what an update trusts them from
+            source["inputs"]["listed_ns"] = plan.listed_ns
     manifest = Manifest(
         dataset=plan.dataset,
         split=plan.split,
@@ -75,4 +77,5 @@ def finish(plan: Plan, out: Path, staging: Path, records: dict[int, BlockRecord]
     shutil.rmtree(staging / "blocks")
     (staging / "build.json").unlink()  # from here a killed build starts afresh (safe: nothing is half-done)
     backend.cleanup(staging)
-    return commit_cache(staging, out, manifest, replace=opts.force)  # drops killed writers' temporary files
+    # drops killed writers' temporary files; an update replaces the old cache as --force does
+    return commit_cache(staging, out, manifest, replace=opts.force or opts.update)

@@ -42,6 +42,8 @@ class BuildOptions:
     max_pixels: int = DEFAULT_MAX_PIXELS
     reduced_decode: bool = True
     force: bool = False
+    update: bool = False  # --out holds this recipe's cache of an earlier source: decode only what changed
+    summary: str | None = None  # --json FILE: write what the build did there (decoded, reused, skipped, seconds)
     progress: bool | None = None  # None: a bar when stderr is a terminal
     lock_wait: float | None = None  # another build of the same output: None fail at once, N s, math.inf
 
@@ -63,6 +65,12 @@ class BuildOptions:
         parse_int("max_pixels", self.max_pixels, 1)
         parse_bool("reduced_decode", self.reduced_decode)
         parse_bool("force", self.force)
+        parse_bool("update", self.update)
+        if self.update and self.force:
+            raise OptionError("update and force exclude each other: --update reuses the cache at --out, "
+                              "--force rebuilds it from nothing; pass one")
+        if self.summary is not None and (not isinstance(self.summary, str) or not self.summary):
+            raise OptionError(f"summary must be a file name; got {self.summary!r}")
         parse_optional_bool("progress", self.progress)
         if self.lock_wait is not None and self.lock_wait != math.inf:  # inf: wait as long as it takes
             parse_float("lock_wait", self.lock_wait, 0.0)
@@ -95,6 +103,14 @@ class BuildResult:
     failures: int
     seconds: float
     bytes_written: int
+    decoded: int = 0  # source files decoded (those that failed among them: ``failures``)
+    reused: int = 0  # samples whose stored bytes an update copied from the cache it replaced
+
+    def summary(self) -> dict[str, object]:
+        """What ``--json FILE`` writes: integer counts and the seconds."""
+        return {"path": str(self.path), "status": self.status, "count": self.count, "decoded": self.decoded,
+                "reused": self.reused, "skipped": self.failures, "seconds": round(self.seconds, 3),
+                "bytes_written": self.bytes_written}
 
     @property
     def images_per_second(self) -> float:

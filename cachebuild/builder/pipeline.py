@@ -31,8 +31,9 @@ from cachebuild.builder.destination import check_outside_source, output_error
 from cachebuild.builder.finish import finish
 from cachebuild.builder.locks import exclusive_lock
 from cachebuild.builder.options import COMPRESSIONS, MAX_SIZE, ON_ERROR, BuildOptions, BuildResult
-from cachebuild.builder.small_plan import in_process, runs_in_process
+from cachebuild.builder.small_plan import in_process, runs_in_process, update_runs_in_process
 from cachebuild.builder.staging import build_key, check_destination, prepare_staging
+from cachebuild.builder.update import plan_reuse, racy_files, release_reader
 from cachebuild.errors import CacheBuildError
 from cachebuild.sources.plan import Plan, block_reader
 from cachebuild.storage import get_backend, is_url
@@ -73,7 +74,7 @@ def build(plan: Plan, out: str | os.PathLike[str], opts: BuildOptions) -> BuildR
         # Refuse before anything (the lock file) is created beside the destination; checked again under the lock.
         if not is_url(str(plan.root)):
             check_outside_source(out, plan.root)
-        check_destination(out, build_key(plan, opts)[0], opts.force)
+        check_destination(out, build_key(plan, opts)[0], opts.force, opts.update)
         with _exclusive(out, opts.lock_wait):
             return _build_locked(plan, out, opts)
     except CacheBuildError:
@@ -99,9 +100,15 @@ def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
         from cachebuild.builder.gpu_build import gpu_workers  # only imported where a GPU build is asked for
 
         jobs, claim = gpu_workers(opts.decode_device)
-    m = check_destination(out, key, opts.force)
+    m = check_destination(out, key, opts.force, opts.update)
+    if m is not None and opts.update and racy_files(plan, m):  # same stats, but maybe not the same bytes
+        log.info("%s: %d files were modified too close to its build to be trusted: decoding them again", out,
+                 racy_files(plan, m))
+        m = None
     if m is not None:
-        return BuildResult(out, "up to date", m.count, len(m.failures), 0.0, 0)
+        return BuildResult(out, "up to date", m.count, len(m.failures), 0.0, 0, decoded=0, reused=m.count)
+    # an update refuses another recipe before anything is written
+    reuse = plan_reuse(out, plan, params, opts.resolved_block(len(plan))) if opts.update else None
     staging = staging_path(out)
     done = prepare_staging(staging, key, opts.storage)
 
@@ -119,18 +126,24 @@ def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
     tasks = (
         delayed(run_block)(BlockTask(block_reader(plan.reader, lo, lo + bs), list(plan.keys[lo : lo + bs]), lo, b,
                                      spec, str(staging), opts.on_error, opts.storage, storage_params,
-                                     opts.decode_device, claim))
+                                     opts.decode_device, claim,
+                                     None if reuse is None else reuse.for_block(lo, lo + bs)))
         for b, lo in todo
     )
-    inline = opts.decode_device == "cpu" and runs_in_process(jobs, plan)
+    inline = opts.decode_device == "cpu" and (runs_in_process(jobs, plan) or (reuse is not None and
+                                              update_runs_in_process(plan, reuse.old < 0,
+                                                                     reuse.reused * spec.size * spec.size * 3)))
     with _progress(n, sum(r.planned for r in done.values()), f"{plan.dataset}/{plan.split}",
                    opts.progress) as bar, in_process(inline):
         for rec in Parallel(n_jobs=1 if inline else jobs, return_as="generator_unordered")(tasks):
             records[rec.block] = rec
             bar.update(rec.planned)
+    release_reader()  # in-process blocks' reader of the cache being replaced: let it go before the commit
     manifest = finish(plan, out, staging, records, opts, params, key, spec)
     seconds = time.perf_counter() - t0
     # Bytes as stored: kinds that encode samples say so in their block records.
     written = sum(r.count * manifest.sample_nbytes if r.stored_bytes is None else r.stored_bytes
                   for r in records.values())
-    return BuildResult(out, "built", manifest.count, len(manifest.failures), seconds, written)
+    reused = sum(r.reused for r in records.values())
+    return BuildResult(out, "built", manifest.count, len(manifest.failures), seconds, written,
+                       decoded=sum(r.planned for r in records.values()) - reused, reused=reused)

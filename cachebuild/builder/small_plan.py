@@ -10,23 +10,30 @@ calling process instead, with torch imported up front (before any block runs) an
 while the blocks run, as in a worker.
 Blocks, bytes and records are those of any other build (block boundaries follow from the plan alone).
 
-An explicit ``--jobs N``, another joblib backend (``--dask-scheduler``) and URL sources (whose planning has
-already started the storage layer's I/O threads in this process) keep the worker processes.
+An update (``--update``) that has at most as much to decode, and at most :data:`IN_PROCESS_COPY_BYTES` of stored
+samples to copy, runs in the calling process too, even with ``--jobs N``: copying and hashing its reused samples
+at ~1 GB/s takes less than two workers' start-up (measured: an update of 10 of 100,000 files at 32 px took
+12.7 s with two workers, 5.2 s in the calling process).
+
+An explicit ``--jobs N`` (but for such updates), another joblib backend (``--dask-scheduler``) and URL sources
+(whose planning has already started the storage layer's I/O threads in this process) keep the worker processes.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from cachebuild.sources.plan import Plan
 
-__all__ = ["IN_PROCESS_MAX", "IN_PROCESS_MAX_BYTES", "in_process", "runs_in_process"]
+__all__ = ["IN_PROCESS_COPY_BYTES", "IN_PROCESS_MAX", "IN_PROCESS_MAX_BYTES", "in_process", "runs_in_process",
+           "update_runs_in_process"]
 
 IN_PROCESS_MAX = 1000  # planned files
 IN_PROCESS_MAX_BYTES = 32 << 20  # of source files: on one core about as long to decode as workers take to start
+IN_PROCESS_COPY_BYTES = 8 << 30  # of samples an update copies: hashed on one core in seconds
 
 
 def _default_backend() -> bool:
@@ -44,6 +51,18 @@ def runs_in_process(jobs: int, plan: Plan) -> bool:
     if jobs != -1 or len(plan) > IN_PROCESS_MAX or is_url(str(plan.root)) or not _default_backend():
         return False
     return plan.file_stats is None or int(plan.file_stats[:, 0].clip(min=0).sum()) <= IN_PROCESS_MAX_BYTES
+
+
+def update_runs_in_process(plan: Plan, decode: Any, copy_bytes: int) -> bool:
+    """True for an update with little to decode (``decode``: a bool mask over the plan) and at most
+    :data:`IN_PROCESS_COPY_BYTES` to copy, of a local source under joblib's default backend."""
+    from cachebuild.storage import is_url
+
+    todo = int(decode.sum())
+    if todo > IN_PROCESS_MAX or copy_bytes > IN_PROCESS_COPY_BYTES or is_url(str(plan.root)) or \
+            not _default_backend():
+        return False
+    return plan.file_stats is None or int(plan.file_stats[decode, 0].clip(min=0).sum()) <= IN_PROCESS_MAX_BYTES
 
 
 @contextlib.contextmanager

@@ -49,10 +49,11 @@ def build_key(plan: Plan, opts: BuildOptions) -> tuple[str, dict[str, Any]]:
     return hashlib.sha256(blob).hexdigest(), params
 
 
-def check_destination(out: Path, key: str, force: bool) -> Manifest | None:
+def check_destination(out: Path, key: str, force: bool, update: bool = False) -> Manifest | None:
     """The manifest of ``out`` when it already holds this exact build, else None: ``out`` does not exist,
-    or ``force`` and it is provably a cache cachebuild wrote (``destination.check_replaceable``), so it
-    may be replaced. Raises otherwise, saying what is there."""
+    or ``force`` (or ``update``, which then checks the recipe: ``builder.update``) and it is provably a cache
+    cachebuild wrote (``destination.check_replaceable``), so it may be replaced. Raises otherwise, saying
+    what is there."""
     if not out.exists() and not out.is_symlink():
         return None
     if not out.is_dir():
@@ -68,7 +69,7 @@ def check_destination(out: Path, key: str, force: bool) -> Manifest | None:
             problem = str(e)
     if existing is not None and existing.build_key == key and not force:
         return existing
-    if force:
+    if force or update:
         check_replaceable(out, problem)
         return None
     if problem is not None:
@@ -86,8 +87,8 @@ def check_destination(out: Path, key: str, force: bool) -> Manifest | None:
             f"rebuild it with this release, or choose another --out"
         )
     raise CacheExistsError(
-        f"{out} holds a different cache (other source files or build parameters); "
-        f"pass --force to replace it, or choose another --out"
+        f"{out} holds a different cache (other source files or build parameters); pass --update to update it "
+        f"for a changed source (same recipe), --force to replace it, or choose another --out"
     )
 
 

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import stat
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,6 +117,9 @@ class Plan:
     file_stats: np.ndarray | None = None
     # how this plan was made (kind of source, what was named, options): `cachebuild status` makes it again
     recipe: dict[str, Any] = field(default_factory=dict)
+    # wall time (ns) just before ``file_stats`` were taken: an mtime this recent may hide a rewrite in the
+    # same tick of the filesystem's clock, so an update (--update) decodes such files again (builder.update)
+    listed_ns: int | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -155,6 +159,7 @@ def digest_files(root: Path, keys: Sequence[str], labels: np.ndarray, extra: Any
 def file_plan(dataset: str, split: str, root: Path, keys: list[str], labels: np.ndarray, classes: list[str],
               extra: dict[str, Any] | None = None) -> Plan:
     """A plan of encoded image files under ``root``, digested by path, label, size and mtime."""
+    listed_ns = time.time_ns()
     stats = stat_files(root, keys)
     return Plan(
         dataset=dataset,
@@ -167,4 +172,5 @@ def file_plan(dataset: str, split: str, root: Path, keys: list[str], labels: np.
         reader=FileReader(str(root), stats=stats),
         extra=extra or {},
         file_stats=stats,
+        listed_ns=listed_ns,
     )

@@ -222,7 +222,7 @@ def test_build_flags_take_their_defaults_and_choices_from_build_options(scratch_
     shared = sorted(set(params) & set(defaults))
     assert shared == sorted(["storage", "fit", "interpolation", "jobs", "block_size", "chunk_size", "compression",
                              "quality", "subsampling", "decode_device", "on_error", "max_pixels", "force",
-                             "lock_wait", "progress"])
+                             "update", "summary", "lock_wait", "progress"])
     assert {n: params[n].default for n in shared} == {n: defaults[n] for n in shared}
     choices = {n: list(getattr(params[n].type, "choices", [])) for n in shared}
     assert (choices["fit"], choices["compression"], choices["subsampling"], choices["decode_device"],
@@ -244,7 +244,8 @@ def test_build_flags_take_their_defaults_and_choices_from_build_options(scratch_
 # The flags of every build command as the release before the registry listed them (`cachebuild X --help`).
 _BUILD = ["--out", "--format", "--fit", "--interpolation", "-j, --jobs", "--dask-scheduler", "--shard-size",
           "--chunk-size", "--compression", "--codec", "--quality", "--subsampling", "--decode-device", "--on-error",
-          "--max-pixels", "--force", "--wait", "--progress / --no-progress", "-q, --quiet", "-v, --verbose",
+          "--max-pixels", "--force", "--update", "--json", "--wait", "--progress / --no-progress", "-q, --quiet",
+          "-v, --verbose",
           "-h, --help"]
 _FLAGS = {
     "imagenet": ["--split", "--size", *_BUILD],

@@ -20,6 +20,7 @@ import itertools
 import os
 import sys
 import zlib
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,7 @@ from cachebuild.storage.kinds.base import (
     BlockRecord,
     ImageStore,
     StorageParams,
+    link_shard,
     one_file_per_block,
     sha256_of_file,
 )
@@ -89,6 +91,11 @@ class JpegShardSink:
 
     def commit(self) -> None:
         data = codec.encode(self.slot, self.quality, self.subsampling)
+        self.payloads.append(data)
+        self.crcs.append(zlib.crc32(data))
+
+    def commit_stored(self, stored: Any) -> None:
+        data = bytes(memoryview(stored).cast("B"))  # the JPEG as stored: byte-identical, never encoded again
         self.payloads.append(data)
         self.crcs.append(zlib.crc32(data))
 
@@ -192,9 +199,11 @@ class JpegImages(ImageStore):
         return data, offsets
 
     # ------------------------------------------------------------ verify
-    def verify(self) -> list[str]:
+    def verify(self, shards: Collection[int] | None = None) -> list[str]:
         problems = []
         for s, shard in zip(self.manifest.shards, self.files.shards, strict=True):
+            if shards is not None and s.start not in shards:
+                continue
             try:
                 sha = sha256_of_file(self.location, s.file, shard.size)
             except (OSError, CacheCorruptError) as e:
@@ -219,6 +228,7 @@ class JpegImages(ImageStore):
 class JpegBackend(Backend):
     name = "jpeg"
     shard_sha256_is_file = True
+    adopts_shards = True
     staging_names = r"images-\d+\.jpegs(\.tmp)?"  # payload shards and AtomicFile's temporaries
     codec = "jpeg"
 
@@ -237,6 +247,14 @@ class JpegBackend(Backend):
 
     def finish(self, staging: Path, ordered: list[BlockRecord], count: int, planned: int) -> list[ShardInfo]:
         return one_file_per_block(staging, ordered)
+
+    def adopt_shard(self, staging: Path, block: int, location: Location,
+                    shard: ShardInfo) -> tuple[str, int | None] | None:
+        if not location.is_local:
+            return None
+        name = shard_file_name(block)  # a shard's bytes do not depend on its block's number: taken as they are
+        link_shard(location.local_path(shard.file), staging / name)
+        return name, (staging / name).stat().st_size
 
     def open(self, location: Location, manifest: Manifest, *, block_cache: BlockCache | None = None) -> JpegImages:
         """Read every shard's index (12 bytes a sample) and check it against the manifest and, locally, the

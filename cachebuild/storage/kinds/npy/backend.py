@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,7 @@ from cachebuild.storage.kinds.base import (
     BlockRecord,
     ImageStore,
     StorageParams,
+    link_shard,
     one_file_per_block,
     sha256_file,
     sha256_of_file,
@@ -99,6 +101,14 @@ class NpyShardSink:
         self.digest.update(self.slot)
         self.count += 1
 
+    def commit_stored(self, stored: Any) -> None:
+        row = memoryview(stored).cast("B")
+        if row.nbytes != self.slot.nbytes:
+            raise ValueError(f"a stored npy row is {self.slot.nbytes} bytes, not {row.nbytes}")
+        self.out.file.write(row)
+        self.digest.update(row)
+        self.count += 1
+
     def abort(self) -> None:
         self.out.discard()
 
@@ -132,9 +142,11 @@ class NpyImages(ImageStore):
     def local_rows(self, idx: np.ndarray) -> list[np.ndarray] | None:
         return self.rows.local_rows(idx)
 
-    def verify(self) -> list[str]:
+    def verify(self, shards: Collection[int] | None = None) -> list[str]:
         problems = []
         for s in self.manifest.shards:
+            if shards is not None and s.start not in shards:
+                continue
             try:
                 if self.manifest.format_version >= 2:  # the whole file (see the module doc)
                     sha = sha256_of_file(self.rows.location, s.file, self.rows.location.size(s.file))
@@ -161,6 +173,7 @@ class NpyImages(ImageStore):
 class NpyBackend(Backend):
     name = "npy"
     shard_sha256_is_file = True
+    adopts_shards = True
     staging_names = r"images-\d+\.npy(\.tmp|\.shrink)?"  # shards; AtomicFile's temporary; shrink_npy_shard's
 
     def build_params(self, opts: StorageParams) -> dict[str, Any]:
@@ -175,6 +188,14 @@ class NpyBackend(Backend):
 
     def finish(self, staging: Path, ordered: list[BlockRecord], count: int, planned: int) -> list[ShardInfo]:
         return one_file_per_block(staging, ordered)
+
+    def adopt_shard(self, staging: Path, block: int, location: Location,
+                    shard: ShardInfo) -> tuple[str, int | None] | None:
+        if not location.is_local:
+            return None
+        name = shard_file_name(block)  # a shard's bytes do not depend on its block's number: taken as they are
+        link_shard(location.local_path(shard.file), staging / name)
+        return name, None
 
     def open(self, location: Location, manifest: Manifest, *, block_cache: BlockCache | None = None) -> NpyImages:
         """Check every shard's header against the manifest (and, locally, its size); no pixel is read."""

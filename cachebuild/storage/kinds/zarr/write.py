@@ -117,6 +117,10 @@ class ZarrChunkSink:
         if self.fill == len(self.buffer):
             self._flush()
 
+    def commit_stored(self, stored: Any) -> None:
+        self.buffer[self.fill] = np.asarray(stored, dtype=np.uint8).reshape(self.buffer.shape[1:])
+        self.commit()
+
     def _flush(self) -> None:
         if self.fill:
             self.array[self.pos : self.pos + self.fill] = self.buffer[: self.fill]

@@ -1,0 +1,309 @@
+"""``--update``: rebuild the cache at ``--out`` for a changed source, decoding only what changed.
+
+The cache at ``--out`` must have been built with the same recipe (every parameter of the build key but the
+block size, which follows from the plan's length, and the same OpenCV): anything else is refused, naming
+what differs. Each planned file whose (relative path, size, mtime) equals the row the old build stat'ed
+(``source_files.json``) and that gave a sample there is *reused*: its stored bytes are copied into the new
+cache through the storage kind's own interfaces (``ImageStore.read_stored`` -> ``Sink.commit_stored``: raw
+rows, or the stored JPEG as it is), with its recorded source size and box. Every other file is decoded as a
+fresh build decodes it: added, changed, relabelled-and-moved (a new path), failed before, and *racy* ones.
+
+Racy files (git's "racily clean" entries): a file rewritten in the same tick of the filesystem's clock as
+the old build stat'ed it keeps its size and mtime. So a file whose recorded mtime is not at least
+:data:`RACY_NS` older than the moment the old build listed the source (``source.inputs.listed_ns``; caches
+built before it was recorded: their ``created`` time) is not trusted, and is decoded again: that decode is
+its content check. 2 s covers the coarsest clocks in use (FAT; ext3, HFS+ and many NFS servers tick per
+second). A tool that rewrites a file and then sets its old size-equal mtime back (``touch -r``, an
+``rsync -t`` of other bytes) defeats any size-and-mtime check, as it does rsync's and make's: ``--force``.
+
+The blocks, the staging folder, resume after a kill, ``finish`` and the commit are the build's own, so the
+result is a fresh build's: the same plan order, labels, block layout, bytes, manifest and file table (but
+the times). The old cache stays whole and readable at ``--out`` until the commit renames it aside, as
+``--force`` does. What is copied from it is verified first (the shards whose samples are copied one by one,
+and the side arrays read): damage is never hashed into the new cache as if it were good. A shard taken whole
+(npy, jpeg: hard-linked) keeps the checksum the old manifest recorded, so ``verify`` still finds any damage in it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import hashlib
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cachebuild.errors import CacheBuildError, CacheExistsError
+from cachebuild.format.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from cachebuild.sources.plan import Plan
+from cachebuild.storage import get_backend, open_location
+from cachebuild.storage.cache.reader import open_cache, read_manifest
+from cachebuild.storage.cache.source_inputs import load_source_inputs
+from cachebuild.storage.cache.writer import tool_versions
+from cachebuild.storage.kinds.base import BlockRecord
+from cachebuild.storage.kinds.side_arrays import load_array, load_paths, map_array, sha256_bytes
+
+__all__ = ["RACY_NS", "BlockReuse", "Reuse", "plan_reuse", "racy_files", "release_reader"]
+
+log = logging.getLogger("cachebuild")
+
+RACY_NS = 2_000_000_000  # an mtime this close to the listing may hide a same-tick rewrite (see the module doc)
+# build fields that may differ: the key itself, the block size (from the plan's length) and what shapes no byte
+_FREE = frozenset({"key", "block_size", "on_error", "exif_orientation"})
+_READ_ROWS = 256  # stored samples read at a time when copying (bounded memory at any sample size)
+
+Fill = Callable[[Any, Any], tuple[list[int], list[tuple[int, int]], list[Any], list[Any]]]
+
+
+# This process's reader of the cache an update copies from: opened once per process, not once per block
+# (an npy cache reads every shard's header when opened). Pinned to the folder it opened, with a shared lock
+# on it, so a worker that outlives the update holds the replaced cache until it exits or the next update.
+_READER: list[Any] = []
+
+
+def _reader(cache: str, content_id: str) -> Any:
+    if _READER and _READER[0] == (cache, content_id):
+        return _READER[1]
+    reader = open_cache(cache)
+    if reader.manifest.content_id != content_id:  # never copy another cache's bytes than the one planned from
+        raise CacheBuildError(f"{cache} changed during the update (another cache is there now); rerun the command")
+    _READER[:] = [(cache, content_id), reader]
+    return reader
+
+
+def release_reader() -> None:
+    """Drop this process's reader of a replaced cache (the build's own process, once the update committed)."""
+    _READER.clear()
+
+
+@dataclass(frozen=True)
+class BlockReuse:
+    """One block's share of an update (picklable, small): per block position, the old cache's sample to copy
+    (-1: decode the file) and that sample's recorded source size and box."""
+
+    cache: str
+    content_id: str  # of the cache the update planned from: a worker copies from that one or fails
+    old: np.ndarray  # int64 (planned,)
+    sizes: np.ndarray  # int32 (planned, 2)
+    boxes: np.ndarray  # int32 (planned, 4)
+    shard: ShardInfo | None = None  # the old shard holding exactly this block's samples, in order
+
+    @property
+    def reused(self) -> int:
+        return int((self.old >= 0).sum())
+
+    def adopt(self, task: Any) -> BlockRecord | None:
+        """The block's record when its storage kind takes the old shard whole (``Backend.adopt_shard``: npy and
+        jpeg shards, hard-linked), else None: nothing read, decoded or hashed again (a touched file's neighbours)."""
+        if self.shard is None:
+            return None
+        taken = get_backend(task.storage).adopt_shard(Path(task.staging), task.block,
+                                                      _reader(self.cache, self.content_id).location, self.shard)
+        if taken is None:
+            return None
+        n = len(self.old)
+        return BlockRecord(task.block, task.start, n, n, taken[0], self.shard.sha256,
+                           tuple(range(task.start, task.start + n)), tuple(tuple(s) for s in self.sizes.tolist()),
+                           tuple(tuple(b) for b in self.boxes.tolist()), (), taken[1], n)
+
+    def fill(self, task: Any, sink: Any, *, decode: Fill) -> tuple[list[int], list[tuple[int, int]], list[Any],
+                                                                   list[Any]]:
+        """``block._fill`` for a block with samples to reuse: runs of reused samples copied from the old cache,
+        runs of the others decoded by ``decode`` (the build's own) as a block of their own positions."""
+        reader = _reader(self.cache, self.content_id)
+        ok: list[int] = []
+        sizes: list[tuple[int, int]] = []
+        boxes: list[Any] = []
+        failures: list[Any] = []
+        reuse = self.old >= 0
+        cuts = [0, *(np.flatnonzero(np.diff(reuse.astype(np.int8))) + 1).tolist(), len(reuse)]
+        for a, z in itertools.pairwise(cuts):
+            if not reuse[a]:
+                part = decode(dataclasses.replace(task, keys=task.keys[a:z], start=task.start + a), sink)
+                ok += part[0]
+                sizes += part[1]
+                boxes += part[2]
+                failures += part[3]
+                continue
+            for lo in range(a, z, _READ_ROWS):
+                hi = min(z, lo + _READ_ROWS)
+                for stored in reader.images.read_stored(self.old[lo:hi]):
+                    sink.commit_stored(stored)
+            ok.extend(range(task.start + a, task.start + z))
+            sizes.extend(tuple(s) for s in self.sizes[a:z].tolist())
+            boxes.extend(tuple(b) for b in self.boxes[a:z].tolist())
+        return ok, sizes, boxes, failures
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """An update's plan: for every planned file, the old cache's sample to copy, or -1 to decode it."""
+
+    cache: str
+    content_id: str
+    old: np.ndarray  # int64 (len(plan),)
+    sizes: np.ndarray  # int32 (old count, 2)
+    boxes: np.ndarray | None  # int32 (old count, 4): fit=pad only
+    shards: dict[tuple[int, int], ShardInfo] = dataclasses.field(default_factory=dict)  # (start, count) -> shard
+
+    @property
+    def reused(self) -> int:
+        return int((self.old >= 0).sum())
+
+    def whole_shard(self, lo: int, hi: int) -> ShardInfo | None:
+        """The old shard that holds exactly the samples of block ``[lo, hi)``, in order, if one does."""
+        old = self.old[lo:hi]
+        if not len(old) or old[0] < 0 or not np.array_equal(old, np.arange(old[0], old[0] + len(old))):
+            return None
+        return self.shards.get((int(old[0]), len(old)))
+
+    def copied_shards(self, block: int, adopts: bool) -> set[int]:
+        """Starts of the old shards whose samples are copied one by one (all but those taken whole)."""
+        copied = self.old >= 0
+        if adopts:
+            for lo in range(0, len(self.old), block):
+                if self.whole_shard(lo, lo + block) is not None:
+                    copied[lo : lo + block] = False
+        starts = np.array(sorted(start for start, _ in self.shards), dtype=np.int64)
+        if not len(starts):
+            return set()
+        return set(starts[np.unique(np.searchsorted(starts, self.old[copied], side="right") - 1)].tolist())
+
+    def for_block(self, lo: int, hi: int) -> BlockReuse | None:
+        """Block ``[lo, hi)``'s share, or None when it reuses nothing (it is then built as any block is)."""
+        old = self.old[lo:hi]
+        if not (old >= 0).any():
+            return None
+        at = np.where(old >= 0, old, 0)
+        boxes = self.boxes[at] if self.boxes is not None else np.zeros((len(old), 4), np.int32)
+        whole = self.whole_shard(lo, hi)
+        return BlockReuse(self.cache, self.content_id, old.copy(), np.asarray(self.sizes[at]), np.asarray(boxes),
+                          whole)
+
+
+def _differences(old: Manifest, params: dict[str, Any]) -> list[str]:
+    """What makes the old cache's recipe another one: ``name: old -> new`` for each differing parameter."""
+    was = {k: v for k, v in old.build.items() if k not in _FREE}
+    now = {k: v for k, v in params.items() if k not in _FREE}
+    diffs = [f"{k} {was.get(k, '(none)')} -> {now.get(k, '(none)')}"
+             for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)]
+    opencv = tool_versions()["opencv"]
+    if old.tool.get("opencv") != opencv:  # another OpenCV may resize to other pixels
+        diffs.append(f"opencv {old.tool.get('opencv')} -> {opencv}")
+    return diffs
+
+
+def _listed_ns(m: Manifest) -> int:
+    """When the old build stat'ed its source (ns); caches that do not record it: their commit time."""
+    inputs = m.source.get("inputs")
+    listed = inputs.get("listed_ns") if isinstance(inputs, dict) else None
+    if isinstance(listed, int) and not isinstance(listed, bool):
+        return listed
+    try:
+        return int(_dt.datetime.fromisoformat(m.created).timestamp()) * 1_000_000_000
+    except (TypeError, ValueError):
+        return 0  # no time known: nothing is trusted, every file is decoded
+
+
+def _old_samples(keys: list[str], paths: list[str], where: str) -> np.ndarray:
+    """Old plan position -> old sample index (-1: the file failed): ``paths`` is the readable subsequence of the
+    old plan's ``keys``, in order."""
+    sample_of = np.full(len(keys), -1, dtype=np.int64)
+    j = 0
+    for i, key in enumerate(keys):
+        if j < len(paths) and paths[j] == key:
+            sample_of[i] = j
+            j += 1
+    if j != len(paths):
+        raise CacheBuildError(f"cannot update {where}: its paths.json does not follow its source_files.json (the "
+                              f"cache is damaged); pass --force to rebuild it, or choose another --out")
+    return sample_of
+
+
+def _match(plan: Plan, keys: list[str], rows: np.ndarray, sample_of: np.ndarray, trusted_before: int) -> np.ndarray:
+    """Per planned file, the old sample to reuse or -1, by arrays (1.28M files: one dict, no row objects)."""
+    n = len(plan)
+    if keys == list(plan.keys):
+        at = np.arange(n, dtype=np.int64)
+    else:
+        index = {k: i for i, k in enumerate(keys)}
+        at = np.fromiter((index.get(k, -1) for k in plan.keys), dtype=np.int64, count=n)
+    found = at >= 0
+    at0 = np.where(found, at, 0)
+    old = rows[at0] if len(rows) else np.zeros((n, 3), np.int64)
+    new = np.asarray(plan.file_stats, dtype=np.int64)
+    same = found & (old[:, 1] == new[:, 0]) & (old[:, 2] == new[:, 1]) & (new[:, 0] >= 0)
+    trusted = old[:, 2] < trusted_before - RACY_NS
+    return np.where(same & trusted, sample_of[at0] if len(sample_of) else -1, -1).astype(np.int64)
+
+
+def racy_files(plan: Plan, m: Manifest) -> int:
+    """Files of ``plan`` whose stat the cache ``m`` (of the same source digest) cannot vouch for: modified within
+    :data:`RACY_NS` of its listing, so rewritten unseen perhaps. An update decodes them even then."""
+    if plan.file_stats is None or not len(plan):
+        return 0
+    return int((np.asarray(plan.file_stats)[:, 1] >= _listed_ns(m) - RACY_NS).sum())
+
+
+def plan_reuse(out: Path, plan: Plan, params: dict[str, Any], block: int) -> Reuse | None:
+    """The update of the cache at ``out`` to ``plan`` (None: nothing there, a plain build). Refuses another
+    recipe or a damaged cache, by name; a cache without per-file inputs (CIFAR, WebDataset, Parquet) is
+    rebuilt by decoding every file, with a warning."""
+    if not (out / MANIFEST_NAME).is_file():
+        return None
+    fix = "pass --force to rebuild it, or choose another --out"
+    try:
+        m = read_manifest(out)
+    except CacheBuildError as e:
+        raise CacheExistsError(f"cannot update {out}: {e}; {fix}") from None
+    diffs = _differences(m, params)
+    if diffs:
+        raise CacheExistsError(f"cannot update {out}: it was built with another recipe ({'; '.join(diffs)}); "
+                               f"{fix}")
+    location = open_location(out)
+    inputs = load_source_inputs(location, m)
+    if inputs is None or plan.file_stats is None:
+        log.warning("%s records no per-file inputs of its source (or this source has none): the update decodes "
+                    "every file", out)
+        return Reuse(str(out), m.content_id, np.full(len(plan), -1, np.int64), np.zeros((0, 2), np.int32), None)
+    held = open_cache(out)
+    if held.manifest.content_id != m.content_id:
+        raise CacheBuildError(f"cannot update {out}: it changed while the update was planned; rerun the command")
+    problems = _check_arrays(held, [n for n in ("paths", "sizes", "boxes") if n in m.arrays])
+    sample_of = _old_samples(inputs.keys, load_paths(location, m), str(out)) if not problems else np.zeros(0)
+    old = _match(plan, inputs.keys, inputs.rows, sample_of, _listed_ns(m)) if not problems else np.zeros(0)
+    sizes = np.asarray(map_array(location, m, "sizes"))
+    boxes = np.asarray(map_array(location, m, "boxes")) if "boxes" in m.arrays else None
+    reuse = Reuse(str(out), m.content_id, old, sizes, boxes, {(sh.start, sh.count): sh for sh in m.shards})
+    if not problems:  # a shard taken whole keeps its checksum, for `verify` of the new cache; a copied one is checked
+        problems = held.images.verify(reuse.copied_shards(block, get_backend(m.storage).adopts_shards))
+    if problems:
+        raise CacheBuildError(f"cannot update {out}: it fails its checksums ({problems[0]}"
+                              f"{f' and {len(problems) - 1} more' if len(problems) > 1 else ''}): nothing "
+                              f"damaged is carried over; {fix}")
+    log.info("updating %s: %d of %d files reused, %d to decode", out, int((old >= 0).sum()), len(plan),
+             int((old < 0).sum()))
+    return reuse
+
+
+def _check_arrays(reader: Any, names: list[str]) -> list[str]:
+    """The side arrays an update reads its samples' paths, sizes and boxes from, against their checksums."""
+    problems = []
+    for name in names:
+        info = reader.manifest.arrays[name]
+        try:
+            if info.dtype == "str":
+                digest = hashlib.sha256(reader.location.read_bytes(info.file)).hexdigest()
+            else:
+                digest = sha256_bytes(load_array(reader.location, reader.manifest, name))
+        except (OSError, CacheBuildError) as e:
+            problems.append(f"{info.file}: {e}")
+            continue
+        if digest != info.sha256:
+            problems.append(f"{info.file}: checksum mismatch")
+    return problems

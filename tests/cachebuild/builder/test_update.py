@@ -1,0 +1,214 @@
+"""``--update``: a changed source decodes only what changed, and the result is a fresh build's, byte for byte."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from kill_helpers import build_killed_after_blocks
+
+from cachebuild.builder.pipeline import BuildOptions, build
+from cachebuild.builder.status import cache_status
+from cachebuild.errors import CacheBuildError, CacheExistsError
+from cachebuild.sources.folder import folder_plan
+from cachebuild.storage.cache.reader import open_cache, read_manifest
+
+HOUR_NS = 3600 * 10**9
+# what a fresh build and an update may differ in: when they ran, and who ran them
+_TIMES = ("created", "built_by")
+
+
+def _copy_tree(src: Path, dst: Path, age_ns: int = HOUR_NS) -> Path:
+    """A copy of a source tree whose files are ``age_ns`` old (older than any racy window)."""
+    shutil.copytree(src, dst, symlinks=True)  # the tree's broken files include a dangling link
+    for f in dst.rglob("*"):
+        if f.is_file() and not f.is_symlink():
+            t = f.stat().st_mtime_ns - age_ns
+            os.utime(f, ns=(t, t))
+    return dst
+
+
+def _change(root: Path) -> dict[str, int]:
+    """Two files added, two removed, one rewritten, one moved to another class; what a fresh build decodes."""
+    classes = sorted(p for p in root.iterdir() if p.is_dir())
+    files = [sorted(f for f in c.iterdir() if f.is_file()) for c in classes]
+    shutil.copyfile(files[0][0], classes[1] / "added_a.JPEG")
+    shutil.copyfile(files[2][1], classes[0] / "added_b.JPEG")
+    files[1][2].unlink()
+    files[3][0].unlink()
+    files[2][3].write_bytes(files[0][1].read_bytes())  # rewritten: another photo, a new mtime
+    files[0][4].rename(classes[2] / files[0][4].name)  # moved: another path and label, same bytes and mtime
+    return {"added": 2, "removed": 2}
+
+
+def _assert_same_cache(a: Path, b: Path) -> None:
+    """Pixels, labels, paths, side arrays, file table and every manifest field but the times: equal."""
+    ra, rb = open_cache(a), open_cache(b)
+    assert len(ra) == len(rb) > 0
+    idx = np.arange(len(ra))
+    assert ra.read(idx).tobytes() == rb.read(idx).tobytes()
+    for name in ("labels.npy", "sizes.npy", "paths.json", "files.json", "source_files.json"):
+        if (a / name).exists() or (b / name).exists():
+            assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    ma, mb = (json.loads((p / "manifest.json").read_text()) for p in (a, b))
+    for m in (ma, mb):
+        for k in (*_TIMES, "checksum"):
+            m.pop(k, None)
+        m["source"].get("inputs", {}).pop("listed_ns", None)
+    assert ma == mb
+    assert sorted(p.name for p in a.iterdir()) == sorted(p.name for p in b.iterdir())
+
+
+@pytest.mark.parametrize("storage", ["npy", "zarr", "jpeg"])
+def test_an_update_equals_a_fresh_build_of_the_changed_tree(imagenet_tree, tmp_path, storage):
+    src = _copy_tree(imagenet_tree["root"] / "train", tmp_path / "src")
+    opts = dict(size=32, jobs=1, storage=storage, block_size=8, progress=False)
+    out = tmp_path / "cache"
+    first = build(folder_plan(src), out, BuildOptions(**opts))
+    assert first.decoded == first.count + first.failures and first.reused == 0
+    held = open_cache(out)  # a reader of the old cache, open across the update
+    old_first = held.read(np.arange(3))
+    _change(src)
+    plan = folder_plan(src)
+    got = build(plan, out, BuildOptions(**opts, update=True))
+    fresh = build(plan, tmp_path / "fresh", BuildOptions(**opts))
+    _assert_same_cache(out, tmp_path / "fresh")
+    assert got.count == fresh.count and got.failures == fresh.failures
+    # decoded: the added, rewritten and moved files, and those that failed before (never trusted as failed)
+    assert got.decoded == 2 + 1 + 1 + first.failures, (got.decoded, got.reused)
+    assert got.reused == len(plan) - got.decoded
+    assert cache_status(out, src).status == "up to date"
+    assert held.read(np.arange(3)).tobytes() == old_first.tobytes()  # the old cache, whole, for its reader
+    # same stats again, but the 3 files written just now are racy (maybe rewritten unseen): only they are decoded
+    again = build(plan, out, BuildOptions(**opts, update=True))
+    assert (again.decoded, again.reused) == (3 + fresh.failures, len(plan) - 3 - fresh.failures)
+    _assert_same_cache(out, tmp_path / "fresh")
+
+
+def test_an_update_refuses_another_recipe_naming_what_differs(imagenet_tree, tmp_path):
+    src = _copy_tree(imagenet_tree["root"] / "val", tmp_path / "src")
+    out = tmp_path / "cache"
+    build(folder_plan(src), out, BuildOptions(size=32, jobs=1, progress=False))
+    (src / sorted(os.listdir(src))[0] / "new.JPEG").write_bytes(next((src).rglob("*.JPEG")).read_bytes())
+    before = sorted(out.iterdir())
+    with pytest.raises(CacheExistsError, match=r"another recipe \(fit crop -> squash; size 32 -> 40\)"):
+        build(folder_plan(src), out, BuildOptions(size=40, fit="squash", jobs=1, progress=False, update=True))
+    with pytest.raises(CacheExistsError, match="storage npy -> zarr"):
+        build(folder_plan(src), out, BuildOptions(size=32, storage="zarr", jobs=1, progress=False, update=True))
+    assert sorted(out.iterdir()) == before and not (tmp_path / "cache.partial").exists()
+    with pytest.raises(ValueError, match="update and force exclude each other"):
+        BuildOptions(size=32, update=True, force=True)
+
+
+def _bmp_tree(root: Path, age_ns: int) -> Path:
+    """Class folders of BMPs (a BMP's size follows from its shape alone: a rewrite can keep it)."""
+    rng = np.random.default_rng(0)
+    for c in ("a", "b"):
+        (root / c).mkdir(parents=True)
+        for i in range(6):
+            cv2.imwrite(str(root / c / f"{i}.bmp"), rng.integers(0, 256, (40, 50, 3), dtype=np.uint8))
+    for f in root.rglob("*.bmp"):
+        t = f.stat().st_mtime_ns - age_ns
+        os.utime(f, ns=(t, t))
+    return root
+
+
+def _rewrite_keeping_stat(path: Path) -> None:
+    st = path.stat()
+    cv2.imwrite(str(path), np.full((40, 50, 3), 7, np.uint8))
+    assert path.stat().st_size == st.st_size
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_a_rewrite_in_the_listing_tick_is_decoded_again_an_old_one_is_trusted(tmp_path):
+    """Racy entries: a file whose mtime is within RACY_NS of the old listing may have been rewritten unseen
+    (same size, same mtime), so it is decoded again; older ones are trusted by size and mtime (as rsync is)."""
+    opts = BuildOptions(size=16, jobs=1, progress=False)
+    racy = _bmp_tree(tmp_path / "racy", age_ns=0)  # written just now: the build lists it in the same second
+    build(folder_plan(racy), tmp_path / "c1", opts)
+    _rewrite_keeping_stat(racy / "a" / "0.bmp")
+    got = build(folder_plan(racy), tmp_path / "c1", BuildOptions(size=16, jobs=1, progress=False, update=True))
+    assert got.decoded == 12 and got.reused == 0  # all of them within the window: all decoded, none trusted
+    build(folder_plan(racy), tmp_path / "f1", opts)
+    _assert_same_cache(tmp_path / "c1", tmp_path / "f1")
+
+    old = _bmp_tree(tmp_path / "old", age_ns=HOUR_NS)
+    build(folder_plan(old), tmp_path / "c2", opts)
+    _rewrite_keeping_stat(old / "a" / "0.bmp")
+    (old / "b" / "5.bmp").unlink()
+    got = build(folder_plan(old), tmp_path / "c2", BuildOptions(size=16, jobs=1, progress=False, update=True))
+    assert got.decoded == 0 and got.reused == 11
+    assert open_cache(tmp_path / "c2").read(np.array([0])).max() > 7  # the old pixels: trusted, as documented
+
+
+def test_an_update_of_a_damaged_cache_carries_nothing_over(imagenet_tree, tmp_path):
+    src = _copy_tree(imagenet_tree["root"] / "val", tmp_path / "src")
+    out = tmp_path / "cache"
+    build(folder_plan(src), out, BuildOptions(size=32, jobs=1, progress=False))
+    shard = sorted(out.glob("images-*.npy"))[0]
+    data = bytearray(shard.read_bytes())
+    data[-5] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    next(src.rglob("*.JPEG")).unlink()
+    with pytest.raises(CacheBuildError, match=r"fails its checksums.*nothing damaged is carried over"):
+        build(folder_plan(src), out, BuildOptions(size=32, jobs=1, progress=False, update=True))
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cachebuild", *args], capture_output=True, text=True)
+
+
+def test_a_killed_update_resumes_and_its_json_counts(imagenet_tree, tmp_path):
+    """SIGKILL part way through an update, rerun: it resumes from its blocks and ends as a fresh build."""
+    src = _copy_tree(imagenet_tree["root"], tmp_path / "src")
+    common = ["--split", "train", "--size", "48", "--shard-size", "2", "--jobs", "1", "--no-progress"]
+    out = tmp_path / "out"
+    assert _cli("imagenet", str(src), "--out", str(out), *common).returncode == 0
+    _change(src / "train")
+    for f in sorted((src / "train").rglob("*"))[::3]:  # a third of the files touched: decoded again
+        if f.is_file():
+            os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns - 10**9))
+    blocks = out / "train.partial" / "blocks"
+    n_done = build_killed_after_blocks(["imagenet", str(src), "--out", str(out), *common, "--update"], blocks)
+    assert n_done >= 1 and (out / "train.partial").is_dir(), "the kill must land part way"
+    summary = tmp_path / "summary.json"
+    resumed = _cli("imagenet", str(src), "--out", str(out), *common, "--update", "-v", "--json", str(summary))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming" in resumed.stderr
+    fresh = _cli("imagenet", str(src), "--out", str(tmp_path / "fresh"), *common)
+    assert fresh.returncode == 0, fresh.stderr
+    _assert_same_cache(out / "train", tmp_path / "fresh" / "train")
+    doc = json.loads(summary.read_text())
+    m = read_manifest(out / "train")
+    assert all(isinstance(doc[k], int) for k in ("decoded", "reused", "skipped"))
+    assert doc["decoded"] + doc["reused"] == m.source["files"] and doc["skipped"] == len(m.failures)
+    assert doc["reused"] > 0 and doc["decoded"] > 0 and doc["seconds"] >= doc["plan_seconds"] > 0
+
+
+@pytest.mark.parametrize("storage", ["npy", "zarr", "jpeg"])
+def test_touched_files_leave_the_other_shards_taken_whole(imagenet_tree, tmp_path, storage):
+    """Files touched, none added or removed: the blocks stay where they were, and a kind with one file per block
+    takes every untouched block's shard whole (a hard link: nothing read or hashed); the result is a fresh build's."""
+    src = _copy_tree(imagenet_tree["root"] / "train", tmp_path / "src")
+    opts = dict(size=32, jobs=1, storage=storage, block_size=4, progress=False)
+    out = tmp_path / "cache"
+    build(folder_plan(src), out, BuildOptions(**opts))
+    inodes = {p.name: p.stat().st_ino for p in out.glob("images-*")}
+    touched = sorted(f for f in src.rglob("*.JPEG") if f.is_file() and not f.is_symlink())[5]
+    os.utime(touched, ns=(touched.stat().st_atime_ns, touched.stat().st_mtime_ns + 10**9))
+    plan = folder_plan(src)
+    got = build(plan, out, BuildOptions(**opts, update=True))
+    build(plan, tmp_path / "fresh", BuildOptions(**opts))
+    _assert_same_cache(out, tmp_path / "fresh")
+    failed = len(read_manifest(out).failures)
+    assert (got.decoded, got.reused) == (1 + failed, len(plan) - 1 - failed)
+    if storage != "zarr":  # one file per block: the untouched blocks' shards are the old files
+        same = [name for name, ino in inodes.items() if (out / name).stat().st_ino == ino]
+        assert len(same) >= len(inodes) - 3, (same, inodes)
