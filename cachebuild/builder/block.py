@@ -116,7 +116,7 @@ def run_block(task: BlockTask) -> BlockRecord:
     folder = Path(task.staging)
     adopted = None if task.reuse is None else task.reuse.adopt(task)  # --update: an old shard taken whole
     if adopted is not None:
-        write_json_atomic(record_path(folder, task.block), adopted.to_json(), durable=False)
+        _write_record(folder, adopted)
         return adopted
     shape = (task.spec.size, task.spec.size, 3)
     sink = get_backend(task.storage).sink(folder, task.block, task.start, len(task.keys), shape, task.params)
@@ -130,9 +130,13 @@ def run_block(task: BlockTask) -> BlockRecord:
     record = BlockRecord(task.block, task.start, len(task.keys), len(ok), file, sha256, tuple(ok), tuple(sizes),
                          tuple(boxes), tuple(failures), sink.stored_bytes,
                          0 if task.reuse is None else task.reuse.reused)
+    _write_record(folder, record)
+    return record
+
+
+def _write_record(folder: Path, record: BlockRecord) -> None:
     # Not fsynced: the shard it vouches for is not either, and an fsync here made ext4 write the whole
     # shard out while the worker waited (~0.15 s a block, 10-20% of the build). Compact JSON: json's C
     # encoder (an indent makes it fall back to the Python one, ~4% of a worker's time at 224 px).
     data = json.dumps(record.to_json(), ensure_ascii=False, separators=(",", ":"))
-    write_bytes_atomic(record_path(folder, task.block), data.encode("utf-8"), durable=False)
-    return record
+    write_bytes_atomic(record_path(folder, record.block), data.encode("utf-8"), durable=False)
