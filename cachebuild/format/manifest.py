@@ -342,6 +342,12 @@ def manifest_bytes(m: Manifest) -> bytes:
 def _check_seal(raw: bytes, d: Mapping[str, Any], where: str) -> None:
     """A named error unless the manifest's bytes match its own checksum (none: a cache of an older release)."""
     if CHECKSUM_FIELD not in d:
+        # A flipped bit in the field's name would pass for a manifest edited on purpose: a key one byte
+        # away from it is damage, not an edit.
+        if any(len(k) == len(CHECKSUM_FIELD) and sum(a != b for a, b in zip(k, CHECKSUM_FIELD)) == 1 for k in d):
+            raise CacheCorruptError(
+                f"{where}: its {CHECKSUM_FIELD!r} field's name is damaged (a byte of it changed after the build "
+                f"wrote it); re-fetch or rebuild the cache")
         return
     seal = d[CHECKSUM_FIELD]
     ok = isinstance(seal, str) and _HEX64.fullmatch(seal) is not None and raw.count(seal.encode()) == 1

@@ -102,3 +102,20 @@ def test_a_manifest_without_a_checksum_still_reads(built):
         assert read_manifest(built).count == d["count"] and open_cache(built).verify() == []
     finally:
         path.write_bytes(raw)
+
+
+def test_every_flipped_bit_in_the_checksum_fields_name_is_refused(built):
+    """A flip in the key (``"checksul"``) once read as a manifest without a checksum (one edited on purpose):
+    each of the name's 64 bits, flipped, is refused or does not parse."""
+    path = built / "manifest.json"
+    raw = path.read_bytes()
+    at = raw.rindex(f'"{CHECKSUM_FIELD}"'.encode()) + 1
+    try:
+        for i in range(len(CHECKSUM_FIELD) * 8):
+            changed = bytearray(raw)
+            changed[at + i // 8] ^= 1 << (i % 8)
+            path.write_bytes(bytes(changed))
+            with pytest.raises(CacheCorruptError):
+                read_manifest(built)
+    finally:
+        path.write_bytes(raw)
