@@ -344,7 +344,9 @@ def _check_seal(raw: bytes, d: Mapping[str, Any], where: str) -> None:
     if CHECKSUM_FIELD not in d:
         # A flipped bit in the field's name would pass for a manifest edited on purpose: a key one byte
         # away from it is damage, not an edit.
-        if any(len(k) == len(CHECKSUM_FIELD) and sum(a != b for a, b in zip(k, CHECKSUM_FIELD)) == 1 for k in d):
+        near = [k for k in d if len(k) == len(CHECKSUM_FIELD)
+                and sum(a != b for a, b in zip(k, CHECKSUM_FIELD, strict=True)) == 1]
+        if near:
             raise CacheCorruptError(
                 f"{where}: its {CHECKSUM_FIELD!r} field's name is damaged (a byte of it changed after the build "
                 f"wrote it); re-fetch or rebuild the cache")
