@@ -4,13 +4,25 @@ shards, written last: a folder without one was never finished)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from cachebuild.errors import SourceError
-from cachebuild.sources.peers.common import PeerFile
+from cachebuild.sources.peers.common import (
+    PeerFile,
+    PeerOptions,
+    Samples,
+    dataset_folder,
+    peer_plan,
+    pick_field,
+    reason_of,
+    split_of,
+)
+from cachebuild.sources.peers.labels import first_payload_check
+from cachebuild.sources.plan import Plan
 
-__all__ = ["INDEX", "dataset_dir", "read_index"]
+__all__ = ["INDEX", "dataset_dir", "index_fields", "index_plan", "read_index"]
 
 INDEX = "index.json"
 
@@ -41,3 +53,25 @@ def read_index(folder: Path, what: str) -> tuple[PeerFile, dict[str, Any]]:
     if not isinstance(obj, dict):
         raise SourceError(f"{f.path}: a JSON {type(obj).__name__}, not the object a {what} index is")
     return f, obj
+
+
+def index_fields(found: dict[str, str], options: PeerOptions, image_codec: Callable[[str], Any],
+                 label_kind: Callable[[str], Any], where: str) -> tuple[str, str]:
+    """The image and label fields of an indexed dataset: ``found`` maps each field to its type in the peer's
+    words; ``image_codec`` / ``label_kind`` raise ValueError for a type that cannot serve."""
+    image = pick_field("image", options.image_field, found, lambda n: reason_of(image_codec, found[n]), where,
+                       "--image-field")
+    label = pick_field("label", options.label_field, found, lambda n: reason_of(label_kind, found[n]), where,
+                       "--label-field")
+    return image, label
+
+
+def index_plan(samples: Samples, *, codec: str, folder: Path, options: PeerOptions, classes: list[str] | None,
+               index_file: PeerFile, fields: tuple[str, str], source_format: str) -> Plan:
+    """The plan of an indexed dataset's samples, once its first payload decodes as ``codec``."""
+    first_payload_check(samples, codec, index_file.path, "--image-field")
+    image, label = fields
+    return peer_plan(samples, codec=codec, dataset=options.dataset or dataset_folder(folder),
+                     split=split_of(folder.name, options.split), root=folder, classes=classes,
+                     index_files=[index_file], digest_extra={"image": image, "label": label},
+                     source_format=source_format)

@@ -26,14 +26,8 @@ from cachebuild.sources.kind import SourceKind
 from cachebuild.sources.peers.common import (
     PeerFile,
     PeerOptions,
-    dataset_folder,
-    peer_plan,
-    pick_field,
-    reason_of,
-    split_of,
 )
-from cachebuild.sources.peers.folder_index import dataset_dir, read_index
-from cachebuild.sources.peers.labels import first_payload_check
+from cachebuild.sources.peers.folder_index import dataset_dir, index_fields, index_plan, read_index
 from cachebuild.sources.peers.records import shard_samples
 from cachebuild.sources.plan import Plan
 
@@ -141,19 +135,13 @@ def litdata_plan(src: str | Path, options: PeerOptions, classes: list[str] | Non
     formats = [str(x) for x in config.get("data_format") or []]
     names = leaf_names(config.get("data_spec"), len(formats), where)
     found = dict(zip(names, formats, strict=True))
-    image = pick_field("image", options.image_field, found, lambda n: reason_of(image_codec, found[n]), where,
-                       "--image-field")
-    label = pick_field("label", options.label_field, found, lambda n: reason_of(_label_kind, found[n]), where,
-                       "--label-field")
+    image, label = index_fields(found, options, image_codec, _label_kind, where)
     codec, i_img, i_lab = image_codec(found[image]), names.index(image), names.index(label)
     files = [_chunk_file(folder, c, where) for c in chunks]
     counted = [(f, int(c["chunk_size"])) for c, f in zip(chunks, files, strict=True)]
     samples = shard_samples(counted, [None] * len(formats), i_img, i_lab, "<i8", "LitData chunk")
-    first_payload_check(samples, codec, where, "--image-field")
-    return peer_plan(samples, codec=codec, dataset=options.dataset or dataset_folder(folder),
-                     split=split_of(folder.name, options.split), root=folder, classes=classes,
-                     index_files=[index_file], digest_extra={"image": image, "label": label},
-                     source_format="litdata")
+    return index_plan(samples, codec=codec, folder=folder, options=options, classes=classes, index_file=index_file,
+                      fields=(image, label), source_format="litdata")
 
 
 class LitdataSource(SourceKind):

@@ -24,14 +24,8 @@ from cachebuild.sources.kind import SourceKind
 from cachebuild.sources.peers.common import (
     PeerFile,
     PeerOptions,
-    dataset_folder,
-    peer_plan,
-    pick_field,
-    reason_of,
-    split_of,
 )
-from cachebuild.sources.peers.folder_index import dataset_dir, read_index
-from cachebuild.sources.peers.labels import first_payload_check
+from cachebuild.sources.peers.folder_index import dataset_dir, index_fields, index_plan, read_index
 from cachebuild.sources.peers.records import shard_samples
 from cachebuild.sources.plan import Plan
 
@@ -130,17 +124,12 @@ def mds_plan(src: str | Path, options: PeerOptions, classes: list[str] | None = 
     shards = _shards(folder, index, where)
     names, encodings, sizes = _columns(shards, where)
     found = dict(zip(names, encodings, strict=True))
-    image = pick_field("image", options.image_field, found, lambda n: reason_of(image_codec, found[n]), where,
-                       "--image-field")
-    label = pick_field("label", options.label_field, found, lambda n: reason_of(_label_kind, found[n]), where,
-                       "--label-field")
+    image, label = index_fields(found, options, image_codec, _label_kind, where)
     codec, i_img, i_lab = image_codec(found[image]), names.index(image), names.index(label)
     samples = shard_samples([(f, int(shard["samples"])) for shard, f in shards], sizes, i_img, i_lab,
                             _LABELS[found[label]], "MDS shard")
-    first_payload_check(samples, codec, where, "--image-field")
-    return peer_plan(samples, codec=codec, dataset=options.dataset or dataset_folder(folder),
-                     split=split_of(folder.name, options.split), root=folder, classes=classes,
-                     index_files=[index_file], digest_extra={"image": image, "label": label}, source_format="mds")
+    return index_plan(samples, codec=codec, folder=folder, options=options, classes=classes, index_file=index_file,
+                      fields=(image, label), source_format="mds")
 
 
 class MdsSource(SourceKind):

@@ -17,12 +17,9 @@ from cachebuild.sources.registry import plan_source, replan
 from tests.cachebuild.sources.peer_files.peer_checks import (
     HERE,
     LABELS,
-    SIZE,
-    cache_samples,
-    cli,
+    converts_and_reads,
     copy_of,
     payload_shas,
-    psnr,
     refused,
     sha,
 )
@@ -60,19 +57,8 @@ def test_the_plan_reads_every_leaf_the_writer_wrote(peer_reference):
 
 @pytest.mark.parametrize("leaf", ["image", "jpeg", "array"])
 def test_litdata_output_converts_to_a_cache_that_every_command_reads(peer_reference, tmp_path, leaf):
-    out = tmp_path / "out"
-    r = cli("litdata", GOLDEN, "--image-field", leaf, "--size", SIZE, "--out", out, "--no-progress")
-    assert r.exit_code == 0, r.output
-    pixels, labels, keys = cache_samples(out / "train")
-    assert labels == LABELS and len(keys) == N and keys[0] == "chunk-0-0.bin#0"
-    for i in range(N):
-        if leaf == "jpeg":  # JPEG files at quality 97, 4:4:4
-            assert psnr(pixels[i], peer_reference["pixels"][i]) >= 40, i
-        else:
-            assert np.array_equal(pixels[i], peer_reference["pixels"][i]), i
-    for command in ("info", "verify", "status"):
-        r = cli(command, out / "train")
-        assert r.exit_code == 0, (command, r.output)
+    converts_and_reads("litdata", GOLDEN, leaf, jpeg=leaf == "jpeg", first_key="chunk-0-0.bin#0",
+                       reference=peer_reference, out=tmp_path / "out")
     plan = plan_source("litdata", GOLDEN, PeerOptions(image_field=leaf))[0]
     assert replan(plan.recipe, None, []).source_digest == plan.source_digest
 

@@ -18,11 +18,10 @@ from tests.cachebuild.sources.peer_files.peer_checks import (
     HERE,
     LABELS,
     SIZE,
-    cache_samples,
     cli,
+    converts_and_reads,
     copy_of,
     payload_shas,
-    psnr,
     refused,
     sha,
 )
@@ -61,19 +60,8 @@ def test_the_plan_reads_every_column_the_writer_wrote(peer_reference):
 
 @pytest.mark.parametrize("column", ["image", "pil", "array"])
 def test_an_mds_dataset_converts_to_a_cache_that_every_command_reads(peer_reference, tmp_path, column):
-    out = tmp_path / "out"
-    r = cli("mds", GOLDEN, "--image-field", column, "--size", SIZE, "--out", out, "--no-progress")
-    assert r.exit_code == 0, r.output
-    pixels, labels, keys = cache_samples(out / "train")
-    assert labels == LABELS and len(keys) == N and keys[0] == "shard.00000.mds#0"
-    for i in range(N):
-        if column == "image":  # JPEG files at quality 97, 4:4:4
-            assert psnr(pixels[i], peer_reference["pixels"][i]) >= 40, i
-        else:
-            assert np.array_equal(pixels[i], peer_reference["pixels"][i]), i
-    for command in ("info", "verify", "status"):
-        r = cli(command, out / "train")
-        assert r.exit_code == 0, (command, r.output)
+    converts_and_reads("mds", GOLDEN, column, jpeg=column == "image", first_key="shard.00000.mds#0",
+                       reference=peer_reference, out=tmp_path / "out")
 
 
 def test_status_names_the_samples_of_a_rewritten_shard_and_the_recipe_replans(tmp_path):
