@@ -40,8 +40,8 @@ def compact_section(res: dict[str, Any], where: str) -> str:
 
 
 _OURS = ("cachebuild_npy_fused_in_workers", "cachebuild_npy_fused_in_threads", "cachebuild_jpeg_fused_in_workers",
-         "cachebuild_jpeg_fused_in_threads", "cachebuild_npy_crop_in_workers", "cachebuild_npy_crop_in_threads", "cachebuild_jpeg_crop_in_workers",
-         "cachebuild_jpeg_crop_in_threads", "cachebuild_npy_dataloader")
+         "cachebuild_jpeg_fused_in_threads", "cachebuild_npy_crop_in_workers", "cachebuild_npy_crop_in_threads",
+         "cachebuild_jpeg_crop_in_workers", "cachebuild_jpeg_crop_in_threads", "cachebuild_npy_dataloader")
 _PEERS = ("ffcv_raw", "ffcv_jpg", "dali_cache")
 
 
