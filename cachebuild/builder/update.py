@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import hashlib
 import itertools
 import logging
 from collections.abc import Callable
@@ -46,7 +45,7 @@ from cachebuild.storage.cache.reader import open_cache, read_manifest
 from cachebuild.storage.cache.source_inputs import load_source_inputs
 from cachebuild.storage.cache.writer import tool_versions
 from cachebuild.storage.kinds.base import BlockRecord
-from cachebuild.storage.kinds.side_arrays import load_array, load_paths, map_array, sha256_bytes
+from cachebuild.storage.kinds.side_arrays import load_paths, map_array
 
 __all__ = ["RACY_NS", "BlockReuse", "Reuse", "plan_reuse", "racy_files", "release_reader"]
 
@@ -274,7 +273,7 @@ def plan_reuse(out: Path, plan: Plan, params: dict[str, Any], block: int) -> Reu
     held = open_cache(out)
     if held.manifest.content_id != m.content_id:
         raise CacheBuildError(f"cannot update {out}: it changed while the update was planned; rerun the command")
-    problems = _check_arrays(held, [n for n in ("paths", "sizes", "boxes") if n in m.arrays])
+    problems = held.verify_arrays([n for n in ("paths", "sizes", "boxes") if n in m.arrays])
     sample_of = _old_samples(inputs.keys, load_paths(location, m), str(out)) if not problems else np.zeros(0)
     old = _match(plan, inputs.keys, inputs.rows, sample_of, _listed_ns(m)) if not problems else np.zeros(0)
     sizes = np.asarray(map_array(location, m, "sizes"))
@@ -289,21 +288,3 @@ def plan_reuse(out: Path, plan: Plan, params: dict[str, Any], block: int) -> Reu
     log.info("updating %s: %d of %d files reused, %d to decode", out, int((old >= 0).sum()), len(plan),
              int((old < 0).sum()))
     return reuse
-
-
-def _check_arrays(reader: Any, names: list[str]) -> list[str]:
-    """The side arrays an update reads its samples' paths, sizes and boxes from, against their checksums."""
-    problems = []
-    for name in names:
-        info = reader.manifest.arrays[name]
-        try:
-            if info.dtype == "str":
-                digest = hashlib.sha256(reader.location.read_bytes(info.file)).hexdigest()
-            else:
-                digest = sha256_bytes(load_array(reader.location, reader.manifest, name))
-        except (OSError, CacheBuildError) as e:
-            problems.append(f"{info.file}: {e}")
-            continue
-        if digest != info.sha256:
-            problems.append(f"{info.file}: checksum mismatch")
-    return problems

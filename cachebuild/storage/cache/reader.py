@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -149,8 +150,22 @@ class CacheReader:
         """Re-hash every shard and side array; return one line per mismatch (empty: intact). Remote caches
         are verified against the remote bytes, never against a local block cache."""
         images = self.images if self.block_cache is None else self.backend.open(self.location, self.manifest)
-        problems = images.verify()
-        for name, info in self.manifest.arrays.items():
+        problems = images.verify() + self.verify_arrays()
+        for col in self.manifest.columns.values():  # checksums of whole files, as paths.json's
+            try:
+                data = self.location.read_bytes(col.file)
+            except (OSError, RemoteError) as e:
+                problems.append(f"{col.file}: {e}")
+                continue
+            if len(data) != col.size or hashlib.sha256(data).hexdigest() != col.sha256:
+                problems.append(f"{col.file}: checksum mismatch (column)")
+        return problems + self._verify_other_files(problems)
+
+    def verify_arrays(self, names: Iterable[str] | None = None) -> list[str]:
+        """Re-hash the side arrays ``names`` (None: every one); one line per mismatch."""
+        problems = []
+        for name in self.manifest.arrays if names is None else names:
+            info = self.manifest.arrays[name]
             try:
                 if info.dtype == "str":
                     digest = hashlib.sha256(self.location.read_bytes(info.file)).hexdigest()
@@ -161,15 +176,7 @@ class CacheReader:
                 continue
             if digest != info.sha256:
                 problems.append(f"{info.file}: checksum mismatch")
-        for col in self.manifest.columns.values():  # checksums of whole files, as paths.json's
-            try:
-                data = self.location.read_bytes(col.file)
-            except (OSError, RemoteError) as e:
-                problems.append(f"{col.file}: {e}")
-                continue
-            if len(data) != col.size or hashlib.sha256(data).hexdigest() != col.sha256:
-                problems.append(f"{col.file}: checksum mismatch (column)")
-        return problems + self._verify_other_files(problems)
+        return problems
 
     def _verify_other_files(self, named: list[str]) -> list[str]:
         """The file table against the manifest, then every file it lists that the checks above did not hash
