@@ -22,24 +22,21 @@ from cachebuild.errors import OptionError
 __all__ = ["KNOBS", "Knob", "Settings", "defaults", "knobs", "settings"]
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError("is not a whole number") from None
-    if value < 1:
-        raise ValueError("must be at least 1")
-    return value
+def _whole(minimum: int, below: str) -> Callable[[str], int]:
+    """A parser of whole numbers of at least ``minimum`` (``below``: the message for a smaller one)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)  # int() takes surrounding whitespace itself
+        except ValueError:
+            raise ValueError("is not a whole number") from None
+        if value < minimum:
+            raise ValueError(below)
+        return value
+    return parse
 
 
-def _files(text: str) -> int:
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise ValueError("is not a whole number") from None
-    if value < 0:
-        raise ValueError("must be 0 (off) or more")
-    return value
+_count = _whole(1, "must be at least 1")
+_files = _whole(0, "must be 0 (off) or more")
 
 
 def _seconds(text: str) -> float:
