@@ -33,7 +33,7 @@ from cachebuild.builder.locks import exclusive_lock
 from cachebuild.builder.options import COMPRESSIONS, MAX_SIZE, ON_ERROR, BuildOptions, BuildResult
 from cachebuild.builder.small_plan import in_process, runs_in_process, update_runs_in_process
 from cachebuild.builder.staging import build_key, check_destination, prepare_staging
-from cachebuild.builder.update import plan_reuse, racy_files, release_reader
+from cachebuild.builder.update import gc_paused, plan_reuse, racy_files, release_reader
 from cachebuild.errors import CacheBuildError
 from cachebuild.sources.plan import Plan, block_reader
 from cachebuild.storage import get_backend, is_url
@@ -133,13 +133,14 @@ def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
     inline = opts.decode_device == "cpu" and (runs_in_process(jobs, plan) or (reuse is not None and
                                               update_runs_in_process(plan, reuse.old < 0,
                                                                      reuse.reused * spec.size * spec.size * 3)))
-    with _progress(n, sum(r.planned for r in done.values()), f"{plan.dataset}/{plan.split}",
-                   opts.progress) as bar, in_process(inline):
-        for rec in Parallel(n_jobs=1 if inline else jobs, return_as="generator_unordered")(tasks):
-            records[rec.block] = rec
-            bar.update(rec.planned)
-    release_reader()  # in-process blocks' reader of the cache being replaced: let it go before the commit
-    manifest = finish(plan, out, staging, records, opts, params, key, spec)
+    with gc_paused(inline and reuse is not None):  # an update copying in this process: no decode between records
+        with _progress(n, sum(r.planned for r in done.values()), f"{plan.dataset}/{plan.split}",
+                       opts.progress) as bar, in_process(inline):
+            for rec in Parallel(n_jobs=1 if inline else jobs, return_as="generator_unordered")(tasks):
+                records[rec.block] = rec
+                bar.update(rec.planned)
+        release_reader()  # in-process blocks' reader of the cache being replaced: let it go before the commit
+        manifest = finish(plan, out, staging, records, opts, params, key, spec)
     seconds = time.perf_counter() - t0
     # Bytes as stored: kinds that encode samples say so in their block records.
     written = sum(r.count * manifest.sample_nbytes if r.stored_bytes is None else r.stored_bytes

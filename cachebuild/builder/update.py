@@ -26,11 +26,13 @@ and the side arrays read): damage is never hashed into the new cache as if it we
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
+import gc
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +49,7 @@ from cachebuild.storage.cache.writer import tool_versions
 from cachebuild.storage.kinds.base import BlockRecord
 from cachebuild.storage.kinds.side_arrays import load_paths, map_array
 
-__all__ = ["RACY_NS", "BlockReuse", "Reuse", "plan_reuse", "racy_files", "release_reader"]
+__all__ = ["RACY_NS", "BlockReuse", "Reuse", "gc_paused", "plan_reuse", "racy_files", "release_reader"]
 
 log = logging.getLogger("cachebuild")
 
@@ -73,6 +75,22 @@ def _reader(cache: str, content_id: str) -> Any:
         raise CacheBuildError(f"{cache} changed during the update (another cache is there now); rerun the command")
     _READER[:] = [(cache, content_id), reader]
     return reader
+
+
+@contextlib.contextmanager
+def gc_paused(enabled: bool) -> Iterator[None]:
+    """Python's cyclic collector off while ``enabled`` (the caller's setting back after). An update run in this
+    process makes a block record of per-sample tuples for each of ~800 shards it takes whole (ImageNet) with
+    no decode between them; the collector's passes over those millions of live, acyclic objects were 10 of
+    the 29 s of an update of 10 of 1,281,167 files. What runs meanwhile makes no cycles worth collecting."""
+    was = gc.isenabled()
+    if enabled:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def release_reader() -> None:
@@ -107,8 +125,8 @@ class BlockReuse:
             return None
         n = len(self.old)
         return BlockRecord(task.block, task.start, n, n, taken[0], self.shard.sha256,
-                           tuple(range(task.start, task.start + n)), tuple(tuple(s) for s in self.sizes.tolist()),
-                           tuple(tuple(b) for b in self.boxes.tolist()), (), taken[1], n)
+                           tuple(range(task.start, task.start + n)), tuple(map(tuple, self.sizes.tolist())),
+                           tuple(map(tuple, self.boxes.tolist())), (), taken[1], n)
 
     def fill(self, task: Any, sink: Any, *, decode: Fill) -> tuple[list[int], list[tuple[int, int]], list[Any],
                                                                    list[Any]]:
@@ -134,8 +152,8 @@ class BlockReuse:
                 for stored in reader.images.read_stored(self.old[lo:hi]):
                     sink.commit_stored(stored)
             ok.extend(range(task.start + a, task.start + z))
-            sizes.extend(tuple(s) for s in self.sizes[a:z].tolist())
-            boxes.extend(tuple(b) for b in self.boxes[a:z].tolist())
+            sizes.extend(map(tuple, self.sizes[a:z].tolist()))
+            boxes.extend(map(tuple, self.boxes[a:z].tolist()))
         return ok, sizes, boxes, failures
 
 
@@ -212,6 +230,8 @@ def _listed_ns(m: Manifest) -> int:
 def _old_samples(keys: list[str], paths: list[str], where: str) -> np.ndarray:
     """Old plan position -> old sample index (-1: the file failed): ``paths`` is the readable subsequence of the
     old plan's ``keys``, in order."""
+    if paths == keys:  # every old file gave a sample (the usual case): no loop over 1.28M names
+        return np.arange(len(keys), dtype=np.int64)
     sample_of = np.full(len(keys), -1, dtype=np.int64)
     j = 0
     for i, key in enumerate(keys):

@@ -81,6 +81,8 @@ def encode_paths(paths: list[str]) -> list[str | dict[str, str]]:
 
 
 def decode_paths(entries: list[Any], where: str = "paths.json") -> list[str]:
+    if set(map(type, entries)) <= {str}:  # no escaped names (the usual case): nothing to decode, one C pass
+        return list(entries)
     return [decode_path(e, where) for e in entries]
 
 

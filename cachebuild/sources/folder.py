@@ -69,11 +69,10 @@ def list_class_folder(root: Path, classes: list[str]) -> tuple[list[str], np.nda
         if not class_dir.is_dir():
             continue
         for dirpath, _, fnames in sorted(_walk_once(class_dir)):
-            rel = os.path.relpath(dirpath, root)
-            for fname in sorted(fnames):
-                if fname.lower().endswith(IMG_EXTENSIONS):
-                    keys.append(os.path.join(rel, fname))
-                    labels.append(idx)
+            prefix = os.path.join(os.path.relpath(dirpath, root), "")  # os.path.join(rel, name), by list
+            found = [prefix + f for f in sorted(fnames) if f.lower().endswith(IMG_EXTENSIONS)]
+            keys += found
+            labels += [idx] * len(found)
     return keys, np.asarray(labels, dtype=np.int64)
 
 

@@ -128,23 +128,48 @@ class Plan:
 def stat_files(root: Path, keys: Sequence[str]) -> np.ndarray:
     """int64 (n, 2): (size, mtime_ns) of every key under ``root``; (-1, -1) for an entry that cannot be
     stat'ed (a dangling link). The per-file inputs of :func:`digest_files`."""
-    out = np.full((len(keys), 2), -1, dtype=np.int64)
+    sizes = [-1] * len(keys)
+    mtimes = [-1] * len(keys)
     top = os.fspath(root)
     join, stat = os.path.join, os.stat  # not pathlib: its join was half of the time at 1.28M files
-    for i, key in enumerate(keys):
-        try:
-            st = stat(join(top, key))
-        except OSError:
-            continue
-        out[i] = (st.st_size, st.st_mtime_ns)
+    folder, fd = None, None
+    try:
+        for i, key in enumerate(keys):
+            parent, _, name = key.rpartition("/")
+            if parent != folder:  # keys come folder by folder: each stat'ed by name in its open folder
+                if fd is not None:
+                    os.close(fd)
+                folder, fd = parent, _open_folder(join(top, parent))
+            try:  # follows links as a stat of the joined path does; half the time of one at 1.28M files
+                st = stat(join(top, key)) if fd is None else stat(name, dir_fd=fd)
+            except OSError:
+                continue
+            sizes[i], mtimes[i] = st.st_size, st.st_mtime_ns
+    finally:
+        if fd is not None:
+            os.close(fd)
+    out = np.empty((len(keys), 2), dtype=np.int64)
+    out[:, 0], out[:, 1] = sizes, mtimes
     return out
+
+
+def _open_folder(path: str) -> int | None:
+    """A descriptor of the folder ``path`` to stat its entries by name (None: stat them by path instead)."""
+    if os.stat not in os.supports_dir_fd:
+        return None
+    try:
+        return os.open(path, getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY)
+    except OSError:  # gone, not a folder, not permitted: the stats by path say so file by file
+        return None
 
 
 def digest_stats(keys: Sequence[str], labels: np.ndarray, stats: np.ndarray, extra: Any = None) -> str:
     """The source digest of (relative path, label, size, mtime) rows, ``stats`` from :func:`stat_files`."""
     h = hashlib.sha256()
     h.update(json.dumps(extra, sort_keys=True, default=str).encode())
-    for key, label, (size, mtime) in zip(keys, labels.tolist(), stats.tolist(), strict=True):
+    # by column: no list per row for the collector to scan (1.28M of them were a second at ImageNet count)
+    for key, label, size, mtime in zip(keys, labels.tolist(), stats[:, 0].tolist(), stats[:, 1].tolist(),
+                                       strict=True):
         meta = "missing" if size < 0 else f"{size}:{mtime}"
         h.update(f"{key}\0{label}\0{meta}\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()

@@ -66,7 +66,7 @@ def load_source_inputs(location: Location, manifest: Manifest) -> SourceInputs |
         doc = json.loads(data)
         keys = doc["keys"]
         columns = [np.asarray(doc.pop(c), dtype=np.int64) for c in ("labels", "sizes", "mtimes_ns")]
-        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys) or \
+        if not isinstance(keys, list) or not set(map(type, keys)) <= {str} or \
                 any(c.shape != (len(keys),) for c in columns):
             raise ValueError("keys must be strings, one label, size and mtime each")
         return SourceInputs(keys, np.stack(columns, axis=1) if keys else np.zeros((0, 3), np.int64))
