@@ -38,8 +38,10 @@ def _load() -> str:
 
 
 def run(ns: list[int], size: int, work: Path, out: Path, *, jobs: int = 2, extras: bool = True,
-        shard_size: int | None = None, timeout: float = 3600, full: Path | None = None) -> dict[str, Any]:
-    """Every curve point and check; returns the results (also written to ``out``)."""
+        shard_size: int | None = None, timeout: float = 3600, full: Path | None = None,
+        update_only: bool = False) -> dict[str, Any]:
+    """Every curve point and check; returns the results (also written to ``out``). ``update_only``: of the
+    whole-count checks, only the ``--update`` of 10 touched files (no kill, val or Dask build)."""
     t0 = time.perf_counter()
     machine = machine_info()  # its "git" is this tree's commit (bench.machine.git_commit)
     res: dict[str, Any] = {"schema": 1, "run": out.name, "git_commit": _commit_text(machine["git"]), "machine": machine,
@@ -63,11 +65,13 @@ def run(ns: list[int], size: int, work: Path, out: Path, *, jobs: int = 2, extra
         n = ns[-1]
         blocks = res["curves"][-1]["build"]["shards"]
         print(f"  whole-count checks at N = {n:,} ({blocks} blocks)")
+    if extras and not update_only and last_out is not None and (last_out / "train" / "manifest.json").is_file():
         res["kill"] = faults.kill_and_resume(r, srcs[n], last_out, blocks) if blocks >= 4 else \
             {"error": f"only {blocks} blocks: nothing to kill part way (use a larger N or --shard-size)"}
         if (full / "val").is_dir():
             res["val"] = faults.val_build(r, full, last_out / "train")
         res["dask"] = faults.dask_build(r, srcs[n], last_out, n)
+    if extras and last_out is not None and (last_out / "train" / "manifest.json").is_file():
         res["update"] = r.update_touched(srcs[n], last_out, res["curves"][-1]["build"]["seconds"])
     res["load_after"] = _load()
     res["seconds"] = time.perf_counter() - t0
@@ -105,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from-json", type=Path, default=None,
                     help="only write scale.md, scale.png and the targets again from this scale.json")
     ap.add_argument("--no-extras", action="store_true", help="only the curves: no kill, val or Dask build")
+    ap.add_argument("--update-only", action="store_true",
+                    help="of the whole-count checks, only the --update of 10 touched files")
     a = ap.parse_args(argv)
     ns = sorted(int(x) for x in a.n.split(",") if x)
     if a.from_json:  # the figures again (e.g. after a change to the report), nothing measured
@@ -113,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         _print_targets(a.from_json.parent, res["targets"])
         return 0
     out = a.out or ROOT / "bench" / "results" / f"{dt.date.today().isoformat()}-{socket.gethostname()}-scale"
-    res = run(ns, a.size, a.work, out, jobs=a.jobs, extras=not a.no_extras, shard_size=a.shard_size, full=a.full)
+    res = run(ns, a.size, a.work, out, jobs=a.jobs, extras=not a.no_extras, shard_size=a.shard_size, full=a.full,
+              update_only=a.update_only)
     _print_targets(out, res["targets"])
     return 0 if all(t["passed"] for t in res["targets"]) else 1
 
