@@ -284,6 +284,10 @@ def plan_reuse(out: Path, plan: Plan, params: dict[str, Any], block: int) -> Reu
     if diffs:
         raise CacheExistsError(f"cannot update {out}: it was built with another recipe ({'; '.join(diffs)}); "
                                f"{fix}")
+    if m.columns:  # rows in the old sample order: added, removed or moved files leave them meaning nothing
+        raise CacheExistsError(f"cannot update {out}: it has columns ({', '.join(sorted(m.columns))}), one row per "
+                               f"old sample, that an update cannot carry over; remove them (cachebuild columns rm) "
+                               f"and add them again after the update, or {fix}")
     location = open_location(out)
     inputs = load_source_inputs(location, m)
     if inputs is None or plan.file_stats is None:

@@ -212,3 +212,24 @@ def test_touched_files_leave_the_other_shards_taken_whole(imagenet_tree, tmp_pat
     if storage != "zarr":  # one file per block: the untouched blocks' shards are the old files
         same = [name for name, ino in inodes.items() if (out / name).stat().st_ino == ino]
         assert len(same) >= len(inodes) - 3, (same, inodes)
+
+
+def test_an_update_of_a_cache_with_columns_is_refused_naming_them(imagenet_tree, tmp_path):
+    """Columns hold one row per old sample: an update that changes the samples cannot carry them, and used to
+    drop them silently. It is refused by name, the cache left as it was; with nothing changed it is up to date."""
+    from cachebuild.storage.cache.columns import add_column
+
+    src = _copy_tree(imagenet_tree["root"] / "val", tmp_path / "src")
+    opts = dict(size=16, jobs=1, progress=False)
+    out = tmp_path / "cache"
+    build(folder_plan(src), out, BuildOptions(**opts))
+    np.save(tmp_path / "score.npy", np.arange(read_manifest(out).count))
+    add_column(out, "score", tmp_path / "score.npy")
+    assert build(folder_plan(src), out, BuildOptions(**opts, update=True)).status == "up to date"
+    before = (out / "manifest.json").read_bytes()
+    touched = sorted(f for f in src.rglob("*.JPEG") if f.is_file() and not f.is_symlink())[0]
+    os.utime(touched, ns=(touched.stat().st_atime_ns, touched.stat().st_mtime_ns + 10**9))
+    with pytest.raises(CacheExistsError, match=r"has columns \(score\).*columns rm.*--force"):
+        build(folder_plan(src), out, BuildOptions(**opts, update=True))
+    assert (out / "manifest.json").read_bytes() == before
+    assert list(read_manifest(out).columns) == ["score"]
