@@ -71,7 +71,7 @@ def test_old_samples_identity_and_with_failures() -> None:
     keys = ["a", "b", "c", "d"]
     assert _old_samples(keys, list(keys), "x").tolist() == [0, 1, 2, 3]
     assert _old_samples(keys, ["a", "c"], "x").tolist() == [0, -1, 1, -1]
-    with pytest.raises(CacheBuildError, match="paths.json does not follow"):
+    with pytest.raises(CacheBuildError, match=r"paths\.json does not follow"):
         _old_samples(keys, ["c", "a"], "x")
 
 
