@@ -198,6 +198,16 @@ class CachedImageDataset(Dataset):
         """Samples per read chunk for :class:`~loaders.sampler.CacheSampler`'s chunk-aware order."""
         return self._images.chunk_size
 
+    def file_bounds(self) -> np.ndarray:
+        """int64: the first sample of each stored file (npy/jpeg shard, zarr chunk), then the count, for
+        :class:`~loaders.sampler.CacheSampler`'s ``shard_window`` order."""
+        return self._images.file_bounds()
+
+    def read_files_whole(self) -> None:
+        """Fetch each remote file a batch touches whole into the block cache (``CacheSampler(shard_window=...)``
+        calls it); copies made afterwards (a DataLoader's workers) do the same."""
+        self._images.read_files_whole()
+
     @property
     def encoded(self) -> bool:
         """True for compact caches: samples are stored encoded and decoded on read."""
