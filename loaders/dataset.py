@@ -49,10 +49,6 @@ from loaders.worker_crop import CropPlan, CropSpec, flip_probability, normalize_
 __all__ = ["CacheBatch", "CachedImageDataset", "DatasetOptions", "collate_batch"]
 
 
-def _in_worker() -> bool:
-    return get_worker_info() is not None
-
-
 def _new_batch(shape: tuple[int, ...], dtype: np.dtype, shared: bool) -> torch.Tensor:
     """An uninitialised uint8 (or float32) tensor; in shared memory when it will cross a process boundary."""
     tdtype = torch.from_numpy(np.empty(0, dtype)).dtype
@@ -197,6 +193,12 @@ class CachedImageDataset(Dataset):
     def chunk_size(self) -> int:
         """Samples per read chunk for :class:`~loaders.sampler.CacheSampler`'s chunk-aware order."""
         return self._images.chunk_size
+
+    def file_bounds(self) -> np.ndarray:  # each stored file's first sample, then the count (CacheSampler)
+        return self._images.file_bounds()
+
+    def read_files_whole(self) -> None:  # CacheSampler(shard_window=): fetch each remote file touched whole
+        self._images.read_files_whole()
 
     @property
     def encoded(self) -> bool:
@@ -389,7 +391,7 @@ class CachedImageDataset(Dataset):
         With a ``transform`` it returns per-sample tuples instead, for ``default_collate`` to stack.
         """
         idx = self._indices(indices)
-        worker = _in_worker()
+        worker = get_worker_info() is not None  # in a DataLoader worker process
         if (self.decode == "none" and self._images.encoded and self.transform is None and self._shared is None
                 and self.crop is None):
             return self._encoded_batch(idx, worker)

@@ -91,7 +91,7 @@ class CacheDataModule(pl.LightningDataModule):
             ``train_transform``, e.g. ``MixUpCutMix(num_classes)``; the targets then are float (N, C): use
             ``F.cross_entropy(logits, targets)``.
         seed: the sampler's base seed; default ``PL_GLOBAL_SEED`` (set by ``seed_everything``) or 0.
-        shuffle, drop_last, chunked: the training sampler's (``CacheSampler``) options.
+        shuffle, drop_last, chunked, shard_window: the training sampler's (``CacheSampler``) options.
         pin_memory: default True when the Trainer runs on CUDA.
         prefetch_factor: batches in flight per worker (the dataset's batch ring is sized to match).
         return_boxes: hand the valid boxes of a ``--fit pad`` cache to the transforms.
@@ -118,6 +118,7 @@ class CacheDataModule(pl.LightningDataModule):
         shuffle: bool = True,
         drop_last: bool = False,
         chunked: bool = False,
+        shard_window: int | None = None,
         pin_memory: bool | None = None,
         prefetch_factor: int = 4,
         return_boxes: bool = False,
@@ -135,6 +136,7 @@ class CacheDataModule(pl.LightningDataModule):
         self.train_transform, self.val_transform, self.mix = train_transform, val_transform, mix
         self.seed = seed
         self.shuffle, self.drop_last, self.chunked = bool(shuffle), bool(drop_last), bool(chunked)
+        self.shard_window = shard_window
         self.pin_memory = pin_memory
         self.prefetch_factor = int(prefetch_factor)
         self.dataset_options = dataclasses.replace(dataset_options or DatasetOptions(), return_boxes=bool(return_boxes))
@@ -197,7 +199,8 @@ class CacheDataModule(pl.LightningDataModule):
         world, rank = self._ranks()
         seed = self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
         sampler = DistributedCacheSampler(self.train_ds, shuffle=self.shuffle, seed=seed, drop_last=self.drop_last,
-                                          num_replicas=world, rank=rank, chunked=self.chunked)
+                                          num_replicas=world, rank=rank, chunked=self.chunked,
+                                          shard_window=self.shard_window)
         if self.trainer is not None:
             sampler.set_epoch(self.trainer.current_epoch)
         self.train_sampler = sampler

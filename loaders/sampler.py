@@ -11,6 +11,15 @@ Epoch order (``shuffle=True``):
   together. Any stretch of the stream touches at most ~``window`` chunks, so reads stay sequential-ish and
   a cache much larger than RAM streams through the page cache. Each rank takes a contiguous stretch of
   this order, so ranks read disjoint chunks.
+* ``shard_window=W`` (a cache read from a URL through a block cache): the same two-level order, over the
+  cache's stored files (``data_source.file_bounds()``: npy or jpeg shards, zarr chunks) instead of
+  fixed-size chunks, as MosaicML Streaming's block shuffle (``py1b``) or webdataset's shard shuffle: the
+  file order is shuffled, then the samples of each group of ``W`` consecutive files are shuffled together.
+  At any point of the stream at most ``W`` files have been started and not finished, and the sampler tells
+  the dataset (``read_files_whole()``) so that each file a batch touches is fetched whole into the block
+  cache, in big requests, once per epoch, instead of row by row. Ranks take contiguous stretches, as
+  ``chunked``. It is *not* a uniform permutation: two samples of one file are more likely to be close
+  than under the default order, and a batch holds samples of at most ``2 W`` files.
 
 Equal counts per rank (as DistributedSampler): ``num_samples = ceil(n / R)`` with ``drop_last=False``,
 ``floor(n / R)`` with ``drop_last=True``. What "every sample exactly once" means:
@@ -73,6 +82,8 @@ class CacheSampler(Sampler[int]):
         chunked: quasi-random, read-friendly order (shuffle chunks, then samples within windows of chunks).
         chunk_size: samples per chunk (default: ``data_source.chunk_size``, else 64).
         window: chunks shuffled together (larger = closer to uniform, more chunks in flight).
+        shard_window: shuffle stored files, then samples within groups of this many files, each file fetched
+            whole (see the module docstring); needs ``data_source.file_bounds()``. Not with ``chunked``.
     """
 
     def __init__(
@@ -87,6 +98,7 @@ class CacheSampler(Sampler[int]):
         chunked: bool = False,
         chunk_size: int | None = None,
         window: int = 16,
+        shard_window: int | None = None,
     ) -> None:
         if num_replicas is None:
             num_replicas = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -100,6 +112,15 @@ class CacheSampler(Sampler[int]):
             chunk_size = int(getattr(data_source, "chunk_size", _DEFAULT_CHUNK))
         if chunk_size < 1 or window < 1:
             raise ValueError(f"chunk_size and window must be >= 1, got {chunk_size} and {window}")
+        self._bounds: np.ndarray | None = None
+        if shard_window is not None:
+            if shard_window < 1 or chunked:
+                raise ValueError(f"shard_window must be >= 1 and without chunked=True, got {shard_window} "
+                                 f"(chunked={chunked})")
+            self._bounds = _file_bounds(data_source)
+            tell = getattr(data_source, "read_files_whole", None)
+            if shuffle and callable(tell):  # before a DataLoader's workers get their copy of the dataset
+                tell()
         self.dataset_len = len(data_source)
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
@@ -109,6 +130,7 @@ class CacheSampler(Sampler[int]):
         self.chunked = bool(chunked)
         self.chunk_size = int(chunk_size)
         self.window = int(window)
+        self.shard_window = None if shard_window is None else int(shard_window)
         n, r = self.dataset_len, self.num_replicas
         self.num_samples = n // r if self.drop_last else math.ceil(n / r)
         self.total_size = self.num_samples * r
@@ -124,21 +146,15 @@ class CacheSampler(Sampler[int]):
         n = self.dataset_len
         if not self.shuffle:
             return np.arange(n, dtype=np.int64)
+        if self._bounds is not None and self.shard_window is not None:
+            # its own stream of seeds: the chunked order of the same (seed, epoch) is a different one
+            return _grouped_order(self._bounds, self.shard_window, np.random.default_rng([self.seed, epoch, 1]))
         if not self.chunked:
             g = torch.Generator()
             g.manual_seed(self.seed + epoch)  # DistributedSampler's seeding, so orders match
             return torch.randperm(n, generator=g).numpy()
-        rng = np.random.default_rng([self.seed, epoch])
-        c = self.chunk_size
-        n_chunks = math.ceil(n / c)
-        chunks = rng.permutation(n_chunks)
-        order = np.empty(n, dtype=np.int64)
-        pos = 0
-        for w in range(0, n_chunks, self.window):
-            ids = np.concatenate([np.arange(k * c, min(n, (k + 1) * c)) for k in chunks[w : w + self.window]])
-            order[pos : pos + len(ids)] = rng.permutation(ids)
-            pos += len(ids)
-        return order
+        bounds = np.r_[np.arange(0, n, self.chunk_size), n].astype(np.int64)
+        return _grouped_order(bounds, self.window, np.random.default_rng([self.seed, epoch]))
 
     def rank_indices(self, epoch: int | None = None) -> np.ndarray:
         """This rank's ``num_samples`` indices for ``epoch`` (default: the current one), from the start."""
@@ -148,7 +164,7 @@ class CacheSampler(Sampler[int]):
         elif self.total_size > len(order) and len(order):
             pad = self.total_size - len(order)
             order = np.concatenate([order, np.tile(order, math.ceil(pad / len(order)))[:pad]])
-        if self.chunked and self.shuffle:  # contiguous stretches: ranks read disjoint chunks
+        if (self.chunked or self.shard_window is not None) and self.shuffle:  # ranks read disjoint chunks/files
             lo = self.rank * self.num_samples
             return order[lo : lo + self.num_samples]
         return order[self.rank : self.total_size : self.num_replicas]
@@ -203,11 +219,13 @@ class CacheSampler(Sampler[int]):
             "chunked": self.chunked,
             "chunk_size": self.chunk_size,
             "window": self.window,
+            "shard_window": self.shard_window,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore epoch, seed and position. The order-defining settings must match, or ValueError."""
-        for key in ("dataset_len", "num_replicas", "shuffle", "drop_last", "chunked", "chunk_size", "window"):
+        for key in ("dataset_len", "num_replicas", "shuffle", "drop_last", "chunked", "chunk_size", "window",
+                    "shard_window"):
             if key in state and state[key] != getattr(self, key):
                 raise ValueError(
                     f"cannot resume: the saved sampler has {key}={state[key]!r}, this one has "
@@ -225,4 +243,31 @@ class CacheSampler(Sampler[int]):
     def __repr__(self) -> str:
         return (f"CacheSampler(n={self.dataset_len}, shuffle={self.shuffle}, seed={self.seed}, "
                 f"rank={self.rank}/{self.num_replicas}, drop_last={self.drop_last}, chunked={self.chunked}, "
+                f"shard_window={self.shard_window}, "
                 f"epoch={self.epoch}, position={self.position}/{self.num_samples})")
+
+
+def _file_bounds(data_source: Sized) -> np.ndarray:
+    """``data_source.file_bounds()`` checked: ascending from 0 to ``len(data_source)``."""
+    get = getattr(data_source, "file_bounds", None)
+    if not callable(get):
+        raise ValueError(f"shard_window needs a dataset that says where its files start (file_bounds(): "
+                         f"CachedImageDataset); {type(data_source).__name__} does not")
+    bounds = np.asarray(get(), dtype=np.int64)
+    n = len(data_source)
+    if bounds.ndim != 1 or len(bounds) < 1 or bounds[0] != 0 or bounds[-1] != n or np.any(np.diff(bounds) < 0):
+        raise ValueError(f"file_bounds() must ascend from 0 to {n}, got {bounds[:4]}...{bounds[-2:]}")
+    return bounds
+
+
+def _grouped_order(bounds: np.ndarray, group: int, rng: np.random.Generator) -> np.ndarray:
+    """Units ``[bounds[k], bounds[k+1])`` in a shuffled order, the samples of each ``group`` consecutive units
+    (in that order) shuffled together: a permutation of ``range(bounds[-1])``."""
+    units = rng.permutation(len(bounds) - 1)
+    order = np.empty(int(bounds[-1]), dtype=np.int64)
+    pos = 0
+    for w in range(0, len(units), group):
+        ids = np.concatenate([np.arange(bounds[k], bounds[k + 1]) for k in units[w : w + group]])
+        order[pos : pos + len(ids)] = rng.permutation(ids)
+        pos += len(ids)
+    return order

@@ -3,9 +3,11 @@ its own build of the same files on the same loopback store: moto's S3, and an ai
 (``support.http_server``), each in a process of its own on 127.0.0.1, so no contender's process serves bytes.
 
 cachebuild reads ``CachedImageDataset(url, DatasetOptions(local_cache=DIR))`` (its block cache) through a
-DataLoader with collate_batch, twice from a fresh DIR: shuffled (``CacheSampler(shuffle=True)``: every row
-fetched as its batch needs it) and sequential (``shuffle=False``: the shards read ahead whole,
-``cachebuild.storage.remote.readahead``). The peers read with their own local copy: Streaming
+DataLoader with collate_batch, three times from a fresh DIR: shuffled (``CacheSampler(shuffle=True)``: every
+row fetched as its batch needs it), shard-windowed (``CacheSampler(shard_window=4)``: shards shuffled, then rows
+within groups of 4 shards, each shard fetched whole; not a uniform shuffle, as Streaming's block shuffle is not)
+and sequential (``shuffle=False``: the shards read ahead whole, ``cachebuild.storage.remote.readahead``).
+The peers read with their own local copy: Streaming
 ``StreamingDataset(remote=url, local=DIR)``, LitData ``StreamingDataset(url, cache_dir=DIR)``, WebDataset
 ``WebDataset(urls, cache_dir=DIR)`` (S3 through ``pipe:aws s3 cp``, HTTP through its curl opener); every peer
 shuffles. Same batch, same workers. Epoch 1 is cold (every byte fetched, the workers' start-up included), the
@@ -119,14 +121,15 @@ def _upload(folder: Path, key: str) -> str:
     return f"s3://{BUCKET}/{key}"
 
 
-def _cachebuild_epochs(url: str, cfg: dict[str, Any], epochs: int, local: Path, shuffle: bool) -> list[float]:
+def _cachebuild_epochs(url: str, cfg: dict[str, Any], epochs: int, local: Path, shuffle: bool,
+                       shard_window: int | None = None) -> list[float]:
     from torch.utils.data import DataLoader
 
     from loaders.dataset import CachedImageDataset, DatasetOptions, collate_batch
     from loaders.sampler import CacheSampler
 
     ds = CachedImageDataset(url, DatasetOptions(local_cache=local))
-    sampler = CacheSampler(ds, shuffle=shuffle, seed=0)
+    sampler = CacheSampler(ds, shuffle=shuffle, seed=0, shard_window=shard_window)
     dl = DataLoader(ds, batch_size=cfg["batch"], sampler=sampler, num_workers=cfg["workers"],
                     collate_fn=collate_batch, persistent_workers=cfg["workers"] > 0)
     rates = []
@@ -150,14 +153,20 @@ _PEERS = (("streaming", "streaming_raw", ("s3",), "Streaming: StreamingDataset(r
           ("litdata", "litdata_raw", ("s3",), "LitData: StreamingDataset(url, cache_dir) + StreamingDataLoader"),
           ("webdataset", "webdataset_raw", ("s3", "http"), "WebDataset: WebDataset(urls, cache_dir) + WebLoader"))
 _STORES = {"s3": "S3", "http": "HTTP"}
+SHARD_WINDOW = 4  # shards shuffled together in the windowed row (Streaming's shuffle block is several shards)
+# (shuffle, shard_window, row key suffix, how)
+_ORDERS = ((True, None, "", "shuffled"),
+           (True, SHARD_WINDOW, "_windowed",
+            f"shard-windowed shuffle (shard_window={SHARD_WINDOW}), shards fetched whole"),
+           (False, None, "_sequential", "sequential, shards read ahead"))
 
 
 def _ours(result: dict[str, Any], store: str, url: str, cfg: dict[str, Any], epochs: int, scratch: Path) -> None:
     w = cfg["workers"]
-    for shuffle, suffix, how in ((True, "", "shuffled"), (False, "_sequential", "sequential, shards read ahead")):
+    for shuffle, window, suffix, how in _ORDERS:
         result["rows"][f"cachebuild_npy_{store}{suffix}"] = _row(
             f"cachebuild npy from {_STORES[store]}: CachedImageDataset(url, local_cache) + DataLoader, {w} workers, "
-            f"{how}", _cachebuild_epochs(url, cfg, epochs, scratch / f"blocks-{store}{suffix}", shuffle))
+            f"{how}", _cachebuild_epochs(url, cfg, epochs, scratch / f"blocks-{store}{suffix}", shuffle, window))
 
 
 def _peer(result: dict[str, Any], peer: str, store: str, url: str, data: Path, label: str, cfg: dict[str, Any],
@@ -195,7 +204,7 @@ def _ratios(result: dict[str, Any]) -> dict[str, dict[str, float]]:
 
 def run_remote_peers(cfg: dict[str, Any], outputs: dict[str, Path], work: Path,
                      log: Callable[[str], None]) -> dict[str, Any]:
-    """Rows cachebuild_npy_{s3,http}[_sequential] and {peer}_{store}: cold epoch img/s, warm epochs img/s;
+    """Rows cachebuild_npy_{s3,http}[_windowed|_sequential] and {peer}_{store}: cold epoch img/s, warm epochs img/s;
     ``x``: cachebuild / peer per peer row (cachebuild's faster row of that store)."""
     epochs = max(2, cfg["epochs"] + 1)
     result: dict[str, Any] = {"batch": cfg["batch"], "workers": cfg["workers"], "epochs": epochs, "rows": {},

@@ -131,6 +131,9 @@ class TrainConfig:
                             "memory).", choices=IN_MEMORY)
     device: str = option("auto", "cpu, cuda, cuda:N or auto.", check=_device)
     seed: int = option(0, None)
+    shard_window: int | None = option(None, "Shuffle the cache's shards, then samples within groups of this many "
+                                      "shards, each fetched whole (a cache at a URL with a block cache); not a "
+                                      "uniform shuffle [default: the exact shuffle].", metavar="W", min=1)
     compile: bool = option(False, "torch.compile the model.")
     deterministic: bool = option(False, "Deterministic algorithms (slower; for exact resume).")
     log_every: int = option(20, "Optimizer steps between log lines.", min=0)

@@ -146,7 +146,7 @@ def build_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
     kind = cfg.loader if cfg.loader != "auto" else ("threads" if info.device.type == "cpu" else "dataloader")
     # set_epoch also sets the crop epoch (and the schedule's size) of a dataset that crops in the workers
     sampler = EpochSampler(train_ds, schedule=schedule, shuffle=True, seed=cfg.seed, num_replicas=info.world_size,
-                           rank=info.rank, drop_last=False)
+                           rank=info.rank, drop_last=False, shard_window=cfg.shard_window)
     # Evaluation shards without padding (each sample counted once when the counts are summed).
     val_idx = list(range(info.rank, len(val_ds), info.world_size)) if val_ds is not None else []
     pin = info.device.type == "cuda"

@@ -154,6 +154,17 @@ class ImageStore(ABC):
         """Bytes read from a remote location by this process (0 for local caches)."""
         return 0
 
+    def file_bounds(self) -> np.ndarray:
+        """int64: the first sample of each stored file, in order, then the count (the units a shard-windowed
+        sampler keeps together; ``CacheSampler(shard_window=...)``)."""
+        return np.array([s.start for s in self.manifest.shards] + [self.manifest.count], dtype=np.int64)
+
+    def read_files_whole(self) -> None:
+        """From now on (and in copies pickled after), each remote file a batch touches is fetched whole into the
+        block cache in the background: a shard-windowed epoch reads every row of it soon. A no-op where the
+        store has no files to fetch whole (local caches, compressed zarr)."""
+        return  # what the stores of files (npy, jpeg, raw zarr) override
+
     def read_stored(self, idx: np.ndarray) -> list[Any]:
         """Samples ``idx`` as stored, one buffer each, for a :class:`Sink` of the same kind and parameters
         (``Sink.commit_stored``): raw kinds their pixel rows, encoded kinds their checked bytes (undecoded)."""

@@ -97,6 +97,9 @@ class ShardHandles:
         self._lock: Any = None
         self.bytes_fetched = 0
         self.readahead = Readahead()  # sequential reads through a block cache: whole files ahead
+        # Set by a shard-windowed sampler (CacheSampler(shard_window=W)): every file a batch touches is read
+        # whole within the window, so it is fetched whole at once (big requests) rather than row by row.
+        self.whole_files = False
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_handles": None, "_pid": -1, "_lock": None, "bytes_fetched": 0}
@@ -162,6 +165,17 @@ class ShardHandles:
                 job = functools.partial(handle.prefetch, start if j == k else 0, size,
                                         functools.partial(self._fetch, name), STEP_BYTES)
                 self.readahead.schedule(j, job, self.location.describe(name))
+
+    def read_whole(self, k: int) -> None:
+        """File ``k`` will be read whole soon (:attr:`whole_files`): fetch all of it into the block cache, in the
+        background, once per process; nothing without a block cache or with ``CACHEBUILD_READAHEAD_FILES=0``."""
+        if self.block_cache is None or self.block_cache.full or settings().readahead_files == 0:
+            return
+        handle = self._handle(k)
+        if isinstance(handle, CachedFile):
+            name, size = self._name_and_size(k)
+            job = functools.partial(handle.prefetch, 0, size, functools.partial(self._fetch, name), STEP_BYTES)
+            self.readahead.schedule(k, job, self.location.describe(name))
 
     def read_files(self, wanted: Sequence[tuple[int, Sequence[tuple[int, int]]]]) -> list[list[Any]]:
         """The byte ranges of remote files ``(k, ranges)``, one list per file: views of block-cache mirrors
@@ -258,7 +272,9 @@ class RowFiles(ShardHandles):
                       for a, z in runs]
             wanted.append((k, ranges))
             places.append((runs, order[lo:hi]))
-            if len(runs) == 1 and hi - lo > 1:  # consecutive rows: a sequential read, whose next bytes are known
+            if self.whole_files:
+                self.read_whole(k)
+            elif len(runs) == 1 and hi - lo > 1:  # consecutive rows: a sequential read, whose next bytes are known
                 self.read_ahead(k, ranges[0][1])
         for (runs, dest), datas in zip(places, self.read_files(wanted), strict=True):
             for (a, z), data in zip(runs, datas, strict=True):

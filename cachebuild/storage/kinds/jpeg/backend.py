@@ -129,6 +129,9 @@ class JpegImages(ImageStore):
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_pool": None, "_pool_key": (-1, 0)}
 
+    def read_files_whole(self) -> None:
+        self.files.whole_files = True
+
     @property
     def bytes_fetched(self) -> int:
         return self.files.bytes_fetched

@@ -187,6 +187,8 @@ class PayloadFiles(ShardHandles):
                     runs.append((a, j))
                     a = j
             wanted.append((k, [(begin[a], end[z - 1]) for a, z in runs]))
+            if self.whole_files:
+                self.read_whole(k)
             places.append(runs)
         for runs, datas in zip(places, self.read_files(wanted), strict=True):
             for (a, z), data in zip(runs, datas, strict=True):

@@ -136,6 +136,9 @@ class NpyImages(ImageStore):
     def bytes_fetched(self) -> int:
         return self.rows.bytes_fetched
 
+    def read_files_whole(self) -> None:
+        self.rows.whole_files = True
+
     def gather(self, idx: np.ndarray, out: np.ndarray) -> None:
         self.rows.gather(idx, out)
 

@@ -201,6 +201,15 @@ class ZarrImages(ImageStore):
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_array": None, "_pid": -1}
 
+    def file_bounds(self) -> np.ndarray:
+        """Chunk boundaries: each chunk is one file (zarr's default chunk keys)."""
+        n = self.manifest.count
+        return np.r_[np.arange(0, n, self.chunk_size), n].astype(np.int64)
+
+    def read_files_whole(self) -> None:
+        if self.rows is not None:  # compressed chunks are read whole already (zarr-python)
+            self.rows.whole_files = True
+
     @property
     def bytes_fetched(self) -> int:
         return self.rows.bytes_fetched if self.rows is not None else 0
