@@ -53,7 +53,9 @@ PROFILES: dict[str, dict[str, Any]] = {
 
 def _notes(cfg: dict[str, Any]) -> list[str]:
     return [
-        "Warm-ups are left out: each build contender's imports and worker-pool start-up come before its clock; "
+        "Warm-ups are left out: each build contender's imports, plan and worker-pool start-up come before its clock "
+        "(but for the two build rows marked whole process, timed from their process's start to its exit, fresh "
+        "workers included, as `time cachebuild imagenet SRC` is: the build goal is read from those); "
         "each load contender's first epoch, each train contender's first 2 steps and each transform's first 3 calls "
         "(they compile; TorchScript profiles its first two) are not counted.",
         "Page cache: warm throughout, never dropped (the source JPEGs are read once before the build section, "

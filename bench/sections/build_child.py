@@ -1,10 +1,15 @@
 """One build contender in its own process (run by ``bench.sections.build`` through ``bench.children``).
 
-    python -m bench.sections.build_child CONTENDER --src TRAIN_DIR --out DIR --size S --jobs J
+    python -m bench.sections.build_child CONTENDER --src TRAIN_DIR --out DIR --size S --jobs J [--whole-process]
 
-Prints one JSON line: ``seconds`` (the timed part only: imports and the warm-up of the worker pool
-come before it), ``images``, ``bytes_written``. Contenders:
-  bare_decode      cv2.imdecode of every file (IMREAD_COLOR), J processes: the decode limit
+Prints one JSON line: ``seconds``, ``images``, ``bytes_written``. ``seconds`` is the timed part only: imports,
+the plan (cachebuild) and the warm-up of the worker pool come before it. With ``--whole-process`` it is the
+whole process instead, from its creation (interpreter start, imports, fresh workers' start-up, the plan) to
+its end: what ``time cachebuild imagenet SRC --size S --jobs J`` measures, and the contender runs exactly that
+command's code (cachebuild_npy only; bare_decode likewise pays its own start-up and its workers'). Contenders:
+  bare_decode      cv2.imdecode of every file, J processes: the decode limit; each JPEG decoded at the DCT
+                   scale (1, 1/2, 1/4, 1/8) the build decodes it at (``--scales``, from
+                   ``scales_file``: the decode the build needs, not a full-size decode of its large photos)
   naive_npy        one process: cv2.imread, cvtColor, resize (S, S) INTER_AREA, then one np.save
   cachebuild_npy   cachebuild.builder.pipeline.build(..., storage="npy"), J processes
   cachebuild_zarr  the same, storage="zarr"
@@ -23,6 +28,23 @@ from pathlib import Path
 import numpy as np
 
 CONTENDERS = ("bare_decode", "naive_npy", "cachebuild_npy", "cachebuild_zarr", "cachebuild_jpeg")
+WHOLE_PROCESS = ("bare_decode", "cachebuild_npy")  # the acceptance check's pair
+
+
+def scales_file(src: Path, size: int, dest: Path) -> Path:
+    """``dest``: {path: DCT reduction r} for every file of ``src``, as the build picks it for ``size`` (crop
+    fit, reduced decode on: the defaults), so the bare decoder does the decode the build needs. Made by the
+    bench parent once, outside every contender's clock (the build probes each header inside its own)."""
+    from cachebuild.builder.decode import ResizeSpec, probe
+    from cachebuild.builder.decode import _reduction as reduction  # the build's own rule, not a copy of it
+
+    spec = ResizeSpec(size)
+    scales = {}
+    for p, _ in _files(src):
+        h, w, fmt = probe(Path(p).read_bytes(), spec.max_pixels)
+        scales[p] = reduction(h, w, spec) if fmt == "JPEG" else 1
+    dest.write_text(json.dumps(scales))
+    return dest
 
 
 def _files(src: Path) -> list[tuple[str, int]]:
@@ -56,15 +78,31 @@ def _warm(sample: str, contender: str) -> int:
     return os.getpid()
 
 
-def _decode_chunk(paths: list[str]) -> int:
+def _decode_chunk(paths: list[tuple[str, int]]) -> int:
     import cv2
 
     cv2.setNumThreads(1)
+    flags = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
+             8: cv2.IMREAD_REDUCED_COLOR_8}
     n = 0
-    for p in paths:
+    for p, r in paths:
         with open(p, "rb") as f:
-            n += cv2.imdecode(np.frombuffer(f.read(), np.uint8), cv2.IMREAD_COLOR) is not None
+            n += cv2.imdecode(np.frombuffer(f.read(), np.uint8), flags[r]) is not None
     return n
+
+
+def _cli_build(a: argparse.Namespace) -> int:
+    """``cachebuild imagenet <root> --split train --size S --jobs J --format F`` in this process (the console
+    script's own entry point); returns the bytes it wrote."""
+    from cachebuild.cli import main as cli
+
+    summary = a.out.parent / f"{a.out.name}.summary.json"
+    cli.main(["imagenet", str(a.src.parent), "--split", "train", "--size", str(a.size), "--jobs", str(a.jobs),
+              "--format", a.contender.rsplit("_", 1)[1], "--out", str(a.out), "--no-progress", "-q",
+              "--json", str(summary)], prog_name="cachebuild", standalone_mode=False)
+    doc = json.loads(summary.read_text())
+    summary.unlink()
+    return int(doc["bytes_written"])
 
 
 def main() -> None:
@@ -74,19 +112,34 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--scales", type=Path, help="bare_decode: the DCT reduction of each file (scales_file)")
+    ap.add_argument("--whole-process", action="store_true",
+                    help="time the whole process (start-up, imports, fresh workers, plan), not the build alone")
     a = ap.parse_args()
+    if a.whole_process and a.contender not in WHOLE_PROCESS:
+        ap.error(f"--whole-process runs {', '.join(WHOLE_PROCESS)}")
+    started = 0.0
+    if a.whole_process:
+        import psutil
+
+        started = psutil.Process().create_time()  # the kernel's record of this process's start (10 ms ticks)
     from joblib import Parallel, delayed
 
     files = _files(a.src)
     paths = [p for p, _ in files]
-    if a.contender != "naive_npy":
+    if a.contender != "naive_npy" and not a.whole_process:
         Parallel(n_jobs=a.jobs)(delayed(_warm)(paths[0], a.contender) for _ in range(a.jobs * 2))
     written = 0
-    if a.contender == "bare_decode":
-        chunks = [paths[i : i + 64] for i in range(0, len(paths), 64)]
+    if a.whole_process and a.contender != "bare_decode":
+        written = _cli_build(a)
+        seconds = time.time() - started
+    elif a.contender == "bare_decode":
+        scales = json.loads(a.scales.read_text()) if a.scales else {}
+        work = [(p, int(scales.get(p, 1))) for p in paths]
+        chunks = [work[i : i + 64] for i in range(0, len(work), 64)]
         t0 = time.perf_counter()
         Parallel(n_jobs=a.jobs)(delayed(_decode_chunk)(c) for c in chunks)
-        seconds = time.perf_counter() - t0
+        seconds = (time.time() - started) if a.whole_process else time.perf_counter() - t0
     elif a.contender == "naive_npy":
         import cv2
 
