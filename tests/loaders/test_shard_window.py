@@ -193,5 +193,6 @@ def test_a_windowed_url_epoch_fetches_each_shard_whole_once(tmp_path, http_serve
     exact_gets, _ = served()
     assert exact.bytes_fetched <= sum(sizes.values())  # the block cache fetches each block once here too...
     # ...but row range by row range, in one request per run of rows: many more requests than whole files
-    # (measured 12 against 61; a batch that outruns the background fetch reads its rows itself, hence 2x)
-    assert sum(exact_gets.values()) >= 2 * sum(gets.values()), (gets, exact_gets)
+    # (measured 12 against 61 alone, 33 against 61 under `make test`'s load: a batch that outruns the background
+    # fetch reads its rows itself, so the margin depends on timing; fewer requests does not)
+    assert sum(exact_gets.values()) > sum(gets.values()), (gets, exact_gets)
