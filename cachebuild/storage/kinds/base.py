@@ -25,7 +25,7 @@ from cachebuild.storage.remote.block_cache import BlockCache
 if TYPE_CHECKING:
     from cachebuild.format.manifest import Manifest, ShardInfo
 
-__all__ = ["Backend", "BlockFailure", "BlockRecord", "ImageStore", "Sink", "StorageParams", "link_shard",
+__all__ = ["Backend", "BlockFailure", "BlockRecord", "ImageStore", "Sink", "StorageParams", "adopt_file", "link_shard",
            "one_file_per_block", "sha256_file", "sha256_of_file"]
 
 
@@ -267,6 +267,15 @@ def one_file_per_block(staging: Path, ordered: list[BlockRecord]) -> list[ShardI
         else:
             (staging / r.file).unlink(missing_ok=True)
     return shards
+
+
+def adopt_file(location: Location, shard: ShardInfo, dst: Path) -> bool:
+    """``Backend.adopt_shard`` for kinds that write one shard file per block (npy, jpeg): the older local cache's
+    shard linked in as ``dst`` (a shard's bytes do not depend on its block's number); False for a remote cache."""
+    if not location.is_local:
+        return False
+    link_shard(location.local_path(shard.file), dst)
+    return True
 
 
 def link_shard(src: Path, dst: Path) -> None:

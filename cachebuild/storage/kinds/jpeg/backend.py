@@ -35,7 +35,7 @@ from cachebuild.storage.kinds.base import (
     BlockRecord,
     ImageStore,
     StorageParams,
-    link_shard,
+    adopt_file,
     one_file_per_block,
     sha256_of_file,
 )
@@ -253,11 +253,8 @@ class JpegBackend(Backend):
 
     def adopt_shard(self, staging: Path, block: int, location: Location,
                     shard: ShardInfo) -> tuple[str, int | None] | None:
-        if not location.is_local:
-            return None
-        name = shard_file_name(block)  # a shard's bytes do not depend on its block's number: taken as they are
-        link_shard(location.local_path(shard.file), staging / name)
-        return name, (staging / name).stat().st_size
+        name = shard_file_name(block)
+        return (name, (staging / name).stat().st_size) if adopt_file(location, shard, staging / name) else None
 
     def open(self, location: Location, manifest: Manifest, *, block_cache: BlockCache | None = None) -> JpegImages:
         """Read every shard's index (12 bytes a sample) and check it against the manifest and, locally, the
