@@ -48,17 +48,21 @@ class BlockTask:
     reuse: Any = None  # --update: the samples to copy from the cache being replaced (update.BlockReuse)
 
 
-def _init_worker() -> None:
+def _init_worker(decode_device: str) -> None:
     """One thread per library inside a worker process: parallelism comes from the workers, not from within.
-    Not in the caller's own process (--jobs 1, thread backends): its thread settings are the caller's."""
+    Not in the caller's own process (--jobs 1, thread backends): its thread settings are the caller's.
+    A CPU build needs no torch (its resize is :mod:`cachebuild.builder.aa_resize`); a GPU build's worker
+    imports it here, at the start of its first block, before any storage I/O thread of its own runs."""
     global _WORKER_READY
     if _WORKER_READY or multiprocessing.parent_process() is None:
         return
     import cv2
-    import torch
 
     cv2.setNumThreads(1)
-    torch.set_num_threads(1)
+    if decode_device != "cpu":
+        import torch
+
+        torch.set_num_threads(1)
     _WORKER_READY = True
 
 
@@ -112,7 +116,7 @@ def _fill(task: BlockTask, sink: Sink) -> tuple[list[int], list[tuple[int, int]]
 
 def run_block(task: BlockTask) -> BlockRecord:
     """Decode one block into its storage backend's sink and write its record; returns the record."""
-    _init_worker()
+    _init_worker(task.decode_device)
     folder = Path(task.staging)
     adopted = None if task.reuse is None else task.reuse.adopt(task)  # --update: an old shard taken whole
     if adopted is not None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
+from cachebuild.builder.aa_resize import antialias_into
 from cachebuild.errors import DecodeError
 
 __all__ = ["ANTIALIAS_FROM", "FITS", "INTERPOLATIONS", "Placement", "ResizeSpec", "decode_into", "fit_into", "probe"]
@@ -201,23 +202,14 @@ def _reduction(h: int, w: int, spec: ResizeSpec) -> int:
 def _antialias_into(src: np.ndarray, out: np.ndarray, extent: tuple[float, float] | None = None) -> None:
     """Antialiased bilinear (PIL's resample=BILINEAR, torchvision's default) of HWC ``src`` into ``out``.
 
-    torch's uint8 AVX2 kernel is ~2x faster than cv2.INTER_AREA on fractional scales and closer to PIL.
-    Given NHWC (channels-last) views of both arrays it reads the crop view and writes the caller's slot in
-    place: measured 0.35 ms against 0.56 ms for the functional call, whose planar output must be
-    interleaved again. ``extent``: the (h, w) in ``src`` pixels, from its top-left corner, that ``out``
-    spans, when not all of ``src`` (a DCT-reduced decode, see :func:`_fit_reduced`); rows and columns
-    past it only feed the filter at the far edge.
+    The bytes of torch's uint8 CPU kernel (``_upsample_bilinear2d_aa``, which caches built before held),
+    computed without torch (:mod:`cachebuild.builder.aa_resize`): importing torch cost every build worker
+    ~1.9 s of CPU (issue 36). ``extent``: the (h, w) in ``src`` pixels, from its top-left corner, that
+    ``out`` spans, when not all of ``src`` (a DCT-reduced decode, see :func:`_fit_reduced`); rows and
+    columns past it only feed the filter at the far edge.
     """
-    import torch
-
     h, w = out.shape[:2]
-    scales = (None, None) if extent is None else (h / extent[0], w / extent[1])
-    x = torch.from_numpy(src[None]).permute(0, 3, 1, 2)
-    if out.flags.c_contiguous:
-        y = torch.from_numpy(out[None]).permute(0, 3, 1, 2)
-        torch._C._nn._upsample_bilinear2d_aa(x, [h, w], False, *scales, out=y)  # type: ignore[call-arg]
-    else:  # a letterbox window inside the slot
-        out[...] = torch._C._nn._upsample_bilinear2d_aa(x, [h, w], False, *scales)[0].permute(1, 2, 0).numpy()
+    antialias_into(src, out, (None, None) if extent is None else (h / extent[0], w / extent[1]))
 
 
 def _linear_into(src: np.ndarray, out: np.ndarray) -> None:

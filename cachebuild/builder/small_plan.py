@@ -1,13 +1,11 @@
 """Small local builds run in the calling process: starting worker processes costs more than their work.
 
-Each loky worker starts a Python, imports numpy, OpenCV and torch (torch alone takes 1.5-4 s on a 2-core
-machine; it is imported at worker start, before any I/O thread runs: see ``block._init_worker``) and then
-decodes its share. A plan of a few hundred images decodes in about a second on one core, so for such a plan
+Each loky worker starts a Python, imports numpy, OpenCV and scipy (~0.5 s of CPU; until issue 36 torch too,
+1.5-4 s on a 2-core machine) and then decodes its share. A plan of a few hundred images decodes in about a second on one core, so for such a plan
 (``make demo``'s 410 photos) the workers' start-up is most of the build. With ``--jobs`` left at its default,
 a local plan of at most :data:`IN_PROCESS_MAX` files and, where the plan knows its files' sizes, at most
 :data:`IN_PROCESS_MAX_BYTES` of them (a few hundred large photos still deserve every core) is built by the
-calling process instead, with torch imported up front (before any block runs) and one thread per library
-while the blocks run, as in a worker.
+calling process instead, with one OpenCV thread while the blocks run, as in a worker.
 Blocks, bytes and records are those of any other build (block boundaries follow from the plan alone).
 
 An update (``--update``) that has at most as much to decode, and at most :data:`IN_PROCESS_COPY_BYTES` of stored
@@ -67,19 +65,16 @@ def update_runs_in_process(plan: Plan, decode: Any, copy_bytes: int) -> bool:
 
 @contextlib.contextmanager
 def in_process(enabled: bool) -> Iterator[None]:
-    """When ``enabled``: torch imported now, before any block, and one thread for torch and OpenCV while the
-    blocks run, as in a worker; the caller's own settings come back after. Otherwise nothing."""
+    """When ``enabled``: one OpenCV thread while the blocks run, as in a worker; the caller's own setting
+    comes back after. Otherwise nothing. (The CPU build imports no torch: see ``block._init_worker``.)"""
     if not enabled:
         yield
         return
     import cv2
-    import torch
 
-    threads = torch.get_num_threads(), cv2.getNumThreads()
-    torch.set_num_threads(1)
+    threads = cv2.getNumThreads()
     cv2.setNumThreads(1)
     try:
         yield
     finally:
-        torch.set_num_threads(threads[0])
-        cv2.setNumThreads(threads[1])
+        cv2.setNumThreads(threads)

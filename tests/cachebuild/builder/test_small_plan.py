@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from pathlib import Path
 
 import cv2
 import joblib
 import numpy as np
-import torch
 
 from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.builder.small_plan import IN_PROCESS_MAX, IN_PROCESS_MAX_BYTES, in_process, runs_in_process
@@ -26,25 +26,32 @@ class _PidReader:
     log: str
 
     def __call__(self, i: int, key: str):
-        with open(self.log, "a", encoding="utf-8") as f:
-            f.write(f"{os.getpid()}\n")
+        with open(self.log, "a", encoding="utf-8") as f:  # and whether torch came in (it should not: issue 36)
+            f.write(f"{os.getpid()} {int('torch' in sys.modules)}\n")
         return self.inner(i, key)  # type: ignore[operator]
 
 
 def _pids(log: Path) -> set[int]:
-    return {int(line) for line in log.read_text().split()}
+    return {int(line.split()[0]) for line in log.read_text().splitlines()}
 
 
 def test_a_small_plan_is_built_here_with_the_bytes_of_any_build(imagenet_tree, tmp_path: Path) -> None:
     plan = imagenet_plans(imagenet_tree["root"], "train")[0]
     here_log = tmp_path / "here.log"
-    threads = torch.get_num_threads(), cv2.getNumThreads()
+    threads = cv2.getNumThreads()
     here = build(dataclasses.replace(plan, reader=_PidReader(plan.reader, str(here_log))), tmp_path / "a",
                  BuildOptions(size=48, block_size=4))
     assert _pids(here_log) == {os.getpid()}  # every file read in this process: no worker started
-    assert (torch.get_num_threads(), cv2.getNumThreads()) == threads  # the caller's settings came back
+    assert cv2.getNumThreads() == threads  # the caller's setting came back
     # --jobs 1 (the caller's thread settings) gives the bytes of --jobs 2 (test_build.test_jobs_do_not_change_a_byte)
     workers = build(plan, tmp_path / "b", BuildOptions(size=48, block_size=4, jobs=1))
+    worker_log = tmp_path / "workers.log"
+    two = build(dataclasses.replace(plan, reader=_PidReader(plan.reader, str(worker_log))), tmp_path / "c",
+                BuildOptions(size=48, block_size=4, jobs=2))
+    assert os.getpid() not in _pids(worker_log)
+    # the CPU build's workers never import torch (its import was ~2 s of CPU a worker)
+    assert {line.split()[1] for line in worker_log.read_text().splitlines()} == {"0"}
+    assert [s.sha256 for s in read_manifest(two.path).shards] == [s.sha256 for s in read_manifest(here.path).shards]
     ma, mb = read_manifest(here.path), read_manifest(workers.path)
     assert here.count == workers.count > 4 and len(ma.shards) > 1
     assert [s.sha256 for s in ma.shards] == [s.sha256 for s in mb.shards]
@@ -66,9 +73,9 @@ def test_what_keeps_the_workers(imagenet_tree) -> None:
 
 
 def test_in_process_uses_one_thread_while_the_blocks_run() -> None:
-    before = torch.get_num_threads(), cv2.getNumThreads()
+    before = cv2.getNumThreads()
     with in_process(True):
-        assert (torch.get_num_threads(), cv2.getNumThreads()) == (1, 1)
-    assert (torch.get_num_threads(), cv2.getNumThreads()) == before
+        assert cv2.getNumThreads() == 1
+    assert cv2.getNumThreads() == before
     with in_process(False):
-        assert (torch.get_num_threads(), cv2.getNumThreads()) == before
+        assert cv2.getNumThreads() == before
