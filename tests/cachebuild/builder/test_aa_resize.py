@@ -1,0 +1,68 @@
+"""aa_resize gives the bytes of torch's uint8 antialias kernel, the one caches were built with before (issue 36)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from cachebuild.builder.aa_resize import antialias_into
+
+
+def _torch(src: np.ndarray, h: int, w: int, scales: tuple[float | None, float | None]) -> np.ndarray:
+    """torch's kernel as the build called it until issue 36: NHWC (channels-last) views, explicit scales."""
+    x = torch.from_numpy(src[None]).permute(0, 3, 1, 2)
+    return torch._C._nn._upsample_bilinear2d_aa(x, [h, w], False, *scales)[0].permute(1, 2, 0).numpy()
+
+
+def _case(rng: np.random.Generator, i: int) -> tuple[np.ndarray, tuple[int, int], tuple[float | None, float | None]]:
+    """One random case: a crop view of a random image (odd sizes, 1.0x to 16x down, some upscales and
+    one-axis-only changes), sometimes with the explicit scales of a DCT-reduced decode's extent."""
+    out_h = int(rng.choice([1, 2, 7, 17, 32, 63, 64, 96, 101, 224]))
+    out_w = out_h if i % 3 else max(1, out_h + int(rng.integers(-5, 6)))  # letterbox windows are not square
+    f = float(rng.uniform(2.0, 16.0)) if i % 4 else float(rng.uniform(0.5, 3.0))
+    h, w = max(1, round(out_h * f * rng.uniform(0.9, 1.2))), max(1, round(out_w * f * rng.uniform(0.9, 1.2)))
+    if i % 11 == 0:
+        w = out_w  # only the height changes: the horizontal pass is skipped
+    if i % 13 == 0:
+        h = out_h
+    full = rng.integers(0, 256, (h + 3, w + 5, 3), dtype=np.uint8)
+    if i % 5 == 0:
+        full = np.where(rng.random(full.shape) < 0.5, 0, 255).astype(np.uint8)  # extremes: any overflow shows
+    src = full[1 : 1 + h, 2 : 2 + w]  # a crop view, as the build passes its crop window
+    scales: tuple[float | None, float | None] = (None, None)
+    if i % 2:
+        # a reduced decode: the output spans (eh, ew) <= the array's size (see decode._fit_reduced)
+        eh, ew = h * float(rng.uniform(0.8, 1.0)), w * float(rng.uniform(0.8, 1.0))
+        scales = (out_h / eh, out_w / ew)
+    return src, (out_h, out_w), scales
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_bytes_of_torch_over_random_sizes_and_scales(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for i in range(150):  # 600 cases in all
+        src, (h, w), scales = _case(rng, i)
+        expected = _torch(np.ascontiguousarray(src), h, w, scales)
+        got = np.empty((h, w, 3), np.uint8)
+        antialias_into(src, got, scales)
+        assert np.array_equal(got, expected), (src.shape, (h, w), scales)
+
+
+def test_a_letterbox_window_is_written_in_place_and_nothing_around_it() -> None:
+    rng = np.random.default_rng(7)
+    src = rng.integers(0, 256, (301, 455, 3), dtype=np.uint8)
+    slot = np.full((64, 64, 3), 9, np.uint8)
+    window = slot[11:53, :]  # not C-contiguous... rows of the slot
+    antialias_into(src, window[:, 1:63], (42 / 301, 62 / 455))
+    assert np.array_equal(window[:, 1:63], _torch(src, 42, 62, (42 / 301, 62 / 455)))
+    untouched = np.ones((64, 64), bool)
+    untouched[11:53, 1:63] = False
+    assert (slot[untouched] == 9).all()
+
+
+def test_the_same_size_is_a_copy() -> None:
+    src = np.random.default_rng(1).integers(0, 256, (20, 30, 3), dtype=np.uint8)
+    out = np.empty_like(src)
+    antialias_into(src[:, :], out, (0.5, 0.5))  # torch copies when no size changes, whatever the scales
+    assert np.array_equal(out, src) and np.array_equal(out, _torch(src, 20, 30, (0.5, 0.5)))
