@@ -48,7 +48,7 @@ class BlockTask:
     reuse: Any = None  # --update: the samples to copy from the cache being replaced (update.BlockReuse)
 
 
-def _init_worker(decode_device: str) -> None:
+def _init_worker(decode_device: str = "cpu") -> None:
     """One thread per library inside a worker process: parallelism comes from the workers, not from within.
     Not in the caller's own process (--jobs 1, thread backends): its thread settings are the caller's.
     A CPU build needs no torch (its resize is :mod:`cachebuild.builder.aa_resize`); a GPU build's worker

@@ -1,11 +1,11 @@
 """Small local builds run in the calling process: starting worker processes costs more than their work.
 
 Each loky worker starts a Python, imports numpy, OpenCV and scipy (~0.5 s of CPU; until issue 36 torch too,
-1.5-4 s on a 2-core machine) and then decodes its share. A plan of a few hundred images decodes in about a second on one core, so for such a plan
-(``make demo``'s 410 photos) the workers' start-up is most of the build. With ``--jobs`` left at its default,
-a local plan of at most :data:`IN_PROCESS_MAX` files and, where the plan knows its files' sizes, at most
-:data:`IN_PROCESS_MAX_BYTES` of them (a few hundred large photos still deserve every core) is built by the
-calling process instead, with one OpenCV thread while the blocks run, as in a worker.
+1.5-4 s on a 2-core machine) and then decodes its share. A plan of a few hundred images decodes in about a
+second on one core, so for such a plan (``make demo``'s 410 photos) the workers' start-up is most of the build.
+With ``--jobs`` left at its default, a local plan of at most :data:`IN_PROCESS_MAX` files and, where the plan
+knows its files' sizes, at most :data:`IN_PROCESS_MAX_BYTES` of them (a few hundred large photos still deserve
+every core) is built by the calling process instead, with one OpenCV thread while the blocks run, as in a worker.
 Blocks, bytes and records are those of any other build (block boundaries follow from the plan alone).
 
 An update (``--update``) that has at most as much to decode, and at most :data:`IN_PROCESS_COPY_BYTES` of stored
