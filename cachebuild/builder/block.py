@@ -46,20 +46,24 @@ class BlockTask:
     decode_device: str = "cpu"
     claim: str = ""  # the GPU this worker claims (gpu_build.gpu_workers)
     reuse: Any = None  # --update: the samples to copy from the cache being replaced (update.BlockReuse)
+    torch_resize: bool = False  # a worker share large enough to pay torch's import (decode.TORCH_RESIZE_FROM)
 
 
-def _init_worker(decode_device: str = "cpu") -> None:
+def _init_worker(decode_device: str = "cpu", torch_resize: bool = False) -> None:
     """One thread per library inside a worker process: parallelism comes from the workers, not from within.
     Not in the caller's own process (--jobs 1, thread backends): its thread settings are the caller's.
-    A CPU build needs no torch (its resize is :mod:`cachebuild.builder.aa_resize`); a GPU build's worker
-    imports it here, at the start of its first block, before any storage I/O thread of its own runs."""
+    A small CPU build needs no torch (its resize is :mod:`cachebuild.builder.aa_resize`); a GPU build's
+    worker, and one with a large share (``torch_resize``), import it here, at the start of its first block,
+    before any storage I/O thread of its own runs. Only here: a worker loky reuses from a build without
+    torch keeps numpy's resize (the same bytes), because importing torch later grows it by more than
+    loky's leak limit (300 MB), loky then stops it mid-build, and joblib's unordered generator hung on that."""
     global _WORKER_READY
     if _WORKER_READY or multiprocessing.parent_process() is None:
         return
     import cv2
 
     cv2.setNumThreads(1)
-    if decode_device != "cpu":
+    if decode_device != "cpu" or torch_resize:
         import torch
 
         torch.set_num_threads(1)
@@ -116,7 +120,7 @@ def _fill(task: BlockTask, sink: Sink) -> tuple[list[int], list[tuple[int, int]]
 
 def run_block(task: BlockTask) -> BlockRecord:
     """Decode one block into its storage backend's sink and write its record; returns the record."""
-    _init_worker(task.decode_device)
+    _init_worker(task.decode_device, task.torch_resize)
     folder = Path(task.staging)
     adopted = None if task.reuse is None else task.reuse.adopt(task)  # --update: an old shard taken whole
     if adopted is not None:

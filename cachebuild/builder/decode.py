@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import io
 import math
+import sys
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import cv2
 import numpy as np
@@ -21,7 +23,8 @@ import numpy as np
 from cachebuild.builder.aa_resize import antialias_into
 from cachebuild.errors import DecodeError
 
-__all__ = ["ANTIALIAS_FROM", "FITS", "INTERPOLATIONS", "Placement", "ResizeSpec", "decode_into", "fit_into", "probe"]
+__all__ = ["ANTIALIAS_FROM", "FITS", "INTERPOLATIONS", "TORCH_RESIZE_FROM", "Placement", "ResizeSpec", "decode_into",
+           "fit_into", "probe"]
 
 FITS = ("crop", "squash", "pad")
 INTERPOLATIONS = ("antialias", "area", "linear")
@@ -42,6 +45,18 @@ _PIL_LIMIT_LOCK = threading.Lock()
 # one process), median PSNR against torchvision's PIL Resize + CenterCrop from 47 to 41 dB; at 96 and
 # 64 px nearly every source downscales >= 2x and nothing changes. 1.5 measured 0.70x and 44 dB.
 ANTIALIAS_FROM = 2.0
+# The same bytes come from torch's kernel and from aa_resize; torch's AVX2 kernel is 3-7x faster a call
+# but importing torch costs a worker ~1.9 s of CPU. Measured on the bench photos (issue 36): aa_resize adds
+# ~0.25 ms a sample (at 224 and at 64 px), so torch pays from ~7,600 samples a worker; from this many
+# planned samples a worker, workers import torch at their start (block._init_worker) and resize with it.
+TORCH_RESIZE_FROM = 6000
+
+
+def _torch_kernel() -> Any:
+    """torch's antialiased kernel where this process has imported torch already (a build worker that was
+    told to, or a caller that uses torch anyway), else None: this module never imports it."""
+    torch = sys.modules.get("torch")
+    return None if torch is None else torch._C._nn._upsample_bilinear2d_aa
 
 
 @dataclass(frozen=True)
@@ -209,7 +224,17 @@ def _antialias_into(src: np.ndarray, out: np.ndarray, extent: tuple[float, float
     columns past it only feed the filter at the far edge.
     """
     h, w = out.shape[:2]
-    antialias_into(src, out, (None, None) if extent is None else (h / extent[0], w / extent[1]))
+    scales = (None, None) if extent is None else (h / extent[0], w / extent[1])
+    kernel = _torch_kernel()
+    if kernel is None:
+        antialias_into(src, out, scales)
+        return
+    torch = sys.modules["torch"]
+    x = torch.from_numpy(src[None]).permute(0, 3, 1, 2)  # NHWC views: torch reads the crop view, writes the slot
+    if out.flags.c_contiguous:
+        kernel(x, [h, w], False, *scales, out=torch.from_numpy(out[None]).permute(0, 3, 1, 2))
+    else:  # a letterbox window inside the slot
+        out[...] = kernel(x, [h, w], False, *scales)[0].permute(1, 2, 0).numpy()
 
 
 def _linear_into(src: np.ndarray, out: np.ndarray) -> None:

@@ -22,11 +22,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from joblib import Parallel, delayed
+from joblib import Parallel, delayed, effective_n_jobs
 from joblib.externals.loky.process_executor import TerminatedWorkerError
 
 from cachebuild.builder.block import BlockTask, run_block
-from cachebuild.builder.decode import ResizeSpec
+from cachebuild.builder.decode import TORCH_RESIZE_FROM, ResizeSpec
 from cachebuild.builder.destination import check_outside_source, output_error
 from cachebuild.builder.finish import finish
 from cachebuild.builder.locks import exclusive_lock
@@ -123,16 +123,20 @@ def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
     if done:
         log.info("resuming %s: %d of %d blocks already built", out, len(done), len(blocks))
     records = dict(done)
+    inline = opts.decode_device == "cpu" and (runs_in_process(jobs, plan) or (reuse is not None and
+                                              update_runs_in_process(plan, reuse.old < 0,
+                                                                     reuse.reused * spec.size * spec.size * 3)))
+    # the same bytes either way: torch's resize only where a worker's share pays for importing it
+    to_decode = sum(min(n, lo + bs) - lo for _, lo in todo) - (0 if reuse is None else reuse.reused)
+    torch_resize = (opts.decode_device == "cpu" and spec.interpolation == "antialias" and not inline
+                    and to_decode >= TORCH_RESIZE_FROM * max(1, effective_n_jobs(jobs)))
     tasks = (
         delayed(run_block)(BlockTask(block_reader(plan.reader, lo, lo + bs), list(plan.keys[lo : lo + bs]), lo, b,
                                      spec, str(staging), opts.on_error, opts.storage, storage_params,
                                      opts.decode_device, claim,
-                                     None if reuse is None else reuse.for_block(lo, lo + bs)))
+                                     None if reuse is None else reuse.for_block(lo, lo + bs), torch_resize))
         for b, lo in todo
     )
-    inline = opts.decode_device == "cpu" and (runs_in_process(jobs, plan) or (reuse is not None and
-                                              update_runs_in_process(plan, reuse.old < 0,
-                                                                     reuse.reused * spec.size * spec.size * 3)))
     with gc_paused(inline and reuse is not None):  # an update copying in this process: no decode between records
         with _progress(n, sum(r.planned for r in done.values()), f"{plan.dataset}/{plan.split}",
                        opts.progress) as bar, in_process(inline):

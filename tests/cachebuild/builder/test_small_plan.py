@@ -79,3 +79,31 @@ def test_in_process_uses_one_thread_while_the_blocks_run() -> None:
     assert cv2.getNumThreads() == before
     with in_process(False):
         assert cv2.getNumThreads() == before
+
+
+def test_workers_with_a_large_share_resize_with_torch_and_give_the_same_bytes(imagenet_tree, tmp_path: Path,
+                                                                               monkeypatch) -> None:
+    """Above TORCH_RESIZE_FROM samples a worker, fresh workers import torch for its faster kernel: same bytes.
+    A worker reused from a build without torch keeps numpy's resize (no import mid-build: see _init_worker)."""
+    import cachebuild.builder.pipeline as pipeline
+    from joblib.externals.loky import get_reusable_executor
+
+    plan = imagenet_plans(imagenet_tree["root"], "train")[0]
+    torch_in = {}
+    hashes = {}
+    for name, threshold in (("numpy", 10**9), ("torch", 1), ("reused", 1)):
+        get_reusable_executor().shutdown(wait=True)  # workers of earlier builds (and tests): start from new ones
+        if name == "reused":  # ... which a build without torch starts, and the next build reuses
+            monkeypatch.setattr(pipeline, "TORCH_RESIZE_FROM", 10**9)
+            build(plan, tmp_path / "warm", BuildOptions(size=24, block_size=4, jobs=2))
+        monkeypatch.setattr(pipeline, "TORCH_RESIZE_FROM", threshold)
+        log = tmp_path / f"{name}.log"
+        done = build(dataclasses.replace(plan, reader=_PidReader(plan.reader, str(log))), tmp_path / name,
+                     BuildOptions(size=24, block_size=4, jobs=2))
+        hashes[name] = [s.sha256 for s in read_manifest(done.path).shards]
+        torch_in[name] = {line.split()[1] for line in log.read_text().splitlines()}
+    get_reusable_executor().shutdown(wait=True)
+    assert torch_in["numpy"] == {"0"} and torch_in["reused"] == {"0"}
+    # torch is imported at worker start, so it is there from the first file each worker reads
+    assert torch_in["torch"] == {"1"}
+    assert hashes["torch"] == hashes["numpy"] == hashes["reused"] and len(hashes["numpy"]) > 1
