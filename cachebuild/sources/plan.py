@@ -127,7 +127,8 @@ class Plan:
 
 def stat_files(root: Path, keys: Sequence[str]) -> np.ndarray:
     """int64 (n, 2): (size, mtime_ns) of every key under ``root``; (-1, -1) for an entry that cannot be
-    stat'ed (a dangling link). The per-file inputs of :func:`digest_files`."""
+    stat'ed (a dangling link). The per-file inputs of :func:`digest_files`. One thread: stat'ing in four
+    measured twice as long at 1.28M files (each call holds the GIL for most of its ~2 us)."""
     sizes = [-1] * len(keys)
     mtimes = [-1] * len(keys)
     top = os.fspath(root)
@@ -167,12 +168,20 @@ def digest_stats(keys: Sequence[str], labels: np.ndarray, stats: np.ndarray, ext
     """The source digest of (relative path, label, size, mtime) rows, ``stats`` from :func:`stat_files`."""
     h = hashlib.sha256()
     h.update(json.dumps(extra, sort_keys=True, default=str).encode())
-    # by column: no list per row for the collector to scan (1.28M of them were a second at ImageNet count)
-    for key, label, size, mtime in zip(keys, labels.tolist(), stats[:, 0].tolist(), stats[:, 1].tolist(),
-                                       strict=True):
-        meta = "missing" if size < 0 else f"{size}:{mtime}"
-        h.update(f"{key}\0{label}\0{meta}\n".encode("utf-8", "surrogateescape"))
+    # Rows joined and hashed a stretch at a time: the same bytes as one update per row (sha256 of a
+    # concatenation), without 1.28M encode and update calls; by column, no list per row for the collector.
+    if not len(keys) == len(labels) == len(stats):
+        raise ValueError(f"{len(keys)} keys, {len(labels)} labels and {len(stats)} stats: one each")
+    for lo in range(0, len(keys), _DIGEST_STRETCH):
+        hi = min(len(keys), lo + _DIGEST_STRETCH)
+        rows = "".join([f"{key}\0{label}\0{'missing' if size < 0 else f'{size}:{mtime}'}\n"
+                        for key, label, size, mtime in zip(keys[lo:hi], labels[lo:hi].tolist(),
+                                                           stats[lo:hi, 0].tolist(), stats[lo:hi, 1].tolist())])
+        h.update(rows.encode("utf-8", "surrogateescape"))
     return h.hexdigest()
+
+
+_DIGEST_STRETCH = 65_536
 
 
 def digest_files(root: Path, keys: Sequence[str], labels: np.ndarray, extra: Any = None) -> str:

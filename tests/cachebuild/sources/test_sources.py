@@ -121,3 +121,27 @@ def test_file_reader_reads_to_the_end_and_keeps_its_limit(tmp_path):
         FileReader("/proc/self", max_bytes=64)(0, "status")
     (tmp_path / "a.jpg").write_bytes(b"x" * 64)
     assert FileReader(str(tmp_path), max_bytes=64)(0, "a.jpg") == b"x" * 64
+
+
+def test_the_source_digest_is_the_row_by_row_sha256_across_stretches() -> None:
+    """digest_stats hashes rows a stretch at a time; the digest (in every cache's manifest) must stay the
+    sha256 of one row after another: a wrong join, a lost row at a stretch's edge or another encoding of an
+    undecodable name would change every cache's fingerprint."""
+    import hashlib
+    import json
+
+    from cachebuild.sources.plan import _DIGEST_STRETCH, digest_stats
+
+    n = 2 * _DIGEST_STRETCH + 7
+    keys = [f"n{i % 977:08d}/img_{i}.JPEG" for i in range(n)]
+    keys[_DIGEST_STRETCH] = "n1/caf\udce9.jpg"  # a name that was not UTF-8 on disk, at a stretch's start
+    labels = np.arange(n, dtype=np.int64) % 1000
+    stats = np.stack([np.arange(n) * 3 + 1, np.arange(n) * 1_000_000_007], axis=1).astype(np.int64)
+    stats[5] = (-1, -1)  # a dangling link
+    h = hashlib.sha256(json.dumps({"classes": ["a"]}, sort_keys=True).encode())
+    for key, label, (size, mtime) in zip(keys, labels.tolist(), stats.tolist(), strict=True):
+        meta = "missing" if size < 0 else f"{size}:{mtime}"
+        h.update(f"{key}\0{label}\0{meta}\n".encode("utf-8", "surrogateescape"))
+    assert digest_stats(keys, labels, stats, {"classes": ["a"]}) == h.hexdigest()
+    with pytest.raises(ValueError, match="one each"):
+        digest_stats(keys, labels[:-1], stats)
