@@ -3,16 +3,18 @@ finish (samples to their final places), then the one commit that renames the sta
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from cachebuild.builder.carry_columns import CarriedColumns
 from cachebuild.builder.decode import ResizeSpec
 from cachebuild.builder.options import BuildOptions
 from cachebuild.errors import CacheBuildError
-from cachebuild.format.manifest import Failure, Manifest
+from cachebuild.format.manifest import COLUMNS_VERSION, Failure, Manifest
 from cachebuild.format.pathnames import decode_path
 from cachebuild.sources.plan import Plan
 from cachebuild.storage import get_backend, is_url
@@ -24,8 +26,9 @@ __all__ = ["finish"]
 
 
 def finish(plan: Plan, out: Path, staging: Path, records: dict[int, BlockRecord], opts: BuildOptions,
-           params: dict[str, Any], key: str, spec: ResizeSpec) -> Manifest:
-    """Merge block records (in plan order) into side arrays and the manifest; commit atomically."""
+           params: dict[str, Any], key: str, spec: ResizeSpec, columns: CarriedColumns | None = None) -> Manifest:
+    """Merge block records (in plan order) into side arrays and the manifest; commit atomically. ``columns``:
+    an update's columns, written for the new samples into the staging folder, so they commit with it."""
     ordered = [records[b] for b in sorted(records)]
     ok = np.asarray([i for r in ordered for i in r.ok], dtype=np.int64)
     count = len(ok)
@@ -74,6 +77,8 @@ def finish(plan: Plan, out: Path, staging: Path, records: dict[int, BlockRecord]
         extra=plan.extra,
         created=utc_now(),
     )
+    if columns is not None:
+        manifest = dataclasses.replace(manifest, columns=columns.write(staging, ok), format_version=COLUMNS_VERSION)
     shutil.rmtree(staging / "blocks")
     (staging / "build.json").unlink()  # from here a killed build starts afresh (safe: nothing is half-done)
     backend.cleanup(staging)

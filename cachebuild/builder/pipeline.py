@@ -144,7 +144,8 @@ def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
                 records[rec.block] = rec
                 bar.update(rec.planned)
         release_reader()  # in-process blocks' reader of the cache being replaced: let it go before the commit
-        manifest = finish(plan, out, staging, records, opts, params, key, spec)
+        manifest = finish(plan, out, staging, records, opts, params, key, spec,
+                          None if reuse is None else reuse.columns)
     seconds = time.perf_counter() - t0
     # Bytes as stored: kinds that encode samples say so in their block records.
     written = sum(r.count * manifest.sample_nbytes if r.stored_bytes is None else r.stored_bytes

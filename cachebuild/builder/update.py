@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from cachebuild.builder.carry_columns import CarriedColumns, plan_columns
 from cachebuild.errors import CacheBuildError, CacheExistsError
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from cachebuild.sources.plan import Plan
@@ -167,6 +168,7 @@ class Reuse:
     sizes: np.ndarray  # int32 (old count, 2)
     boxes: np.ndarray | None  # int32 (old count, 4): fit=pad only
     shards: dict[tuple[int, int], ShardInfo] = dataclasses.field(default_factory=dict)  # (start, count) -> shard
+    columns: CarriedColumns | None = None  # the old cache's columns, their rows by path (builder.carry_columns)
 
     @property
     def reused(self) -> int:
@@ -269,6 +271,17 @@ def racy_files(plan: Plan, m: Manifest) -> int:
     return int((np.asarray(plan.file_stats)[:, 1] >= _listed_ns(m) - RACY_NS).sum())
 
 
+def _carried(out: Path, location: Any, m: Manifest, plan: Plan, fix: str) -> CarriedColumns | None:
+    """Columns of a cache that records no per-file inputs: checked paths first, as an update with them does."""
+    if not m.columns:
+        return None
+    problems = open_cache(out).verify_arrays(["paths"])
+    if problems:
+        raise CacheBuildError(f"cannot update {out}: it fails its checksums ({problems[0]}): nothing damaged is "
+                              f"carried over; {fix}")
+    return plan_columns(out, location, m, plan.keys, load_paths(location, m), fix)
+
+
 def plan_reuse(out: Path, plan: Plan, params: dict[str, Any], block: int) -> Reuse | None:
     """The update of the cache at ``out`` to ``plan`` (None: nothing there, a plain build). Refuses another
     recipe or a damaged cache, by name; a cache without per-file inputs (CIFAR, WebDataset, Parquet) is
@@ -284,25 +297,26 @@ def plan_reuse(out: Path, plan: Plan, params: dict[str, Any], block: int) -> Reu
     if diffs:
         raise CacheExistsError(f"cannot update {out}: it was built with another recipe ({'; '.join(diffs)}); "
                                f"{fix}")
-    if m.columns:  # rows in the old sample order: added, removed or moved files leave them meaning nothing
-        raise CacheExistsError(f"cannot update {out}: it has columns ({', '.join(sorted(m.columns))}), one row per "
-                               f"old sample, that an update cannot carry over; remove them (cachebuild columns rm) "
-                               f"and add them again after the update, or {fix}")
     location = open_location(out)
     inputs = load_source_inputs(location, m)
     if inputs is None or plan.file_stats is None:
         log.warning("%s records no per-file inputs of its source (or this source has none): the update decodes "
                     "every file", out)
-        return Reuse(str(out), m.content_id, np.full(len(plan), -1, np.int64), np.zeros((0, 2), np.int32), None)
+        columns = _carried(out, location, m, plan, fix)
+        return Reuse(str(out), m.content_id, np.full(len(plan), -1, np.int64), np.zeros((0, 2), np.int32), None,
+                     columns=columns)
     held = open_cache(out)
     if held.manifest.content_id != m.content_id:
         raise CacheBuildError(f"cannot update {out}: it changed while the update was planned; rerun the command")
     problems = held.verify_arrays([n for n in ("paths", "sizes", "boxes") if n in m.arrays])
-    sample_of = _old_samples(inputs.keys, load_paths(location, m), str(out)) if not problems else np.zeros(0)
+    paths = load_paths(location, m) if not problems else []
+    sample_of = _old_samples(inputs.keys, paths, str(out)) if not problems else np.zeros(0)
     old = _match(plan, inputs.keys, inputs.rows, sample_of, _listed_ns(m)) if not problems else np.zeros(0)
     sizes = np.asarray(map_array(location, m, "sizes"))
     boxes = np.asarray(map_array(location, m, "boxes")) if "boxes" in m.arrays else None
-    reuse = Reuse(str(out), m.content_id, old, sizes, boxes, {(sh.start, sh.count): sh for sh in m.shards})
+    columns = plan_columns(out, location, m, plan.keys, paths, fix) if not problems else None
+    reuse = Reuse(str(out), m.content_id, old, sizes, boxes, {(sh.start, sh.count): sh for sh in m.shards},
+                  columns)
     if not problems:  # a shard taken whole keeps its checksum, for `verify` of the new cache; a copied one is checked
         problems = held.images.verify(reuse.copied_shards(block, get_backend(m.storage).adopts_shards))
     if problems:

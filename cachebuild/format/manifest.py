@@ -19,6 +19,7 @@ from cachebuild.format.pathnames import check_name, decode_path, encode_path
 
 __all__ = [
     "CHECKSUM_FIELD",
+    "COLUMNS_DIR",
     "COLUMNS_VERSION",
     "FORMAT_NAME",
     "FORMAT_VERSION",
@@ -44,6 +45,7 @@ FORMAT_NAME = "cachebuild"
 FORMAT_VERSION = 3
 READ_VERSIONS = (1, 2, 3)
 PLAIN_VERSION = 2  # what a cache without columns is written as
+COLUMNS_DIR = "columns"  # the folder of a cache's column files: outside its file table (the manifest holds their sums)
 COLUMNS_VERSION = 3
 MANIFEST_NAME = "manifest.json"
 

@@ -176,7 +176,8 @@ def digest_stats(keys: Sequence[str], labels: np.ndarray, stats: np.ndarray, ext
         hi = min(len(keys), lo + _DIGEST_STRETCH)
         rows = "".join([f"{key}\0{label}\0{'missing' if size < 0 else f'{size}:{mtime}'}\n"
                         for key, label, size, mtime in zip(keys[lo:hi], labels[lo:hi].tolist(),
-                                                           stats[lo:hi, 0].tolist(), stats[lo:hi, 1].tolist())])
+                                                           stats[lo:hi, 0].tolist(), stats[lo:hi, 1].tolist(),
+                                                           strict=True)])
         h.update(rows.encode("utf-8", "surrogateescape"))
     return h.hexdigest()
 

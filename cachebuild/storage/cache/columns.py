@@ -33,6 +33,7 @@ from cachebuild.errors import CacheBuildError, OptionError
 from cachebuild.format.manifest import (
     COLUMN_DTYPES,
     COLUMN_NAME,
+    COLUMNS_DIR,
     COLUMNS_VERSION,
     MANIFEST_NAME,
     PLAIN_VERSION,
@@ -46,9 +47,8 @@ from cachebuild.storage.kinds.side_arrays import load_paths
 from cachebuild.storage.locations.replacement import is_locked
 
 __all__ = ["COLUMNS_DIR", "ColumnError", "add_column", "is_own_columns_folder", "local_folder", "read_values",
-           "remove_column", "sweep_columns"]
+           "remove_column", "sweep_columns", "write_column_file"]
 
-COLUMNS_DIR = "columns"
 _OWN = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}-[0-9a-f]{12}\.npy|held-\d+-[0-9a-f]{8}\.json|\..+\.tmp")
 RESERVED = ("images", "labels", "sizes", "paths", "boxes", "coarse_labels")
 
@@ -183,6 +183,19 @@ def sweep_columns(folder: Path, m: Manifest) -> None:
         cols.rmdir()  # empty: the cache has no columns left
 
 
+def write_column_file(folder: Path, name: str, values: np.ndarray) -> ColumnInfo:
+    """Write ``values`` as column ``name``'s file under ``folder/columns/`` (durably: a manifest may name it only
+    once it is whole); returns the manifest's entry for it."""
+    buf = io.BytesIO()
+    np.save(buf, values, allow_pickle=False)
+    data = buf.getvalue()
+    digest = hashlib.sha256(data).hexdigest()
+    rel = f"{COLUMNS_DIR}/{name}-{digest[:12]}.npy"
+    (folder / COLUMNS_DIR).mkdir(exist_ok=True)
+    write_bytes_atomic(folder / rel, data, durable=True)
+    return ColumnInfo(file=rel, dtype=str(values.dtype), shape=tuple(values.shape), sha256=digest, size=len(data))
+
+
 def add_column(cache: str | os.PathLike[str], name: str, file: str | os.PathLike[str], *,
                replace: bool = False) -> Manifest:
     """Add column ``name`` from ``file`` to the local cache ``cache``; returns the new manifest."""
@@ -195,15 +208,7 @@ def add_column(cache: str | os.PathLike[str], name: str, file: str | os.PathLike
     if m.format_version < PLAIN_VERSION:
         raise ColumnError(f"{folder} is a format version {m.format_version} cache; rebuild it with this release "
                           f"(--force) before adding columns")
-    values = read_values(file, folder, m)
-    buf = io.BytesIO()
-    np.save(buf, values, allow_pickle=False)
-    data = buf.getvalue()
-    digest = hashlib.sha256(data).hexdigest()
-    rel = f"{COLUMNS_DIR}/{name}-{digest[:12]}.npy"
-    (folder / COLUMNS_DIR).mkdir(exist_ok=True)
-    write_bytes_atomic(folder / rel, data, durable=True)  # first: the manifest may name it only once it is whole
-    info = ColumnInfo(file=rel, dtype=str(values.dtype), shape=tuple(values.shape), sha256=digest, size=len(data))
+    info = write_column_file(folder, name, read_values(file, folder, m))
     new = dataclasses.replace(m, columns={**m.columns, name: info}, format_version=COLUMNS_VERSION)
     new.check_consistent()
     _swap_manifest(folder, new)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from cachebuild.atomic import is_temporary_name, write_bytes_atomic
 from cachebuild.errors import CacheCorruptError, RemoteError
-from cachebuild.format.manifest import MANIFEST_NAME, Manifest
+from cachebuild.format.manifest import COLUMNS_DIR, MANIFEST_NAME, Manifest
 from cachebuild.storage import Location, check_name, get_backend
 from cachebuild.storage.kinds.base import sha256_file
 
@@ -78,7 +78,9 @@ def compute_file_table(folder: Path, jobs: int | None = None,
                        known: Mapping[str, str] | None = None) -> dict[str, FileEntry]:
     """Size and sha256 of every file of the cache in ``folder`` (sorted by name); files in ``known``
     (name -> sha256 of the file, as its writer hashed it while writing) are not read again."""
-    sizes = local_files(folder)
+    # not the column files (an update carries them over): the manifest holds their sums, and `columns rm`
+    # deletes them without rewriting this table
+    sizes = {n: s for n, s in local_files(folder).items() if not n.startswith(f"{COLUMNS_DIR}/")}
     known = known or {}
     todo = sorted(n for n in sizes if n not in known)
     workers = jobs or min(16, os.cpu_count() or 1)

@@ -85,8 +85,9 @@ def test_workers_with_a_large_share_resize_with_torch_and_give_the_same_bytes(im
                                                                                monkeypatch) -> None:
     """Above TORCH_RESIZE_FROM samples a worker, fresh workers import torch for its faster kernel: same bytes.
     A worker reused from a build without torch keeps numpy's resize (no import mid-build: see _init_worker)."""
-    import cachebuild.builder.pipeline as pipeline
     from joblib.externals.loky import get_reusable_executor
+
+    import cachebuild.builder.pipeline as pipeline
 
     plan = imagenet_plans(imagenet_tree["root"], "train")[0]
     torch_in = {}

@@ -214,9 +214,49 @@ def test_touched_files_leave_the_other_shards_taken_whole(imagenet_tree, tmp_pat
         assert len(same) >= len(inodes) - 3, (same, inodes)
 
 
-def test_an_update_of_a_cache_with_columns_is_refused_naming_them(imagenet_tree, tmp_path):
-    """Columns hold one row per old sample: an update that changes the samples cannot carry them, and used to
-    drop them silently. It is refused by name, the cache left as it was; with nothing changed it is up to date."""
+def _path_scores(cache: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Two columns that say which sample a row belongs to: a crc of its path, and (n, 3) float soft labels."""
+    import zlib
+
+    paths = open_cache(cache).paths()
+    crc = np.array([zlib.crc32(p.encode()) for p in paths], dtype=np.int64)
+    return crc, np.stack([crc % 7, crc % 11, crc % 13], axis=1).astype(np.float32)
+
+
+def test_an_update_carries_columns_over_by_path(imagenet_tree, tmp_path):
+    """A column's rows follow their samples' paths into the updated cache: a file rewritten keeps its row, a
+    removed one's row goes, the rows are in the new sample order, and the cache verifies; the columns commit
+    with the cache (no moment without them)."""
+    from cachebuild.storage.cache.columns import add_column
+
+    src = _copy_tree(imagenet_tree["root"] / "val", tmp_path / "src")
+    opts = dict(size=16, jobs=1, progress=False)
+    out = tmp_path / "cache"
+    build(folder_plan(src), out, BuildOptions(**opts))
+    crc, soft = _path_scores(out)
+    np.save(tmp_path / "crc.npy", crc)
+    np.save(tmp_path / "soft.npy", soft)
+    add_column(out, "crc", tmp_path / "crc.npy")
+    add_column(out, "soft", tmp_path / "soft.npy")
+    files = sorted(f for f in src.rglob("*.JPEG") if f.is_file() and not f.is_symlink())
+    os.utime(files[0], ns=(files[0].stat().st_atime_ns, files[0].stat().st_mtime_ns + 10**9))
+    files[1].unlink()
+    got = build(folder_plan(src), out, BuildOptions(**opts, update=True))
+    assert got.decoded >= 1 and got.reused > 0
+    reader = open_cache(out)
+    assert sorted(reader.manifest.columns) == ["crc", "soft"] and reader.manifest.format_version == 3
+    want_crc, want_soft = _path_scores(out)  # what each new sample's row must be, from its path
+    assert len(want_crc) == reader.manifest.count == len(crc) - 1
+    np.testing.assert_array_equal(reader.column("crc"), want_crc)
+    np.testing.assert_array_equal(reader.column("soft"), want_soft)
+    assert reader.verify() == []
+    assert not any(n.startswith("columns/") for n, _, _ in json.loads((out / "files.json").read_text())["files"])
+    assert build(folder_plan(src), out, BuildOptions(**opts, update=True)).status == "up to date"
+
+
+def test_an_update_with_a_file_a_column_has_no_row_for_is_refused(imagenet_tree, tmp_path):
+    """A file added since has no row in the columns: refused by name before anything is written (the cache is
+    left as it was); a damaged column file is refused, not carried."""
     from cachebuild.storage.cache.columns import add_column
 
     src = _copy_tree(imagenet_tree["root"] / "val", tmp_path / "src")
@@ -225,11 +265,19 @@ def test_an_update_of_a_cache_with_columns_is_refused_naming_them(imagenet_tree,
     build(folder_plan(src), out, BuildOptions(**opts))
     np.save(tmp_path / "score.npy", np.arange(read_manifest(out).count))
     add_column(out, "score", tmp_path / "score.npy")
-    assert build(folder_plan(src), out, BuildOptions(**opts, update=True)).status == "up to date"
     before = (out / "manifest.json").read_bytes()
-    touched = sorted(f for f in src.rglob("*.JPEG") if f.is_file() and not f.is_symlink())[0]
-    os.utime(touched, ns=(touched.stat().st_atime_ns, touched.stat().st_mtime_ns + 10**9))
-    with pytest.raises(CacheExistsError, match=r"has columns \(score\).*columns rm.*--force"):
+    added = next(src.rglob("*.JPEG"))
+    shutil.copy(added, added.with_name("zz_added.JPEG"))
+    with pytest.raises(CacheExistsError, match=r"has columns \(score\).*1 planned file.*zz_added.JPEG.*columns rm"):
         build(folder_plan(src), out, BuildOptions(**opts, update=True))
     assert (out / "manifest.json").read_bytes() == before
-    assert list(read_manifest(out).columns) == ["score"]
+    added.with_name("zz_added.JPEG").unlink()
+    os.utime(added, ns=(added.stat().st_atime_ns, added.stat().st_mtime_ns + 10**9))
+    column = out / read_manifest(out).columns["score"].file
+    column.chmod(0o644)
+    data = bytearray(column.read_bytes())
+    data[-1] ^= 1
+    column.write_bytes(bytes(data))
+    with pytest.raises(CacheBuildError, match=r"column file .*score.* does not match the checksum"):
+        build(folder_plan(src), out, BuildOptions(**opts, update=True))
+    assert (out / "manifest.json").read_bytes() == before
