@@ -25,7 +25,7 @@ from cachebuild.format.pathnames import encode_path
 from cachebuild.storage import get_backend
 from cachebuild.storage.kinds.base import BlockFailure, BlockRecord, Sink
 
-__all__ = ["BlockTask", "record_path", "run_block"]
+__all__ = ["BlockTask", "Filled", "record_path", "run_block"]
 
 _WORKER_READY = False
 
@@ -95,10 +95,21 @@ def _decoder(task: BlockTask) -> Callable[[int, str, np.ndarray], Placement]:
     return GpuBlockDecoder(task.reader, task.keys, task.start, task.spec, task.claim)
 
 
-def _fill(task: BlockTask, sink: Sink) -> tuple[list[int], list[tuple[int, int]], list[Any], list[BlockFailure]]:
-    """Decode every file of the block into ``sink``; the kept positions, sizes, boxes, and the skips."""
+# What a block's decode gives: the kept samples' plan positions (int64 (n,)), source sizes (int32 (n, 2)) and
+# boxes (int32 (n, 4)), and the files that gave none.
+Filled = tuple[np.ndarray, np.ndarray, np.ndarray, list[BlockFailure]]
+
+
+def _fill(task: BlockTask, sink: Sink) -> Filled:
+    """Decode every file of the block into ``sink``; the kept positions, sizes, boxes, and the skips. Written
+    into arrays made for the whole block (no tuple per sample for the record, its JSON or its pickle)."""
     fill = _decoder(task)
-    ok, sizes, boxes, failures = [], [], [], []
+    planned = len(task.keys)
+    ok = np.empty(planned, np.int64)
+    sizes = np.empty((planned, 2), np.int32)
+    boxes = np.empty((planned, 4), np.int32)
+    failures: list[BlockFailure] = []
+    n = 0
     for i, key in enumerate(task.keys):
         slot = sink.next_slot()
         try:
@@ -112,10 +123,11 @@ def _fill(task: BlockTask, sink: Sink) -> tuple[list[int], list[tuple[int, int]]
             failures.append(BlockFailure(task.start + i, encode_path(key), reason))
             continue
         sink.commit()
-        ok.append(task.start + i)
-        sizes.append((placed.height, placed.width))
-        boxes.append(tuple(placed.box))
-    return ok, sizes, boxes, failures
+        ok[n] = task.start + i
+        sizes[n] = placed.height, placed.width
+        boxes[n] = placed.box
+        n += 1
+    return ok[:n], sizes[:n], boxes[:n], failures
 
 
 def run_block(task: BlockTask) -> BlockRecord:
@@ -135,8 +147,8 @@ def run_block(task: BlockTask) -> BlockRecord:
         sink.abort()
         raise
     file, sha256 = sink.close()
-    record = BlockRecord(task.block, task.start, len(task.keys), len(ok), file, sha256, tuple(ok), tuple(sizes),
-                         tuple(boxes), tuple(failures), sink.stored_bytes,
+    record = BlockRecord(task.block, task.start, len(task.keys), len(ok), file, sha256, ok, sizes, boxes,
+                         tuple(failures), sink.stored_bytes,
                          0 if task.reuse is None else task.reuse.reused)
     _write_record(folder, record)
     return record
@@ -145,6 +157,6 @@ def run_block(task: BlockTask) -> BlockRecord:
 def _write_record(folder: Path, record: BlockRecord) -> None:
     # Not fsynced: the shard it vouches for is not either, and an fsync here made ext4 write the whole
     # shard out while the worker waited (~0.15 s a block, 10-20% of the build). Compact JSON: json's C
-    # encoder (an indent makes it fall back to the Python one, ~4% of a worker's time at 224 px).
+    # encoder (an indent makes it fall back to the Python one); the per-sample arrays are one string each.
     data = json.dumps(record.to_json(), ensure_ascii=False, separators=(",", ":"))
     write_bytes_atomic(record_path(folder, record.block), data.encode("utf-8"), durable=False)

@@ -25,12 +25,19 @@ from cachebuild.storage.kinds.base import BlockRecord
 __all__ = ["finish"]
 
 
+def _joined(parts: list[np.ndarray], dtype: type[np.signedinteger[Any]], cols: int) -> np.ndarray:
+    """The blocks' per-sample arrays end to end, in plan order (one copy; none of the blocks: no rows)."""
+    if not parts:
+        return np.zeros(0 if cols == 1 else (0, cols), dtype)
+    return np.concatenate(parts).astype(dtype, copy=False)
+
+
 def finish(plan: Plan, out: Path, staging: Path, records: dict[int, BlockRecord], opts: BuildOptions,
            params: dict[str, Any], key: str, spec: ResizeSpec, columns: CarriedColumns | None = None) -> Manifest:
     """Merge block records (in plan order) into side arrays and the manifest; commit atomically. ``columns``:
     an update's columns, written for the new samples into the staging folder, so they commit with it."""
     ordered = [records[b] for b in sorted(records)]
-    ok = np.asarray([i for r in ordered for i in r.ok], dtype=np.int64)
+    ok = _joined([r.ok for r in ordered], np.int64, 1)
     count = len(ok)
     failures = tuple(Failure(decode_path(f.path, "a block record"), f.reason) for r in ordered for f in r.failures)
     if count == 0:
@@ -45,9 +52,9 @@ def finish(plan: Plan, out: Path, staging: Path, records: dict[int, BlockRecord]
     arrays = save_side_arrays(
         staging,
         labels=plan.labels[ok],
-        sizes=np.asarray([s for r in ordered for s in r.sizes], np.int32).reshape(-1, 2),
+        sizes=_joined([r.sizes for r in ordered], np.int32, 2),
         paths=[plan.keys[i] for i in ok.tolist()],
-        boxes=np.asarray([b for r in ordered for b in r.boxes], np.int32).reshape(-1, 4) if opts.fit == "pad" else None,
+        boxes=_joined([r.boxes for r in ordered], np.int32, 4) if opts.fit == "pad" else None,
         extra_labels={name: np.asarray(values)[ok] for name, values in plan.extra_labels.items()},
     )
 

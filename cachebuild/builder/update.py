@@ -59,7 +59,8 @@ RACY_NS = 2_000_000_000  # an mtime this close to the listing may hide a same-ti
 _FREE = frozenset({"key", "block_size", "on_error", "exif_orientation"})
 _READ_ROWS = 256  # stored samples read at a time when copying (bounded memory at any sample size)
 
-Fill = Callable[[Any, Any], tuple[list[int], list[tuple[int, int]], list[Any], list[Any]]]
+# block._fill: a (task, sink) -> (ok int64 (n,), sizes int32 (n, 2), boxes int32 (n, 4), failures) decode
+Fill = Callable[[Any, Any], tuple[np.ndarray, np.ndarray, np.ndarray, list[Any]]]
 
 
 # This process's reader of the cache an update copies from: opened once per process, not once per block
@@ -81,9 +82,10 @@ def _reader(cache: str, content_id: str) -> Any:
 @contextlib.contextmanager
 def gc_paused(enabled: bool) -> Iterator[None]:
     """Python's cyclic collector off while ``enabled`` (the caller's setting back after). An update run in this
-    process makes a block record of per-sample tuples for each of the 157 shards it takes whole (ImageNet at 32 px) with
-    no decode between them; the collector's passes over those millions of live, acyclic objects were 10 of
-    the 29 s of an update of 10 of 1,281,167 files. What runs meanwhile makes no cycles worth collecting."""
+    process takes the 157 shards of ImageNet at 32 px whole with no decode between them; when block records
+    held per-sample tuples, the collector's passes over those millions of live, acyclic objects were 10 of the
+    29 s of an update of 10 of 1,281,167 files (records hold arrays now; the plan's and the reader's own
+    objects remain). What runs meanwhile makes no cycles worth collecting."""
     was = gc.isenabled()
     if enabled:
         gc.disable()
@@ -125,37 +127,41 @@ class BlockReuse:
         if taken is None:
             return None
         n = len(self.old)
-        return BlockRecord(task.block, task.start, n, n, taken[0], self.shard.sha256,
-                           tuple(range(task.start, task.start + n)), tuple(map(tuple, self.sizes.tolist())),
-                           tuple(map(tuple, self.boxes.tolist())), (), taken[1], n)
+        ok = np.arange(task.start, task.start + n, dtype=np.int64)
+        return BlockRecord(task.block, task.start, n, n, taken[0], self.shard.sha256, ok, self.sizes, self.boxes,
+                           (), taken[1], n)
 
-    def fill(self, task: Any, sink: Any, *, decode: Fill) -> tuple[list[int], list[tuple[int, int]], list[Any],
-                                                                   list[Any]]:
+    def fill(self, task: Any, sink: Any, *, decode: Fill) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Any]]:
         """``block._fill`` for a block with samples to reuse: runs of reused samples copied from the old cache,
-        runs of the others decoded by ``decode`` (the build's own) as a block of their own positions."""
+        runs of the others decoded by ``decode`` (the build's own) as a block of their own positions. Positions,
+        sizes and boxes go into arrays made for the whole block, a run's slice at a time."""
         reader = _reader(self.cache, self.content_id)
-        ok: list[int] = []
-        sizes: list[tuple[int, int]] = []
-        boxes: list[Any] = []
+        planned = len(self.old)
+        ok = np.empty(planned, np.int64)
+        sizes = np.empty((planned, 2), np.int32)
+        boxes = np.empty((planned, 4), np.int32)
         failures: list[Any] = []
+        n = 0
         reuse = self.old >= 0
         cuts = [0, *(np.flatnonzero(np.diff(reuse.astype(np.int8))) + 1).tolist(), len(reuse)]
         for a, z in itertools.pairwise(cuts):
             if not reuse[a]:
-                part = decode(dataclasses.replace(task, keys=task.keys[a:z], start=task.start + a), sink)
-                ok += part[0]
-                sizes += part[1]
-                boxes += part[2]
-                failures += part[3]
+                part_ok, part_sizes, part_boxes, part_failures = decode(
+                    dataclasses.replace(task, keys=task.keys[a:z], start=task.start + a), sink)
+                k = len(part_ok)
+                ok[n : n + k], sizes[n : n + k], boxes[n : n + k] = part_ok, part_sizes, part_boxes
+                failures += part_failures
+                n += k
                 continue
             for lo in range(a, z, _READ_ROWS):
                 hi = min(z, lo + _READ_ROWS)
                 for stored in reader.images.read_stored(self.old[lo:hi]):
                     sink.commit_stored(stored)
-            ok.extend(range(task.start + a, task.start + z))
-            sizes.extend(map(tuple, self.sizes[a:z].tolist()))
-            boxes.extend(map(tuple, self.boxes[a:z].tolist()))
-        return ok, sizes, boxes, failures
+            k = z - a
+            ok[n : n + k] = np.arange(task.start + a, task.start + z)
+            sizes[n : n + k], boxes[n : n + k] = self.sizes[a:z], self.boxes[a:z]
+            n += k
+        return ok[:n], sizes[:n], boxes[:n], failures
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ from cachebuild.builder.update import _old_samples, gc_paused
 from cachebuild.errors import CacheBuildError
 from cachebuild.format.pathnames import decode_paths, encode_paths
 from cachebuild.sources.plan import stat_files
-from cachebuild.storage.kinds.base import BlockRecord
 
 
 def _stat_by_path(root: Path, keys: list[str]) -> np.ndarray:
@@ -92,14 +91,3 @@ def test_gc_paused_restores_the_callers_setting() -> None:
     with pytest.raises(RuntimeError), gc_paused(True):
         raise RuntimeError("a block failed")
     assert gc.isenabled()
-
-
-def test_block_record_json_is_the_bytes_of_lists() -> None:
-    rec = BlockRecord(3, 30, 3, 2, "images-00003.npy", "0" * 64, (30, 32), ((5, 7), (9, 11)),
-                      ((0, 1, 2, 3), (4, 5, 6, 7)), (), 1234, 2)
-    as_lists = {"block": 3, "start": 30, "planned": 3, "count": 2, "file": "images-00003.npy", "sha256": "0" * 64,
-                "ok": [30, 32], "sizes": [[5, 7], [9, 11]], "boxes": [[0, 1, 2, 3], [4, 5, 6, 7]], "failures": [],
-                "stored_bytes": 1234, "reused": 2}
-    compact = {"ensure_ascii": False, "separators": (",", ":")}
-    assert json.dumps(rec.to_json(), **compact) == json.dumps(as_lists, **compact)
-    assert BlockRecord.from_json(json.loads(json.dumps(rec.to_json()))) == rec
