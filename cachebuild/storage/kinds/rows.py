@@ -28,7 +28,7 @@ from cachebuild.errors import CacheCorruptError
 from cachebuild.settings import settings
 from cachebuild.storage.locations import Location
 from cachebuild.storage.remote.block_cache import BlockCache, BlockCacheFullError, CachedFile
-from cachebuild.storage.remote.readahead import STEP_BYTES, Readahead
+from cachebuild.storage.remote.readahead import STEP_BYTES, WHOLE_FILE_THREADS, Readahead
 
 __all__ = ["NPY_HEADER_ERRORS", "RowFiles", "Segment", "ShardHandles", "in_parallel", "npy_header"]
 
@@ -165,6 +165,17 @@ class ShardHandles:
                 job = functools.partial(handle.prefetch, start if j == k else 0, size,
                                         functools.partial(self._fetch, name), STEP_BYTES)
                 self.readahead.schedule(j, job, self.location.describe(name))
+
+    def read_files_whole(self) -> None:
+        """From now on every file a batch touches is fetched whole (:attr:`whole_files`), several at once."""
+        self.whole_files = True
+        self.readahead.threads = WHOLE_FILE_THREADS
+
+    def fetch_files(self, files: Sequence[int]) -> None:
+        """Files ``files`` (in this order) will be read whole soon: fetch them into the block cache in the
+        background (a shard-windowed sampler names the next group's files before the epoch reaches them)."""
+        for k in files:
+            self.read_whole(int(k))
 
     def read_whole(self, k: int) -> None:
         """File ``k`` will be read whole soon (:attr:`whole_files`): fetch all of it into the block cache, in the

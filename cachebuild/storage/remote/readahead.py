@@ -11,6 +11,10 @@ Exactness is the block cache's and the location's, unchanged: readahead writes b
 same pinned reads (``If-Match``), and a failure here is only logged: the reader that needs those bytes fetches
 them itself and meets the same error (a file changed since the job opened it is a ``CacheChangedError``
 there, never another version's bytes). Shuffled reads (many runs a file) never trigger it.
+
+A shard-windowed epoch (``CacheSampler(shard_window=W)``) fetches whole files in any order: its readahead
+runs ``WHOLE_FILE_THREADS`` fetches at once (each one file's steps in order), so that a batch entering a
+new group of files finds them fetching together, and one slow file holds up no other.
 """
 
 from __future__ import annotations
@@ -21,18 +25,22 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-__all__ = ["STEP_BYTES", "Readahead"]
+__all__ = ["STEP_BYTES", "WHOLE_FILE_THREADS", "Readahead"]
 
 STEP_BYTES = 8 << 20  # one request per 8 MiB: a reader needing a block waits for one step, not the file
+
+WHOLE_FILE_THREADS = 4  # files fetched at once by a shard-windowed epoch's readahead (one a sequential read's)
 
 log = logging.getLogger("cachebuild")
 
 
 class Readahead:
-    """The files one reader has read ahead in this process, and its one background thread (made anew in
-    each process: a forked child has none of its parent's threads; pickled without either)."""
+    """The files one reader has read ahead in this process, and its pool of ``threads`` background threads
+    (made anew in each process: a forked child has none of its parent's threads; pickled without either).
+    ``threads`` may change until the first :meth:`schedule` of a process makes its pool."""
 
-    def __init__(self) -> None:
+    def __init__(self, threads: int = 1) -> None:
+        self.threads = max(1, int(threads))
         self._pid = -1
         self._state_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
@@ -40,10 +48,10 @@ class Readahead:
         self._futures: list[Future[None]] = []
 
     def __getstate__(self) -> dict[str, object]:
-        return {"fresh": True}  # not empty: pickle skips __setstate__ for a falsy state
+        return {"threads": self.threads}  # not empty: pickle skips __setstate__ for a falsy state
 
     def __setstate__(self, state: dict[str, object]) -> None:
-        self.__init__()  # type: ignore[misc]
+        self.__init__(int(state.get("threads", 1)))  # type: ignore[misc, call-overload]
 
     def schedule(self, key: int, job: Callable[[], int], what: str) -> bool:
         """Run ``job`` (a prefetch; it returns the bytes fetched) in the background once per ``key`` in this
@@ -56,7 +64,7 @@ class Readahead:
                 return False
             self._scheduled.add(key)
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="cachebuild-readahead")
+                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="cachebuild-readahead")
             self._futures.append(self._pool.submit(_quietly, job, what))
         return True
 

@@ -20,7 +20,7 @@ import itertools
 import os
 import sys
 import zlib
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -130,7 +130,10 @@ class JpegImages(ImageStore):
         return {**self.__dict__, "_pool": None, "_pool_key": (-1, 0)}
 
     def read_files_whole(self) -> None:
-        self.files.whole_files = True
+        self.files.read_files_whole()
+
+    def fetch_files(self, files: Sequence[int]) -> None:
+        self.files.fetch_files(files)
 
     @property
     def bytes_fetched(self) -> int:

@@ -18,7 +18,7 @@ import asyncio
 import hashlib
 import json
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -208,7 +208,11 @@ class ZarrImages(ImageStore):
 
     def read_files_whole(self) -> None:
         if self.rows is not None:  # compressed chunks are read whole already (zarr-python)
-            self.rows.whole_files = True
+            self.rows.read_files_whole()
+
+    def fetch_files(self, files: Sequence[int]) -> None:
+        if self.rows is not None and self.rows.whole_files:
+            self.rows.fetch_files(files)
 
     @property
     def bytes_fetched(self) -> int:
