@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import os
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -43,6 +45,28 @@ def _unlock_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_unlock_in_child)
+
+# fsspec's filesystems are reference cycles (their mirrored sync methods hold them), each with a finalizer
+# that closes its session through the loop it was made on. One dropped in this process but not collected yet
+# is inherited by a forked child (a DataLoader worker), whose collector then runs that finalizer against the
+# parent's loop, which no thread runs there: a 1 s wait (fsspec's sync, then its fallback) per filesystem, on
+# whatever thread collects, the child's own I/O loop included: measured as a 5 s stall of a cold epoch's
+# second batch once a few datasets were dropped. So a fork after a location with a filesystem was dropped
+# first collects here, where their loop runs and each session closes at once.
+_dropped = [0]  # locations with a filesystem dropped since the last collection before a fork
+
+
+def _note_dropped() -> None:
+    _dropped[0] += 1
+
+
+def _collect_before_fork() -> None:
+    if _dropped[0]:
+        _dropped[0] = 0
+        gc.collect()
+
+
+os.register_at_fork(before=_collect_before_fork)
 
 
 class FsspecLocation(Location):
@@ -87,6 +111,7 @@ class FsspecLocation(Location):
                 if self._fs is None or self._pid != os.getpid():
                     self._fs = self._make_fs()
                     self._pid = os.getpid()
+                    weakref.finalize(self, _note_dropped)
         return self._fs
 
     def _make_fs(self) -> Any:
