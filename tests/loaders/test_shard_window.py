@@ -8,10 +8,14 @@ each shard whole, in big requests, where the exact shuffle reads row ranges. Rea
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
+from cachebuild.errors import CacheChangedError
 from cachebuild.storage import BlockCache
 from cachebuild.storage.cache.writer import write_cache
 from loaders.dataset import CachedImageDataset, DatasetOptions, collate_batch
@@ -196,3 +200,81 @@ def test_a_windowed_url_epoch_fetches_each_shard_whole_once(tmp_path, http_serve
     # (measured 12 against 61 alone, 33 against 61 under `make test`'s load: a batch that outruns the background
     # fetch reads its rows itself, so the margin depends on timing; fewer requests does not)
     assert sum(exact_gets.values()) > sum(gets.values()), (gets, exact_gets)
+
+
+def _served_shards(server, site) -> tuple[list[str], Callable[[], dict[str, int]]]:
+    """The shard paths as the server names them, and a function: the bytes of each served so far."""
+    paths = [f"/c/{p.name}" for p in sorted((site / "c").glob("images-*.npy"))]
+    return paths, lambda: {p: server.log.bytes(p) for p in paths}
+
+
+def _windowed(url, tmp_path, window: int) -> tuple[CachedImageDataset, CacheSampler, list[int]]:
+    """A dataset through a fresh block cache, its windowed sampler, and the sampler's files in stream order."""
+    ds = CachedImageDataset(url, DatasetOptions(local_cache=BlockCache(tmp_path / "blocks", block_bytes=4096)))
+    sampler = CacheSampler(ds, seed=3, shard_window=window)
+    files = _file_of(sampler.rank_indices(), ds.file_bounds())
+    return ds, sampler, list(dict.fromkeys(files.tolist()))
+
+
+def test_the_next_groups_files_are_fetched_before_the_epoch_reaches_them(tmp_path, http_server):
+    """With W=1, as the epoch starts the sampler names its first file and the next to the dataset: once one batch
+    of the first file is read, the second file was fetched whole, no batch having touched it, and the two
+    files after it not at all (the lookahead is one group, not the epoch)."""
+    site = tmp_path / "site"
+    img = _cache(site / "c")
+    server = http_server(site)
+    paths, served = _served_shards(server, site)
+    ds, sampler, files = _windowed(server.url_for("c"), tmp_path, 1)
+    server.log.clear()
+    it = iter(sampler)
+    idx = np.array([next(it) for _ in range(16)])
+    assert set(_file_of(idx, ds.file_bounds()).tolist()) == {files[0]}
+    assert np.array_equal(ds.gather(idx), img[idx])
+    ds._images.rows.readahead.wait()  # type: ignore[attr-defined]
+    sizes = [ds._images.rows._name_and_size(k)[1] for k in range(4)]  # type: ignore[attr-defined]
+    sent = served()
+    assert sent[paths[files[1]]] == sizes[files[1]]  # fetched whole, ahead of the epoch
+    assert sent[paths[files[2]]] == sent[paths[files[3]]] == 0
+
+
+def test_a_windowed_epoch_through_its_iterator_fetches_every_byte_once(tmp_path, http_server):
+    site = tmp_path / "site"
+    img = _cache(site / "c")
+    server = http_server(site)
+    paths, served = _served_shards(server, site)
+    ds, sampler, _ = _windowed(server.url_for("c"), tmp_path, 2)
+    server.log.clear()
+    order = list(sampler)
+    for lo in range(0, N, 16):
+        idx = np.array(order[lo : lo + 16])
+        assert np.array_equal(ds.gather(idx), img[idx])
+    ds._images.rows.readahead.wait()  # type: ignore[attr-defined]
+    sizes = {paths[k]: ds._images.rows._name_and_size(k)[1] for k in range(4)}  # type: ignore[attr-defined]
+    assert served() == sizes  # the sampler's lookahead and the batches' own fetches overlap, never repeat
+
+
+def test_a_file_changed_before_its_lookahead_is_refused_never_served(tmp_path, http_server):
+    """The lookahead fetches through the pinned reads: a shard replaced on the server after the job opened the
+    cache is refused there (nothing kept), and the batch that reaches it raises CacheChangedError."""
+    site = tmp_path / "site"
+    img = _cache(site / "c")
+    server = http_server(site)
+    paths, served = _served_shards(server, site)
+    ds, sampler, files = _windowed(server.url_for("c"), tmp_path, 1)
+    server.log.clear()
+    changed = site / "c" / paths[files[2]].rsplit("/", 1)[1]
+    data = bytearray(changed.read_bytes())
+    data[-SHARD * 3072 :] = bytes(255 - b for b in data[-SHARD * 3072 :])  # same size, other pixels
+    changed.write_bytes(bytes(data))
+    os.utime(changed, ns=(changed.stat().st_atime_ns, changed.stat().st_mtime_ns + 10**9))  # a new ETag surely
+    order = np.array(list(sampler))
+    of = _file_of(order, ds.file_bounds())
+    for k in files[:2]:
+        idx = order[of == k]
+        assert np.array_equal(ds.gather(idx), img[idx])
+    ds._images.rows.readahead.wait()  # type: ignore[attr-defined]
+    asked = server.log.matching("GET", paths[files[2]])
+    assert asked and {r.status for r in asked} == {412}  # its lookahead was refused: none of the new version sent
+    assert served()[paths[files[0]]] > 0
+    with pytest.raises(CacheChangedError, match="changed since this job opened"):
+        ds.gather(order[of == files[2]][:4])
