@@ -200,9 +200,6 @@ class CachedImageDataset(Dataset):
     def read_files_whole(self) -> None:  # CacheSampler(shard_window=): fetch each remote file touched whole
         self._images.read_files_whole()
 
-    def fetch_files(self, files: Sequence[int]) -> None:  # CacheSampler(shard_window=): the next files, ahead
-        self._images.fetch_files(files)
-
     @property
     def encoded(self) -> bool:
         """True for compact caches: samples are stored encoded and decoded on read."""

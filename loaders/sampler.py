@@ -17,10 +17,7 @@ Epoch order (``shuffle=True``):
   file order is shuffled, then the samples of each group of ``W`` consecutive files are shuffled together.
   At any point of the stream at most ``W`` files have been started and not finished, and the sampler tells
   the dataset (``read_files_whole()``) so that each file a batch touches is fetched whole into the block
-  cache, in big requests, once per epoch, instead of row by row. As its iterator reaches the first sample of
-  a file, it names the files of the next group to the dataset (``fetch_files([...])``, in the process the
-  sampler runs in: the block cache is shared with the DataLoader's workers), so that they are fetched while
-  this group is read and the epoch does not stall at each group's start. Ranks take contiguous stretches, as
+  cache, in big requests, once per epoch, instead of row by row. Ranks take contiguous stretches, as
   ``chunked``. It is *not* a uniform permutation: two samples of one file are more likely to be close
   than under the default order, and a batch holds samples of at most ``2 W`` files.
 
@@ -60,7 +57,7 @@ Typical loop::
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sized
+from collections.abc import Iterator, Sized
 from typing import Any
 
 import numpy as np
@@ -116,7 +113,6 @@ class CacheSampler(Sampler[int]):
         if chunk_size < 1 or window < 1:
             raise ValueError(f"chunk_size and window must be >= 1, got {chunk_size} and {window}")
         self._bounds: np.ndarray | None = None
-        self._fetch_files: Callable[[list[int]], None] | None = None  # the dataset's, shard-windowed and shuffled
         if shard_window is not None:
             if shard_window < 1 or chunked:
                 raise ValueError(f"shard_window must be >= 1 and without chunked=True, got {shard_window} "
@@ -125,8 +121,6 @@ class CacheSampler(Sampler[int]):
             tell = getattr(data_source, "read_files_whole", None)
             if shuffle and callable(tell):  # before a DataLoader's workers get their copy of the dataset
                 tell()
-                ahead = getattr(data_source, "fetch_files", None)
-                self._fetch_files = ahead if callable(ahead) else None
         self.dataset_len = len(data_source)
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
@@ -181,10 +175,7 @@ class CacheSampler(Sampler[int]):
                 self._loaded_at_end = False
                 return iter([])
             self.position = 0  # the epoch was consumed and no set_epoch came: replay it
-        rest = self.rank_indices()[self.position :]
-        if self._fetch_files is not None and self._bounds is not None and self.shard_window is not None:
-            return _fetching_ahead(rest, self._bounds, self.shard_window, self._fetch_files)
-        return iter(rest.tolist())
+        return iter(self.rank_indices()[self.position :].tolist())
 
     def __len__(self) -> int:
         """Indices the next ``iter()`` yields: what is left of the epoch after ``position``."""
@@ -280,22 +271,3 @@ def _grouped_order(bounds: np.ndarray, group: int, rng: np.random.Generator) -> 
         order[pos : pos + len(ids)] = rng.permutation(ids)
         pos += len(ids)
     return order
-
-
-def _fetching_ahead(stream: np.ndarray, bounds: np.ndarray, window: int,
-                    fetch: Callable[[list[int]], None]) -> Iterator[int]:
-    """``stream``'s indices; before the first sample of each file, ``fetch`` is told of every file due to start
-    within the next ``2 * window`` files (each once, in stream order): when a group starts, the next group."""
-    files = np.searchsorted(bounds, stream, side="right") - 1
-    uniq, first = np.unique(files, return_index=True)
-    by_start = np.argsort(first, kind="stable")
-    seq, starts = uniq[by_start].tolist(), first[by_start].tolist()
-    told, pos = 0, 0
-    for i, start in enumerate(starts):
-        yield from stream[pos:start].tolist()
-        pos = start
-        upto = min(len(seq), i + 2 * window)
-        if upto > told:
-            fetch(seq[told:upto])
-            told = upto
-    yield from stream[pos:].tolist()

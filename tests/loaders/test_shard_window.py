@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 from cachebuild.errors import CacheChangedError
 from cachebuild.storage import BlockCache
 from cachebuild.storage.cache.writer import write_cache
+from cachebuild.storage.remote.readahead import WHOLE_FILE_THREADS
 from loaders.dataset import CachedImageDataset, DatasetOptions, collate_batch
 from loaders.sampler import CacheSampler
 from loaders.thread_loader import ThreadLoader
@@ -216,33 +217,13 @@ def _windowed(url, tmp_path, window: int) -> tuple[CachedImageDataset, CacheSamp
     return ds, sampler, list(dict.fromkeys(files.tolist()))
 
 
-def test_the_next_groups_files_are_fetched_before_the_epoch_reaches_them(tmp_path, http_server):
-    """With W=1, as the epoch starts the sampler names its first file and the next to the dataset: once one batch
-    of the first file is read, the second file was fetched whole, no batch having touched it, and the two
-    files after it not at all (the lookahead is one group, not the epoch)."""
-    site = tmp_path / "site"
-    img = _cache(site / "c")
-    server = http_server(site)
-    paths, served = _served_shards(server, site)
-    ds, sampler, files = _windowed(server.url_for("c"), tmp_path, 1)
-    server.log.clear()
-    it = iter(sampler)
-    idx = np.array([next(it) for _ in range(16)])
-    assert set(_file_of(idx, ds.file_bounds()).tolist()) == {files[0]}
-    assert np.array_equal(ds.gather(idx), img[idx])
-    ds._images.rows.readahead.wait()  # type: ignore[attr-defined]
-    sizes = [ds._images.rows._name_and_size(k)[1] for k in range(4)]  # type: ignore[attr-defined]
-    sent = served()
-    assert sent[paths[files[1]]] == sizes[files[1]]  # fetched whole, ahead of the epoch
-    assert sent[paths[files[2]]] == sent[paths[files[3]]] == 0
-
-
 def test_a_windowed_epoch_through_its_iterator_fetches_every_byte_once(tmp_path, http_server):
     site = tmp_path / "site"
     img = _cache(site / "c")
     server = http_server(site)
     paths, served = _served_shards(server, site)
     ds, sampler, _ = _windowed(server.url_for("c"), tmp_path, 2)
+    assert ds._images.rows.readahead.threads == WHOLE_FILE_THREADS  # type: ignore[attr-defined]  # files at once
     server.log.clear()
     order = list(sampler)
     for lo in range(0, N, 16):
@@ -250,31 +231,31 @@ def test_a_windowed_epoch_through_its_iterator_fetches_every_byte_once(tmp_path,
         assert np.array_equal(ds.gather(idx), img[idx])
     ds._images.rows.readahead.wait()  # type: ignore[attr-defined]
     sizes = {paths[k]: ds._images.rows._name_and_size(k)[1] for k in range(4)}  # type: ignore[attr-defined]
-    assert served() == sizes  # the sampler's lookahead and the batches' own fetches overlap, never repeat
+    assert served() == sizes  # whole-file fetches (4 at once) and the batches' own reads overlap, never repeat
 
 
-def test_a_file_changed_before_its_lookahead_is_refused_never_served(tmp_path, http_server):
-    """The lookahead fetches through the pinned reads: a shard replaced on the server after the job opened the
-    cache is refused there (nothing kept), and the batch that reaches it raises CacheChangedError."""
+def test_a_file_changed_mid_epoch_is_refused_never_served(tmp_path, http_server):
+    """Whole-file fetches go through the pinned reads: a shard replaced on the server after the job opened the
+    cache is refused there (412, nothing kept), and the batch that reaches it raises CacheChangedError."""
     site = tmp_path / "site"
     img = _cache(site / "c")
     server = http_server(site)
     paths, served = _served_shards(server, site)
     ds, sampler, files = _windowed(server.url_for("c"), tmp_path, 1)
     server.log.clear()
-    changed = site / "c" / paths[files[2]].rsplit("/", 1)[1]
-    data = bytearray(changed.read_bytes())
-    data[-SHARD * 3072 :] = bytes(255 - b for b in data[-SHARD * 3072 :])  # same size, other pixels
-    changed.write_bytes(bytes(data))
-    os.utime(changed, ns=(changed.stat().st_atime_ns, changed.stat().st_mtime_ns + 10**9))  # a new ETag surely
     order = np.array(list(sampler))
     of = _file_of(order, ds.file_bounds())
     for k in files[:2]:
         idx = order[of == k]
         assert np.array_equal(ds.gather(idx), img[idx])
-    ds._images.rows.readahead.wait()  # type: ignore[attr-defined]
-    asked = server.log.matching("GET", paths[files[2]])
-    assert asked and {r.status for r in asked} == {412}  # its lookahead was refused: none of the new version sent
-    assert served()[paths[files[0]]] > 0
+    changed = site / "c" / paths[files[2]].rsplit("/", 1)[1]
+    data = bytearray(changed.read_bytes())
+    data[-SHARD * 3072 :] = bytes(255 - b for b in data[-SHARD * 3072 :])  # same size, other pixels
+    changed.write_bytes(bytes(data))
+    os.utime(changed, ns=(changed.stat().st_atime_ns, changed.stat().st_mtime_ns + 10**9))  # a new ETag surely
     with pytest.raises(CacheChangedError, match="changed since this job opened"):
         ds.gather(order[of == files[2]][:4])
+    ds._images.rows.readahead.wait()  # type: ignore[attr-defined]
+    asked = server.log.matching("GET", paths[files[2]])
+    assert asked and {r.status for r in asked} == {412}  # its whole-file fetch too: none of the new version sent
+    assert served()[paths[files[0]]] > 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -218,12 +218,6 @@ class ImageStore(ABC):
         block cache in the background: a shard-windowed epoch reads every row of it soon. A no-op where the
         store has no files to fetch whole (local caches, compressed zarr)."""
         return  # what the stores of files (npy, jpeg, raw zarr) override
-
-    def fetch_files(self, files: Sequence[int]) -> None:
-        """Stored files ``files`` (numbers of :meth:`file_bounds`' units, in the order they will be read) will
-        be read whole soon, after :meth:`read_files_whole`: fetch them into the block cache in the background.
-        A no-op where :meth:`read_files_whole` is one."""
-        return
 
     def read_stored(self, idx: np.ndarray) -> list[Any]:
         """Samples ``idx`` as stored, one buffer each, for a :class:`Sink` of the same kind and parameters

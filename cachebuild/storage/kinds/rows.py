@@ -171,12 +171,6 @@ class ShardHandles:
         self.whole_files = True
         self.readahead.threads = WHOLE_FILE_THREADS
 
-    def fetch_files(self, files: Sequence[int]) -> None:
-        """Files ``files`` (in this order) will be read whole soon: fetch them into the block cache in the
-        background (a shard-windowed sampler names the next group's files before the epoch reaches them)."""
-        for k in files:
-            self.read_whole(int(k))
-
     def read_whole(self, k: int) -> None:
         """File ``k`` will be read whole soon (:attr:`whole_files`): fetch all of it into the block cache, in the
         background, once per process; nothing without a block cache or with ``CACHEBUILD_READAHEAD_FILES=0``."""

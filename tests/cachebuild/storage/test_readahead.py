@@ -89,3 +89,29 @@ def test_a_shard_replaced_mid_epoch_is_refused_never_read_ahead(tmp_path, s3):
     _rows(ds).readahead.wait()  # shard 1's sequential read sent shard 2's readahead: refused by the pin
     with pytest.raises(CacheChangedError, match=r"images-00002\.npy changed since this job opened"):
         ds.gather(np.arange(2 * SHARD, 2 * SHARD + 8))
+
+
+def test_whole_file_readahead_runs_its_files_at_once_and_keeps_that_across_pickling():
+    """A shard-windowed reader's readahead (``read_files_whole()``) fetches several files at once: a first file
+    whose fetch waits (a slow server) holds up no other. The second job here releases the first; one thread
+    would run them in turn and the first would time out. A pickled copy (a DataLoader worker's) keeps the count."""
+    import pickle
+    import threading
+
+    from cachebuild.storage.remote.readahead import WHOLE_FILE_THREADS, Readahead
+
+    ra = Readahead(WHOLE_FILE_THREADS)
+    assert pickle.loads(pickle.dumps(ra)).threads == WHOLE_FILE_THREADS >= 2
+    released, waited = threading.Event(), []
+
+    def slow() -> int:
+        waited.append(released.wait(5))
+        return 0
+
+    def fast() -> int:
+        released.set()
+        return 0
+
+    assert ra.schedule(0, slow, "slow") and ra.schedule(1, fast, "fast")
+    ra.wait()
+    assert waited == [True]

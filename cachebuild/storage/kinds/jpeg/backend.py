@@ -20,7 +20,7 @@ import itertools
 import os
 import sys
 import zlib
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -131,9 +131,6 @@ class JpegImages(ImageStore):
 
     def read_files_whole(self) -> None:
         self.files.read_files_whole()
-
-    def fetch_files(self, files: Sequence[int]) -> None:
-        self.files.fetch_files(files)
 
     @property
     def bytes_fetched(self) -> int:

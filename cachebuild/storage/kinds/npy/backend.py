@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -138,9 +138,6 @@ class NpyImages(ImageStore):
 
     def read_files_whole(self) -> None:
         self.rows.read_files_whole()
-
-    def fetch_files(self, files: Sequence[int]) -> None:
-        self.rows.fetch_files(files)
 
     def gather(self, idx: np.ndarray, out: np.ndarray) -> None:
         self.rows.gather(idx, out)

@@ -18,7 +18,7 @@ import asyncio
 import hashlib
 import json
 import os
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -209,10 +209,6 @@ class ZarrImages(ImageStore):
     def read_files_whole(self) -> None:
         if self.rows is not None:  # compressed chunks are read whole already (zarr-python)
             self.rows.read_files_whole()
-
-    def fetch_files(self, files: Sequence[int]) -> None:
-        if self.rows is not None and self.rows.whole_files:
-            self.rows.fetch_files(files)
 
     @property
     def bytes_fetched(self) -> int:
