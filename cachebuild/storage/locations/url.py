@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import os
-import threading
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from cachebuild.errors import CacheChangedError, RemoteError, RemoteNotFoundError
+from cachebuild.storage.locations import url_filesystem
 from cachebuild.storage.locations.base import Location
 from cachebuild.storage.locations.names import check_name
 from cachebuild.storage.locations.url_errors import changed_error, named_error
@@ -24,49 +23,16 @@ from cachebuild.storage.remote.pinning import (
     PINNABLE_PROTOCOLS,
     Pins,
     etag_of,
-    install_s3_hook,
     precondition_failed,
     version_of,
 )
 from cachebuild.storage.remote.retry import Budget, Exhausted, RangeIgnored, ShortRead
-from cachebuild.storage.remote.s3_session import new_s3_session
 
 __all__ = ["FsspecLocation"]
 
 CONDITIONAL_WRITE_PROTOCOLS = frozenset({"s3", "s3a"})  # writes conditional on a version: If-Match, If-None-Match: *
 
 T = TypeVar("T")
-_MAKING = threading.Lock()
-
-
-def _unlock_in_child() -> None:
-    global _MAKING
-    _MAKING = threading.Lock()  # a fork while another thread held it (DataLoader workers) must not inherit it
-
-
-os.register_at_fork(after_in_child=_unlock_in_child)
-
-# fsspec's filesystems are reference cycles (their mirrored sync methods hold them), each with a finalizer
-# that closes its session through the loop it was made on. One dropped in this process but not collected yet
-# is inherited by a forked child (a DataLoader worker), whose collector then runs that finalizer against the
-# parent's loop, which no thread runs there: a 1 s wait (fsspec's sync, then its fallback) per filesystem, on
-# whatever thread collects, the child's own I/O loop included: measured as a 5 s stall of a cold epoch's
-# second batch once a few datasets were dropped. So a fork after a location with a filesystem was dropped
-# first collects here, where their loop runs and each session closes at once.
-_dropped = [0]  # locations with a filesystem dropped since the last collection before a fork
-
-
-def _note_dropped() -> None:
-    _dropped[0] += 1
-
-
-def _collect_before_fork() -> None:
-    if _dropped[0]:
-        _dropped[0] = 0
-        gc.collect()
-
-
-os.register_at_fork(before=_collect_before_fork)
 
 
 class FsspecLocation(Location):
@@ -88,50 +54,18 @@ class FsspecLocation(Location):
         return {**self.__dict__, "_fs": None, "_pid": -1}
 
     def fs_options(self) -> dict[str, Any]:
-        """``storage_options`` plus our defaults for fsspec filesystems of this URL: a socket read timeout (a
-        stalled server must not hang a worker), and for S3 no retries of botocore's or s3fs's own (the remote
-        layer's one policy retries each request)."""
-        opts = dict(self.storage_options)
-        timeout = retry.settings().http_timeout_s
-        if self.protocol in ("http", "https"):
-            import aiohttp
-
-            # aiohttp's default is a 5-minute total timeout: a stalled server would hang a worker.
-            opts["client_kwargs"] = {"timeout": aiohttp.ClientTimeout(
-                total=None, sock_connect=10, sock_read=timeout), **opts.get("client_kwargs", {})}
-        elif self.protocol in ("s3", "s3a"):
-            opts["config_kwargs"] = {"read_timeout": timeout, "connect_timeout": 10,
-                                     "retries": {"total_max_attempts": 1}, **opts.get("config_kwargs", {})}
-        return opts
+        """``storage_options`` plus our defaults for this URL's filesystem (:func:`url_filesystem.fs_options`)."""
+        return url_filesystem.fs_options(self.protocol, self.storage_options)
 
     @property
     def fs(self) -> Any:
         if self._fs is None or self._pid != os.getpid():
-            with _MAKING:  # threads sharing a location (a source's readers) make one filesystem, not one each
+            with url_filesystem.making():  # threads sharing a location (a source's readers) make one, not one each
                 if self._fs is None or self._pid != os.getpid():
-                    self._fs = self._make_fs()
+                    self._fs = url_filesystem.make_fs(self.protocol, self.fs_options(), self.pins, self.describe())
                     self._pid = os.getpid()
-                    weakref.finalize(self, _note_dropped)
+                    weakref.finalize(self, url_filesystem.note_dropped)
         return self._fs
-
-    def _make_fs(self) -> Any:
-        import fsspec
-
-        opts = self.fs_options()
-        if self.protocol in ("s3", "s3a"):
-            opts.setdefault("session", new_s3_session())
-            if self.pins is not None:
-                install_s3_hook(opts["session"], self.pins)
-        try:
-            fs = fsspec.filesystem(self.protocol, skip_instance_cache=True, **opts)
-        except ImportError as e:
-            raise RemoteError(f"reading {self.protocol}:// URLs needs an extra package ({e}); "
-                              f"pip install 'cachebuild[remote]'") from None
-        except ValueError as e:  # "Protocol not known"
-            raise RemoteError(f"{self.describe()}: cannot open this URL ({e})") from None
-        if self.protocol in ("s3", "s3a"):
-            fs.retries = 1  # s3fs's own retry loop (a class attribute): one try, ours retry it
-        return fs
 
     @property
     def _async(self) -> bool:
