@@ -44,7 +44,7 @@ from loaders.collate import CacheBatch, collate_batch
 from loaders.dataset_options import DatasetOptions
 from loaders.encoded import EncodedImages
 from loaders.shared_memory import auto_budget, load_shared, shared_uint8
-from loaders.worker_crop import CropPlan, CropSpec, flip_probability, normalize_table
+from loaders.worker_crop import CropPlan, CropSpec, flip_probability, normalize_matrix
 
 __all__ = ["CacheBatch", "CachedImageDataset", "DatasetOptions", "collate_batch"]
 
@@ -308,7 +308,7 @@ class CachedImageDataset(Dataset):
         before making loaders."""
         if crop is None:
             flip_probability(None, flip)  # a flip without a crop is refused, as DatasetOptions refuses it
-            normalize_table(None, normalize)
+            normalize_matrix(None, normalize)
             self.crop = None
         else:
             self.crop = CropPlan(crop, flip, seed, normalize)

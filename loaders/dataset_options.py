@@ -16,7 +16,7 @@ import torch
 
 from cachebuild.storage import BlockCache
 from loaders.batch_ring import MAX_SLOTS
-from loaders.worker_crop import CropSpec, flip_probability, normalize_table
+from loaders.worker_crop import CropSpec, flip_probability, normalize_matrix
 
 __all__ = ["DEFAULT_RING_SLOTS", "DatasetOptions"]
 
@@ -120,4 +120,4 @@ class DatasetOptions:
         object.__setattr__(self, "columns", tuple(self.columns))  # a list is fine; kept hashable and frozen
         if len(set(self.columns)) != len(self.columns):
             raise ValueError(f"columns names a column twice: {list(self.columns)}")
-        normalize_table(self.crop, self.normalize)
+        normalize_matrix(self.crop, self.normalize)

@@ -12,6 +12,7 @@ import torch
 import torchvision.transforms.v2.functional as TVF
 from torch.utils.data import DataLoader
 
+from cachebuild.storage.cache.writer import write_cache
 from loaders import batch_ring
 from loaders import transforms as T
 from loaders.collate import collate_batch
@@ -122,3 +123,21 @@ def test_dataloader_workers_send_float_batches_through_the_ring(tmp_path: Path) 
     rings = [r for k, r in batch_ring._registry.items() if k not in before]
     assert len(rings) == 2 and sum(int(r.buf[batch_ring._COUNTS : batch_ring._COUNTS + 8].view(np.int64)[0])
                                    for r in rings) >= 4  # float batches travelled in the reused slots
+
+
+@pytest.mark.parametrize("norm", [NORM, ((0.5,) * 3, (0.5,) * 3), ((0.4914, 0.4822, 0.4465), (0.247, 0.243, 0.261))])
+def test_every_uint8_level_normalizes_within_1e_6_of_the_exact_value(tmp_path: Path, norm: tuple) -> None:
+    """The whole uint8 range through the fused path: each value within 1e-6 of (v / 255 - mean) / std computed
+    in float64, per channel (float32 arithmetic near |value| ~ 2.6 is off by ~2e-7; one uint8 level is ~0.017,
+    so a wrong channel order, scale or offset is off by far more)."""
+    levels = np.repeat(np.arange(256, dtype=np.uint8)[:, None], 3, axis=1)
+    levels[:, 1] = levels[::-1, 1]  # channels differ, so a swapped channel shows
+    images = np.broadcast_to(levels.reshape(16, 16, 3), (4, 16, 16, 3)).copy()
+    root = tmp_path / "levels"
+    write_cache(root, images, np.zeros(4, dtype=np.int64), ["c"], shard_size=4, replace=True)
+    whole = RandomResizedCrop(16, scale=(1.0, 1.0), ratio=(1.0, 1.0))  # the whole sample, pixels unchanged
+    ds = CachedImageDataset(root, DatasetOptions(crop=whole, normalize=norm))
+    got = _batch(ds, np.arange(4)).numpy().astype(np.float64)
+    mean, std = (np.asarray(v, dtype=np.float64) for v in norm)
+    exact = (images.astype(np.float64) / 255.0 - mean) / std
+    assert np.abs(got - exact).max() <= 1e-6
