@@ -127,7 +127,7 @@ def normalize_matrix(crop: CropSpec | None, normalize: tuple[Sequence[float], Se
     """``normalize`` ((mean, std), 0-1 units as torchvision's ``Normalize``) checked against ``crop`` and made
     into the (3, 4) affine map of ``cv2.transform``: channel c of a pixel v becomes ``v / (255 std[c]) -
     mean[c] / std[c]``, i.e. ``(v / 255 - mean[c]) / std[c]`` within 1e-6 (float32 arithmetic). Measured per 224 px
-    crop on one core: a float32 copy and this map 0.055 ms, a 256-entry ``cv2.LUT`` to float32 0.106 ms
+    crop on one core: a float32 copy and this map 0.058 ms, a 256-entry ``cv2.LUT`` to float32 0.108 ms
     (``bench/scripts/augment_profile.py``); OpenCV releases the GIL: threads normalize in parallel."""
     if normalize is None:
         return None
