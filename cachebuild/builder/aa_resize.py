@@ -8,18 +8,22 @@ the width first into a uint8 intermediate, then the height; an axis whose size d
 (both unchanged: a copy). Integer sums do not depend on their order, so the same tables give the same
 bytes by any route: here each pass is one int32 sparse (CSR) x dense product in scipy's C kernel, then
 the same shift and clamp. Importing this costs a fraction of importing torch in every build worker
-(issue 36); ``tests/cachebuild/builder/test_aa_resize.py`` compares it with torch across sizes and scales.
+(issue 36), and the kernel is loaded at the first resize, not at import (:func:`_csr_matvecs`);
+``tests/cachebuild/builder/test_aa_resize.py`` compares it with torch across sizes and scales.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.machinery
+import importlib.util
 import math
-from typing import NamedTuple
+import sys
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import cv2
 import numpy as np
-from scipy.sparse import _sparsetools
 
 __all__ = ["antialias_into"]
 
@@ -69,13 +73,40 @@ def _pass(n_in: int, n_out: int, opt_scale: float | None) -> _Pass:
     return _Pass(n_in, n_out, indptr, cols.astype(np.int32), wi[keep].astype(np.int32), precision)
 
 
+@functools.cache
+def _csr_matvecs() -> Any:
+    """scipy's C kernel ``csr_matvecs``, loaded at the first resize (a pool build's parent never resizes).
+    Where ``scipy.sparse`` is not imported yet, its extension module is loaded from its file alone: the
+    package's ``__init__`` (its sparse-array classes and array-API layer) cost a fresh build worker 0.13-0.27 s
+    for this one function (issue 36), against ~15 ms. Anything unexpected takes the ordinary import."""
+    if "scipy.sparse" not in sys.modules:
+        try:
+            import scipy  # its __init__ loads no subpackage
+
+            folder = Path(scipy.__file__).parent / "sparse"
+            for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+                path = folder / f"_sparsetools{suffix}"
+                if path.is_file():
+                    spec = importlib.util.spec_from_file_location("scipy.sparse._sparsetools", path)
+                    if spec is None or spec.loader is None:
+                        break
+                    module = importlib.util.module_from_spec(spec)
+                    spec.loader.exec_module(module)
+                    return module.csr_matvecs
+        except Exception:  # a layout this does not know: the ordinary import below
+            pass
+    from scipy.sparse import _sparsetools
+
+    return _sparsetools.csr_matvecs
+
+
 def _apply(p: _Pass, rows: np.ndarray) -> np.ndarray:
     """One pass along the first axis of 2-D uint8 ``rows``: ATen's rounded, shifted and clamped int32
     sums, as uint8 (int32 holds them exactly: at most 255 x 2^22)."""
     acc = np.full((p.n_out, rows.shape[1]), 1 << (p.precision - 1), np.int32)
     # scipy's CSR x dense kernel, accumulating into ``acc`` (scipy.sparse's ``@`` would start from zeros)
-    _sparsetools.csr_matvecs(p.n_out, p.n_in, rows.shape[1], p.indptr, p.indices, p.weights,
-                             rows.astype(np.int32).ravel(), acc.ravel())
+    _csr_matvecs()(p.n_out, p.n_in, rows.shape[1], p.indptr, p.indices, p.weights, rows.astype(np.int32).ravel(),
+                   acc.ravel())
     np.right_shift(acc, p.precision, out=acc)
     return cv2.convertScaleAbs(acc)  # saturating cast to uint8; the sums are >= 0, the abs changes nothing
 

@@ -1,6 +1,6 @@
 """Small local builds run in the calling process: starting worker processes costs more than their work.
 
-Each loky worker starts a Python, imports numpy, OpenCV and scipy (~0.5 s of CPU; until issue 36 torch too,
+Each loky worker starts a Python, imports numpy, joblib and OpenCV (~0.5 s of CPU; until issue 36 torch too,
 1.5-4 s on a 2-core machine) and then decodes its share. A plan of a few hundred images decodes in about a
 second on one core, so for such a plan (``make demo``'s 410 photos) the workers' start-up is most of the build.
 With ``--jobs`` left at its default, a local plan of at most :data:`IN_PROCESS_MAX` files and, where the plan

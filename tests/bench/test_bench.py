@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -432,3 +434,15 @@ def test_the_gpu_peer_check_is_wired_and_says_what_it_skipped(tmp_path: Path) ->
                        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(root)})
     assert r.returncode == 0, r.stderr
     assert json.loads(out.read_text())["skipped"] == "no CUDA device on this machine"
+
+
+def test_a_whole_process_row_starts_its_clock_at_the_process_start() -> None:
+    """Not up to a second early (psutil's create_time adds the kernel's ticks to a whole-second btime: every
+    whole-process row, the bare limit's too, paid up to 1 s more): within the kernel's 10 ms tick of the spawn."""
+    code = "from bench.sections.build_child import _process_start; print(repr(_process_start()))"
+    before = time.time()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, check=True)
+    after = time.time()
+    started = float(done.stdout)
+    assert before - 0.02 <= started <= after, (before, started, after)

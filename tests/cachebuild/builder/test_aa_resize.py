@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -66,3 +69,27 @@ def test_the_same_size_is_a_copy() -> None:
     out = np.empty_like(src)
     antialias_into(src[:, :], out, (0.5, 0.5))  # torch copies when no size changes, whatever the scales
     assert np.array_equal(out, src) and np.array_equal(out, _torch(src, 20, 30, (0.5, 0.5)))
+
+
+def test_a_build_process_loads_the_kernel_without_scipy_sparse_and_gets_the_same_bytes() -> None:
+    """The parent of a pool build never loads the kernel, and a worker loads scipy's extension alone,
+    not the ``scipy.sparse`` package (0.13-0.27 s a fresh process, issue 36): the same bytes as through it."""
+    code = """
+import sys
+import numpy as np
+import cachebuild.builder.pipeline, cachebuild.cli
+assert "scipy.sparse" not in sys.modules and "scipy" not in sys.modules, "imported with the build"
+from cachebuild.builder import aa_resize
+src = np.random.default_rng(3).integers(0, 256, (301, 455, 3), dtype=np.uint8)
+a = np.empty((64, 71, 3), np.uint8)
+aa_resize.antialias_into(src, a)
+assert "scipy.sparse" not in sys.modules, "the package was imported"
+import scipy.sparse
+aa_resize._csr_matvecs.cache_clear()
+b = np.empty_like(a)
+aa_resize.antialias_into(src, b)
+assert np.array_equal(a, b)
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "ok", done.stderr
