@@ -20,13 +20,13 @@ import torch
 
 sys.path.insert(0, os.environ["TREE"])
 
-from bench.scripts.worker_crop import _synthetic_cache  # noqa: E402
-from loaders import transforms as T  # noqa: E402
-from loaders.collate import collate_batch  # noqa: E402
-from loaders.dataset import CachedImageDataset, DatasetOptions  # noqa: E402
-from loaders.sampler import CacheSampler  # noqa: E402
-from loaders.thread_loader import ThreadLoader  # noqa: E402
-from loaders.worker_crop import RandomResizedCrop  # noqa: E402
+from bench.scripts.worker_crop import _synthetic_cache
+from loaders import transforms as T
+from loaders.collate import collate_batch
+from loaders.dataset import CachedImageDataset, DatasetOptions
+from loaders.sampler import CacheSampler
+from loaders.thread_loader import ThreadLoader
+from loaders.worker_crop import RandomResizedCrop
 
 CACHE = Path("/tmp/abnorm-cache")
 if not (CACHE / "manifest.json").exists():
