@@ -370,7 +370,7 @@ def _crop_batch(samples: StoredSamples, idx: np.ndarray, spec: CropSpec, flip_p:
                 resize_into(rows[j], crops[i], dst, bool(flips[i]))
             else:
                 _center_into(rows[j], boxes[i], dst, resize_for)
-            if matrix is not None:
+            if matrix is not None and ftmp is not None:
                 np.copyto(ftmp, tmp)
                 _into(out[i], cv2.transform(ftmp, matrix, dst=out[i]))
 

@@ -51,6 +51,7 @@ __all__ = ["main"]
 def _stages(ds: CachedImageDataset, batches: list[np.ndarray], size: int, lut: np.ndarray) -> dict[str, float]:
     """Seconds of each stage over ``batches``, each stage timed apart over the same samples and crops."""
     plan, samples = ds.crop, ds
+    assert plan is not None and plan.matrix is not None and isinstance(plan.spec, RandomResizedCrop)
     out = np.empty((len(batches[0]), size, size, 3), dtype=np.float32)
     tmp = np.empty((size, size, 3), dtype=np.uint8)
     ftmp = np.empty((size, size, 3), dtype=np.float32)
@@ -62,6 +63,7 @@ def _stages(ds: CachedImageDataset, batches: list[np.ndarray], size: int, lut: n
         crops, flips = draw_crops(plan.spec, boxes, samples.shape[:2], uniforms(plan.seed, 0, idx), plan.flip_p)
         t1 = time.perf_counter()
         views = samples.sample_views(idx)
+        assert views is not None  # a local npy cache: memory-map views
         t2 = time.perf_counter()
         for j in range(len(idx)):
             resize_into(views[j], crops[j], tmp, bool(flips[j]))

@@ -15,6 +15,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -33,7 +34,7 @@ if not (CACHE / "manifest.json").exists():
     _synthetic_cache(CACHE, 2048, 224)
 ds = CachedImageDataset(CACHE, DatasetOptions(crop=RandomResizedCrop(224), flip=True, in_memory=False,
                                               normalize=(T.IMAGENET_MEAN, T.IMAGENET_STD)))
-loaders = {
+loaders: dict[str, Any] = {
     "dataloader": torch.utils.data.DataLoader(ds, batch_size=256, sampler=CacheSampler(ds, seed=0), num_workers=2,
                                               collate_fn=collate_batch, persistent_workers=True, prefetch_factor=4),
     "threadloader": ThreadLoader(ds, 256, sampler=CacheSampler(ds, seed=0), num_threads=2),
