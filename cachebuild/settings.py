@@ -117,7 +117,8 @@ class Settings:
                                  _files, example="2")
     decode_threads: int | None = _knob("CACHEBUILD_DECODE_THREADS", "auto", "Threads decoding a compact (JPEG) "
                                        "cache in each reading process; auto: the CPUs it may use, shared among "
-                                       "the DataLoader's workers, at most 4.", _threads, example="2")
+                                       "the DataLoader's workers, at most 4; in ThreadLoader's threads 1 (each "
+                                       "decodes its own samples).", _threads, example="2")
     push_stale_s: float = _knob("CACHEBUILD_PUSH_STALE_S", "300", "Seconds after its last renewal that a push's "
                                 "claim on a URL counts as abandoned (another host may take it over); the "
                                 "holder stops at half of it and renews it every tenth of it, at most 30 s.",

@@ -26,6 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import torch
 
+from cachebuild.storage.kinds.jpeg.backend import decode_in_this_thread
 from loaders.dataset import CachedImageDataset
 
 __all__ = ["ThreadLoader"]
@@ -206,7 +207,9 @@ class ThreadLoader:
         stop = len(indices) - len(indices) % b if self.drop_last else len(indices)
         starts = iter(range(0, stop, b))
         depth = self.num_threads + self.prefetch
-        pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="ThreadLoader")
+        # each thread decodes a compact cache's samples itself: the threads already share the cores
+        pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="ThreadLoader",
+                                  initializer=decode_in_this_thread)
         pending: deque[Future[tuple[torch.Tensor, ...]]] = deque()
         try:
             for lo in starts:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shutil
 import subprocess
 import sys
+import threading
 import zlib
 from pathlib import Path
 
@@ -357,3 +359,36 @@ def test_stored_index_matches_its_checksums(builds):
         assert offsets.dtype == np.int64 and crc.dtype == np.uint32 and payload.dtype == np.uint8
         assert len(crc) == s.count and offsets[0] == 0 and offsets[-1] == len(payload)
         assert [zlib.crc32(payload[a:z]) for a, z in itertools.pairwise(offsets)] == crc.tolist()
+
+
+def test_thread_loader_threads_decode_in_themselves_and_the_settings_still_win(tmp_path, monkeypatch):
+    """ThreadLoader's threads decode their own samples (no pool of decoding threads behind them: the loader's
+    threads already share the cores), with the same pixels; $CACHEBUILD_DECODE_THREADS still wins in them."""
+    from loaders.thread_loader import ThreadLoader
+    from loaders.worker_crop import RandomResizedCrop
+
+    root = jpeg_index_cache(tmp_path / "c", n=40)[0]
+    monkeypatch.delenv("CACHEBUILD_DECODE_THREADS", raising=False)
+    for crop in (None, RandomResizedCrop(16)):
+        ds = CachedImageDataset(root, DatasetOptions(crop=crop, seed=3))
+        loader = ThreadLoader(ds, 8, sampler=CacheSampler(ds, seed=1), num_threads=2)
+        got = np.concatenate([b[0].numpy() for b in loader])
+        order = np.asarray(list(CacheSampler(ds, seed=1)))
+        plain = CachedImageDataset(root, DatasetOptions(crop=crop, seed=3, decode_threads=1))
+        want = plain.load_batch(order, torch.empty((40, *plain.output_shape), dtype=torch.uint8)).images.numpy()
+        assert np.array_equal(got, want)
+        assert ds._images._pool is None  # no decoding pool was made: every gather decoded in its own thread
+    seen: list[int] = []
+
+    def ask() -> None:
+        jpeg_backend.decode_in_this_thread()
+        seen.append(jpeg_backend.decode_threads())
+        monkeypatch.setenv("CACHEBUILD_DECODE_THREADS", "3")
+        seen.append(jpeg_backend.decode_threads())
+
+    t = threading.Thread(target=ask)
+    t.start()
+    t.join()
+    assert seen == [1, 3]
+    monkeypatch.delenv("CACHEBUILD_DECODE_THREADS")
+    assert jpeg_backend.decode_threads() == min(jpeg_backend.MAX_DECODE_THREADS, len(os.sched_getaffinity(0)))
