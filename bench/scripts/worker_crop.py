@@ -42,15 +42,16 @@ from loaders.worker_crop import RandomResizedCrop  # noqa: E402
 __all__ = ["main"]
 
 
-def _synthetic_cache(root: Path, n: int, side: int) -> Path:
-    """Smooth random pictures (upsampled noise): resampling costs what it costs on photos."""
+def _synthetic_cache(root: Path, n: int, side: int, storage: str = "npy") -> Path:
+    """Smooth random pictures (upsampled noise): resampling costs what it costs on photos. ``storage``: the
+    cache's kind (``jpeg`` for a compact cache)."""
     import cv2
 
     rng = np.random.default_rng(0)
     small = rng.integers(0, 256, (n, side // 8, side // 8, 3), dtype=np.uint8)
     images = np.stack([cv2.resize(s, (side, side), interpolation=cv2.INTER_CUBIC) for s in small])
     labels = np.arange(n) % 10
-    write_cache(root, images, labels, [f"c{k}" for k in range(10)], shard_size=1000, replace=True)
+    write_cache(root, images, labels, [f"c{k}" for k in range(10)], storage=storage, shard_size=1000, replace=True)
     return root
 
 

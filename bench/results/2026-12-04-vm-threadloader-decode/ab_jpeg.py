@@ -17,10 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, os.environ["TREE"])
 
+from bench.scripts.worker_crop import _synthetic_cache
 from loaders import transforms as T
 from loaders.dataset import CachedImageDataset, DatasetOptions
 from loaders.sampler import CacheSampler
@@ -29,15 +28,7 @@ from loaders.worker_crop import RandomResizedCrop
 
 CACHE = Path("/tmp/abjpeg-cache")
 if not (CACHE / "manifest.json").exists():
-    import cv2
-
-    from cachebuild.storage.cache.writer import write_cache
-
-    rng = np.random.default_rng(0)
-    small = rng.integers(0, 256, (2048, 28, 28, 3), dtype=np.uint8)
-    images = np.stack([cv2.resize(s, (224, 224), interpolation=cv2.INTER_CUBIC) for s in small])
-    write_cache(CACHE, images, np.arange(2048) % 10, [f"c{k}" for k in range(10)], storage="jpeg", shard_size=1000,
-                replace=True)
+    _synthetic_cache(CACHE, 2048, 224, storage="jpeg")
 opts: dict[str, Any] = {"in_memory": False}
 if not os.environ.get("RAW"):
     opts.update(crop=RandomResizedCrop(224), flip=True, normalize=(T.IMAGENET_MEAN, T.IMAGENET_STD))
