@@ -63,8 +63,9 @@ _here = threading.local()  # .inline: this thread decodes its own gathers (a loa
 
 def decode_in_this_thread() -> None:
     """From now on this thread decodes the samples it gathers itself, with no pool of decoding threads: for
-    threads that already share the CPUs among them (``ThreadLoader``'s). Handing each chunk of a crop to a
-    shared pool and waiting made ThreadLoader's crop + normalize of a compact cache 1.15-1.4x slower on 2 cores.
+    threads that already share the CPUs among them (``ThreadLoader``'s). Handing each chunk to a shared pool and
+    waiting cost ThreadLoader on 2 cores: decoding in its threads made crop + normalize of a compact cache 1.13x
+    and whole samples 1.25x faster (``bench/results/2026-12-04-vm-threadloader-decode/``).
     ``$CACHEBUILD_DECODE_THREADS`` and ``DatasetOptions(decode_threads=)`` still win."""
     _here.inline = True
 
