@@ -48,8 +48,8 @@ def _codecs() -> list[str]:
 
 def build_params() -> list[click.Option]:
     """The flags every build command shares. Those named as a ``BuildOptions`` field go to it as they are."""
-    from cachebuild.builder.decode import FITS, INTERPOLATIONS
     from cachebuild.builder.options import COMPRESSIONS, DECODE_DEVICES, ON_ERROR, SUBSAMPLINGS, BuildOptions
+    from cachebuild.builder.sample.geometry import FITS, INTERPOLATIONS
 
     default = {f.name: f.default for f in dataclasses.fields(BuildOptions)}
 

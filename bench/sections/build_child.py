@@ -35,8 +35,8 @@ def scales_file(src: Path, size: int, dest: Path) -> Path:
     """``dest``: {path: DCT reduction r} for every file of ``src``, as the build picks it for ``size`` (crop
     fit, reduced decode on: the defaults), so the bare decoder does the decode the build needs. Made by the
     bench parent once, outside every contender's clock (the build probes each header inside its own)."""
-    from cachebuild.builder.decode import ResizeSpec, probe
-    from cachebuild.builder.decode import _reduction as reduction  # the build's own rule, not a copy of it
+    from cachebuild.builder.sample.geometry import ResizeSpec, reduction  # the build's own rule, not a copy of it
+    from cachebuild.builder.sample.probe import probe
 
     spec = ResizeSpec(size)
     scales = {}
@@ -66,7 +66,8 @@ def _warm(sample: str, contender: str) -> int:
         import torch
 
         from cachebuild.builder.block import _init_worker
-        from cachebuild.builder.decode import ResizeSpec, decode_into
+        from cachebuild.builder.sample.decode import decode_into
+        from cachebuild.builder.sample.geometry import ResizeSpec
 
         if contender == "cachebuild_zarr":
             import zarr  # noqa: F401

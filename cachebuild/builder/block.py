@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from cachebuild.atomic import write_bytes_atomic
-from cachebuild.builder.decode import Placement, ResizeSpec, decode_into
+from cachebuild.builder.sample.geometry import Placement, ResizeSpec
 from cachebuild.errors import DecodeError, SourceError
 from cachebuild.format.pathnames import encode_path
 from cachebuild.storage import get_backend
@@ -86,6 +86,8 @@ def _skip_reason(e: Exception) -> str:
 
 def _decoder(task: BlockTask) -> Callable[[int, str, np.ndarray], Placement]:
     if task.decode_device == "cpu":
+        from cachebuild.builder.sample.decode import decode_into  # OpenCV: in the worker only, not in the parent
+
         def fill(i: int, key: str, slot: np.ndarray) -> Placement:
             return decode_into(task.reader(task.start + i, key), task.spec, slot, path=key)
 

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from cachebuild.builder.carry_columns import CarriedColumns
-from cachebuild.builder.decode import ResizeSpec
 from cachebuild.builder.options import BuildOptions
+from cachebuild.builder.sample.geometry import ResizeSpec
 from cachebuild.errors import CacheBuildError
 from cachebuild.format.manifest import COLUMNS_VERSION, Failure, Manifest
 from cachebuild.format.pathnames import decode_path

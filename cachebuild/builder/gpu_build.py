@@ -2,15 +2,15 @@
 
 Each build worker owns one GPU (claimed for the worker's life with a lock, so several GPUs on a node get
 one worker each). For a block it reads its files, checks each header exactly as the CPU path does
-(``cachebuild.builder.decode.probe``: size limit, truncation), sends the JPEGs nvJPEG takes to
+(``cachebuild.builder.sample.probe.probe``: size limit, truncation), sends the JPEGs nvJPEG takes to
 ``torchvision.io.decode_jpeg(list, device="cuda")`` in batches, applies the same fit geometry as
-``cachebuild.builder.decode.fit_into`` with torch's antialiased bilinear interpolation on the GPU, and copies the
+``cachebuild.builder.sample.decode.fit_into`` with torch's antialiased bilinear interpolation on the GPU, and copies the
 samples back into the storage sink's slots. While the worker hashes and stores one batch, a background
 thread prepares the next.
 
 Files nvJPEG cannot take (CMYK or other non-YCbCr JPEGs, lossless or arithmetic-coded ones, PNGs named
 ``.JPEG``, a progressive file it refuses, CIFAR's decoded arrays) go through the CPU path
-(``cachebuild.builder.decode.decode_into``) in the same worker. Pixels differ slightly from a CPU build (no DCT
+(``cachebuild.builder.sample.decode.decode_into``) in the same worker. Pixels differ slightly from a CPU build (no DCT
 reduction, another IDCT and float resampling): close (PSNR >= 40 dB), not byte-equal, so the build key
 records the device. This module is imported only when a GPU build is asked for.
 """
@@ -27,7 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from cachebuild.builder.decode import Placement, ResizeSpec, crop_window, decode_into, letterbox, probe
+from cachebuild.builder.sample.decode import decode_into
+from cachebuild.builder.sample.geometry import Placement, ResizeSpec, crop_window, letterbox
+from cachebuild.builder.sample.probe import probe
 from cachebuild.errors import CacheBuildError, DecodeError
 
 __all__ = ["BATCH", "GpuBlockDecoder", "check_decode_device", "fit_tensor", "gpu_workers", "nvjpeg_can_take"]
@@ -123,14 +125,14 @@ def _resize(x: Any, h: int, w: int, interpolation: str) -> Any:
 
 
 def fit_tensor(img: Any, spec: ResizeSpec) -> tuple[Any, tuple[int, int, int, int]]:
-    """``cachebuild.builder.decode.fit_into`` for a (3, H, W) uint8 tensor on any device: (3, S, S) and the box."""
+    """``cachebuild.builder.sample.decode.fit_into`` for a (3, H, W) uint8 tensor on any device: (3, S, S), box."""
     import torch
 
     h, w = int(img.shape[1]), int(img.shape[2])
     s = spec.size
     if spec.fit == "squash":
         return _resize(img, s, s, spec.interpolation), (0, 0, s, s)
-    if spec.fit == "crop":  # the CPU path's window (cachebuild.builder.decode.crop_window)
+    if spec.fit == "crop":  # the CPU path's window (cachebuild.builder.sample.geometry.crop_window)
         y0, x0, y1, x1 = crop_window(h, w, s)
         return _resize(img[:, y0:y1, x0:x1], s, s, spec.interpolation), (0, 0, s, s)
     y0, x0, y1, x1 = letterbox(h, w, s)

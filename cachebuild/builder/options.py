@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from cachebuild.builder.decode import DEFAULT_MAX_PIXELS, FITS, INTERPOLATIONS
+from cachebuild.builder.sample.geometry import DEFAULT_MAX_PIXELS, FITS, INTERPOLATIONS
 from cachebuild.errors import OptionError
 from cachebuild.options import parse_bool, parse_choice, parse_float, parse_int, parse_optional_bool
 from cachebuild.storage import DEFAULT_STORAGE, backend_names, get_backend

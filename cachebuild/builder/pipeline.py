@@ -26,11 +26,11 @@ from joblib import Parallel, delayed, effective_n_jobs
 from joblib.externals.loky.process_executor import TerminatedWorkerError
 
 from cachebuild.builder.block import BlockTask, run_block
-from cachebuild.builder.decode import TORCH_RESIZE_FROM, ResizeSpec
 from cachebuild.builder.destination import check_outside_source, output_error
 from cachebuild.builder.finish import finish
 from cachebuild.builder.locks import exclusive_lock
 from cachebuild.builder.options import COMPRESSIONS, MAX_SIZE, ON_ERROR, BuildOptions, BuildResult
+from cachebuild.builder.sample.geometry import TORCH_RESIZE_FROM, ResizeSpec
 from cachebuild.builder.small_plan import in_process, runs_in_process, update_runs_in_process
 from cachebuild.builder.staging import build_key, check_destination, prepare_staging
 from cachebuild.builder.update import gc_paused, plan_reuse, racy_files, release_reader

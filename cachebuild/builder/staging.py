@@ -12,9 +12,9 @@ from typing import Any
 
 from cachebuild.atomic import write_json_atomic
 from cachebuild.builder.block import record_path
-from cachebuild.builder.decode import ANTIALIAS_FROM
 from cachebuild.builder.destination import check_replaceable, is_own_staging
 from cachebuild.builder.options import BuildOptions
+from cachebuild.builder.sample.geometry import ANTIALIAS_FROM
 from cachebuild.errors import CacheBuildError, CacheExistsError
 from cachebuild.format.manifest import MANIFEST_NAME, PLAIN_VERSION, Manifest
 from cachebuild.sources.plan import Plan

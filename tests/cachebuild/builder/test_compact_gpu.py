@@ -19,8 +19,10 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 import cachebuild.builder.gpu_build as gpu_build
-from cachebuild.builder.decode import ResizeSpec, _reduction, decode_into, probe
 from cachebuild.builder.pipeline import BuildOptions, build
+from cachebuild.builder.sample.decode import decode_into
+from cachebuild.builder.sample.geometry import ResizeSpec, reduction
+from cachebuild.builder.sample.probe import probe
 from cachebuild.errors import DecodeError
 from cachebuild.sources.imagenet import imagenet_plans
 from cachebuild.storage.cache.reader import open_cache, read_manifest
@@ -56,7 +58,7 @@ def _only_reduced_decodes_differ(plan, ok, psnr, spec) -> None:
     for i, p in zip(ok, psnr, strict=True):
         if p < 35:
             h, w, fmt = probe(plan.reader(i, plan.keys[i]), spec.max_pixels)
-            assert fmt == "JPEG" and _reduction(h, w, spec) > 1, (plan.keys[i], p)
+            assert fmt == "JPEG" and reduction(h, w, spec) > 1, (plan.keys[i], p)
 
 
 @pytest.mark.parametrize("fit", ["crop", "pad"])

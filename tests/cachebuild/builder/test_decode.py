@@ -12,16 +12,10 @@ import torch
 import torchvision.transforms as T
 from PIL import Image
 
-from cachebuild.builder.decode import (
-    ANTIALIAS_FROM,
-    ResizeSpec,
-    _jpeg_or_png_size,
-    _pil_size,
-    _resize_into,
-    decode_into,
-    probe,
-)
 from cachebuild.builder.pipeline import BuildOptions, build
+from cachebuild.builder.sample.decode import _resize_into, decode_into
+from cachebuild.builder.sample.geometry import ANTIALIAS_FROM, ResizeSpec, reduction
+from cachebuild.builder.sample.probe import _jpeg_or_png_size, _pil_size, probe
 from cachebuild.errors import DecodeError
 from cachebuild.sources.imagenet import imagenet_plans
 from cachebuild.storage.cache.reader import open_cache
@@ -157,7 +151,7 @@ def test_jpegs_go_through_turbojpeg_with_opencvs_pixels(imagenet_tree, monkeypat
     The cache must hold exactly what OpenCV decodes, for every JPEG flavour and every file of a tree with
     ImageNet's quirks and broken files; what simplejpeg refuses (any libjpeg warning: damaged data) goes to
     OpenCV as before."""
-    from cachebuild.builder import decode
+    from cachebuild.builder.sample import decode
 
     files = sorted(p for p in Path(imagenet_tree["root"]).rglob("*") if p.is_file() and p.suffix == ".JPEG")
     photo = Image.open(files[0]).convert("RGB")
@@ -196,7 +190,7 @@ def test_opencv_without_rgb_decoding_gives_the_same_pixels(imagenet_clean, monke
     DCT-reduced scale."""
     import cv2
 
-    from cachebuild.builder import decode
+    from cachebuild.builder.sample import decode
 
     paths = sorted(Path(imagenet_clean["train_dir"]).rglob("*.JPEG"))[:12]
     specs = [ResizeSpec(size=64), ResizeSpec(size=160, fit="pad")]  # 64: most sources decode reduced
@@ -216,7 +210,7 @@ def test_opencv_without_rgb_decoding_gives_the_same_pixels(imagenet_clean, monke
            for r in decode._DECODE_FLAGS}
     monkeypatch.setattr(decode, "_RGB_DIRECT", False)
     monkeypatch.setattr(decode, "_DECODE_FLAGS", bgr)
-    assert any(decode._reduction(*cv2.imread(str(p)).shape[:2], specs[0]) > 1 for p in paths)
+    assert any(reduction(*cv2.imread(str(p)).shape[:2], specs[0]) > 1 for p in paths)
     for a, b in zip(direct, decode_all(), strict=True):
         assert np.array_equal(a, b)
 

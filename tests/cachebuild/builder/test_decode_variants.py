@@ -13,7 +13,8 @@ import pytest
 import torchvision.transforms as T
 from PIL import Image
 
-from cachebuild.builder.decode import ResizeSpec, _reduction, decode_into, fit_into, letterbox
+from cachebuild.builder.sample.decode import decode_into, fit_into
+from cachebuild.builder.sample.geometry import ResizeSpec, letterbox, reduction
 from cachebuild.samples.photos import photo_bank
 
 
@@ -137,7 +138,7 @@ def test_reduced_decode_of_odd_sizes_keeps_the_sources_geometry(fit: str, floor:
     for data in _odd_jpegs():
         with Image.open(io.BytesIO(data)) as im:
             pim = im.convert("RGB")
-        assert _reduction(pim.height, pim.width, spec) > 1
+        assert reduction(pim.height, pim.width, spec) > 1
         ours, box = _ours(data, spec)
         scores.append(psnr(ours, _pil_reference(pim, spec)))
         assert box == _ours(data, ResizeSpec(64, fit=fit, reduced_decode=False))[1]
@@ -152,7 +153,7 @@ def test_pad_box_is_the_sources_letterbox_whatever_the_decode_scale() -> None:
     img = cv2.resize(photo_bank()[1][1], (523, 257), interpolation=cv2.INTER_AREA)
     data = _save(Image.fromarray(img), "JPEG", quality=92)
     spec = ResizeSpec(64, fit="pad")
-    assert _reduction(257, 523, spec) == 4
+    assert reduction(257, 523, spec) == 4
     out, box = _ours(data, spec)
     assert box == letterbox(257, 523, 64) == (16, 0, 47, 64)
     outside = np.ones((64, 64), bool)

@@ -108,3 +108,25 @@ def test_workers_with_a_large_share_resize_with_torch_and_give_the_same_bytes(im
     # torch is imported at worker start, so it is there from the first file each worker reads
     assert torch_in["torch"] == {"1"}
     assert hashes["torch"] == hashes["numpy"] == hashes["reused"] and len(hashes["numpy"]) > 1
+
+
+
+def test_the_build_parent_starts_its_workers_without_importing_opencv() -> None:
+    """The parent plans, pickles blocks and writes the manifest: it needs no decoder before its workers run,
+    and every module it imports on the way sat on the whole build's critical path (issue 36). (It imports
+    OpenCV at the very end, for the manifest's tool versions.)"""
+    import subprocess
+
+    code = ("import sys\n"
+            "import cachebuild.cli, cachebuild.cli_build, cachebuild.builder.pipeline, cachebuild.sources.folder\n"
+            "import cachebuild.sources.imagenet, cachebuild.storage.kinds.npy.backend\n"
+            "from cachebuild.builder.sample import geometry, probe\n"
+            "print(sorted(m for m in ('cv2', 'simplejpeg', 'torch', 'scipy') if m in sys.modules))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parents[3])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "[]"
+    r = subprocess.run([sys.executable, "-c", "import sys; import cachebuild.builder.sample.decode; "
+                        "print('cv2' in sys.modules)"], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parents[3])
+    assert r.stdout.strip() == "True", r.stderr[-2000:]  # the probe above would see one

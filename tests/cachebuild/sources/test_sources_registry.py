@@ -214,8 +214,8 @@ def test_options_refuse_values_outside_their_choices():
 
 
 def test_build_flags_take_their_defaults_and_choices_from_build_options(scratch_registries):
-    from cachebuild.builder.decode import FITS
     from cachebuild.builder.options import COMPRESSIONS, DECODE_DEVICES, ON_ERROR, SUBSAMPLINGS
+    from cachebuild.builder.sample.geometry import FITS
 
     defaults = {f.name: f.default for f in dataclasses.fields(BuildOptions)}
     params = {p.name: p for p in build_params()}

@@ -2,7 +2,9 @@
 
 bytes -> header probe (size limit, truncation) -> ``cv2.imdecode`` (reduced DCT decode at 1/2, 1/4, 1/8
 when the source is >= 4x/8x/16x what the fit needs) -> crop/squash/pad geometry -> resize (antialiased from
-2x downscale, bilinear below: see ``ANTIALIAS_FROM``) -> RGB slot.
+2x downscale, bilinear below: see ``ANTIALIAS_FROM``) -> RGB slot. The header probe is
+:mod:`cachebuild.builder.sample.probe`, the geometry (recipe, crop window, letterbox, DCT scale)
+:mod:`cachebuild.builder.sample.geometry`: neither imports OpenCV, so a build's parent never does.
 
 EXIF orientation is ignored (``IMREAD_IGNORE_ORIENTATION``), as torchvision's PIL-based ``ImageFolder``
 ignores it: the cache holds the pixels a torchvision pipeline would have seen.
@@ -14,21 +16,17 @@ import io
 import math
 import sys
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 import cv2
 import numpy as np
 
 from cachebuild.builder.aa_resize import antialias_into
+from cachebuild.builder.sample.geometry import ANTIALIAS_FROM, Placement, ResizeSpec, crop_window, letterbox, reduction
+from cachebuild.builder.sample.probe import PIL_LIMIT_LOCK, probe
 from cachebuild.errors import DecodeError
 
-__all__ = ["ANTIALIAS_FROM", "FITS", "INTERPOLATIONS", "TORCH_RESIZE_FROM", "Placement", "ResizeSpec", "decode_into",
-           "fit_into", "probe"]
-
-FITS = ("crop", "squash", "pad")
-INTERPOLATIONS = ("antialias", "area", "linear")
-DEFAULT_MAX_PIXELS = 178_956_970  # PIL's decompression-bomb error threshold (2 x MAX_IMAGE_PIXELS)
+__all__ = ["decode_into", "fit_into"]
 
 # imdecode flags, full or DCT-reduced by 1/r. OpenCV >= 4.11 gives RGB straight from libjpeg; older
 # versions (still found in prebuilt images) decode BGR, swapped with one cvtColor pass.
@@ -38,18 +36,6 @@ _DECODE_FLAGS = {
     for r, flag in {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
                     8: cv2.IMREAD_REDUCED_COLOR_8}.items()
 }
-_PIL_LIMIT_LOCK = threading.Lock()
-# "antialias" resizes with PIL's widened triangle filter from this downscale factor on, and with plain
-# bilinear below it. Measured on the real-photo sample at 224 px (sources ~400x335, so most downscale by
-# 1.1-1.6x): the resize went from 0.27 to 0.11 ms a sample (build 0.64x -> 0.73x bare decode, CPU time,
-# one process), median PSNR against torchvision's PIL Resize + CenterCrop from 47 to 41 dB; at 96 and
-# 64 px nearly every source downscales >= 2x and nothing changes. 1.5 measured 0.70x and 44 dB.
-ANTIALIAS_FROM = 2.0
-# The same bytes come from torch's kernel and from aa_resize; torch's AVX2 kernel is 3-7x faster a call
-# but importing torch costs a worker ~1.9 s of CPU. Measured on the bench photos (issue 36): aa_resize adds
-# ~0.25 ms a sample (at 224 and at 64 px), so torch pays from ~7,600 samples a worker; from this many
-# planned samples a worker, workers import torch at their start (block._init_worker) and resize with it.
-TORCH_RESIZE_FROM = 6000
 
 
 def _torch_kernel() -> Any:
@@ -57,81 +43,6 @@ def _torch_kernel() -> Any:
     told to, or a caller that uses torch anyway), else None: this module never imports it."""
     torch = sys.modules.get("torch")
     return None if torch is None else torch._C._nn._upsample_bilinear2d_aa
-
-
-@dataclass(frozen=True)
-class ResizeSpec:
-    size: int
-    fit: str = "crop"
-    interpolation: str = "antialias"
-    max_pixels: int = DEFAULT_MAX_PIXELS
-    reduced_decode: bool = True
-
-
-@dataclass(frozen=True)
-class Placement:
-    """What became of one source: its original size and where its real pixels sit in the sample."""
-
-    height: int
-    width: int
-    box: tuple[int, int, int, int]  # (y0, x0, y1, x1), end-exclusive; the whole sample unless fit=pad
-
-
-# JPEG start-of-frame markers (baseline, extended, progressive, lossless...): C0-CF except DHT, JPG, DAC.
-_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
-
-
-def _jpeg_or_png_size(data: bytes) -> tuple[int, int, str] | None:
-    """(height, width, format) read straight from a JPEG SOF or PNG IHDR; None leaves the file to PIL.
-
-    Only a shortcut: PIL's generic open costs ~0.1 ms a file (a tenth of a decode) mostly parsing JPEG
-    tables that are not needed here. Anything unusual (no SOF before the scan, a zero height that a DNL
-    marker would define later, other formats) goes to PIL, which also names the damage.
-    """
-    if data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR" and len(data) >= 24:
-        return int.from_bytes(data[20:24], "big"), int.from_bytes(data[16:20], "big"), "PNG"
-    if data[:2] != b"\xff\xd8":
-        return None
-    i, n = 2, len(data)
-    while i + 4 <= n:
-        if data[i] != 0xFF:
-            return None
-        marker = data[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
-            continue
-        if marker in _SOF_MARKERS:
-            if i + 9 > n:
-                return None
-            height, width = int.from_bytes(data[i + 5 : i + 7], "big"), int.from_bytes(data[i + 7 : i + 9], "big")
-            return (height, width, "JPEG") if height and width else None
-        if marker in (0xDA, 0xD9):  # scan or end of image before any frame header
-            return None
-        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # markers without a length
-            i += 2
-            continue
-        i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
-    return None
-
-
-def _pil_size(data: bytes) -> tuple[int, int, str]:
-    from PIL import Image
-
-    try:
-        # PIL's own bomb check would refuse at its fixed limit before ours is applied: lift it for the
-        # header read only (under a lock, as it is a module global).
-        with _PIL_LIMIT_LOCK:
-            saved, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
-            try:
-                with Image.open(io.BytesIO(data)) as im:
-                    width, height = im.size
-                    return height, width, im.format or "?"
-            finally:
-                Image.MAX_IMAGE_PIXELS = saved
-    except Image.UnidentifiedImageError:
-        raise ValueError("not an image (unrecognised file header)") from None
-    except Exception as e:  # PIL raises SyntaxError, OSError... for damaged headers
-        raise ValueError(f"damaged image header ({type(e).__name__}: {e})") from None
 
 
 # Where OpenCV's pixels differ from PIL's ``convert("RGB")``, the reference torchvision's loader applies:
@@ -144,12 +55,12 @@ _STRAIGHT_ALPHA_MODES = frozenset({"RGBA", "LA", "PA"})
 def _pil_rgb(data: bytes, fmt: str) -> np.ndarray | None:
     """RGB pixels of a GIF or a straight-alpha TIFF as torchvision's loader decodes them (PIL, first frame,
     alpha dropped); None leaves every other file to OpenCV. Our ``max_pixels`` was checked already, so
-    PIL's own bomb check is lifted for the header read, as in :func:`_pil_size`."""
+    PIL's own bomb check is lifted for the header read, as in the probe's."""
     if fmt not in ("GIF", "TIFF"):
         return None
     from PIL import Image
 
-    with _PIL_LIMIT_LOCK:
+    with PIL_LIMIT_LOCK:
         saved, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
         try:
             im = Image.open(io.BytesIO(data))
@@ -163,55 +74,6 @@ def _pil_rgb(data: bytes, fmt: str) -> np.ndarray | None:
         except Exception as e:  # PIL raises OSError, SyntaxError... for damaged data
             raise ValueError(f"damaged {fmt} data ({type(e).__name__}: {e})") from None
 
-
-def probe(data: bytes, max_pixels: int) -> tuple[int, int, str]:
-    """(height, width, format) from the header alone; refuses empty, non-image, oversized and truncated data."""
-    if not data:
-        raise ValueError("empty file (0 bytes)")
-    height, width, fmt = _jpeg_or_png_size(data) or _pil_size(data)
-    if width * height > max_pixels:
-        raise ValueError(
-            f"refused before decoding: {width}x{height} = {width * height:,} pixels is over the limit of "
-            f"{max_pixels:,} (raise it with --max-pixels if the image is genuine)"
-        )
-    # OpenCV decodes a truncated JPEG without error and fills the rest with grey: check the end marker
-    # (after any trailing padding; the common case is decided on the last 16 bytes without a copy).
-    eoi = b"\xff\xd9"
-    if fmt in ("JPEG", "MPO") and eoi not in data[-16:] and eoi not in data.rstrip(b"\x00\r\n\t ")[-16:]:
-        raise ValueError("truncated JPEG (no end-of-image marker)")
-    if fmt == "PNG":
-        if b"IEND" not in data[-16:]:
-            raise ValueError("truncated PNG (no IEND chunk)")
-        _check_png_chunks(data)
-    return height, width, fmt
-
-
-def _check_png_chunks(data: bytes) -> None:
-    """Every chunk must fit in the file. OpenCV 5 allocates what a chunk's length field declares before
-    reading it: a 4 KB file declaring a 2 GB IDAT cost 2 GB of memory per worker (found by fuzzing)."""
-    pos, n = 8, len(data)
-    while pos + 8 <= n:
-        length = int.from_bytes(data[pos : pos + 4], "big")
-        if pos + 12 + length > n:
-            kind = data[pos + 4 : pos + 8].decode("latin-1")
-            raise ValueError(f"damaged PNG: chunk {kind!r} declares {length:,} bytes past the end of the file")
-        if data[pos + 4 : pos + 8] == b"IEND":
-            return
-        pos += 12 + length
-
-
-def _reduction(h: int, w: int, spec: ResizeSpec) -> int:
-    """Largest JPEG DCT scale 1/r that leaves at least 2 S pixels along every side the fit needs.
-
-    The margin of 2 is measured: reducing whenever the source is >= r S (no margin) leaves the final
-    resize almost no filtering to do, and the cache drifts from torchvision's PIL pipeline (median PSNR
-    36 dB at 96 px vs 49 dB with the margin, see tests/test_decode.py).
-    """
-    need = max(h, w) if spec.fit == "pad" else min(h, w)
-    for r in (8, 4, 2):
-        if need >= 2 * r * spec.size:
-            return r
-    return 1
 
 
 def _antialias_into(src: np.ndarray, out: np.ndarray, extent: tuple[float, float] | None = None) -> None:
@@ -265,27 +127,6 @@ def _resize_into(src: np.ndarray, out: np.ndarray, interpolation: str) -> None:
             flag = cv2.INTER_LINEAR  # INTER_AREA upscales like nearest
         out[...] = cv2.resize(src, (out_w, out_h), interpolation=flag)
 
-
-def crop_window(h: int, w: int, s: int) -> tuple[int, int, int, int]:
-    """The source window ``(y0, x0, y1, x1)`` that torchvision's Resize(S) + CenterCrop(S) keeps of an h x w
-    image: cropping it first, then resizing to S x S, resizes only the kept pixels. Shared by the CPU and
-    GPU build paths, so both keep the same pixels."""
-    if h <= w:
-        nh, nw = s, int(s * w / h)
-    else:
-        nh, nw = int(s * h / w), s
-    top, left = round((nh - s) / 2), round((nw - s) / 2)
-    y0, x0 = round(top * h / nh), round(left * w / nw)
-    y1, x1 = round((top + s) * h / nh), round((left + s) * w / nw)
-    return y0, x0, max(y1, y0 + 1), max(x1, x0 + 1)  # a 1-pixel-thin image still gives one row or column
-
-
-def letterbox(h: int, w: int, s: int) -> tuple[int, int, int, int]:
-    """Where ``--fit pad`` puts an h x w image in its S x S sample: ``(y0, x0, y1, x1)``, aspect kept."""
-    scale = s / max(h, w)
-    nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
-    y0, x0 = (s - nh) // 2, (s - nw) // 2
-    return y0, x0, y0 + nh, x0 + nw
 
 
 def _fit_reduced(img: np.ndarray, h: int, w: int, r: int, spec: ResizeSpec,
@@ -377,7 +218,7 @@ def decode_into(data: bytes | np.ndarray, spec: ResizeSpec, out: np.ndarray, *, 
             box = fit_into(data, spec, out)
             return Placement(h, w, box)
         h, w, fmt = probe(data, spec.max_pixels)
-        r = _reduction(h, w, spec) if spec.reduced_decode and fmt == "JPEG" else 1
+        r = reduction(h, w, spec) if spec.reduced_decode and fmt == "JPEG" else 1
         img = _turbo_rgb(data, h, w, r) if fmt == "JPEG" else _pil_rgb(data, fmt)
         if img is None:
             img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), _DECODE_FLAGS[r])

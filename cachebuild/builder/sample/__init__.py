@@ -1,0 +1,2 @@
+"""One source file -> one sample: its header (``probe``), its geometry and recipe (``geometry``), its decode
+and resize (``decode``). The block and pipeline modules above run these per file in the workers."""
