@@ -6,6 +6,8 @@ reader, writer, file table, side arrays). Layers inside, from the top: cache > k
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from cachebuild.storage.kinds import (
     DEFAULT_STORAGE,
     Backend,
@@ -18,9 +20,12 @@ from cachebuild.storage.kinds import (
     register_backend,
     staging_names,
 )
-from cachebuild.storage.locations import FsspecLocation, LocalLocation, Location, open_location
+from cachebuild.storage.locations import LocalLocation, Location, open_location
 from cachebuild.storage.locations.names import check_name, is_url, redact
 from cachebuild.storage.remote.block_cache import BlockCache, BlockCacheFullError
+
+if TYPE_CHECKING:
+    from cachebuild.storage.locations.url import FsspecLocation
 
 __all__ = [
     "DEFAULT_STORAGE",
@@ -43,3 +48,12 @@ __all__ = [
     "register_backend",
     "staging_names",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``FsspecLocation`` is imported where it is asked for: see ``cachebuild.storage.locations``."""
+    if name == "FsspecLocation":
+        from cachebuild.storage.locations.url import FsspecLocation
+
+        return FsspecLocation
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,15 +10,31 @@ and each request retried by the one remote layer (:mod:`cachebuild.storage.remot
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cachebuild.storage.locations.base import Location
 from cachebuild.storage.locations.local import LocalLocation
 from cachebuild.storage.locations.names import is_url
-from cachebuild.storage.locations.url import FsspecLocation
-from cachebuild.storage.remote.retry import is_transient
+
+if TYPE_CHECKING:
+    from cachebuild.storage.locations.url import FsspecLocation
+    from cachebuild.storage.remote.retry import is_transient
 
 __all__ = ["FsspecLocation", "LocalLocation", "Location", "is_transient", "open_location"]
+
+
+def __getattr__(name: str) -> Any:
+    """The fsspec side (asyncio, ssl, the retry layer: ~50 ms of imports) comes in where a URL is opened,
+    not in every local build worker and parent (issue 36)."""
+    if name == "FsspecLocation":
+        from cachebuild.storage.locations.url import FsspecLocation
+
+        return FsspecLocation
+    if name == "is_transient":
+        from cachebuild.storage.remote.retry import is_transient
+
+        return is_transient
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def open_location(where: str | os.PathLike[str] | Location,
@@ -30,5 +46,7 @@ def open_location(where: str | os.PathLike[str] | Location,
     if s.startswith("file://"):
         return LocalLocation(s[len("file://"):])
     if is_url(s):
+        from cachebuild.storage.locations.url import FsspecLocation
+
         return FsspecLocation(s, storage_options)
     return LocalLocation(s)
