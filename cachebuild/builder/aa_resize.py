@@ -9,10 +9,11 @@ the width first into a uint8 intermediate, then the height; an axis whose size d
 bytes by any route: here each pass is one sparse (CSR) x dense product in scipy's C kernel, in float32
 where every partial sum is an integer below 2^24 times a power of two (exact, so a truncating cast is
 the shift: :func:`_apply`), else in int32 with ATen's shift and clamp. The width pass runs on the rows of
-the image transposed as 2-D uint8, ``(h, w x c) -> (w x c, h)``, one channel of one column a row: a
-1-byte transpose is a fast copy, where one of 3-byte pixels was the slowest step. The tables are built
-with whole-array numpy operations (:func:`_weights`): a build meets many image sizes, so most are built,
-not looked up. Importing this costs a fraction of importing torch in every build worker (issue 36), and
+the image transposed as 2-D uint8, ``(h, w x c) -> (w x c, h)``, seen as ``(w, c x h)``: one column's
+channels a row, so both axes use the same kind of table (a square image's two are one). A 1-byte
+transpose is a fast copy, where one of 3-byte pixels was the slowest step. The tables are built with
+whole-array numpy operations (:func:`_pass`): a build meets many image sizes, so most are built, not
+looked up. Importing this costs a fraction of importing torch in every build worker (issue 36), and
 the kernel is loaded at the first resize, not at import (:func:`_csr_matvecs`);
 ``tests/cachebuild/builder/test_aa_resize.py`` compares it with torch across sizes, scales, both number
 paths and strided sources and windows.
@@ -39,46 +40,9 @@ def _scale(n_in: int, n_out: int, opt_scale: float | None) -> float:
     return 1.0 / opt_scale if opt_scale is not None and opt_scale > 0.0 else n_in / n_out
 
 
-@functools.lru_cache(maxsize=512)  # a square image's two axes share one
-def _weights(n_in: int, n_out: int, opt_scale: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
-    """``(xmin, counts, wi, precision, top)``: output ``o`` sums inputs ``xmin[o] + j`` for ``j < counts[o]``
-    with int weights ``wi[o, j]`` (an (n_out, k) float64 array of integers, zero for ``j >= counts[o]``),
-    then shifts right by ``precision``; ``top`` is the largest sum of a row's weights. Shared: read only."""
-    scale = _scale(n_in, n_out, opt_scale)
-    support = scale if scale >= 1.0 else 1.0  # (interp_size / 2) x scale, interp_size 2 for bilinear
-    ksize = math.ceil(support) * 2 + 1
-    invscale = 1.0 / scale if scale >= 1.0 else 1.0
-    center = scale * (np.arange(n_out, dtype=np.float64) + 0.5)
-    xmin = np.maximum((center - support + 0.5).astype(np.int64), 0)  # C casts truncate towards zero
-    counts = np.minimum((center + support + 0.5).astype(np.int64), n_in) - xmin
-    np.minimum(np.maximum(counts, 0, out=counts), ksize, out=counts)  # (np.clip costs 3x as much)
-    # taps along the first axis, outputs along the second: a sum over axis 0 adds tap after tap, as the
-    # C loop does (a sum along a contiguous axis would pair terms up)
-    taps = np.arange(ksize)[:, None]
-    x = (taps + xmin) - center
-    x += 0.5
-    x *= invscale
-    np.abs(x, out=x)
-    w = np.subtract(1.0, x, out=x)
-    np.maximum(w, 0.0, out=w)  # the triangle: 1 - |x| where |x| < 1, else 0
-    w *= taps < counts  # taps past an output's count weigh 0
-    total = w.sum(axis=0)
-    w /= np.where(total != 0.0, total, 1.0)  # a zero sum (no taps) keeps its zeros
-    wt_max = float(w.max(initial=0.0))
-    precision = 0
-    while precision < 22 and int(0.5 + wt_max * (1 << (precision + 1))) < (1 << 15):
-        precision += 1
-    w *= float(1 << precision)
-    w += 0.5
-    np.trunc(w, out=w)  # weights are >= 0: C's (int)(0.5 + v)
-    top = int(w.sum(axis=0).max(initial=0.0))
-    return xmin, counts, np.ascontiguousarray(w.T), precision, top
-
-
 class _Pass(NamedTuple):
-    """One axis's weights as a CSR matrix over ``channels`` interleaved channels: row ``o x c + k`` takes
-    columns ``i x c + k``. ``weights``: ATen's int16 weights as int32, or where ``exact`` as float32 and
-    scaled by ``2^-precision`` (see :func:`_apply`)."""
+    """One axis's weights as an (n_out, n_in) CSR matrix. ``weights``: ATen's int16 weights as int32, or
+    where ``exact`` as float32 and scaled by ``2^-precision`` (see :func:`_apply`)."""
 
     n_in: int
     n_out: int
@@ -89,24 +53,58 @@ class _Pass(NamedTuple):
     exact: bool  # float32 gives ATen's sums exactly, and none passes 255 after the shift
 
 
-@functools.lru_cache(maxsize=1024)
-def _pass(n_in: int, n_out: int, opt_scale: float | None, channels: int = 1) -> _Pass:
-    xmin, counts, wi, precision, top = _weights(n_in, n_out, opt_scale)
-    worst = 255 * top + (1 << (precision - 1))  # the largest int32 sum ATen can reach: 255 under each weight
-    # float32 holds every integer up to 2^24; and where no sum can pass 255 after the shift, the clamp is
-    # a no-op (only a table of some 260 taps could: then, as for every large precision, int32)
+@functools.lru_cache(maxsize=1024)  # a square image's two axes share one
+def _pass(n_in: int, n_out: int, opt_scale: float | None) -> _Pass:
+    """The int16 weight table of one axis, as ATen builds it for bilinear with antialias
+    (``_compute_indices_weights_aa``, ``_compute_int16_weights_aa``): every step is the same double
+    operation in the same order, so the truncations and roundings land on the same side."""
+    scale = _scale(n_in, n_out, opt_scale)
+    support = scale if scale >= 1.0 else 1.0  # (interp_size / 2) x scale, interp_size 2 for bilinear
+    ksize = math.ceil(support) * 2 + 1
+    invscale = 1.0 / scale if scale >= 1.0 else 1.0
+    center = np.arange(0.5, n_out, dtype=np.float64)  # i + 0.5, exact
+    center *= scale
+    ends = center + np.array([[-support], [support]])  # center - support and center + support
+    ends += 0.5
+    xmin, counts = ends.astype(np.int64)  # C casts truncate towards zero
+    np.maximum(xmin, 0, out=xmin)
+    np.minimum(counts, n_in, out=counts)
+    counts -= xmin
+    np.minimum(np.maximum(counts, 0, out=counts), ksize, out=counts)  # (np.clip costs 3x as much)
+    # taps along the first axis, outputs along the second: a sum over axis 0 adds tap after tap, as the
+    # C loop does (a sum along a contiguous axis would pair terms up)
+    taps = np.arange(ksize)[:, None]
+    x = (taps + xmin) - center
+    x += 0.5
+    if invscale != 1.0:
+        x *= invscale
+    np.abs(x, out=x)
+    w = np.subtract(1.0, x, out=x)
+    np.maximum(w, 0.0, out=w)  # the triangle: 1 - |x| where |x| < 1, else 0
+    keep = taps < counts  # taps past an output's count weigh 0
+    w *= keep
+    total = w.sum(axis=0)
+    np.divide(w, total, out=w, where=total != 0.0)  # a zero sum (no taps) keeps its zeros
+    wt_max = float(w.max(initial=0.0))
+    precision = 0
+    while precision < 22 and int(0.5 + wt_max * (1 << (precision + 1))) < (1 << 15):
+        precision += 1
+    w *= float(1 << precision)
+    w += 0.5  # weights are >= 0: C's (int)(0.5 + v) is the truncation below
+    # the largest int32 sum ATen can reach: 255 under every weight, from 1 << (precision - 1); float32
+    # holds every integer up to 2^24, and where no sum can pass 255 after the shift, the clamp is a no-op
+    # (only a table of some 260 taps could: then, as for every large precision, int32)
+    worst = 255 * int(np.trunc(w).sum(axis=0).max(initial=0.0)) + (1 << (precision - 1))
     exact = worst < 1 << 24 and worst >> precision <= 255
-    k = wi.shape[1]
-    keep = np.arange(k) < counts[:, None]
-    cols = np.arange(k, dtype=np.int32) + xmin[:, None].astype(np.int32)
-    w: np.ndarray = (wi * 2.0**-precision).astype(np.float32) if exact else wi.astype(np.int32)  # 2^-p x int16: exact
-    if channels > 1:  # row o x c + ch takes columns i x c + ch
-        keep = np.repeat(keep, channels, axis=0)
-        cols = ((cols * channels)[:, None, :] + np.arange(channels, dtype=np.int32)[:, None]).reshape(-1, k)
-        w = np.repeat(w, channels, axis=0)
-    indptr = np.zeros(n_out * channels + 1, np.int32)
-    np.cumsum(np.repeat(counts, channels), out=indptr[1:])
-    return _Pass(n_in * channels, n_out * channels, indptr, cols[keep], w[keep], precision, exact)
+    # CSR in row order: the (tap, output) arrays transposed; the weights' truncation in the cast
+    keep = keep.T
+    wi = w.T.astype(np.int32)[keep]
+    indptr = np.zeros(n_out + 1, np.int32)
+    np.cumsum(counts, out=indptr[1:])
+    if exact:
+        wi = wi.astype(np.float32)
+        wi *= np.float32(2.0**-precision)  # 2^-p x an int16: exact
+    return _Pass(n_in, n_out, indptr, (taps.T + xmin[:, None]).astype(np.int32)[keep], wi, precision, exact)
 
 
 @functools.cache
@@ -178,8 +176,11 @@ def antialias_into(src: np.ndarray, out: np.ndarray, scales: tuple[float | None,
         return
     mid = _rows(src)
     if w_in != w_out:
-        # rows (x, k) of the transposed image in, rows (x', k) out; transposed back, (h, w' x c) again
-        mid = cv2.transpose(_apply(_pass(w_in, w_out, scales[1], c), cv2.transpose(mid)))
+        # the width as the rows of the image transposed as 2-D uint8, (h, w x c) -> (w x c, h): row x
+        # of its (w, c x h) view holds column x's channels one after the other, so one CSR product on
+        # those rows resamples them all; its (w' x c, h) view transposes back to (h, w' x c) rows
+        cols = cv2.transpose(mid).reshape(w_in, c * h_in)
+        mid = cv2.transpose(_apply(_pass(w_in, w_out, scales[1]), cols).reshape(w_out * c, h_in))
     if h_in == h_out:
         out[...] = mid.reshape(h_out, w_out, c)
     elif out.strides[1:] == (c, 1):  # each row's pixels contiguous (a letterbox window): written in place

@@ -80,7 +80,7 @@ def test_the_float32_and_int32_paths_give_the_bytes_of_torch(
     """Each pass runs in float32 where its sums are exact and in int32 otherwise: both give torch's bytes,
     on random pixels and on all-0/255 ones (the largest sums, where a lost bit or a missed clamp shows)."""
     (h, w), (oh, ow) = shape, size
-    assert (aa_resize._pass(h, oh, None).exact, aa_resize._pass(w, ow, None, 3).exact) == exact
+    assert (aa_resize._pass(h, oh, None).exact, aa_resize._pass(w, ow, None).exact) == exact
     rng = np.random.default_rng(h + w)
     for src in (rng.integers(0, 256, (h, w, 3), dtype=np.uint8), np.where(rng.random((h, w, 3)) < 0.5, 0, 255)):
         src = src.astype(np.uint8)
