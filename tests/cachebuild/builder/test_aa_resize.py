@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from cachebuild.builder import aa_resize
 from cachebuild.builder.aa_resize import antialias_into
 
 
@@ -62,6 +63,55 @@ def test_a_letterbox_window_is_written_in_place_and_nothing_around_it() -> None:
     untouched = np.ones((64, 64), bool)
     untouched[11:53, 1:63] = False
     assert (slot[untouched] == 9).all()
+
+
+@pytest.mark.parametrize(
+    ("shape", "size", "exact"),
+    [
+        ((500, 537), (224, 224), (True, True)),  # the bench's usual ~2.3x: float32, precision 16
+        ((150, 90), (224, 201), (True, True)),  # upscales: precision 14
+        ((2000, 1900), (224, 224), (False, False)),  # ~9x: precision 17, sums past 2^24: int32
+        ((1800, 400), (224, 224), (False, True)),  # int32 for the height, float32 for the width
+    ],
+)
+def test_the_float32_and_int32_paths_give_the_bytes_of_torch(
+    shape: tuple[int, int], size: tuple[int, int], exact: tuple[bool, bool]
+) -> None:
+    """Each pass runs in float32 where its sums are exact and in int32 otherwise: both give torch's bytes,
+    on random pixels and on all-0/255 ones (the largest sums, where a lost bit or a missed clamp shows)."""
+    (h, w), (oh, ow) = shape, size
+    assert (aa_resize._pass(h, oh, None).exact, aa_resize._pass(w, ow, None).exact) == exact
+    rng = np.random.default_rng(h + w)
+    for src in (rng.integers(0, 256, (h, w, 3), dtype=np.uint8), np.where(rng.random((h, w, 3)) < 0.5, 0, 255)):
+        src = src.astype(np.uint8)
+        got = np.empty((oh, ow, 3), np.uint8)
+        antialias_into(src, got)
+        assert np.array_equal(got, _torch(src, oh, ow, (None, None)))
+        flat = np.full((h, w, 3), 255, np.uint8)  # every sum at its largest
+        antialias_into(flat, got)
+        assert np.array_equal(got, _torch(flat, oh, ow, (None, None)))
+
+
+@pytest.mark.parametrize("size", [(42, 62), (42, 455), (301, 62)])  # both axes, the width only, the height only
+def test_strided_sources_and_windows_of_any_layout(size: tuple[int, int]) -> None:
+    """A source whose pixels are not contiguous (every other column, channels reversed) and windows that
+    are rows of a slot or not even that (every other column): the same bytes, nothing else written."""
+    rng = np.random.default_rng(11)
+    full = rng.integers(0, 256, (303, 912, 3), dtype=np.uint8)
+    h, w = size
+    for src in (full[1:302, 1:911:2], full[2:, 3:458, ::-1], full[1:302, 2:457]):
+        expected = _torch(np.ascontiguousarray(src), h, w, (None, None))
+        for window in ("rows", "strided"):
+            slot = np.full((320, 2 * w + 8, 3), 9, np.uint8)
+            out = slot[5 : 5 + h, 3 : 3 + w] if window == "rows" else slot[5 : 5 + h, 3 : 3 + 2 * w : 2]
+            antialias_into(src, out)
+            assert np.array_equal(out, expected), (src.strides, window)
+            written = np.zeros(slot.shape[:2], bool)
+            if window == "rows":
+                written[5 : 5 + h, 3 : 3 + w] = True
+            else:
+                written[5 : 5 + h, 3 : 3 + 2 * w : 2] = True
+            assert (slot[~written] == 9).all()
 
 
 def test_the_same_size_is_a_copy() -> None:
