@@ -52,7 +52,7 @@ class BlockTask:
 def _init_worker(decode_device: str = "cpu", torch_resize: bool = False) -> None:
     """One thread per library inside a worker process: parallelism comes from the workers, not from within.
     Not in the caller's own process (--jobs 1, thread backends): its thread settings are the caller's.
-    A small CPU build needs no torch (its resize is :mod:`cachebuild.builder.aa_resize`); a GPU build's
+    A small CPU build needs no torch (its resize is :mod:`cachebuild.builder.sample.aa_resize`); a GPU build's
     worker, and one with a large share (``torch_resize``), import it here, at the start of its first block,
     before any storage I/O thread of its own runs. Only here: a worker loky reuses from a build without
     torch keeps numpy's resize (the same bytes), because importing torch later grows it by more than

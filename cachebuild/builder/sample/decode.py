@@ -21,7 +21,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from cachebuild.builder.aa_resize import antialias_into
+from cachebuild.builder.sample.aa_resize import antialias_into
 from cachebuild.builder.sample.geometry import ANTIALIAS_FROM, Placement, ResizeSpec, crop_window, letterbox, reduction
 from cachebuild.builder.sample.probe import PIL_LIMIT_LOCK, probe
 from cachebuild.errors import DecodeError
@@ -80,7 +80,7 @@ def _antialias_into(src: np.ndarray, out: np.ndarray, extent: tuple[float, float
     """Antialiased bilinear (PIL's resample=BILINEAR, torchvision's default) of HWC ``src`` into ``out``.
 
     The bytes of torch's uint8 CPU kernel (``_upsample_bilinear2d_aa``, which caches built before held),
-    computed without torch (:mod:`cachebuild.builder.aa_resize`): importing torch cost every build worker
+    computed without torch (:mod:`cachebuild.builder.sample.aa_resize`): importing torch cost every build worker
     ~1.9 s of CPU (issue 36). ``extent``: the (h, w) in ``src`` pixels, from its top-left corner, that
     ``out`` spans, when not all of ``src`` (a DCT-reduced decode, see :func:`_fit_reduced`); rows and
     columns past it only feed the filter at the far edge.

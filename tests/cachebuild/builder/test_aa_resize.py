@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from cachebuild.builder import aa_resize
-from cachebuild.builder.aa_resize import antialias_into
+from cachebuild.builder.sample import aa_resize
+from cachebuild.builder.sample.aa_resize import antialias_into
 
 
 def _torch(src: np.ndarray, h: int, w: int, scales: tuple[float | None, float | None]) -> np.ndarray:
@@ -129,7 +129,7 @@ import sys
 import numpy as np
 import cachebuild.builder.pipeline, cachebuild.cli
 assert "scipy.sparse" not in sys.modules and "scipy" not in sys.modules, "imported with the build"
-from cachebuild.builder import aa_resize
+from cachebuild.builder.sample import aa_resize
 src = np.random.default_rng(3).integers(0, 256, (301, 455, 3), dtype=np.uint8)
 a = np.empty((64, 71, 3), np.uint8)
 aa_resize.antialias_into(src, a)
