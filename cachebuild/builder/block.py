@@ -46,7 +46,7 @@ class BlockTask:
     decode_device: str = "cpu"
     claim: str = ""  # the GPU this worker claims (gpu_build.gpu_workers)
     reuse: Any = None  # --update: the samples to copy from the cache being replaced (update.BlockReuse)
-    torch_resize: bool = False  # a worker share large enough to pay torch's import (decode.TORCH_RESIZE_FROM)
+    torch_resize: bool = False  # a worker share large enough to pay torch's import (geometry.TORCH_RESIZE_FROM)
 
 
 def _init_worker(decode_device: str = "cpu", torch_resize: bool = False) -> None:

@@ -21,11 +21,12 @@ DEFAULT_MAX_PIXELS = 178_956_970  # PIL's decompression-bomb error threshold (2 
 # one process), median PSNR against torchvision's PIL Resize + CenterCrop from 47 to 41 dB; at 96 and
 # 64 px nearly every source downscales >= 2x and nothing changes. 1.5 measured 0.70x and 44 dB.
 ANTIALIAS_FROM = 2.0
-# The same bytes come from torch's kernel and from aa_resize; torch's AVX2 kernel is 3-7x faster a call
-# but importing torch costs a worker ~1.9 s of CPU. Measured on the bench photos (issue 36): aa_resize adds
-# ~0.25 ms a sample (at 224 and at 64 px), so torch pays from ~7,600 samples a worker; from this many
+# The same bytes come from torch's kernel and from aa_resize; torch's AVX2 kernel is ~1.5x faster a call
+# but importing torch costs a worker ~1.8 s of CPU. Measured on every fifth bench photo (issue 36, CPU time,
+# one process, alternating, load ~4): aa_resize adds 0.048 ms a sample at 224 px and 0.047 at 64 px (it
+# added ~0.25 before its float32 passes), so torch pays from ~37,000 samples a worker; from this many
 # planned samples a worker, workers import torch at their start (block._init_worker) and resize with it.
-TORCH_RESIZE_FROM = 6000
+TORCH_RESIZE_FROM = 40_000
 
 
 @dataclass(frozen=True)
