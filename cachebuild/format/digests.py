@@ -1,0 +1,78 @@
+"""Which checksum guards a cache's files: one map from a manifest to its hasher, so nothing else asks.
+
+Format versions 1 to 3 check every file (shards, side arrays, columns, ``files.json``, ``source_files.json``)
+with sha256, the key ``sha256`` beside each value. Version 4 names its algorithm once, in the manifest's
+``digest_algorithm`` (``xxh3-128``: these checksums find damage, on disk or in transfer, not attack), and each
+value sits under the key ``digest``. xxh3-128 hashes ~30x faster than sha256 here (0.003 ms against 0.087 ms
+for a 150 KB sample: 5-6% of a build worker's time per image went into sha256). Its hex is the canonical
+big-endian form, what ``xxhsum -H2`` (``xxh128sum``) prints for a file.
+
+Identity stays sha256, whatever the version: the build key, the content id, the source fingerprint, the
+manifest's own seal (``checksum``) and the column file names' prefix are cheap (a few kB, or one pass over
+a column) and are what a job pins or compares across releases.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import xxhash
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer  # bytes, memoryview, a C-contiguous ndarray...
+
+__all__ = ["ALGORITHMS", "BUILD", "DIGEST_VERSION", "SHA256", "XXH3_128", "Digest", "Hasher", "digest_for",
+           "entry_key"]
+
+DIGEST_VERSION = 4  # the first format version that names its algorithm (and keys each value ``digest``)
+
+
+class Hasher(Protocol):
+    """hashlib's and xxhash's incremental interface, as far as caches use it."""
+
+    def update(self, data: ReadableBuffer, /) -> None: ...
+
+    def hexdigest(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Digest:
+    """One checksum algorithm: its manifest name, a new incremental hasher, and its hex length."""
+
+    name: str
+    new: Callable[[], Hasher]
+    hex_len: int
+
+    def of(self, data: ReadableBuffer) -> str:
+        """The hex digest of ``data`` (any C-contiguous buffer)."""
+        h = self.new()
+        h.update(data)
+        return h.hexdigest()
+
+
+SHA256 = Digest("sha256", hashlib.sha256, 64)
+XXH3_128 = Digest("xxh3-128", xxhash.xxh3_128, 32)
+ALGORITHMS = {d.name: d for d in (SHA256, XXH3_128)}
+BUILD = XXH3_128  # what this release writes into every new cache (format version 4)
+
+
+def digest_for(version: int, algorithm: str | None) -> Digest:
+    """The algorithm of a manifest of format ``version`` that names ``algorithm`` (None: names none). Raises
+    ``ValueError`` for an unknown name, or a name where the version has none (or none where it must)."""
+    if version < DIGEST_VERSION:
+        if algorithm is not None:
+            raise ValueError(f"format version {version} names no digest algorithm (its checksums are sha256), "
+                             f"got {algorithm!r}")
+        return SHA256
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"digest algorithm {algorithm!r} is not one this cachebuild knows "
+                         f"({', '.join(ALGORITHMS)})")
+    return ALGORITHMS[algorithm]
+
+
+def entry_key(version: int) -> str:
+    """The JSON key of each checksum value in a manifest (and ``files.json``'s ref) of format ``version``."""
+    return "sha256" if version < DIGEST_VERSION else "digest"
