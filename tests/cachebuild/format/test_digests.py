@@ -66,6 +66,7 @@ def test_a_v4_cache_names_xxh3_and_every_checksum_is_one(tmp_path, storage):
         == seal_hex
     reader = open_cache(c)
     assert reader.manifest.digest == XXH3_128 and reader.verify() == []
+    assert "(format cachebuild v4, xxh3-128 checksums)" in _cli("info", c).output
     assert np.array_equal(reader.read(np.arange(10)), legacy_images()) or storage == "jpeg"
 
 
@@ -89,6 +90,7 @@ def test_a_cache_the_previous_release_wrote_reads_verifies_and_is_reserialised_b
     assert manifest_bytes(m) == raw  # the same fields, keys and order: nothing of version 4 leaks into it
     reader = open_cache(c)
     assert reader.verify() == [] and _cli("verify", c).exit_code == 0
+    assert f"(format cachebuild v{name[1]}, sha256 checksums)" in _cli("info", c).output
     if name != "v2-jpeg":
         assert np.array_equal(reader.read(np.arange(10)), legacy_images())
     if name.startswith("v3"):
