@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import xxhash
 
+from cachebuild.errors import CacheCorruptError, UnsupportedFormatError
+
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer  # bytes, memoryview, a C-contiguous ndarray...
 
@@ -59,17 +61,22 @@ ALGORITHMS = {d.name: d for d in (SHA256, XXH3_128)}
 BUILD = XXH3_128  # what this release writes into every new cache (format version 4)
 
 
-def digest_for(version: int, algorithm: str | None) -> Digest:
-    """The algorithm of a manifest of format ``version`` that names ``algorithm`` (None: names none). Raises
-    ``ValueError`` for an unknown name, or a name where the version has none (or none where it must)."""
+def digest_for(version: int, algorithm: object) -> Digest:
+    """The algorithm of a manifest of format ``version`` whose ``digest_algorithm`` is ``algorithm`` (None: it
+    has none). ``UnsupportedFormatError`` for a name this release does not know (a newer release's);
+    ``CacheCorruptError`` for a version 4 manifest without one, or an older one with one (its readers would
+    take its checksums for sha256)."""
     if version < DIGEST_VERSION:
         if algorithm is not None:
-            raise ValueError(f"format version {version} names no digest algorithm (its checksums are sha256), "
-                             f"got {algorithm!r}")
+            raise CacheCorruptError(f"manifest field 'digest_algorithm': format version {version} names no digest "
+                                    f"algorithm (its checksums are sha256), got {algorithm!r}")
         return SHA256
+    if not isinstance(algorithm, str):
+        raise CacheCorruptError(f"manifest field 'digest_algorithm' must name the checksum algorithm of a format "
+                                f"version {version} cache, got {algorithm!r}")
     if algorithm not in ALGORITHMS:
-        raise ValueError(f"digest algorithm {algorithm!r} is not one this cachebuild knows "
-                         f"({', '.join(ALGORITHMS)})")
+        raise UnsupportedFormatError(f"this cache's checksums are {algorithm!r}, which this cachebuild does not "
+                                     f"know ({', '.join(ALGORITHMS)}); use a cachebuild release that reads them")
     return ALGORITHMS[algorithm]
 
 

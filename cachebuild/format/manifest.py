@@ -247,10 +247,7 @@ class Manifest:
     def from_dict(cls, d: Mapping[str, Any], storage_kinds: tuple[str, ...] | None = None) -> Manifest:
         version = _check_format(d)
         key = entry_key(version)
-        try:  # version 4 must name its algorithm, an older one must not (its readers would take it for sha256)
-            digest = digest_for(version, d.get("digest_algorithm"))
-        except ValueError as e:
-            raise CacheCorruptError(f"manifest field 'digest_algorithm': {e}") from None
+        digest = digest_for(version, d.get("digest_algorithm"))  # named errors: unknown, missing, or where none is
         try:
             shape = _parse_shape("shape", d["shape"])
             if len(shape) != 3 or shape[2] != 3:
@@ -324,8 +321,8 @@ class Manifest:
         for required in ("labels", "sizes"):
             if required not in self.arrays:
                 raise CacheCorruptError(f"manifest lists no {required!r} array")
-        old = self.format_version < DIGEST_VERSION
-        if self.digest_algorithm != "sha256" if old else self.digest_algorithm not in ALGORITHMS:
+        allowed = ("sha256",) if self.format_version < DIGEST_VERSION else tuple(ALGORITHMS)
+        if self.digest_algorithm not in allowed:  # a manifest made in code (a parsed one was checked already)
             raise CacheCorruptError(f"manifest of format version {self.format_version} says digest_algorithm "
                                     f"{self.digest_algorithm!r} (versions before {DIGEST_VERSION} are sha256)")
         if self.columns and self.format_version < COLUMNS_VERSION:
