@@ -117,7 +117,8 @@ def info(where: str, as_json: bool) -> None:
         f"  fit: {m.fit}, interpolation: {m.interpolation}",
         f"  source: {m.source.get('root')} ({m.source.get('files')} files, "
         f"source digest {str(m.source.get('fingerprint'))[:12]})",
-        f"  built: {m.created} by cachebuild {m.tool.get('version')} (format {m.format} v{m.format_version})"
+        f"  built: {m.created} by cachebuild {m.tool.get('version')} (format {m.format} v{m.format_version}, "
+        f"{m.digest.name} checksums)"
         + (f", {m.built_by.get('user')}@{m.built_by.get('host')}" if m.built_by else ""),
         f"  fingerprint: {m.build_key[:12]} (build key: source + parameters; CachedImageDataset(expect_fingerprint=))",
         f"  skipped: {len(m.failures)}",

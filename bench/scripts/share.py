@@ -1,7 +1,7 @@
 """Pull figures for docs/sharing.md: a cache served by the loopback HTTP server
 (support/http_server.py, aiohttp on 127.0.0.1), pulled with `cachebuild pull`'s library call.
 
-Reports, per storage kind: a cold pull (MB/s, files, every file sha256-checked on arrival), a pull
+Reports, per storage kind: a cold pull (MB/s, files, every file checked on arrival by its checksum), a pull
 interrupted after about half the files and resumed (bytes fetched by the resume, counted at the server),
 and a rerun on the finished copy (up to date: bytes fetched). Loopback measures the tool's own cost
 (hashing, fsync, staging), not a network.

@@ -148,8 +148,8 @@ def run_block(task: BlockTask) -> BlockRecord:
     except BaseException:
         sink.abort()
         raise
-    file, sha256 = sink.close()
-    record = BlockRecord(task.block, task.start, len(task.keys), len(ok), file, sha256, ok, sizes, boxes,
+    file, digest = sink.close()
+    record = BlockRecord(task.block, task.start, len(task.keys), len(ok), file, digest, ok, sizes, boxes,
                          tuple(failures), sink.stored_bytes,
                          0 if task.reuse is None else task.reuse.reused)
     _write_record(folder, record)

@@ -5,12 +5,12 @@ removes and reorders samples; a row belongs to its sample's source path, so the 
 is the old row of that path, whether or not the file's pixels changed (a label-cleaning column keyed by path
 stays true of a re-encoded image). A file the old cache had no sample for (added since, or unreadable then)
 has no row: the update is refused before anything is written, naming it and how to proceed. Rows are
-checked against the manifest's sha256 before they are carried: nothing damaged is copied into the new cache.
+checked against the old manifest's checksums before they are carried (nothing damaged is copied into the new
+cache), and written with the build's (``format.digests.BUILD``): an update of a sha256 cache makes a version 4 one.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from cachebuild.errors import CacheBuildError, CacheExistsError
+from cachebuild.format.digests import BUILD
 from cachebuild.format.manifest import ColumnInfo, Manifest
 from cachebuild.storage import Location
 from cachebuild.storage.cache.columns import write_column_file
@@ -36,7 +37,7 @@ class CarriedColumns:
     def write(self, staging: Path, ok: np.ndarray) -> dict[str, ColumnInfo]:
         """Write each column's rows for the new samples (plan positions ``ok``) into ``staging``."""
         rows = self.row_of[ok]
-        return {name: write_column_file(staging, name, np.ascontiguousarray(values[rows]))
+        return {name: write_column_file(staging, name, np.ascontiguousarray(values[rows]), BUILD)
                 for name, values in sorted(self.values.items())}
 
 
@@ -62,7 +63,7 @@ def plan_columns(out: Path, location: Location, m: Manifest, keys: Sequence[str]
     values = {}
     for name, info in m.columns.items():
         data = location.read_bytes(info.file)
-        if len(data) != info.size or hashlib.sha256(data).hexdigest() != info.sha256:
+        if len(data) != info.size or m.digest.of(data) != info.digest:
             raise CacheBuildError(f"cannot update {out}: its column file {location.describe(info.file)} does not "
                                   f"match the checksum its manifest records: nothing damaged is carried over; "
                                   f"add the column again (cachebuild columns add --replace), or {fix}")

@@ -14,7 +14,7 @@ from cachebuild.builder.carry_columns import CarriedColumns
 from cachebuild.builder.options import BuildOptions
 from cachebuild.builder.sample.geometry import ResizeSpec
 from cachebuild.errors import CacheBuildError
-from cachebuild.format.manifest import COLUMNS_VERSION, Failure, Manifest
+from cachebuild.format.manifest import Failure, Manifest
 from cachebuild.format.pathnames import decode_path
 from cachebuild.sources.plan import Plan
 from cachebuild.storage import get_backend, is_url
@@ -85,7 +85,7 @@ def finish(plan: Plan, out: Path, staging: Path, records: dict[int, BlockRecord]
         created=utc_now(),
     )
     if columns is not None:
-        manifest = dataclasses.replace(manifest, columns=columns.write(staging, ok), format_version=COLUMNS_VERSION)
+        manifest = dataclasses.replace(manifest, columns=columns.write(staging, ok))  # version 4 holds columns
     shutil.rmtree(staging / "blocks")
     (staging / "build.json").unlink()  # from here a killed build starts afresh (safe: nothing is half-done)
     backend.cleanup(staging)

@@ -16,7 +16,7 @@ from cachebuild.builder.destination import check_replaceable, is_own_staging
 from cachebuild.builder.options import BuildOptions
 from cachebuild.builder.sample.geometry import ANTIALIAS_FROM
 from cachebuild.errors import CacheBuildError, CacheExistsError
-from cachebuild.format.manifest import MANIFEST_NAME, PLAIN_VERSION, Manifest
+from cachebuild.format.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest
 from cachebuild.sources.plan import Plan
 from cachebuild.storage import get_backend
 from cachebuild.storage.cache.reader import read_manifest
@@ -29,7 +29,7 @@ log = logging.getLogger("cachebuild")
 
 def build_key(plan: Plan, opts: BuildOptions) -> tuple[str, dict[str, Any]]:
     params = {
-        "format_version": PLAIN_VERSION,  # a build writes no columns: version 2 (format.manifest)
+        "format_version": FORMAT_VERSION,  # 4: xxh3-128 checksums (format.manifest); a version 2/3 cache is another
         "size": opts.size,
         "fit": opts.fit,
         "interpolation": opts.interpolation,
@@ -80,11 +80,11 @@ def check_destination(out: Path, key: str, force: bool, update: bool = False) ->
     if existing is None:
         raise CacheExistsError(f"{out} exists and is not a cachebuild cache (no {MANIFEST_NAME}); "
                                f"choose another --out")
-    if existing.format_version < PLAIN_VERSION:
+    if existing.format_version < FORMAT_VERSION:
         raise CacheExistsError(
             f"{out} holds a cache written by another cachebuild release (format version "
-            f"{existing.format_version}; this one writes {PLAIN_VERSION}); it still reads, but pass --force to "
-            f"rebuild it with this release, or choose another --out"
+            f"{existing.format_version}; this one writes {FORMAT_VERSION}); it still reads, but pass --update to "
+            f"bring it to this release's format (reusing its samples), --force to rebuild it, or choose another --out"
         )
     raise CacheExistsError(
         f"{out} holds a different cache (other source files or build parameters); pass --update to update it "

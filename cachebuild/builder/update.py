@@ -22,6 +22,12 @@ the times). The old cache stays whole and readable at ``--out`` until the commit
 ``--force`` does. What is copied from it is verified first (the shards whose samples are copied one by one,
 and the side arrays read): damage is never hashed into the new cache as if it were good. A shard taken whole
 (npy, jpeg: hard-linked) keeps the checksum the old manifest recorded, so ``verify`` still finds any damage in it.
+
+A cache of an older format (sha256 checksums, versions 1-3) is updated into this release's (version 4, xxh3-128):
+the recipe check ignores the format version (it shapes no pixel), no shard is taken whole (its recorded sha256
+would be misread as an xxh3-128 digest), and every reused sample is copied, from shards verified first against
+their sha256, and hashed anew as written. The result is a fresh build's, as always; the old cache is renamed
+aside by the commit, as ``--force`` does, and nothing the old cache held but its files is touched.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import numpy as np
 
 from cachebuild.builder.carry_columns import CarriedColumns, plan_columns
 from cachebuild.errors import CacheBuildError, CacheExistsError
+from cachebuild.format.digests import BUILD
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from cachebuild.sources.plan import Plan
 from cachebuild.storage import get_backend, open_location
@@ -55,8 +62,9 @@ __all__ = ["RACY_NS", "BlockReuse", "Reuse", "gc_paused", "plan_reuse", "racy_fi
 log = logging.getLogger("cachebuild")
 
 RACY_NS = 2_000_000_000  # an mtime this close to the listing may hide a same-tick rewrite (see the module doc)
-# build fields that may differ: the key itself, the block size (from the plan's length) and what shapes no byte
-_FREE = frozenset({"key", "block_size", "on_error", "exif_orientation"})
+# build fields that may differ: the key itself, the block size (from the plan's length) and what shapes no pixel
+# (the format version: a version 2 or 3 cache is updated into version 4, see the module doc)
+_FREE = frozenset({"key", "block_size", "on_error", "exif_orientation", "format_version"})
 _READ_ROWS = 256  # stored samples read at a time when copying (bounded memory at any sample size)
 
 # block._fill: a (task, sink) -> (ok int64 (n,), sizes int32 (n, 2), boxes int32 (n, 4), failures) decode
@@ -128,7 +136,7 @@ class BlockReuse:
             return None
         n = len(self.old)
         ok = np.arange(task.start, task.start + n, dtype=np.int64)
-        return BlockRecord(task.block, task.start, n, n, taken[0], self.shard.sha256, ok, self.sizes, self.boxes,
+        return BlockRecord(task.block, task.start, n, n, taken[0], self.shard.digest, ok, self.sizes, self.boxes,
                            (), taken[1], n)
 
     def fill(self, task: Any, sink: Any, *, decode: Fill) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Any]]:
@@ -175,6 +183,7 @@ class Reuse:
     boxes: np.ndarray | None  # int32 (old count, 4): fit=pad only
     shards: dict[tuple[int, int], ShardInfo] = dataclasses.field(default_factory=dict)  # (start, count) -> shard
     columns: CarriedColumns | None = None  # the old cache's columns, their rows by path (builder.carry_columns)
+    adopts: bool = True  # shards may be taken whole: the old cache's checksums are the build's (format.digests)
 
     @property
     def reused(self) -> int:
@@ -206,7 +215,7 @@ class Reuse:
             return None
         at = np.where(old >= 0, old, 0)
         boxes = self.boxes[at] if self.boxes is not None else np.zeros((len(old), 4), np.int32)
-        whole = self.whole_shard(lo, hi)
+        whole = self.whole_shard(lo, hi) if self.adopts else None
         return BlockReuse(self.cache, self.content_id, old.copy(), np.asarray(self.sizes[at]), np.asarray(boxes),
                           whole)
 
@@ -321,10 +330,11 @@ def plan_reuse(out: Path, plan: Plan, params: dict[str, Any], block: int) -> Reu
     sizes = np.asarray(map_array(location, m, "sizes"))
     boxes = np.asarray(map_array(location, m, "boxes")) if "boxes" in m.arrays else None
     columns = plan_columns(out, location, m, plan.keys, paths, fix) if not problems else None
+    adopts = get_backend(m.storage).adopts_shards and m.digest == BUILD  # else every sample is copied, re-hashed
     reuse = Reuse(str(out), m.content_id, old, sizes, boxes, {(sh.start, sh.count): sh for sh in m.shards},
-                  columns)
+                  columns, adopts)
     if not problems:  # a shard taken whole keeps its checksum, for `verify` of the new cache; a copied one is checked
-        problems = held.images.verify(reuse.copied_shards(block, get_backend(m.storage).adopts_shards))
+        problems = held.images.verify(reuse.copied_shards(block, adopts))
     if problems:
         raise CacheBuildError(f"cannot update {out}: it fails its checksums ({problems[0]}"
                               f"{f' and {len(problems) - 1} more' if len(problems) > 1 else ''}): nothing "

@@ -3,6 +3,10 @@
 A frozen dataclass with one parser per field and symmetric ``to_dict``/``from_dict`` (as zarr-python models
 its metadata). The spec in prose is ``docs/FORMAT.md``; this module is its code. A reader refuses any
 ``format`` other than ours and any ``format_version`` not in ``READ_VERSIONS`` with a named error.
+
+Checksums: the algorithm of a cache's files is ``Manifest.digest`` (``format.digests``: sha256 to version 3,
+version 4's ``digest_algorithm``). In memory each entry's value is ``digest``; on disk versions 1-3 key it
+``sha256``, version 4 ``digest``. The manifest's own seal (``checksum``) is sha256 in every version.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from cachebuild.errors import CacheCorruptError, UnsupportedFormatError
+from cachebuild.format.digests import ALGORITHMS, BUILD, DIGEST_VERSION, Digest, digest_for, entry_key
 from cachebuild.format.pathnames import check_name, decode_path, encode_path
 
 __all__ = [
@@ -40,11 +45,14 @@ FORMAT_NAME = "cachebuild"
 # 2: an npy shard's sha256 covers its whole file (1: its pixel rows); nothing else differs, so version 1
 # caches are still read (docs/FORMAT.md, "Changing the format").
 # 3: version 2 plus ``columns`` (extra per-sample arrays added after the build). Only a cache that holds
-# columns is written as 3: a build (and a cache whose last column was removed) stays 2, read by releases
-# that read 2, and its build key (which names the format version) is unchanged.
-FORMAT_VERSION = 3
-READ_VERSIONS = (1, 2, 3)
-PLAIN_VERSION = 2  # what a cache without columns is written as
+# columns is written as 3: a cache of version 2 whose last column was removed goes back to 2.
+# 4: every file checksum (shards, side arrays, columns, files.json, source_files.json) by the manifest's
+# ``digest_algorithm`` (xxh3-128: 30x cheaper than sha256, 5-6% of a build worker), under the key ``digest``;
+# columns allowed. Every build writes 4 (its build key names it: a version 2/3 cache of the same recipe is
+# another build); a column added to or removed from a version 2/3 cache keeps sha256 (version 3, or 2).
+FORMAT_VERSION = 4
+READ_VERSIONS = (1, 2, 3, 4)
+PLAIN_VERSION = 2  # what a sha256 cache without columns is written as (the last of them, version 3, with)
 COLUMNS_DIR = "columns"  # the folder of a cache's column files: outside its file table (the manifest holds their sums)
 COLUMNS_VERSION = 3
 MANIFEST_NAME = "manifest.json"
@@ -61,13 +69,13 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """Samples ``[start, start + count)``; ``file`` relative to the cache; ``sha256`` as the storage kind
-    defines it (npy, jpeg: the whole shard file; zarr: the samples' raw pixel bytes)."""
+    """Samples ``[start, start + count)``; ``file`` relative to the cache; ``digest`` (the manifest's algorithm)
+    as the storage kind defines it (npy, jpeg: the whole shard file; zarr: the samples' raw pixel bytes)."""
 
     file: str
     start: int
     count: int
-    sha256: str
+    digest: str
 
 
 @dataclass(frozen=True)
@@ -77,18 +85,18 @@ class ArrayInfo:
     file: str
     dtype: str
     shape: tuple[int, ...]
-    sha256: str
+    digest: str
 
 
 @dataclass(frozen=True)
 class ColumnInfo:
     """An extra per-sample array added after the build (``cachebuild columns add``): a plain ``.npy`` whose
-    ``sha256`` and ``size`` are of the whole file, so a transfer checks it as it checks a file-table entry."""
+    ``digest`` and ``size`` are of the whole file, so a transfer checks it as it checks a file-table entry."""
 
     file: str
     dtype: str
     shape: tuple[int, ...]
-    sha256: str
+    digest: str
     size: int
 
 
@@ -137,11 +145,13 @@ def _parse_mapping(name: str, value: Any) -> dict[str, Any]:
     return dict(value)
 
 
-def _parse_files(value: Any) -> dict[str, Any]:
-    files = _parse_mapping("files", value)
+def _parse_files(value: Any, version: int) -> dict[str, Any]:
+    """The file table's ref, its checksum under ``digest`` (the version's own key on disk)."""
+    key = entry_key(version)
+    files = {"digest" if k == key else k: v for k, v in _parse_mapping("files", value).items()}  # order kept
     if files:
         files["table"] = check_name(files.get("table"), "files.table")
-        files["sha256"] = _parse_str("files.sha256", files.get("sha256"))
+        files["digest"] = _parse_str(f"files.{key}", files.get("digest"))
         files["count"] = _parse_int("files.count", files.get("count"))
         files["bytes"] = _parse_int("files.bytes", files.get("bytes"))
     return files
@@ -168,7 +178,7 @@ class Manifest:
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. coarse class names, class descriptions
     created: str = ""
     # Optional (older caches lack them; older readers ignore them): the whole-file checksum table that
-    # pull/push check every file against ({"table", "sha256", "count", "bytes"}), and who built the cache.
+    # pull/push check every file against ({"table", "digest", "count", "bytes"}), and who built the cache.
     files: dict[str, Any] = field(default_factory=dict)
     built_by: dict[str, Any] = field(default_factory=dict)  # {"user", "host"}
     # Version 3: extra per-sample arrays added after the build, name -> ColumnInfo (none: the key is not written).
@@ -176,11 +186,19 @@ class Manifest:
     dtype: str = "uint8"
     layout: str = "NHWC"
     format: str = FORMAT_NAME
-    format_version: int = PLAIN_VERSION
+    format_version: int = FORMAT_VERSION
+    # Version 4: the algorithm of every file checksum above ("sha256" for versions 1-3, where it is not written).
+    digest_algorithm: str = BUILD.name
 
     @property
     def build_key(self) -> str:
         return str(self.build.get("key", ""))
+
+    @property
+    def digest(self) -> Digest:
+        """The checksum algorithm of this cache's files (``format.digests``: the one map from a manifest)."""
+        return digest_for(self.format_version,
+                          self.digest_algorithm if self.format_version >= DIGEST_VERSION else None)
 
     @property
     def content_id(self) -> str:
@@ -193,11 +211,12 @@ class Manifest:
         """
         blob = json.dumps({
             "build": self.build_key,
-            "shards": [(s.file, s.start, s.count, s.sha256) for s in self.shards],
-            "arrays": {name: (a.file, a.sha256) for name, a in sorted(self.arrays.items())},
-            "files": self.files.get("sha256", ""),
-            # only when there are columns: the content ids of caches without them stay what they were
-            **({"columns": {n: (c.file, c.sha256) for n, c in sorted(self.columns.items())}} if self.columns else {}),
+            "shards": [(s.file, s.start, s.count, s.digest) for s in self.shards],
+            "arrays": {name: (a.file, a.digest) for name, a in sorted(self.arrays.items())},
+            "files": self.files.get("digest", ""),
+            # only when there are columns (or another algorithm): the content ids of older caches stay what they were
+            **({"columns": {n: (c.file, c.digest) for n, c in sorted(self.columns.items())}} if self.columns else {}),
+            **({"digest": self.digest_algorithm} if self.format_version >= DIGEST_VERSION else {}),
         }, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
 
@@ -211,14 +230,24 @@ class Manifest:
         d["failures"] = [{**f, "path": encode_path(f["path"])} for f in d["failures"]]  # non-UTF-8 names too
         if not d["columns"]:  # a cache without columns: the bytes of a version 2 manifest
             del d["columns"]
+        key = entry_key(self.format_version)
+        if key != "digest":  # versions 1-3: the bytes they always had (sha256, so named, in its place)
+            del d["digest_algorithm"]
+            d["shards"] = [_rekeyed(e, key) for e in d["shards"]]
+            d["files"] = _rekeyed(d["files"], key)
+            for field_name in ("arrays", "columns"):
+                if field_name in d:
+                    d[field_name] = {n: _rekeyed(e, key) for n, e in d[field_name].items()}
         # Lead with the fields a human or another tool checks first.
-        head = {k: d.pop(k) for k in ("format", "format_version", "dataset", "split", "count", "shape",
-                                      "dtype", "layout", "storage")}
+        lead = ("format", "format_version", "dataset", "split", "count", "shape", "dtype", "layout", "storage")
+        head = {k: d.pop(k) for k in lead + (("digest_algorithm",) if key == "digest" else ())}
         return {**head, **d}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], storage_kinds: tuple[str, ...] | None = None) -> Manifest:
         version = _check_format(d)
+        key = entry_key(version)
+        digest = digest_for(version, d.get("digest_algorithm"))  # named errors: unknown, missing, or where none is
         try:
             shape = _parse_shape("shape", d["shape"])
             if len(shape) != 3 or shape[2] != 3:
@@ -233,7 +262,7 @@ class Manifest:
                     file=check_name(s["file"], "shards.file"),
                     start=_parse_int("shards.start", s["start"]),
                     count=_parse_int("shards.count", s["count"]),
-                    sha256=_parse_str("shards.sha256", s["sha256"]),
+                    digest=_parse_str(f"shards.{key}", s[key]),
                 )
                 for s in d["shards"]
             )
@@ -242,7 +271,7 @@ class Manifest:
                     file=check_name(a["file"], "arrays.file"),
                     dtype=_parse_str("arrays.dtype", a["dtype"]),
                     shape=_parse_shape("arrays.shape", a["shape"]),
-                    sha256=_parse_str("arrays.sha256", a["sha256"]),
+                    digest=_parse_str(f"arrays.{key}", a[key]),
                 )
                 for k, a in _parse_mapping("arrays", d["arrays"]).items()
             }
@@ -265,9 +294,10 @@ class Manifest:
                                for f in d.get("failures", [])),
                 extra=_parse_mapping("extra", d.get("extra", {})),
                 created=str(d.get("created", "")),
-                files=_parse_files(d.get("files", {})),
+                files=_parse_files(d.get("files", {}), version),
                 built_by=_parse_mapping("built_by", d.get("built_by", {})),
                 columns=_parse_columns(d.get("columns", {}), version),
+                digest_algorithm=digest.name,
             )
         except KeyError as e:
             raise CacheCorruptError(f"manifest is missing the field {e.args[0]!r}") from None
@@ -291,6 +321,10 @@ class Manifest:
         for required in ("labels", "sizes"):
             if required not in self.arrays:
                 raise CacheCorruptError(f"manifest lists no {required!r} array")
+        allowed = ("sha256",) if self.format_version < DIGEST_VERSION else tuple(ALGORITHMS)
+        if self.digest_algorithm not in allowed:  # a manifest made in code (a parsed one was checked already)
+            raise CacheCorruptError(f"manifest of format version {self.format_version} says digest_algorithm "
+                                    f"{self.digest_algorithm!r} (versions before {DIGEST_VERSION} are sha256)")
         if self.columns and self.format_version < COLUMNS_VERSION:
             raise CacheCorruptError(f"manifest lists columns but says format version {self.format_version}; "
                                     f"columns need version {COLUMNS_VERSION}")
@@ -302,16 +336,21 @@ class Manifest:
                                         f"array of {self.count} rows")
 
 
+def _rekeyed(entry: dict[str, Any], key: str) -> dict[str, Any]:
+    return {key if k == "digest" else k: v for k, v in entry.items()}
+
+
 def _parse_columns(value: Any, version: int) -> dict[str, ColumnInfo]:
     columns = _parse_mapping("columns", value)
     if columns and version < COLUMNS_VERSION:
         raise CacheCorruptError(f"manifest field 'columns' needs format version {COLUMNS_VERSION}, got {version}")
+    key = entry_key(version)
     return {
         _parse_str("columns key", k): ColumnInfo(
             file=check_name(c["file"], "columns.file"),
             dtype=_parse_str("columns.dtype", c["dtype"], COLUMN_DTYPES),
             shape=_parse_shape("columns.shape", c["shape"]),
-            sha256=_parse_str("columns.sha256", c["sha256"]),
+            digest=_parse_str(f"columns.{key}", c[key]),
             size=_parse_int("columns.size", c["size"]),
         )
         for k, c in columns.items()

@@ -53,7 +53,7 @@ def pull(src: str, dest: str, force: bool, jobs: int, wait: float | None, progre
          quiet: bool) -> None:
     """Copy the cache at URL (or a folder of caches: train/, val/...) to the local folder DEST.
 
-    Every file is checked against the cache's file table (size and sha256) as it arrives; the manifest is
+    Every file is checked against the cache's file table (size and checksum) as it arrives; the manifest is
     written last and the folder renamed into place, so an interrupted pull never looks complete. Rerun the
     same command to resume: files already arrived and checked are not fetched again.
     """

@@ -14,6 +14,7 @@ import click
 from cachebuild.builder.locks import exclusive_lock
 from cachebuild.cli_common import WAIT
 from cachebuild.errors import CacheBuildError
+from cachebuild.format.digests import entry_key
 
 __all__ = ["columns"]
 
@@ -79,7 +80,8 @@ def ls(cache: str, as_json: bool) -> None:
     except CacheBuildError as e:
         raise click.ClickException(str(e)) from None
     if as_json:
-        rows = {n: {"dtype": c.dtype, "shape": list(c.shape), "file": c.file, "bytes": c.size, "sha256": c.sha256}
+        rows = {n: {"dtype": c.dtype, "shape": list(c.shape), "file": c.file, "bytes": c.size,
+                    entry_key(m.format_version): c.digest}  # as the manifest keys it
                 for n, c in sorted(m.columns.items())}
         click.echo(json.dumps(rows, indent=1))
     elif not m.columns:

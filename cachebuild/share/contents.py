@@ -77,9 +77,9 @@ def read_contents(location: Location, raw: bytes | None = None) -> CacheContents
     got = read_file_table(location, m)
     if got is not None:
         table, data = got
-        # columns (format version 3) are outside the table: the manifest holds their files' size and sha256
-        columns = {c.file: Item(c.file, c.size, c.sha256) for c in m.columns.values()}
-        items = sorted([Item(name, e.size, e.sha256) for name, e in table.items() if name not in columns]
+        # columns (format version 3, 4) are outside the table: the manifest holds their files' size and digest
+        columns = {c.file: Item(c.file, c.size, c.digest, m.digest) for c in m.columns.values()}
+        items = sorted([Item(name, e.size, e.digest, m.digest) for name, e in table.items() if name not in columns]
                        + list(columns.values()), key=lambda i: i.name)
         _check_covered(m, set(table) | set(columns), location.describe(m.files["table"]))
         return CacheContents(m, raw, items, data)
@@ -95,7 +95,7 @@ def read_contents(location: Location, raw: bytes | None = None) -> CacheContents
         base = name.rsplit("/", 1)[-1]
         if name in (MANIFEST_NAME, PUSH_MARKER) or is_unfinished_write(base):
             continue
-        items.append(Item(check_name(name, "listed file name"), size, None))
+        items.append(Item(check_name(name, "listed file name"), size, None, m.digest))
     _check_covered(m, {i.name for i in items}, location.describe())
     return CacheContents(m, raw, items, None)
 

@@ -10,9 +10,9 @@ their size matches (an object store creates an object only when its upload compl
 Replacing a different cache at the URL needs ``force``, and is done only to a cachebuild manifest (another
 tool's ``manifest.json``, or one that is not JSON, is never replaced). The marker goes first, naming the old
 files to delete; then the old manifest is removed (new readers then see no cache until the new one is
-complete), then the old files that the new cache does not hold identically (same name, size and sha256 in
-both file tables) are deleted, then the push proceeds as above. Interrupted anywhere in that, the rerun finds
-the marker and finishes the deletions before it sends anything.
+complete), then the old files that the new cache does not hold identically (same name, size and digest, by
+the same algorithm, in both file tables) are deleted, then the push proceeds as above. Interrupted anywhere
+in that, the rerun finds the marker and finishes the deletions before it sends anything.
 Jobs that opened the old cache from the URL *before* get errors naming the files that vanished or changed
 (their reads are pinned to the versions they opened: ``cachebuild.storage.remote.pinning``), never the new bytes:
 a remote cache has no ``.replaced-*`` copy to keep reading. To replace a cache that jobs are reading, push
@@ -240,8 +240,8 @@ def _clear_old_cache(dst: Location, old: Any, contents: CacheContents, remote: d
             old_table = got[0] if got is not None else None
         except CacheBuildError:
             old_table = None
-    if old_table is not None:  # its columns (format version 3) are outside its table: the manifest lists them
-        old_table.update({c.file: FileEntry(c.size, c.sha256) for c in old.columns.values()})
+    if old_table is not None:  # its columns (format version 3, 4) are outside its table: the manifest lists them
+        old_table.update({c.file: FileEntry(c.size, c.digest) for c in old.columns.values()})
     if old_table is None:
         # No table to tell the old cache's files from anything else: delete nothing, trust nothing.
         _unpublish(dst, contents, claim)
@@ -250,7 +250,8 @@ def _clear_old_cache(dst: Location, old: Any, contents: CacheContents, remote: d
         return None
     new = {i.name: i for i in contents.items}
     keep = {n for n, e in old_table.items()
-            if n in new and new[n].size == e.size and new[n].sha256 == e.sha256 and remote.get(n) == e.size}
+            if n in new and new[n].size == e.size and new[n].digest == e.digest and new[n].algorithm == old.digest
+            and remote.get(n) == e.size}
     stale = sorted(n for n in old_table if n not in keep and n in remote)
     if old.files.get("table") in remote:
         stale.append(old.files["table"])

@@ -1,10 +1,11 @@
 """Moving a cache's files between a location and a local folder: in parallel, one file per task, each file
-checked whole against its expected size and sha256, one progress bar for all of them.
+checked whole against its expected size and digest, one progress bar for all of them.
 
 What a transfer checks, per file (``docs/sharing.md``, "Push, pull and what they check"):
 
-- caches with a file table (``files.json``, every cache built since it exists): the size and the sha256 of
-  the file's bytes, against the table, whose own sha256 is in the manifest. A download is written under a
+- caches with a file table (``files.json``, every cache built since it exists): the size and the digest of
+  the file's bytes (by the cache's own algorithm: sha256 before format version 4, xxh3-128 since), against the
+  table, whose own digest is in the manifest. A download is written under a
   temporary name and renamed into place (fsynced) only when both match; an upload leaves only after the
   local file matched. A file that fails is named and skipped; the others go on.
 - older caches (no table): the size, where the store lists one; the whole cache is then verified with its
@@ -16,7 +17,6 @@ retried by the location), and memory stays bounded whatever the shard size.
 
 from __future__ import annotations
 
-import hashlib
 import sys
 import threading
 import time
@@ -28,8 +28,9 @@ from typing import Any
 
 from cachebuild.atomic import AtomicFile
 from cachebuild.errors import CacheBuildError
+from cachebuild.format.digests import Digest
 from cachebuild.storage import Location
-from cachebuild.storage.cache.file_table import sha256_file
+from cachebuild.storage.kinds.base import digest_file
 
 __all__ = ["DEFAULT_JOBS", "PIECE_BYTES", "Item", "Outcome", "download", "upload"]
 
@@ -39,12 +40,13 @@ DEFAULT_JOBS = 8  # concurrent files: enough to fill a link to an object store, 
 
 @dataclass(frozen=True)
 class Item:
-    """One file to move: its name in the cache, expected size (-1: unknown), expected sha256 (None: not
-    checked per file)."""
+    """One file to move: its name in the cache, expected size (-1: unknown), expected digest (None: not
+    checked per file) and the algorithm of that digest (the cache manifest's)."""
 
     name: str
     size: int
-    sha256: str | None
+    digest: str | None
+    algorithm: Digest
 
 
 @dataclass
@@ -66,8 +68,8 @@ class _Mismatch(CacheBuildError, ValueError):
 def _check(item: Item, size: int, digest: str, what: str) -> None:
     if item.size >= 0 and size != item.size:
         raise _Mismatch(f"{what} has {size} bytes, the file table says {item.size}")
-    if item.sha256 is not None and digest != item.sha256:
-        raise _Mismatch(f"{what}: sha256 {digest[:12]}..., the file table says {item.sha256[:12]}...")
+    if item.digest is not None and digest != item.digest:
+        raise _Mismatch(f"{what}: {item.algorithm.name} {digest[:12]}..., the file table says {item.digest[:12]}...")
 
 
 def _bar(total: int, files: int, desc: str, enabled: bool | None) -> Any:
@@ -117,7 +119,7 @@ def _run(items: Sequence[Item], one: Callable[[Item, Callable[[int], None]], Non
 def _download_one(src: Location, folder: Path, item: Item, count: Callable[[int], None]) -> None:
     target = folder / item.name
     target.parent.mkdir(parents=True, exist_ok=True)
-    h = hashlib.sha256()
+    h = item.algorithm.new()
     got = 0
     with AtomicFile(target, durable=True) as f:  # renamed into place only if no exception leaves this block
         size = item.size
@@ -147,8 +149,8 @@ def download(src: Location, items: Sequence[Item], folder: Path, *, jobs: int = 
 def _upload_one(folder: Path, dst: Location, item: Item, count: Callable[[int], None]) -> None:
     path = folder / item.name
     size = path.stat().st_size
-    if item.sha256 is not None or item.size >= 0:
-        digest = sha256_file(path) if item.sha256 is not None else ""
+    if item.digest is not None or item.size >= 0:
+        digest = digest_file(path, item.algorithm) if item.digest is not None else ""
         try:
             _check(item, size, digest, str(path))
         except _Mismatch as e:

@@ -1,7 +1,9 @@
-"""Columns: per-sample arrays added to a finished local cache without rewriting a pixel (format version 3).
+"""Columns: per-sample arrays added to a finished local cache without rewriting a pixel (format version 3 or 4).
 
-A column is one plain ``.npy`` under ``columns/``, named ``NAME-<first 12 hex digits of its sha256>.npy``, and
-one entry in the manifest's ``columns`` (dtype, shape, sha256 and size of the whole file). Adding one writes
+A column is one plain ``.npy`` under ``columns/``, named ``NAME-<first 12 hex digits of its digest>.npy``, and
+one entry in the manifest's ``columns`` (dtype, shape, digest and size of the whole file; the digest by the
+manifest's algorithm: a column added to a sha256 cache of version 2 or 3 makes it version 3, one added to a
+version 4 cache keeps it 4). Adding one writes
 the file (durably, under a temporary name first), then swaps ``manifest.json`` atomically: a crash at any point
 leaves the old manifest, which names only files that are still there. A reader that opened the cache before
 keeps the manifest it read; the files it names are never replaced (a new version of a column has another
@@ -17,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
-import hashlib
 import io
 import json
 import os
@@ -30,6 +31,7 @@ import numpy as np
 
 from cachebuild.atomic import write_bytes_atomic
 from cachebuild.errors import CacheBuildError, OptionError
+from cachebuild.format.digests import DIGEST_VERSION, Digest
 from cachebuild.format.manifest import (
     COLUMN_DTYPES,
     COLUMN_NAME,
@@ -46,8 +48,8 @@ from cachebuild.storage.cache.reader import read_manifest
 from cachebuild.storage.kinds.side_arrays import load_paths
 from cachebuild.storage.locations.replacement import is_locked
 
-__all__ = ["COLUMNS_DIR", "ColumnError", "add_column", "is_own_columns_folder", "local_folder", "read_values",
-           "remove_column", "sweep_columns", "write_column_file"]
+__all__ = ["COLUMNS_DIR", "ColumnError", "add_column", "columns_version", "is_own_columns_folder", "local_folder",
+           "read_values", "remove_column", "sweep_columns", "write_column_file"]
 
 _OWN = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}-[0-9a-f]{12}\.npy|held-\d+-[0-9a-f]{8}\.json|\..+\.tmp")
 RESERVED = ("images", "labels", "sizes", "paths", "boxes", "coarse_labels")
@@ -183,17 +185,25 @@ def sweep_columns(folder: Path, m: Manifest) -> None:
         cols.rmdir()  # empty: the cache has no columns left
 
 
-def write_column_file(folder: Path, name: str, values: np.ndarray) -> ColumnInfo:
+def columns_version(version: int, has_columns: bool) -> int:
+    """The format version a cache of ``version`` is written as once it holds columns or not: version 4 stays 4
+    (its checksums are not sha256); a sha256 cache is 3 with columns and 2 without (what older readers read)."""
+    if version >= DIGEST_VERSION:
+        return version
+    return COLUMNS_VERSION if has_columns else PLAIN_VERSION
+
+
+def write_column_file(folder: Path, name: str, values: np.ndarray, algorithm: Digest) -> ColumnInfo:
     """Write ``values`` as column ``name``'s file under ``folder/columns/`` (durably: a manifest may name it only
-    once it is whole); returns the manifest's entry for it."""
+    once it is whole); returns the manifest's entry for it, its digest by ``algorithm`` (the manifest's)."""
     buf = io.BytesIO()
     np.save(buf, values, allow_pickle=False)
     data = buf.getvalue()
-    digest = hashlib.sha256(data).hexdigest()
+    digest = algorithm.of(data)
     rel = f"{COLUMNS_DIR}/{name}-{digest[:12]}.npy"
     (folder / COLUMNS_DIR).mkdir(exist_ok=True)
     write_bytes_atomic(folder / rel, data, durable=True)
-    return ColumnInfo(file=rel, dtype=str(values.dtype), shape=tuple(values.shape), sha256=digest, size=len(data))
+    return ColumnInfo(file=rel, dtype=str(values.dtype), shape=tuple(values.shape), digest=digest, size=len(data))
 
 
 def add_column(cache: str | os.PathLike[str], name: str, file: str | os.PathLike[str], *,
@@ -208,8 +218,9 @@ def add_column(cache: str | os.PathLike[str], name: str, file: str | os.PathLike
     if m.format_version < PLAIN_VERSION:
         raise ColumnError(f"{folder} is a format version {m.format_version} cache; rebuild it with this release "
                           f"(--force) before adding columns")
-    info = write_column_file(folder, name, read_values(file, folder, m))
-    new = dataclasses.replace(m, columns={**m.columns, name: info}, format_version=COLUMNS_VERSION)
+    info = write_column_file(folder, name, read_values(file, folder, m), m.digest)
+    new = dataclasses.replace(m, columns={**m.columns, name: info}, format_version=columns_version(m.format_version,
+                                                                                                    True))
     new.check_consistent()
     _swap_manifest(folder, new)
     sweep_columns(folder, new)
@@ -225,7 +236,7 @@ def remove_column(cache: str | os.PathLike[str], name: str) -> Manifest:
         raise ColumnError(f"{folder} has no column {name!r} (its columns: {have}); `cachebuild columns ls "
                           f"{folder}` lists them")
     rest = {k: v for k, v in m.columns.items() if k != name}
-    new = dataclasses.replace(m, columns=rest, format_version=COLUMNS_VERSION if rest else PLAIN_VERSION)
+    new = dataclasses.replace(m, columns=rest, format_version=columns_version(m.format_version, bool(rest)))
     _swap_manifest(folder, new)
     sweep_columns(folder, new)
     return new

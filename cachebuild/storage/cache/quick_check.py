@@ -4,7 +4,7 @@ Checks the manifest (format, version, names inside the cache, shards tiling ``[0
 files as a reader opens them (npy headers and sizes; zarr metadata, every chunk present, raw chunk sizes),
 the side arrays' headers against their manifest dtype and shape, and, for caches with a file table, the
 size of every file the table lists (one listing for a remote cache). A flipped byte inside a shard keeps
-every size and header, so only the full ``verify`` (or a pull's per-file sha256) finds it.
+every size and header, so only the full ``verify`` (or a pull's per-file checksum) finds it.
 """
 
 from __future__ import annotations

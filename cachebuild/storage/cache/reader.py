@@ -6,7 +6,6 @@ through :class:`CacheReader`; the storage kind is the backend's business.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -19,7 +18,7 @@ from cachebuild.format.manifest import MANIFEST_NAME, Manifest
 from cachebuild.format.manifest import parse_manifest as parse_spec
 from cachebuild.storage import BlockCache, ImageStore, Location, backend_names, get_backend, open_location
 from cachebuild.storage.cache.file_table import read_file_table
-from cachebuild.storage.kinds.side_arrays import load_array, load_column, load_paths, map_array, sha256_bytes
+from cachebuild.storage.kinds.side_arrays import array_digest, load_array, load_column, load_paths, map_array
 from cachebuild.storage.locations.replacement import ReaderLock
 
 __all__ = ["CacheReader", "not_a_cache", "open_cache", "parse_manifest", "read_manifest"]
@@ -151,37 +150,39 @@ class CacheReader:
         are verified against the remote bytes, never against a local block cache."""
         images = self.images if self.block_cache is None else self.backend.open(self.location, self.manifest)
         problems = images.verify() + self.verify_arrays()
+        algorithm = self.manifest.digest
         for col in self.manifest.columns.values():  # checksums of whole files, as paths.json's
             try:
                 data = self.location.read_bytes(col.file)
             except (OSError, RemoteError) as e:
                 problems.append(f"{col.file}: {e}")
                 continue
-            if len(data) != col.size or hashlib.sha256(data).hexdigest() != col.sha256:
+            if len(data) != col.size or algorithm.of(data) != col.digest:
                 problems.append(f"{col.file}: checksum mismatch (column)")
         return problems + self._verify_other_files(problems)
 
     def verify_arrays(self, names: Iterable[str] | None = None) -> list[str]:
         """Re-hash the side arrays ``names`` (None: every one); one line per mismatch."""
         problems = []
+        algorithm = self.manifest.digest
         for name in self.manifest.arrays if names is None else names:
             info = self.manifest.arrays[name]
             try:
                 if info.dtype == "str":
-                    digest = hashlib.sha256(self.location.read_bytes(info.file)).hexdigest()
+                    digest = algorithm.of(self.location.read_bytes(info.file))
                 else:
-                    digest = sha256_bytes(load_array(self.location, self.manifest, name))
+                    digest = array_digest(load_array(self.location, self.manifest, name), algorithm)
             except (OSError, RemoteError, CacheCorruptError) as e:
                 problems.append(f"{info.file}: {e}")
                 continue
-            if digest != info.sha256:
+            if digest != info.digest:
                 problems.append(f"{info.file}: checksum mismatch")
         return problems
 
     def _verify_other_files(self, named: list[str]) -> list[str]:
         """The file table against the manifest, then every file it lists that the checks above did not hash
         whole as a file (zarr chunks and metadata, side arrays' headers, ``source_files.json``) and did not
-        already name in ``named``, by size and sha256. With the manifest's own checksum (checked when it was
+        already name in ``named``, by size and digest. With the manifest's own checksum (checked when it was
         read), every byte of the cache is covered."""
         m = self.manifest
         try:
@@ -191,7 +192,7 @@ class CacheReader:
         if got is None:  # a cache built before file tables: its shards and arrays are all there is to check
             return []
         whole = {a.file for a in m.arrays.values() if a.dtype == "str"}
-        if m.format_version >= 2 and self.backend.shard_sha256_is_file:
+        if m.format_version >= 2 and self.backend.shard_digest_is_file:
             whole |= {s.file for s in m.shards}
         mentioned = {word.strip("():,") for p in named for word in p.split()}  # files already reported
         problems = []
@@ -205,7 +206,7 @@ class CacheReader:
                 continue
             if len(data) != entry.size:
                 problems.append(f"{name}: {len(data)} bytes, files.json says {entry.size}")
-            elif hashlib.sha256(data).hexdigest() != entry.sha256:
+            elif m.digest.of(data) != entry.digest:
                 problems.append(f"{name}: checksum mismatch (files.json)")
         return problems
 

@@ -3,13 +3,13 @@
 The source digest in the manifest (`source.fingerprint`) says *whether* the source changed; this table, one row
 per planned file (relative path, label, size, mtime in ns; size -1 for an entry that could not be stat'ed), lets
 ``cachebuild status`` say *what* changed (files added, removed, modified) without decoding anything. Written for
-sources of files; the manifest names it in ``source.inputs`` with its sha256. About 70 bytes per file
+sources of files; the manifest names it in ``source.inputs`` with its checksum (``digest``, the manifest's
+algorithm; ``sha256`` in format versions 1-3). About 70 bytes per file
 (ImageNet train: ~90 MB beside a ~190 GB cache).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,7 +19,8 @@ import numpy as np
 
 from cachebuild.atomic import write_bytes_atomic
 from cachebuild.errors import CacheCorruptError, RemoteError
-from cachebuild.format.manifest import Manifest
+from cachebuild.format.digests import BUILD, entry_key
+from cachebuild.format.manifest import FORMAT_VERSION, Manifest
 from cachebuild.storage import Location, check_name
 
 __all__ = ["INPUTS_FORMAT", "SOURCE_INPUTS", "SourceInputs", "load_source_inputs", "save_source_inputs"]
@@ -43,7 +44,7 @@ def save_source_inputs(folder: Path, keys: Sequence[str], labels: np.ndarray, st
            "sizes": stats[:, 0].tolist(), "mtimes_ns": stats[:, 1].tolist()}
     data = json.dumps(doc, ensure_ascii=True).encode()  # ASCII: undecodable names survive as \udcxx escapes
     write_bytes_atomic(folder / SOURCE_INPUTS, data, durable=False)
-    return {"file": SOURCE_INPUTS, "sha256": hashlib.sha256(data).hexdigest()}
+    return {"file": SOURCE_INPUTS, entry_key(FORMAT_VERSION): BUILD.of(data)}  # a build's: format version 4
 
 
 def load_source_inputs(location: Location, manifest: Manifest) -> SourceInputs | None:
@@ -59,7 +60,7 @@ def load_source_inputs(location: Location, manifest: Manifest) -> SourceInputs |
         data = location.read_bytes(name)
     except (FileNotFoundError, RemoteError) as e:
         raise CacheCorruptError(f"{where}, named by the manifest, cannot be read: {e}") from None
-    if hashlib.sha256(data).hexdigest() != ref.get("sha256"):
+    if manifest.digest.of(data) != ref.get(entry_key(manifest.format_version)):
         raise CacheCorruptError(f"{where} does not match the checksum its manifest records: damaged; re-fetch "
                                 f"or rebuild the cache")
     try:

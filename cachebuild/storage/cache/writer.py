@@ -15,13 +15,14 @@ import numpy as np
 
 from cachebuild.atomic import fsync_dir, write_bytes_atomic
 from cachebuild.errors import CacheExistsError, OptionError
+from cachebuild.format.digests import SHA256
 from cachebuild.format.manifest import MANIFEST_NAME, ArrayInfo, Failure, Manifest, ShardInfo, manifest_bytes
 from cachebuild.storage import get_backend
 from cachebuild.storage.cache.file_table import is_unfinished_write, with_file_table
 from cachebuild.storage.cache.provenance import built_by
 from cachebuild.storage.kinds.base import BlockRecord
 from cachebuild.storage.kinds.jpeg import codec as jpeg_codec
-from cachebuild.storage.kinds.side_arrays import save_array, save_paths, sha256_bytes
+from cachebuild.storage.kinds.side_arrays import array_digest, save_array, save_paths
 from cachebuild.storage.locations.replacement import set_aside, sweep_replaced
 
 __all__ = ["commit_cache", "install_staged", "remove_unfinished_writes", "save_side_arrays", "staging_path",
@@ -147,8 +148,8 @@ def _write_through_sinks(staging: Path, images: np.ndarray, storage: str, shard_
         except BaseException:
             sink.abort()
             raise
-        file, sha256 = sink.close()
-        records.append(BlockRecord(b, lo, len(part), len(part), file, sha256, stored_bytes=sink.stored_bytes))
+        file, digest = sink.close()
+        records.append(BlockRecord(b, lo, len(part), len(part), file, digest, stored_bytes=sink.stored_bytes))
     shards = backend.finish(staging, records, len(images), len(images))
     backend.cleanup(staging)
     return shards
@@ -198,8 +199,9 @@ def write_cache(
         classes=tuple(classes),
         fit=fit,
         interpolation="none",
-        source={"root": "", "fingerprint": sha256_bytes(images), "files": n},
-        build={"key": sha256_bytes(images), "writer": "write_cache", "shard_size": shard_size},
+        # identity, not a checksum: sha256 in every format version (format.digests)
+        source={"root": "", "fingerprint": array_digest(images, SHA256), "files": n},
+        build={"key": array_digest(images, SHA256), "writer": "write_cache", "shard_size": shard_size},
         tool=tool_versions(),
         shards=tuple(shards),
         arrays=arrays,

@@ -24,10 +24,11 @@ from cachebuild.storage.locations import Location
 from cachebuild.storage.remote.block_cache import BlockCache
 
 if TYPE_CHECKING:
+    from cachebuild.format.digests import Digest
     from cachebuild.format.manifest import Manifest, ShardInfo
 
-__all__ = ["Backend", "BlockFailure", "BlockRecord", "ImageStore", "Sink", "StorageParams", "adopt_file", "link_shard",
-           "one_file_per_block", "sha256_file", "sha256_of_file"]
+__all__ = ["Backend", "BlockFailure", "BlockRecord", "ImageStore", "Sink", "StorageParams", "adopt_file", "digest_file",
+           "digest_of_file", "link_shard", "one_file_per_block"]
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ class BlockRecord:
     planned: int  # files in the block
     count: int  # samples kept (planned minus failures)
     file: str  # the file the sink wrote (npy, jpeg: the shard; zarr: the array)
-    sha256: str  # what the manifest keeps for the shard (the kind says what it covers)
+    digest: str  # what the manifest keeps for the shard (the kind says what it covers; the build's algorithm)
     ok: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     sizes: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int32))
     boxes: np.ndarray = field(default_factory=lambda: np.zeros((0, 4), np.int32))
@@ -111,7 +112,7 @@ class BlockRecord:
         string each, no number per sample for json to write or parse; the record stays one file, written
         atomically)."""
         d: dict[str, Any] = {"block": self.block, "start": self.start, "planned": self.planned, "count": self.count,
-                             "file": self.file, "sha256": self.sha256}
+                             "file": self.file, "digest": self.digest}
         for name, (dtype, _) in _PER_SAMPLE.items():
             d[name] = _encode_array(getattr(self, name), dtype)
         d["failures"] = [asdict(f) for f in self.failures]
@@ -127,7 +128,7 @@ class BlockRecord:
         ValueError for one that is neither, or whose per-sample arrays do not hold ``count`` samples)."""
         arrays = {name: _decode_array(d[name], dtype, cols) for name, (dtype, cols) in _PER_SAMPLE.items()}
         rec = cls(int(d["block"]), int(d["start"]), int(d["planned"]), int(d["count"]), str(d["file"]),
-                  str(d["sha256"]), arrays["ok"], arrays["sizes"], arrays["boxes"],
+                  str(d["digest"]), arrays["ok"], arrays["sizes"], arrays["boxes"],
                   tuple(BlockFailure(int(f["index"]), f["path"], str(f["reason"])) for f in d["failures"]),
                   None if d.get("stored_bytes") is None else int(d["stored_bytes"]), int(d.get("reused", 0)))
         if not len(rec.ok) == len(rec.sizes) == len(rec.boxes) == rec.count:
@@ -151,9 +152,10 @@ class Sink(Protocol):
     def abort(self) -> None: ...
 
     def close(self) -> tuple[str, str]:
-        """Finish the block; returns the file name its record names and the sha256 the manifest keeps for
-        it. The kind says what the digest covers (npy and jpeg: the shard file's every byte, so the file
-        table takes it as is; zarr: the samples' pixels), and the sink hashes as it writes: one pass."""
+        """Finish the block; returns the file name its record names and the digest (``format.digests.BUILD``)
+        the manifest keeps for it. The kind says what the digest covers (npy and jpeg: the shard file's every
+        byte, so the file table takes it as is; zarr: the samples' pixels), and the sink hashes as it writes:
+        one pass."""
         ...
 
     @property
@@ -255,9 +257,9 @@ class Backend(ABC):
     codec: ClassVar[str | None] = None
     #: True when :meth:`adopt_shard` can take an older cache's local shard whole (one file per block)
     adopts_shards: ClassVar[bool] = False
-    #: True when a shard's manifest sha256 is the sha256 of its whole file (one file per shard): the
-    #: commit's file table then takes it from the manifest instead of hashing the file a second time
-    shard_sha256_is_file: ClassVar[bool] = False
+    #: True when a shard's manifest digest is that of its whole file (one file per shard; format version >= 2):
+    #: the commit's file table then takes it from the manifest instead of hashing the file a second time
+    shard_digest_is_file: ClassVar[bool] = False
 
     # ------------------------------------------------------------ write side
     def align_block(self, block: int, opts: StorageParams) -> int:
@@ -310,13 +312,13 @@ class Backend(ABC):
 
 def one_file_per_block(staging: Path, ordered: list[BlockRecord]) -> list[ShardInfo]:
     """``Backend.finish`` for kinds that write one shard file per block (npy, jpeg): shards in plan order,
-    each with its record's sha256; a block whose every file failed leaves no shard."""
+    each with its record's digest; a block whose every file failed leaves no shard."""
     from cachebuild.format.manifest import ShardInfo
 
     shards, pos = [], 0
     for r in ordered:
         if r.count:
-            shards.append(ShardInfo(r.file, pos, r.count, r.sha256))
+            shards.append(ShardInfo(r.file, pos, r.count, r.digest))
             pos += r.count
         else:
             (staging / r.file).unlink(missing_ok=True)
@@ -346,23 +348,19 @@ def link_shard(src: Path, dst: Path) -> None:
     os.replace(tmp, dst)
 
 
-def sha256_file(path: str | os.PathLike[str], read_bytes: int = 8 << 20) -> str:
-    """sha256 of a whole local file, read ``read_bytes`` at a time."""
-    import hashlib
-
-    h = hashlib.sha256()
+def digest_file(path: str | os.PathLike[str], algorithm: Digest, read_bytes: int = 8 << 20) -> str:
+    """``algorithm``'s digest of a whole local file, read ``read_bytes`` at a time."""
+    h = algorithm.new()
     with open(path, "rb") as f:
         while chunk := f.read(read_bytes):
             h.update(chunk)
     return h.hexdigest()
 
 
-def sha256_of_file(location: Location, name: str, size: int, read_bytes: int = 8 << 20) -> str:
-    """sha256 of a shard file's ``size`` bytes read through ``location`` (local or remote) in slices, so
-    verifying a large shard holds ``read_bytes`` at a time."""
-    import hashlib
-
-    h = hashlib.sha256()
+def digest_of_file(location: Location, name: str, size: int, algorithm: Digest, read_bytes: int = 8 << 20) -> str:
+    """``algorithm``'s digest of a shard file's ``size`` bytes read through ``location`` (local or remote) in
+    slices, so verifying a large shard holds ``read_bytes`` at a time."""
+    h = algorithm.new()
     for lo in range(0, size, read_bytes):
         (data,) = location.read_ranges(name, [(lo, min(size, lo + read_bytes))])
         h.update(data)

@@ -3,12 +3,13 @@ optional ``boxes.npy`` / ``coarse_labels.npy`` (plain ``.npy``, read with ``allo
 ``paths.json`` (provenance). At a URL they are read whole; in a local folder the numeric ones are memory-mapped
 (:func:`map_array`), so that a reader and each of its DataLoader workers share one copy in the page cache
 instead of holding one each (16 bytes a sample: 20 MB a process at ImageNet's 1.28M). Columns (format version
-3: arrays added after the build, ``columns/NAME-<sha256 prefix>.npy``) are read the same way (:func:`load_column`).
+3 and 4: arrays added after the build, ``columns/NAME-<digest prefix>.npy``) are read the same way
+(:func:`load_column`). Written arrays are hashed with the build's algorithm (``format.digests.BUILD``), read ones
+checked with the manifest's.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -18,28 +19,30 @@ import numpy as np
 
 from cachebuild.atomic import AtomicFile, write_bytes_atomic
 from cachebuild.errors import CacheCorruptError, RemoteError
+from cachebuild.format.digests import BUILD, Digest
 from cachebuild.format.manifest import ArrayInfo, ColumnInfo, Manifest
 from cachebuild.format.pathnames import decode_paths, encode_paths
 from cachebuild.storage.kinds.rows import NPY_HEADER_ERRORS, npy_header
 from cachebuild.storage.locations import Location
 
-__all__ = ["PATHS_FILE", "load_array", "load_column", "load_paths", "map_array", "save_array", "save_paths",
-           "sha256_bytes"]
+__all__ = ["PATHS_FILE", "array_digest", "load_array", "load_column", "load_paths", "map_array", "save_array",
+           "save_paths"]
 
 PATHS_FILE = "paths.json"
 
 
-def sha256_bytes(array: np.ndarray) -> str:
-    """sha256 of an array's raw C-order bytes (hashlib releases the GIL on large buffers)."""
+def array_digest(array: np.ndarray, algorithm: Digest) -> str:
+    """``algorithm``'s digest of an array's raw C-order bytes."""
     flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-    return hashlib.sha256(flat if flat.size else b"").hexdigest()
+    return algorithm.of(flat if flat.size else b"")
 
 
 def save_array(folder: Path, name: str, array: np.ndarray) -> ArrayInfo:
     file = f"{name}.npy"
     with AtomicFile(folder / file) as f:
         np.save(f.file, array, allow_pickle=False)
-    return ArrayInfo(file=file, dtype=str(array.dtype), shape=tuple(array.shape), sha256=sha256_bytes(array))
+    return ArrayInfo(file=file, dtype=str(array.dtype), shape=tuple(array.shape),
+                     digest=array_digest(array, BUILD))
 
 
 def _read(location: Location, file: str, what: str) -> bytes:
@@ -80,7 +83,7 @@ def map_array(location: Location, manifest: Manifest, name: str) -> np.ndarray:
 
 def load_column(location: Location, manifest: Manifest, name: str) -> np.ndarray:
     """Column ``name`` of the cache as ``manifest`` describes it: memory-mapped from a local cache, read whole
-    (and checked against its sha256) at a URL. The file name holds a prefix of its checksum, so a column added
+    (and checked against its digest) at a URL. The file name holds a prefix of its checksum, so a column added
     or replaced later never takes the place of the one this manifest names."""
     info = manifest.columns.get(name)
     if info is None:
@@ -91,7 +94,7 @@ def load_column(location: Location, manifest: Manifest, name: str) -> np.ndarray
         return _map(location, info)
     data = _read(location, info.file, "column file")
     where = location.describe(info.file)
-    if hashlib.sha256(data).hexdigest() != info.sha256:
+    if manifest.digest.of(data) != info.digest:
         raise CacheCorruptError(f"column file {where} does not match the checksum its manifest records; "
                                 f"re-fetch the cache or add the column again")
     try:
@@ -127,7 +130,7 @@ def save_paths(folder: Path, paths: list[str]) -> ArrayInfo:
     """Provenance: the source path of every sample, as a JSON list (any character survives)."""
     data = json.dumps(encode_paths(paths), ensure_ascii=False).encode("utf-8")  # non-UTF-8 names too
     write_bytes_atomic(folder / PATHS_FILE, data, durable=False)
-    return ArrayInfo(file=PATHS_FILE, dtype="str", shape=(len(paths),), sha256=hashlib.sha256(data).hexdigest())
+    return ArrayInfo(file=PATHS_FILE, dtype="str", shape=(len(paths),), digest=BUILD.of(data))
 
 
 def load_paths(location: Location, manifest: Manifest) -> list[str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import xxhash
 from click.testing import CliRunner
 
 from cachebuild.builder.pipeline import BuildOptions, build
@@ -22,7 +22,7 @@ from cachebuild.sources.folder import folder_plan
 from cachebuild.sources.imagenet import imagenet_plans
 from cachebuild.storage.cache.reader import open_cache, read_manifest
 from tests.kill_helpers import build_killed_after_blocks
-from tests.manifest_edits import load_unsealed
+from tests.legacy_caches import as_sha256_cache
 
 
 def _train_plan(info):
@@ -40,7 +40,7 @@ def test_jobs_do_not_change_a_byte(imagenet_tree, tmp_path):
     b = build(plan, tmp_path / "j2", BuildOptions(size=64, jobs=2, block_size=8))
     assert a.count == b.count > 0
     ma, mb = read_manifest(a.path), read_manifest(b.path)
-    assert [s.sha256 for s in ma.shards] == [s.sha256 for s in mb.shards]
+    assert [s.digest for s in ma.shards] == [s.digest for s in mb.shards]
     for name in ("labels", "sizes", "paths"):
         assert (a.path / ma.arrays[name].file).read_bytes() == (b.path / mb.arrays[name].file).read_bytes()
     assert np.array_equal(_pixels(a.path), _pixels(b.path))
@@ -87,9 +87,9 @@ def test_zarr_blocks_with_failures_move_into_place(imagenet_tree, tmp_path):
     assert np.array_equal(_pixels(z1.path), ref) and np.array_equal(_pixels(z2.path), ref)
     for c in (z1, z2):
         assert open_cache(c.path).verify() == []
-        # zarr keeps the sha256 of each shard range's pixels: the npy shards' rows, as stored
-        assert [s.sha256 for s in read_manifest(c.path).shards] == [
-            hashlib.sha256(np.load(npy.path / s.file)).hexdigest() for s in read_manifest(npy.path).shards]
+        # zarr keeps the digest (xxh3-128) of each shard range's pixels: the npy shards' rows, as stored
+        assert [s.digest for s in read_manifest(c.path).shards] == [
+            xxhash.xxh3_128_hexdigest(np.load(npy.path / s.file)) for s in read_manifest(npy.path).shards]
     chunks = sorted(p.relative_to(z1.path) for p in (z1.path / "images.zarr").rglob("*") if p.is_file())
     assert chunks == sorted(p.relative_to(z2.path) for p in (z2.path / "images.zarr").rglob("*") if p.is_file())
     for rel in chunks:
@@ -157,14 +157,14 @@ def test_a_cache_of_another_release_is_named_as_such(imagenet_clean, tmp_path):
     out = tmp_path / "c"
     build(plan, out, BuildOptions(size=32, jobs=1))
     path = out / "manifest.json"
-    d = load_unsealed(path)
-    d["format_version"], d["build"]["key"] = 1, "0" * 64  # as the previous release wrote it
-    path.write_text(json.dumps(d))
-    with pytest.raises(CacheExistsError, match=r"another cachebuild release \(format version 1; this one writes 2\)"):
+    as_sha256_cache(out, 2)  # as the previous release wrote it (format 2, sha256): its key names that format
+    d = path.read_bytes()
+    with pytest.raises(CacheExistsError, match=r"another cachebuild release \(format version 2; this one writes 4\)"
+                                               r"; it still reads, but pass --update"):
         build(plan, out, BuildOptions(size=32, jobs=1))
-    assert json.loads(path.read_text()) == d
+    assert path.read_bytes() == d
     assert build(plan, out, BuildOptions(size=32, jobs=1, force=True)).status == "built"
-    assert read_manifest(out).format_version == 2
+    assert read_manifest(out).format_version == 4
 
 
 def test_a_changed_source_file_changes_the_fingerprint(imagenet_clean, tmp_path):

@@ -51,10 +51,10 @@ def test_a_small_plan_is_built_here_with_the_bytes_of_any_build(imagenet_tree, t
     assert os.getpid() not in _pids(worker_log)
     # the CPU build's workers never import torch (its import was ~2 s of CPU a worker)
     assert {line.split()[1] for line in worker_log.read_text().splitlines()} == {"0"}
-    assert [s.sha256 for s in read_manifest(two.path).shards] == [s.sha256 for s in read_manifest(here.path).shards]
+    assert [s.digest for s in read_manifest(two.path).shards] == [s.digest for s in read_manifest(here.path).shards]
     ma, mb = read_manifest(here.path), read_manifest(workers.path)
     assert here.count == workers.count > 4 and len(ma.shards) > 1
-    assert [s.sha256 for s in ma.shards] == [s.sha256 for s in mb.shards]
+    assert [s.digest for s in ma.shards] == [s.digest for s in mb.shards]
     labels = [np.load(c.path / m.arrays["labels"].file) for c, m in ((here, ma), (workers, mb))]
     assert np.array_equal(*labels)
 
@@ -101,7 +101,7 @@ def test_workers_with_a_large_share_resize_with_torch_and_give_the_same_bytes(im
         log = tmp_path / f"{name}.log"
         done = build(dataclasses.replace(plan, reader=_PidReader(plan.reader, str(log))), tmp_path / name,
                      BuildOptions(size=24, block_size=4, jobs=2))
-        hashes[name] = [s.sha256 for s in read_manifest(done.path).shards]
+        hashes[name] = [s.digest for s in read_manifest(done.path).shards]
         torch_in[name] = {line.split()[1] for line in log.read_text().splitlines()}
     get_reusable_executor().shutdown(wait=True)
     assert torch_in["numpy"] == {"0"} and torch_in["reused"] == {"0"}

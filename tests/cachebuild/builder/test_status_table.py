@@ -10,6 +10,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from cachebuild.builder.status import _compare
+from cachebuild.format.digests import BUILD
+from cachebuild.format.manifest import FORMAT_VERSION
 from cachebuild.storage import open_location
 from cachebuild.storage.cache.source_inputs import load_source_inputs, save_source_inputs
 
@@ -21,7 +23,7 @@ def _table(tmp_path):
     labels = np.arange(N, dtype=np.int64) // 100
     stats = np.stack([np.full(N, 1500), np.arange(N) + 1_700_000_000_000_000_000], axis=1).astype(np.int64)
     ref = save_source_inputs(tmp_path, keys, labels, stats)
-    return keys, labels, stats, SimpleNamespace(source={"inputs": ref})
+    return keys, labels, stats, SimpleNamespace(source={"inputs": ref}, format_version=FORMAT_VERSION, digest=BUILD)
 
 
 def test_touched_files_are_found_with_little_memory_per_file(tmp_path):

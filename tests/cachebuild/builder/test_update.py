@@ -18,7 +18,9 @@ from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.builder.status import cache_status
 from cachebuild.errors import CacheBuildError, CacheExistsError
 from cachebuild.sources.folder import folder_plan
+from cachebuild.storage.cache.columns import add_column
 from cachebuild.storage.cache.reader import open_cache, read_manifest
+from tests.legacy_caches import as_sha256_cache
 
 HOUR_NS = 3600 * 10**9
 # what a fresh build and an update may differ in: when they ran, and who ran them
@@ -90,6 +92,36 @@ def test_an_update_equals_a_fresh_build_of_the_changed_tree(imagenet_tree, tmp_p
     again = build(plan, out, BuildOptions(**opts, update=True))
     assert (again.decoded, again.reused) == (3 + fresh.failures, len(plan) - 3 - fresh.failures)
     _assert_same_cache(out, tmp_path / "fresh")
+
+
+@pytest.mark.parametrize("storage", ["npy", "zarr", "jpeg"])
+def test_an_update_of_a_sha256_cache_is_a_fresh_build_of_this_format(imagenet_clean, tmp_path, storage):
+    """A cache of the previous release (format 2, sha256; 3 with a column) updates into format 4: every sample
+    reused, none decoded, verified against its sha256 first and hashed anew, so the result is a fresh build's,
+    column carried; a damaged shard of it is refused, not carried."""
+    src = _copy_tree(imagenet_clean["root"] / "train", tmp_path / "src")
+    opts = dict(size=32, jobs=1, storage=storage, block_size=8, progress=False)
+    out = tmp_path / "cache"
+    build(folder_plan(src), out, BuildOptions(**opts))
+    as_sha256_cache(out, 2)
+    np.save(tmp_path / "a.npy", np.arange(read_manifest(out).count))
+    add_column(out, "a", tmp_path / "a.npy")
+    assert read_manifest(out).format_version == 3
+    shard = out / read_manifest(out).shards[1].file if storage != "zarr" else out / "images.zarr/c/0/0/0/0"
+    good = shard.read_bytes()
+    at = 1000 if storage == "zarr" else len(good) - 300  # a byte of a sample (a zarr chunk's tail is unused rows)
+    shard.write_bytes(good[:at] + bytes([good[at] ^ 1]) + good[at + 1 :])
+    with pytest.raises(CacheBuildError, match="fails its checksums"):
+        build(folder_plan(src), out, BuildOptions(**opts, update=True))
+    shard.write_bytes(good)
+    got = build(folder_plan(src), out, BuildOptions(**opts, update=True))
+    assert got.reused == got.count > 0 and got.decoded == 0
+    fresh = tmp_path / "fresh"
+    build(folder_plan(src), fresh, BuildOptions(**opts))
+    add_column(fresh, "a", tmp_path / "a.npy")
+    _assert_same_cache(out, fresh)
+    m = read_manifest(out)
+    assert m.format_version == 4 and m.digest_algorithm == "xxh3-128" and open_cache(out).verify() == []
 
 
 def test_an_update_refuses_another_recipe_naming_what_differs(imagenet_tree, tmp_path):
@@ -244,7 +276,7 @@ def test_an_update_carries_columns_over_by_path(imagenet_tree, tmp_path):
     got = build(folder_plan(src), out, BuildOptions(**opts, update=True))
     assert got.decoded >= 1 and got.reused > 0
     reader = open_cache(out)
-    assert sorted(reader.manifest.columns) == ["crc", "soft"] and reader.manifest.format_version == 3
+    assert sorted(reader.manifest.columns) == ["crc", "soft"] and reader.manifest.format_version == 4
     want_crc, want_soft = _path_scores(out)  # what each new sample's row must be, from its path
     assert len(want_crc) == reader.manifest.count == len(crc) - 1
     np.testing.assert_array_equal(reader.column("crc"), want_crc)

@@ -7,13 +7,14 @@ import json
 
 import numpy as np
 import pytest
+import xxhash
 
 from cachebuild.errors import CacheCorruptError, CacheNotFoundError, UnsupportedFormatError
 from cachebuild.format import FORMAT_VERSION, Manifest
-from cachebuild.format.manifest import PLAIN_VERSION
 from cachebuild.storage.cache.reader import open_cache, read_manifest
 from cachebuild.storage.cache.writer import write_cache
 from cachebuild.storage.kinds.npy.backend import shrink_npy_shard
+from tests.legacy_caches import as_sha256_cache
 from tests.manifest_edits import load_unsealed
 
 
@@ -56,22 +57,22 @@ def test_unknown_version_is_refused_by_name(cache):
     path.write_text(json.dumps(d))
     with pytest.raises(UnsupportedFormatError) as e:
         read_manifest(cache)
-    assert f"version {FORMAT_VERSION + 1}" in str(e.value) and "reads versions 1, 2, 3" in str(e.value)
+    assert f"version {FORMAT_VERSION + 1}" in str(e.value) and "reads versions 1, 2, 3, 4" in str(e.value)
     d["format"] = "ffcv"
     path.write_text(json.dumps(d))
     with pytest.raises(UnsupportedFormatError, match="not a cachebuild manifest"):
         read_manifest(cache)
 
 
-def _file_sha256(path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def _file_digest(path) -> str:
+    return xxhash.xxh3_128_hexdigest(path.read_bytes())
 
 
 @pytest.mark.parametrize("storage", ["npy", "jpeg"])
 def test_shard_checksums_are_the_files_own_and_the_file_table_reuses_them(imagenet_tree, tmp_path, storage):
     """Since format 2 a build hashes each npy shard byte once, as it writes it: the manifest's shard
-    sha256 is the file's, header included (jpeg: already so), even for shards shrunk after broken
-    files, and files.json takes it instead of hashing again. Every digest must be the file's real one."""
+    digest (xxh3-128 since format 4) is the file's, header included (jpeg: already so), even for shards shrunk
+    after broken files, and files.json takes it instead of hashing again. Every digest must be the file's real one."""
     from cachebuild.builder.pipeline import BuildOptions, build
     from cachebuild.sources.imagenet import imagenet_plans
 
@@ -79,13 +80,13 @@ def test_shard_checksums_are_the_files_own_and_the_file_table_reuses_them(imagen
     opts = BuildOptions(size=32, jobs=2, storage=storage, block_size=8, progress=False)
     m = build(plan, tmp_path / "c", opts)
     man = read_manifest(tmp_path / "c")
-    assert man.format_version == PLAIN_VERSION == 2 == FORMAT_VERSION - 1 and man.failures  # a build: no columns
+    assert man.format_version == FORMAT_VERSION == 4 and man.digest_algorithm == "xxh3-128" and man.failures
     assert any(s.count < 8 for s in man.shards)
     for s in man.shards:
-        assert _file_sha256(tmp_path / "c" / s.file) == s.sha256
+        assert _file_digest(tmp_path / "c" / s.file) == s.digest
     table = json.loads((tmp_path / "c" / "files.json").read_text())["files"]
     assert {name: sha for name, _, sha in table} == {
-        p.relative_to(tmp_path / "c").as_posix(): _file_sha256(p)
+        p.relative_to(tmp_path / "c").as_posix(): _file_digest(p)
         for p in (tmp_path / "c").rglob("*") if p.is_file() and p.name not in ("manifest.json", "files.json")}
     assert open_cache(tmp_path / "c").verify() == [] and m.count == man.count
 
@@ -106,13 +107,9 @@ def test_a_byte_outside_the_pixels_is_caught_by_verify(cache):
 def test_version_1_caches_still_read_and_verify(cache):
     """Format 1 kept the sha256 of an npy shard's pixel rows: such caches open, serve and verify with
     that meaning, and a flipped pixel is still named."""
-    path = cache / "manifest.json"
-    d = load_unsealed(path)
-    d["format_version"] = 1
-    for s in d["shards"]:
-        pixels = np.load(cache / s["file"])
-        s["sha256"] = hashlib.sha256(pixels).hexdigest()
-    path.write_text(json.dumps(d))
+    as_sha256_cache(cache, 1)
+    assert json.loads((cache / "manifest.json").read_text())["shards"][0]["sha256"] == hashlib.sha256(
+        np.load(cache / "images-00000.npy")).hexdigest()
     c = open_cache(cache)
     assert c.manifest.format_version == 1 and c.verify() == []
     assert np.array_equal(c.read([36, 5])[:, 0, 0, 0], [36, 5])

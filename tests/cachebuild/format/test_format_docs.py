@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tests.compact_fixtures import jpeg_index_cache
+from tests.legacy_caches import legacy_copy
 from tests.loaders_fixtures import make_cache
 from tests.repo import REPO
 
@@ -21,8 +22,24 @@ def _snippets() -> dict[str, str]:
     return {b.splitlines()[0].lstrip("# ").split(":")[0]: b for b in blocks}
 
 
-def test_the_doc_has_the_five_readers():
-    assert sorted(_snippets()) == ["jpeg", "numpy", "tensorstore", "xarray", "zarr-python"]
+def test_the_doc_has_the_five_readers_and_the_checksums():
+    assert sorted(_snippets()) == ["checksums", "jpeg", "numpy", "tensorstore", "xarray", "zarr-python"]
+
+
+@pytest.mark.parametrize("name", ["v4-npy", "v4-zarr", "v2-zarr", "v3-npy-columns"])
+def test_the_checksum_snippet_checks_every_file_of_every_version(tmp_path, name):
+    if name.startswith("v4"):
+        cache = make_cache(tmp_path / name, n=30, storage=name[3:], shard_size=8)[0]
+    else:
+        cache = legacy_copy(name, tmp_path / name)
+    snippet = compile(_snippets()["checksums"], "FORMAT.md:checksums", "exec")
+    exec(snippet, {"cache": str(cache)})
+    victim = sorted(p for p in cache.rglob("*") if p.is_file() and p.name not in ("manifest.json", "files.json"))[1]
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 1
+    victim.write_bytes(bytes(data))
+    with pytest.raises(AssertionError):  # it finds a flipped bit, as `cachebuild verify` does
+        exec(snippet, {"cache": str(cache)})
 
 
 @pytest.mark.parametrize("reader", ["numpy", "zarr-python", "tensorstore", "xarray", "jpeg"])

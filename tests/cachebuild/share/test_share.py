@@ -4,7 +4,6 @@ with nothing written outside the destination."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import xxhash
 from click.testing import CliRunner
 
 from cachebuild.cli import main
@@ -86,7 +86,7 @@ def test_a_flipped_byte_in_one_remote_object_is_caught_by_pull_and_verify(tmp_pa
 
     dest = tmp_path / "local" / "c"
     r = _cli("pull", url, dest, "--no-progress")
-    assert r.exit_code == 1 and victim in r.output and "sha256" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 1 and victim in r.output and "xxh3-128" in r.output and "Traceback" not in r.output
     assert not dest.exists()  # never looks complete
     staged = tree_bytes(tmp_path / "local" / "c.partial")
     expected = {k: v for k, v in tree_bytes(root).items() if k not in (victim, "manifest.json", "files.json")}
@@ -244,10 +244,10 @@ def test_pull_refuses_names_outside_the_cache_before_writing_anything(tmp_path, 
         m["shards"][0]["file"] = bad
     else:  # a table naming a file outside, with the manifest's checksum of the table made to match
         table = json.loads((root / "files.json").read_text())
-        table["files"].append([bad, 4, hashlib.sha256(b"evil").hexdigest()])
+        table["files"].append([bad, 4, xxhash.xxh3_128_hexdigest(b"evil")])
         data = json.dumps(table).encode()
         (root / "files.json").write_bytes(data)
-        m["files"].update(sha256=hashlib.sha256(data).hexdigest(), count=len(table["files"]))
+        m["files"].update(digest=xxhash.xxh3_128_hexdigest(data), count=len(table["files"]))
     (root / "manifest.json").write_text(json.dumps(m))
     before = _tree(tmp_path)
     r = _cli("pull", url, tmp_path / "out" / "c")

@@ -82,7 +82,7 @@ def test_same_pixels_and_labels_as_the_folder_tree(hf_set, folder_cache, tmp_pat
     assert view.failures[prov["null_label"]] == "no label (null)"
     assert view.manifest.classes == tuple(plan.classes) and open_cache(result.path).verify() == []
     one = build(plan, tmp_path / "hf1", BuildOptions(size=SIZE, jobs=1, block_size=8))
-    assert [s.sha256 for s in read_manifest(one.path).shards] == [s.sha256 for s in view.manifest.shards]
+    assert [s.digest for s in read_manifest(one.path).shards] == [s.digest for s in view.manifest.shards]
 
 
 def test_a_row_group_is_read_once_per_block(hf_set, monkeypatch):
@@ -193,7 +193,7 @@ def test_http_glob_and_s3_prefix_give_the_local_cache(hf_set, http_server, s3, t
     server.clear()
     close_handles()
     got = read_manifest(build(plan, tmp_path / "http", opts).path)
-    assert [s.sha256 for s in got.shards] == [s.sha256 for s in local.shards] and got.failures == local.failures
+    assert [s.digest for s in got.shards] == [s.digest for s in local.shards] and got.failures == local.failures
     assert all(r.status == 206 for r in server.log.matching("GET")) and server.log.bytes() < 2 * total
     for f in hf_set["files"]:
         s3.fs.put_file(str(f), s3.url(f"imagenet-1k/data/{f.name}"))
@@ -201,5 +201,5 @@ def test_http_glob_and_s3_prefix_give_the_local_cache(hf_set, http_server, s3, t
     assert plan.dataset == "imagenet-1k" and plan.classes == parquet_plan(_data(hf_set)).classes
     s3.log.clear()
     got = read_manifest(build(plan, tmp_path / "s3", opts).path)
-    assert [s.sha256 for s in got.shards] == [s.sha256 for s in local.shards]
+    assert [s.digest for s in got.shards] == [s.digest for s in local.shards]
     assert s3.log.bytes() < 2 * total

@@ -131,7 +131,7 @@ def stalling_server(wds_set) -> Iterator[_StallingServer]:
 
 
 def _shard_hashes(path: Path) -> list[str]:
-    return [s.sha256 for s in read_manifest(path).shards]
+    return [s.digest for s in read_manifest(path).shards]
 
 
 def test_a_source_read_stalled_mid_body_gives_up_after_cachebuild_http_timeout(wds_set, stalling_server, tmp_path,

@@ -129,7 +129,7 @@ def test_jobs_do_not_change_a_byte_and_resume_skips_finished_blocks(wds_set, tmp
     a = build(plan, tmp_path / "j1", BuildOptions(size=SIZE, jobs=1, block_size=8))
     b = build(plan, tmp_path / "j2", BuildOptions(size=SIZE, jobs=2, block_size=8))
     ma, mb = read_manifest(a.path), read_manifest(b.path)
-    assert [s.sha256 for s in ma.shards] == [s.sha256 for s in mb.shards]
+    assert [s.digest for s in ma.shards] == [s.digest for s in mb.shards]
     for name in ("labels", "sizes", "paths"):
         assert (a.path / ma.arrays[name].file).read_bytes() == (b.path / mb.arrays[name].file).read_bytes()
     assert ma.failures == mb.failures
@@ -301,7 +301,7 @@ def test_http_shards_give_the_local_cache_reading_by_range(wds_set, http_server,
     server.clear()
     remote = build(plan, tmp_path / "remote", BuildOptions(size=SIZE, jobs=1, block_size=16))
     ml, mr = read_manifest(local.path), read_manifest(remote.path)
-    assert [s.sha256 for s in ml.shards] == [s.sha256 for s in mr.shards] and ml.failures == mr.failures
+    assert [s.digest for s in ml.shards] == [s.digest for s in mr.shards] and ml.failures == mr.failures
     assert mr.source["root"] == plan.root
     gets = server.log.matching("GET")
     total = sum(s.stat().st_size for s in wds_set["shards"])
@@ -319,12 +319,12 @@ def test_http_faults_retry_then_stop_and_resume(wds_set, http_server, tmp_path, 
     url = f"{server.url}/imagenet1k-train-{{0000..{len(wds_set['shards']) - 1:04d}}}.tar"
     plan = wds_plan(url)
     ref = build(wds_plan(wds_set["pattern"]), tmp_path / "ref", BuildOptions(size=SIZE, jobs=1, block_size=8))
-    ref_shards = [s.sha256 for s in read_manifest(ref.path).shards]
+    ref_shards = [s.digest for s in read_manifest(ref.path).shards]
     server.clear()
     server.fail("imagenet1k-train-0002.tar", "drop", times=1)  # a dropped connection is retried
     server.fail("imagenet1k-train-0003.tar", 503, times=1)  # so is a server error
     ok = build(plan, tmp_path / "ok", BuildOptions(size=SIZE, jobs=1, block_size=8))
-    assert [s.sha256 for s in read_manifest(ok.path).shards] == ref_shards
+    assert [s.digest for s in read_manifest(ok.path).shards] == ref_shards
     assert server.log.matching("GET", "/imagenet1k-train-0003.tar")[0].status == 503
     assert server.log.matching("GET", "/imagenet1k-train-0002.tar")[0].bytes_sent > 0  # cut mid-body
     server.fail("imagenet1k-train-0004.tar", 503, times=None)  # a server that keeps failing stops the build
@@ -339,7 +339,7 @@ def test_http_faults_retry_then_stop_and_resume(wds_set, http_server, tmp_path, 
                                   "--no-progress", "-v"])
     assert r.exit_code == 0, r.output
     assert "resuming" in r.output
-    assert [s.sha256 for s in read_manifest(out / "train").shards] == ref_shards
+    assert [s.digest for s in read_manifest(out / "train").shards] == ref_shards
 
 
 def test_url_errors_are_one_line(wds_set, http_server, tmp_path):
@@ -368,8 +368,8 @@ def test_s3_prefix_gives_the_local_cache(wds_set, s3, tmp_path):
     s3.log.clear()
     remote = build(plan, tmp_path / "remote", BuildOptions(size=SIZE, jobs=1, block_size=16))
     local = build(wds_plan(wds_set["pattern"]), tmp_path / "local", BuildOptions(size=SIZE, jobs=1, block_size=16))
-    assert [s.sha256 for s in read_manifest(remote.path).shards] == \
-        [s.sha256 for s in read_manifest(local.path).shards]
+    assert [s.digest for s in read_manifest(remote.path).shards] == \
+        [s.digest for s in read_manifest(local.path).shards]
     gets = s3.log.matching("GET")
     assert gets and all(r.range is not None for r in gets)
     assert s3.log.bytes() < 2 * sum(s.stat().st_size for s in wds_set["shards"])
@@ -390,4 +390,4 @@ def test_cli_builds_url_shards_on_a_dask_cluster(wds_set, http_server, tmp_path)
                  *common, "-v")
     assert r.returncode == 0, r.stderr
     ref, got = read_manifest(tmp_path / "local" / "train"), read_manifest(tmp_path / "dask" / "train")
-    assert [s.sha256 for s in ref.shards] == [s.sha256 for s in got.shards] and ref.failures == got.failures
+    assert [s.digest for s in ref.shards] == [s.digest for s in got.shards] and ref.failures == got.failures

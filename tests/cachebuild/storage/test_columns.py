@@ -1,4 +1,4 @@
-"""Columns (format version 3): added and removed without touching a pixel, atomically, refused clearly when
+"""Columns (format version 3, or 4): added and removed without touching a pixel, atomically, refused clearly when
 wrong, carried by verify / pull / push / ls, read at a URL, and refused cleanly by a reader of version 2."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from cachebuild.storage.cache import columns as cols
 from cachebuild.storage.cache.columns import add_column, remove_column
 from cachebuild.storage.cache.reader import open_cache, read_manifest
 from loaders.dataset import CachedImageDataset, DatasetOptions
+from tests.legacy_caches import as_sha256_cache
 from tests.loaders_fixtures import make_cache
 from tests.trees import tree_bytes
 
@@ -34,16 +35,22 @@ def _pixels_and_arrays(folder: Path) -> dict[str, bytes]:
     return {k: v for k, v in tree_bytes(folder).items() if not k.startswith("columns/") and k != "manifest.json"}
 
 
-def test_add_ls_rm_never_touch_pixels_and_version_follows_the_columns(cache: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("old", [False, True])
+def test_add_ls_rm_never_touch_pixels_and_version_follows_the_columns(cache: Path, tmp_path: Path, old: bool) -> None:
+    """A sha256 cache (format 2, as the previous release wrote it) is 3 with columns and 2 without; a version 4
+    cache stays 4."""
+    if old:
+        as_sha256_cache(cache, 2)
+    plain_version, columns_version = (2, 3) if old else (4, 4)
     before = _pixels_and_arrays(cache)
     plain = (cache / "manifest.json").read_bytes()
-    assert b'"columns"' not in plain and read_manifest(cache).format_version == spec.PLAIN_VERSION == 2
+    assert b'"columns"' not in plain and read_manifest(cache).format_version == plain_version
     soft = np.random.default_rng(0).random((20, 5)).astype(np.float32)
     np.save(tmp_path / "soft.npy", soft)
     res = _cli("columns", "add", cache, "soft", tmp_path / "soft.npy")
     assert res.exit_code == 0, res.output
     m = read_manifest(cache)
-    assert m.format_version == spec.COLUMNS_VERSION == 3 and m.columns["soft"].shape == (20, 5)
+    assert m.format_version == columns_version and m.columns["soft"].shape == (20, 5)
     np.testing.assert_array_equal(open_cache(cache).column("soft"), soft)
     assert _pixels_and_arrays(cache) == before  # not one byte of pixels, labels, paths or the file table
     ls = _cli("columns", "ls", cache, "--json")
@@ -52,8 +59,8 @@ def test_add_ls_rm_never_touch_pixels_and_version_follows_the_columns(cache: Pat
     assert "soft" in _cli("ls", cache.parent).output  # the COLUMNS column of `cachebuild ls`
     assert _cli("columns", "rm", cache, "soft").exit_code == 0
     m = read_manifest(cache)
-    assert not m.columns and m.format_version == 2 and not (cache / "columns").exists()  # no reader held it
-    assert b'"columns"' not in (cache / "manifest.json").read_bytes()
+    assert not m.columns and m.format_version == plain_version and not (cache / "columns").exists()  # no reader
+    assert (cache / "manifest.json").read_bytes() == plain  # held it: the manifest it had, byte for byte
 
 
 def test_csv_and_json_keyed_by_source_path_land_in_sample_order(cache: Path, tmp_path: Path) -> None:
@@ -156,8 +163,9 @@ def test_a_force_rebuild_may_replace_a_cache_with_columns(cache: Path, tmp_path:
 def test_a_reader_of_version_2_refuses_a_cache_with_columns_by_name(cache: Path, tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     np.save(tmp_path / "a.npy", np.arange(20))
+    as_sha256_cache(cache, 2)  # a column makes it 3 (a version 4 cache stays 4, refused by version all the same)
     add_column(cache, "a", tmp_path / "a.npy")
-    monkeypatch.setattr(spec, "READ_VERSIONS", (1, 2))  # the previous release
+    monkeypatch.setattr(spec, "READ_VERSIONS", (1, 2))  # the release before columns
     with pytest.raises(UnsupportedFormatError, match=r"version 3 is not supported: this cachebuild reads "
                                                      r"versions 1, 2"):
         read_manifest(cache)
@@ -237,11 +245,7 @@ def test_the_format_docs_column_snippet_reads_a_column_without_cachebuild(cache:
 
 def test_a_version_1_cache_is_refused_with_the_fix(cache: Path, tmp_path: Path) -> None:
     """Version 3 is version 2 plus columns: a version 1 cache (another npy checksum meaning) is rebuilt first."""
-    from tests.manifest_edits import load_unsealed
-
-    d = load_unsealed(cache / "manifest.json")
-    d["format_version"] = 1
-    (cache / "manifest.json").write_text(json.dumps(d))
+    as_sha256_cache(cache, 1)
     np.save(tmp_path / "a.npy", np.arange(20))
     res = _cli("columns", "add", cache, "a", tmp_path / "a.npy")
     assert res.exit_code == 1 and "format version 1 cache; rebuild it with this release" in res.output

@@ -4,7 +4,6 @@ for their readers)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil
@@ -12,9 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import xxhash
 from torch.utils.data import DataLoader
 
 from cachebuild.errors import CacheCorruptError, CacheExistsError, UnsupportedFormatError
+from cachebuild.format.digests import BUILD
 from cachebuild.storage import Backend, ImageStore, get_backend, register_backend
 from cachebuild.storage.cache.reader import open_cache
 from cachebuild.storage.cache.writer import write_cache
@@ -43,18 +44,18 @@ class _RawImages(ImageStore):
         for s in self.manifest.shards:
             buf = np.empty((s.count, *self.manifest.shape), np.uint8)
             self.rows.gather(np.arange(s.start, s.start + s.count), buf)
-            if hashlib.sha256(buf).hexdigest() != s.sha256:
+            if self.manifest.digest.of(buf) != s.digest:  # the manifest's algorithm (format.digests)
                 bad.append(s.file)
         return bad
 
 
 class _RawSink:
-    """One block's rows appended to its file; the sha256 covers the pixels (= the file)."""
+    """One block's rows appended to its file; the digest (the build's algorithm) covers the pixels (= the file)."""
 
     stored_bytes = None
 
     def __init__(self, path, sample_shape):
-        self.path, self.file, self.digest = path, path.open("wb"), hashlib.sha256()
+        self.path, self.file, self.digest = path, path.open("wb"), BUILD.new()
         self.slot = np.empty(sample_shape, np.uint8)
 
     def next_slot(self):
@@ -133,7 +134,7 @@ def test_write_cache_writes_the_files_a_build_writes(tmp_path):
     assert [(s.file, s.start, s.count) for s in m.shards] == [
         ("images-00000.npy", 0, 4), ("images-00001.npy", 4, 4), ("images-00002.npy", 8, 2)]
     for s in m.shards:
-        assert hashlib.sha256((tmp_path / "c" / s.file).read_bytes()).hexdigest() == s.sha256
+        assert xxhash.xxh3_128_hexdigest((tmp_path / "c" / s.file).read_bytes()) == s.digest
         assert np.array_equal(np.load(tmp_path / "c" / s.file), images[s.start : s.start + s.count])
 
 

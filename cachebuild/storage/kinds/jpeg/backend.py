@@ -3,7 +3,7 @@
 Write side: a worker's block becomes one shard ``images-NNNNN.jpegs`` (layout in
 :mod:`~cachebuild.storage.kinds.jpeg.payloads`): each committed slot (resized exactly as for raw caches) is
 encoded (:mod:`~cachebuild.storage.kinds.jpeg.codec`) and kept in memory (~20 MB a block at 224 px), and the
-shard is written when the block closes, under a temporary name. The manifest's per-shard ``sha256`` covers
+shard is written when the block closes, under a temporary name. The manifest's per-shard digest covers
 every byte of the shard file (index and payloads), so ``verify`` needs no decode and finds any flipped
 byte; each sample's crc32 in the index is checked before every decode, so a damaged sample is an error
 naming it at read time, never a silently wrong image.
@@ -30,6 +30,7 @@ import numpy as np
 
 from cachebuild.atomic import AtomicFile
 from cachebuild.errors import CacheCorruptError, OptionError, RemoteError
+from cachebuild.format.digests import BUILD
 from cachebuild.settings import settings
 from cachebuild.storage.kinds.base import (
     Backend,
@@ -37,8 +38,8 @@ from cachebuild.storage.kinds.base import (
     ImageStore,
     StorageParams,
     adopt_file,
+    digest_of_file,
     one_file_per_block,
-    sha256_of_file,
 )
 from cachebuild.storage.kinds.jpeg import codec
 from cachebuild.storage.kinds.jpeg.payloads import PayloadFiles, ShardIndex, index_bytes, parse_index, write_shard
@@ -120,9 +121,9 @@ class JpegShardSink:
 
     def close(self) -> tuple[str, str]:
         with AtomicFile(self.path) as f:
-            sha, size = write_shard(f.file, self.payloads, self.crcs)
+            digest, size = write_shard(f.file, self.payloads, self.crcs, BUILD)
         self.stored_bytes = size
-        return self.path.name, sha
+        return self.path.name, digest
 
 
 class JpegImages(ImageStore):
@@ -220,15 +221,16 @@ class JpegImages(ImageStore):
     # ------------------------------------------------------------ verify
     def verify(self, shards: Collection[int] | None = None) -> list[str]:
         problems = []
+        algorithm = self.manifest.digest
         for s, shard in zip(self.manifest.shards, self.files.shards, strict=True):
             if shards is not None and s.start not in shards:
                 continue
             try:
-                sha = sha256_of_file(self.location, s.file, shard.size)
+                got = digest_of_file(self.location, s.file, shard.size, algorithm)
             except (OSError, CacheCorruptError) as e:
                 problems.append(f"{s.file}: {e}")
                 continue
-            if sha == s.sha256:
+            if got == s.digest:
                 continue
             bad = self._bad_samples(s.file, shard)
             where = (f"samples {', '.join(map(str, bad[:5]))}{' ...' if len(bad) > 5 else ''} fail their crc32"
@@ -246,7 +248,7 @@ class JpegImages(ImageStore):
 
 class JpegBackend(Backend):
     name = "jpeg"
-    shard_sha256_is_file = True
+    shard_digest_is_file = True
     adopts_shards = True
     staging_names = r"images-\d+\.jpegs(\.tmp)?"  # payload shards and AtomicFile's temporaries
     codec = "jpeg"

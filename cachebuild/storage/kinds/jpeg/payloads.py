@@ -17,7 +17,6 @@ coalesced), fetched concurrently through the location, optionally through a loca
 
 from __future__ import annotations
 
-import hashlib
 import io
 import mmap
 import os
@@ -28,6 +27,7 @@ from typing import IO, Any
 import numpy as np
 
 from cachebuild.errors import CacheCorruptError
+from cachebuild.format.digests import Digest
 from cachebuild.storage.kinds.rows import NPY_HEADER_ERRORS, ShardHandles
 from cachebuild.storage.locations import Location
 from cachebuild.storage.remote.block_cache import BlockCache
@@ -48,11 +48,11 @@ def _header(dtype: np.dtype, n: int) -> bytes:
     return buf.getvalue()
 
 
-def write_shard(f: IO[bytes], payloads: Sequence[bytes], crcs: Sequence[int]) -> tuple[str, int]:
-    """Write one shard (see the module doc) to ``f``; returns (sha256 of every byte written, size)."""
+def write_shard(f: IO[bytes], payloads: Sequence[bytes], crcs: Sequence[int], algorithm: Digest) -> tuple[str, int]:
+    """Write one shard (see the module doc) to ``f``; returns (``algorithm``'s digest of every byte written, size)."""
     offsets = np.zeros(len(payloads) + 1, dtype=_OFFSETS)
     np.cumsum([len(p) for p in payloads], out=offsets[1:])
-    h = hashlib.sha256()
+    h = algorithm.new()
     size = 0
     parts: list[bytes | memoryview] = [
         _header(_OFFSETS, len(offsets)), offsets.tobytes(),

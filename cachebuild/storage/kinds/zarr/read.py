@@ -15,7 +15,6 @@ is a ``CacheChangedError``; never another cache's pixels.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 from collections.abc import Collection
@@ -271,7 +270,7 @@ class ZarrImages(ImageStore):
         for s in self.manifest.shards:
             if shards is not None and s.start not in shards:
                 continue
-            h = hashlib.sha256()
+            h = self.manifest.digest.new()
             bad = None
             lo = s.start
             while lo < s.start + s.count and bad is None:
@@ -286,7 +285,7 @@ class ZarrImages(ImageStore):
                 lo = hi
             if bad is not None:
                 problems.append(bad)
-            elif h.hexdigest() != s.sha256:
+            elif h.hexdigest() != s.digest:
                 first, last = chunk_name(s.start // c), chunk_name((s.start + s.count - 1) // c)
                 chunks = first if first == last else f"{first} .. {last}"
                 problems.append(f"{s.file} samples [{s.start}, {s.start + s.count}) (chunks {chunks}): "

@@ -9,7 +9,6 @@ readable file (no copy at all when every file decoded).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -22,6 +21,7 @@ from joblib import Parallel, delayed
 
 from cachebuild.atomic import write_json_atomic
 from cachebuild.errors import CacheBuildError, OptionError
+from cachebuild.format.digests import BUILD
 from cachebuild.storage.kinds.base import BlockRecord
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ class ZarrChunkSink:
         chunks = max(1, ZARR_WRITE_BYTES // (chunk * int(np.prod(sample_shape))))
         self.buffer = np.empty((chunk * chunks, *sample_shape), dtype=np.uint8)
         self.pos, self.fill = start, 0
-        self.digest = hashlib.sha256()  # of the samples' pixels: zarr chunk files are not shards
+        self.digest = BUILD.new()  # of the samples' pixels: zarr chunk files are not shards
         self.stored_bytes: int | None = None  # raw pixels (compressed or not, the manifest counts pixels)
 
     def next_slot(self) -> np.ndarray:
@@ -164,7 +164,7 @@ def place_zarr_blocks(staging: Path, ordered: list[BlockRecord], count: int, pla
         if r.count:
             if r.start != pos:
                 moves.append((r.start, pos, r.count))
-            shards.append(ShardInfo(ZARR_NAME, pos, r.count, r.sha256))
+            shards.append(ShardInfo(ZARR_NAME, pos, r.count, r.digest))
             pos += r.count
     marker = staging / COMPACTING
     if count < planned and not marker.exists():  # an existing marker here is a finished one
