@@ -27,6 +27,8 @@ def run_n(r: Runner, n: int, src: Path) -> tuple[dict[str, Any], Path]:
     if "error" in res["build"]:
         return res, out
     res["build"]["img_per_s"] = n / res["build"]["seconds"]
+    if "cpu_seconds" in res["build"]:  # the machine's cost per image, which other sessions' load barely moves
+        res["build"]["cpu_us_per_img"] = 1e6 * res["build"]["cpu_seconds"] / n
     m = json.loads((out / "train" / "manifest.json").read_text())
     res["build"].update(count=m["count"], shards=len(m["shards"]), failures=len(m.get("failures", [])))
     if m["count"] != n:

@@ -33,6 +33,8 @@ def _cell(step: dict[str, Any] | None) -> str:
     extra = ""
     if "img_per_s" in step:
         extra = f", {step['img_per_s']:,.0f} img/s"
+        if "cpu_us_per_img" in step:
+            extra += f" ({step['cpu_us_per_img']:,.0f} us CPU/img)"
     elif "mb_per_s" in step:
         extra = f", {step['mb_per_s']:,.0f} MB/s"
     elif "over_plain" in step:

@@ -34,8 +34,25 @@ def peak_rss_self() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def cpu_seconds_of_tree() -> float:
+    """CPU seconds (user + system) of this process, of its children still alive (a build's loky workers stay
+    until exit) and of those it has reaped: what a step cost the machine, whatever else shares it."""
+    import psutil
+
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.Error:  # ended between the listing and the read: counted below once reaped
+            continue
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return total + reaped.ru_utime + reaped.ru_stime
+
+
 def run_cli(args: list[str]) -> dict[str, Any]:
-    """A cachebuild command in this process: its exit code, its time and the tail of its output."""
+    """A cachebuild command in this process: its exit code, its time, the CPU it and its workers used
+    (``cpu_seconds``, imports before the command included: the same at every N) and the tail of its output."""
     from cachebuild.cli import main as cli
 
     out = io.StringIO()
@@ -50,7 +67,8 @@ def run_cli(args: list[str]) -> dict[str, Any]:
             code = getattr(e, "exit_code", 1)
             print(f"{type(e).__name__}: {e}", file=out)
     seconds = time.perf_counter() - t0
-    return {"seconds": seconds, "exit_code": code, "output": out.getvalue()[-4000:]}
+    return {"seconds": seconds, "exit_code": code, "cpu_seconds": cpu_seconds_of_tree(),
+            "output": out.getvalue()[-4000:]}
 
 
 def run_plan(src: str, jobs: int) -> dict[str, Any]:
