@@ -7,9 +7,8 @@ the sharing commands live in ``cachebuild.share.cli``; more come from other pack
 from __future__ import annotations
 
 import json
-from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -18,6 +17,9 @@ from cachebuild.errors import CacheBuildError
 from cachebuild.share.cli import quick_verify, register
 from cachebuild.sources.registry import get_source, source_names
 
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
+
 __all__ = ["COMMAND_GROUP", "default_out", "main"]
 
 
@@ -25,6 +27,8 @@ COMMAND_GROUP = "cachebuild.commands"  # entry points: more `cachebuild` command
 
 
 def _command_entry_points() -> dict[str, EntryPoint]:
+    from importlib.metadata import entry_points  # ~25 ms: not on a build command's way to its workers
+
     return {ep.name: ep for ep in entry_points(group=COMMAND_GROUP)}
 
 

@@ -32,6 +32,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
+    a.src = a.src.resolve()  # the children run in each tree's folder
     here = Path(__file__).resolve().parents[2]
     work = Path(tempfile.mkdtemp(prefix="build-ab-"))
     n = sum(1 for f in a.src.rglob("*") if f.is_file())

@@ -32,9 +32,8 @@ from cachebuild.errors import (
 from cachebuild.storage.kinds.base import ImageStore
 from cachebuild.storage.kinds.rows import RowFiles, Segment
 from cachebuild.storage.kinds.zarr.write import ZARR_NAME
-from cachebuild.storage.locations import FsspecLocation, Location
+from cachebuild.storage.locations import Location
 from cachebuild.storage.remote.block_cache import BlockCache, BlockCacheFullError
-from cachebuild.storage.remote.retry import Budget, Exhausted, acall
 
 if TYPE_CHECKING:
     from zarr.abc.store import ByteRequest
@@ -120,6 +119,9 @@ def check_chunks(location: Location, manifest: Manifest, layout: ZarrLayout) -> 
 
 def _strict_store_class() -> type:
     from zarr.storage import WrapperStore
+
+    # the retry layer with it: a build that only lists this kind's names never imports it (issue 36)
+    from cachebuild.storage.remote.retry import Budget, Exhausted, acall
 
     class StrictStore(WrapperStore):
         """A zarr store that never serves a missing chunk as fill, retries transient failures and keeps
@@ -222,6 +224,8 @@ class ZarrImages(ImageStore):
             if self.location.is_local:
                 store: Any = LocalStore(self.location.local_path(ZARR_NAME), read_only=True)
             else:
+                from cachebuild.storage.locations.url import FsspecLocation
+
                 loc = self.location
                 opts = loc.fs_options() if isinstance(loc, FsspecLocation) else {}
                 store = FsspecStore.from_url(f"{loc.url}/{ZARR_NAME}", storage_options=opts, read_only=True)
