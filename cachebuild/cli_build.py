@@ -48,7 +48,7 @@ def _codecs() -> list[str]:
 
 def build_params() -> list[click.Option]:
     """The flags every build command shares. Those named as a ``BuildOptions`` field go to it as they are."""
-    from cachebuild.builder.options import COMPRESSIONS, DECODE_DEVICES, ON_ERROR, SUBSAMPLINGS, BuildOptions
+    from cachebuild.builder.options import COMPRESSIONS, DECODE_DEVICES, ON_ERROR, SUBSAMPLINGS, WORKERS, BuildOptions
     from cachebuild.builder.sample.geometry import FITS, INTERPOLATIONS
 
     default = {f.name: f.default for f in dataclasses.fields(BuildOptions)}
@@ -71,7 +71,10 @@ def build_params() -> list[click.Option]:
         choice("--interpolation", "interpolation", INTERPOLATIONS,
                "antialias: PIL/torchvision's antialiased bilinear from a 2x downscale on, OpenCV bilinear below "
                "(same filter within +-1); area/linear: OpenCV."),
-        count(["--jobs", "-j"], "jobs", int, "Worker processes (joblib); -1: all cores."),
+        count(["--jobs", "-j"], "jobs", int, "Parallel workers (joblib); -1: all cores."),
+        choice("--workers", "workers", WORKERS,
+               "What runs the --jobs blocks of a local CPU build: threads of this process (no start-up; the "
+               "decoders release the GIL), worker processes, or auto: threads for photo-sized sources."),
         click.Option(["--dask-scheduler"], metavar="ADDRESS", default=None,
                      help="Run the blocks on a Dask cluster (joblib's dask backend), e.g. tcp://host:8786; its "
                           "workers must see SRC and --out at the same paths. Needs cachebuild[dask]."),

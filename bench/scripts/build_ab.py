@@ -6,7 +6,8 @@ Each round runs the bare decoder (``bench.sections.build_child bare_decode --who
 build's DCT scales) and then ``cachebuild imagenet SRC --size S --jobs J`` timed as a whole process
 (``cachebuild_npy --whole-process``) once per tree, that tree's code on ``PYTHONPATH``: baseline and change
 alternate in the same run, and each build is read against the bare decode of its own round. Prints one
-JSON line per run and a summary (median ratio per tree) at the end.
+JSON line per run and a summary (median ratio per tree) at the end. Each tree builds once untimed first
+(bytecode compiled, page cache warm).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
     a.src = a.src.resolve()  # the children run in each tree's folder
+    load_start = os.getloadavg()[0]
     here = Path(__file__).resolve().parents[2]
     work = Path(tempfile.mkdtemp(prefix="build-ab-"))
     n = sum(1 for f in a.src.rglob("*") if f.is_file())
@@ -44,6 +46,11 @@ def main() -> None:
     ratios: dict[str, list[float]] = {str(t): [] for t in a.trees}
     rates: dict[str, list[float]] = {"bare": [], **{str(t): [] for t in a.trees}}
     try:
+        for t in a.trees:  # untimed: a fresh tree's first run compiles its bytecode (parent and workers)
+            run_child([sys.executable, "-m", "bench.sections.build_child", "cachebuild_npy", "--out",
+                       str(work / "warm"), *common], timeout=600, env={**os.environ, "PYTHONPATH": str(t.resolve())},
+                      cwd=str(t.resolve()))
+            shutil.rmtree(work / "warm", ignore_errors=True)
         for r in range(a.rounds):
             os.sync()
             env = {**os.environ, "PYTHONPATH": str(here)}
@@ -67,7 +74,7 @@ def main() -> None:
                                   "x_bare": round(rate / bare, 3)}), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps({"images": n, "load_avg_end": os.getloadavg()[0],
+    print(json.dumps({"images": n, "load_avg_start": load_start, "load_avg_end": os.getloadavg()[0],
                       "median_img_s": {k: round(statistics.median(v), 1) for k, v in rates.items()},
                       "median_x_bare": {k: round(statistics.median(v), 3) for k, v in ratios.items()}}), flush=True)
 

@@ -13,7 +13,8 @@ from cachebuild.storage import DEFAULT_STORAGE, backend_names, get_backend
 from cachebuild.storage.kinds.jpeg import codec as jpeg_codec
 from cachebuild.storage.kinds.zarr import write as zarr_write
 
-__all__ = ["COMPRESSIONS", "DECODE_DEVICES", "MAX_SIZE", "ON_ERROR", "SUBSAMPLINGS", "BuildOptions", "BuildResult"]
+__all__ = ["COMPRESSIONS", "DECODE_DEVICES", "MAX_SIZE", "ON_ERROR", "SUBSAMPLINGS", "WORKERS", "BuildOptions",
+           "BuildResult"]
 
 BLOCK_TARGET_BYTES = 64 << 20  # ~64 MB of pixels per block/shard: few files, tasks long enough to amortise
 MIN_BLOCKS = 64  # a plan of n files makes at least min(64, n / 64) blocks
@@ -22,6 +23,7 @@ COMPRESSIONS = zarr_write.COMPRESSIONS
 SUBSAMPLINGS = jpeg_codec.SUBSAMPLINGS
 DECODE_DEVICES = ("cpu", "cuda")
 ON_ERROR = ("skip", "fail")
+WORKERS = ("auto", "processes", "threads")  # what runs a local CPU build's --jobs blocks
 MAX_SIZE = 16384  # output side: one sample is then 768 MB
 
 
@@ -32,6 +34,7 @@ class BuildOptions:
     interpolation: str = "antialias"
     storage: str = DEFAULT_STORAGE
     jobs: int = -1
+    workers: str = "auto"  # "processes", "threads", or auto: the choice of cachebuild.builder.worker_kind
     block_size: int | None = None  # samples per block (= per npy shard); default from BLOCK_TARGET_BYTES
     chunk_size: int | None = None  # samples per chunk, for storage kinds that chunk (zarr)
     compression: str = "none"
@@ -55,6 +58,7 @@ class BuildOptions:
         parse_choice("interpolation", self.interpolation, INTERPOLATIONS)
         parse_choice("storage", self.storage, backend_names())
         parse_int("jobs", self.jobs, not_zero=True)
+        parse_choice("workers", self.workers, WORKERS)
         parse_int("block_size", self.block_size, 1, optional=True)
         parse_int("chunk_size", self.chunk_size, 1, optional=True)
         parse_choice("compression", self.compression, COMPRESSIONS)

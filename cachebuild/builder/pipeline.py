@@ -1,8 +1,8 @@
 """The build: a plan -> blocks of images -> joblib workers -> storage sinks -> manifest -> rename into place.
 
-Workers decode a block straight into the sink their storage backend gives them (``cachebuild.storage``:
-an npy shard of its own, or whole chunks of the zarr array), so the parent never holds pixels and memory
-stays flat. A block is finished when its record (``blocks/block-NNNNN.json``) exists; a killed build
+Workers (threads of this process for a local build of photos, else loky processes: ``worker_kind``) decode
+a block straight into the sink their storage backend gives them (``cachebuild.storage``: an npy shard of its
+own, or whole chunks of the zarr array), so the parent never holds pixels and memory stays flat. A block is finished when its record (``blocks/block-NNNNN.json``) exists; a killed build
 resumes by skipping those. Block boundaries depend only on the plan, so the arrays are byte-identical
 whatever ``--jobs`` is. After the last block the backend puts samples in their final places
 (``Backend.finish``), then the manifest is written and the staging folder renamed into place.
@@ -31,9 +31,10 @@ from cachebuild.builder.finish import finish
 from cachebuild.builder.locks import exclusive_lock
 from cachebuild.builder.options import COMPRESSIONS, MAX_SIZE, ON_ERROR, BuildOptions, BuildResult
 from cachebuild.builder.sample.geometry import TORCH_RESIZE_FROM, ResizeSpec
-from cachebuild.builder.small_plan import in_process, runs_in_process, update_runs_in_process
+from cachebuild.builder.small_plan import default_backend, in_process, runs_in_process, update_runs_in_process
 from cachebuild.builder.staging import build_key, check_destination, prepare_staging
 from cachebuild.builder.update import gc_paused, plan_reuse, racy_files, release_reader
+from cachebuild.builder.worker_kind import use_threads
 from cachebuild.errors import CacheBuildError
 from cachebuild.sources.plan import Plan, block_reader
 from cachebuild.storage import get_backend, is_url
@@ -130,6 +131,10 @@ def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
     to_decode = sum(min(n, lo + bs) - lo for _, lo in todo) - (0 if reuse is None else reuse.reused)
     torch_resize = (opts.decode_device == "cpu" and spec.interpolation == "antialias" and not inline
                     and to_decode >= TORCH_RESIZE_FROM * max(1, effective_n_jobs(jobs)))
+    pool = opts.decode_device == "cpu" and not inline and effective_n_jobs(jobs) > 1 and default_backend()
+    threads = use_threads(opts.workers, plan, pool=pool, torch_resize=torch_resize, update=reuse is not None,
+                          threaded_sinks=get_backend(opts.storage).threaded_sinks)
+    torch_resize = torch_resize and not threads  # threads never import torch into the caller (the same bytes)
     tasks = (
         delayed(run_block)(BlockTask(block_reader(plan.reader, lo, lo + bs), list(plan.keys[lo : lo + bs]), lo, b,
                                      spec, str(staging), opts.on_error, opts.storage, storage_params,
@@ -139,8 +144,9 @@ def _build_locked(plan: Plan, out: Path, opts: BuildOptions) -> BuildResult:
     )
     with gc_paused(inline and reuse is not None):  # an update copying in this process: no decode between records
         with _progress(n, sum(r.planned for r in done.values()), f"{plan.dataset}/{plan.split}",
-                       opts.progress) as bar, in_process(inline):
-            for rec in Parallel(n_jobs=1 if inline else jobs, return_as="generator_unordered")(tasks):
+                       opts.progress) as bar, in_process(inline or threads):
+            for rec in Parallel(n_jobs=1 if inline else jobs, prefer="threads" if threads else None,
+                                return_as="generator_unordered")(tasks):
                 records[rec.block] = rec
                 bar.update(rec.planned)
         release_reader()  # in-process blocks' reader of the cache being replaced: let it go before the commit

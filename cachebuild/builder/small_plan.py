@@ -26,15 +26,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from cachebuild.sources.plan import Plan
 
-__all__ = ["IN_PROCESS_COPY_BYTES", "IN_PROCESS_MAX", "IN_PROCESS_MAX_BYTES", "in_process", "runs_in_process",
-           "update_runs_in_process"]
+__all__ = ["IN_PROCESS_COPY_BYTES", "IN_PROCESS_MAX", "IN_PROCESS_MAX_BYTES", "default_backend", "in_process",
+           "runs_in_process", "update_runs_in_process"]
 
 IN_PROCESS_MAX = 1000  # planned files
 IN_PROCESS_MAX_BYTES = 32 << 20  # of source files: on one core about as long to decode as workers take to start
 IN_PROCESS_COPY_BYTES = 8 << 30  # of samples an update copies: hashed on one core in seconds
 
 
-def _default_backend() -> bool:
+def default_backend() -> bool:
     """True when joblib would use its default process backend (no ``parallel_config`` in force)."""
     from joblib.parallel import get_active_backend
 
@@ -46,7 +46,7 @@ def runs_in_process(jobs: int, plan: Plan) -> bool:
     """True for a small local plan at the default ``jobs`` (-1) under joblib's default backend."""
     from cachebuild.storage import is_url
 
-    if jobs != -1 or len(plan) > IN_PROCESS_MAX or is_url(str(plan.root)) or not _default_backend():
+    if jobs != -1 or len(plan) > IN_PROCESS_MAX or is_url(str(plan.root)) or not default_backend():
         return False
     return plan.file_stats is None or int(plan.file_stats[:, 0].clip(min=0).sum()) <= IN_PROCESS_MAX_BYTES
 
@@ -58,7 +58,7 @@ def update_runs_in_process(plan: Plan, decode: Any, copy_bytes: int) -> bool:
 
     todo = int(decode.sum())
     if todo > IN_PROCESS_MAX or copy_bytes > IN_PROCESS_COPY_BYTES or is_url(str(plan.root)) or \
-            not _default_backend():
+            not default_backend():
         return False
     return plan.file_stats is None or int(plan.file_stats[decode, 0].clip(min=0).sum()) <= IN_PROCESS_MAX_BYTES
 

@@ -47,7 +47,7 @@ def test_a_small_plan_is_built_here_with_the_bytes_of_any_build(imagenet_tree, t
     workers = build(plan, tmp_path / "b", BuildOptions(size=48, block_size=4, jobs=1))
     worker_log = tmp_path / "workers.log"
     two = build(dataclasses.replace(plan, reader=_PidReader(plan.reader, str(worker_log))), tmp_path / "c",
-                BuildOptions(size=48, block_size=4, jobs=2))
+                BuildOptions(size=48, block_size=4, jobs=2, workers="processes"))
     assert os.getpid() not in _pids(worker_log)
     # the CPU build's workers never import torch (its import was ~2 s of CPU a worker)
     assert {line.split()[1] for line in worker_log.read_text().splitlines()} == {"0"}
@@ -96,11 +96,11 @@ def test_workers_with_a_large_share_resize_with_torch_and_give_the_same_bytes(im
         get_reusable_executor().shutdown(wait=True)  # workers of earlier builds (and tests): start from new ones
         if name == "reused":  # ... which a build without torch starts, and the next build reuses
             monkeypatch.setattr(pipeline, "TORCH_RESIZE_FROM", 10**9)
-            build(plan, tmp_path / "warm", BuildOptions(size=24, block_size=4, jobs=2))
+            build(plan, tmp_path / "warm", BuildOptions(size=24, block_size=4, jobs=2, workers="processes"))
         monkeypatch.setattr(pipeline, "TORCH_RESIZE_FROM", threshold)
         log = tmp_path / f"{name}.log"
         done = build(dataclasses.replace(plan, reader=_PidReader(plan.reader, str(log))), tmp_path / name,
-                     BuildOptions(size=24, block_size=4, jobs=2))
+                     BuildOptions(size=24, block_size=4, jobs=2, workers="processes"))
         hashes[name] = [s.digest for s in read_manifest(done.path).shards]
         torch_in[name] = {line.split()[1] for line in log.read_text().splitlines()}
     get_reusable_executor().shutdown(wait=True)

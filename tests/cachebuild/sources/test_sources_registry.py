@@ -214,20 +214,20 @@ def test_options_refuse_values_outside_their_choices():
 
 
 def test_build_flags_take_their_defaults_and_choices_from_build_options(scratch_registries):
-    from cachebuild.builder.options import COMPRESSIONS, DECODE_DEVICES, ON_ERROR, SUBSAMPLINGS
+    from cachebuild.builder.options import COMPRESSIONS, DECODE_DEVICES, ON_ERROR, SUBSAMPLINGS, WORKERS
     from cachebuild.builder.sample.geometry import FITS
 
     defaults = {f.name: f.default for f in dataclasses.fields(BuildOptions)}
     params = {p.name: p for p in build_params()}
     shared = sorted(set(params) & set(defaults))
-    assert shared == sorted(["storage", "fit", "interpolation", "jobs", "block_size", "chunk_size", "compression",
-                             "quality", "subsampling", "decode_device", "on_error", "max_pixels", "force",
-                             "update", "summary", "lock_wait", "progress"])
+    assert shared == sorted(["storage", "fit", "interpolation", "jobs", "workers", "block_size", "chunk_size",
+                             "compression", "quality", "subsampling", "decode_device", "on_error", "max_pixels",
+                             "force", "update", "summary", "lock_wait", "progress"])
     assert {n: params[n].default for n in shared} == {n: defaults[n] for n in shared}
     choices = {n: list(getattr(params[n].type, "choices", [])) for n in shared}
     assert (choices["fit"], choices["compression"], choices["subsampling"], choices["decode_device"],
-            choices["on_error"]) == (list(FITS), list(COMPRESSIONS), list(SUBSAMPLINGS), list(DECODE_DEVICES),
-                                     list(ON_ERROR))
+            choices["on_error"], choices["workers"]) == (list(FITS), list(COMPRESSIONS), list(SUBSAMPLINGS),
+                                                         list(DECODE_DEVICES), list(ON_ERROR), list(WORKERS))
     assert choices["storage"] == list(storage.backend_names())
 
     class _Jpeg2(JpegBackend):
@@ -241,12 +241,12 @@ def test_build_flags_take_their_defaults_and_choices_from_build_options(scratch_
     assert list(codec.type.choices) == ["none", "jpeg", "jpeg2-test"]  # type: ignore[attr-defined]
 
 
-# The flags of every build command as the release before the registry listed them (`cachebuild X --help`).
-_BUILD = ["--out", "--format", "--fit", "--interpolation", "-j, --jobs", "--dask-scheduler", "--shard-size",
-          "--chunk-size", "--compression", "--codec", "--quality", "--subsampling", "--decode-device", "--on-error",
-          "--max-pixels", "--force", "--update", "--json", "--wait", "--progress / --no-progress", "-q, --quiet",
-          "-v, --verbose",
-          "-h, --help"]
+# The flags of every build command as the release before the registry listed them (`cachebuild X --help`),
+# with --workers since (issue 36).
+_BUILD = ["--out", "--format", "--fit", "--interpolation", "-j, --jobs", "--workers", "--dask-scheduler",
+          "--shard-size", "--chunk-size", "--compression", "--codec", "--quality", "--subsampling", "--decode-device",
+          "--on-error", "--max-pixels", "--force", "--update", "--json", "--wait", "--progress / --no-progress",
+          "-q, --quiet", "-v, --verbose", "-h, --help"]
 _FLAGS = {
     "imagenet": ["--split", "--size", *_BUILD],
     "cifar10": ["--split", "--size", *_BUILD],
