@@ -2,10 +2,11 @@
 
 Workers (threads of this process for a local build of photos, else loky processes: ``worker_kind``) decode
 a block straight into the sink their storage backend gives them (``cachebuild.storage``: an npy shard of its
-own, or whole chunks of the zarr array), so the parent never holds pixels and memory stays flat. A block is finished when its record (``blocks/block-NNNNN.json``) exists; a killed build
-resumes by skipping those. Block boundaries depend only on the plan, so the arrays are byte-identical
-whatever ``--jobs`` is. After the last block the backend puts samples in their final places
-(``Backend.finish``), then the manifest is written and the staging folder renamed into place.
+own, or whole chunks of the zarr array), so the parent never holds pixels and memory stays flat. A block is
+finished when its record (``blocks/block-NNNNN.json``) exists; a killed build resumes by skipping those.
+Block boundaries depend only on the plan, so the arrays are byte-identical whatever ``--jobs`` (or
+``--workers``) is. After the last block the backend puts samples in their final places (``Backend.finish``),
+then the manifest is written and the staging folder renamed into place.
 
 The steps, one module each: ``options`` (what is asked), ``staging`` (key, destination, resume),
 ``block`` (one block's work in a worker), ``finish`` (records -> manifest -> commit); this module runs them.
