@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from cachebuild.builder.pipeline import BuildOptions, build
-from cachebuild.builder.worker_kind import THREADS_FROM_BYTES, use_threads
+from cachebuild.builder.worker_kind import THREADS_FROM_BYTES, THREADS_MAX_FILES, use_threads
 from cachebuild.errors import OptionError
 from cachebuild.sources.imagenet import imagenet_plans
 from cachebuild.storage.cache.reader import read_manifest
@@ -50,6 +50,10 @@ def test_auto_takes_threads_for_photo_sized_files_only(imagenet_tree) -> None:
     assert not use_threads("auto", tiny, **common)  # 40-80 px crops: the per-file Python holds the GIL
     assert use_threads("threads", tiny, **common)  # asked for
     assert not use_threads("processes", plan, **common)
+    many = dataclasses.replace(plan, keys=[plan.keys[0]] * (THREADS_MAX_FILES + 1),
+                               file_stats=np.repeat(plan.file_stats[:1], THREADS_MAX_FILES + 1, axis=0))
+    assert not use_threads("auto", many, **common)  # a long build: the warm processes' 5% outweighs start-up
+    assert use_threads("threads", many, **common)
     assert not use_threads("auto", plan, **{**common, "pool": False})  # in-process, Dask or a GPU build
     assert not use_threads("threads", plan, **{**common, "pool": False})
     assert not use_threads("auto", plan, **{**common, "torch_resize": True})  # workers that import torch
