@@ -132,9 +132,12 @@ def build_command(kind: SourceKind) -> click.Command:
 
         def plans() -> list[Plan]:
             from cachebuild.sources.registry import plan_source
-            from cachebuild.sources.shards.plan import read_classes
 
-            classes = read_classes(classes_file) if classes_file is not None else None
+            classes = None
+            if classes_file is not None:  # (the shard sources' module: ~20 ms a folder build does not need)
+                from cachebuild.sources.shards.plan import read_classes
+
+                classes = read_classes(classes_file)
             return plan_source(kind.name, src, kind.options(**options), classes=classes, jobs=kw["jobs"])
 
         _run_builds(plans, size, **kw)

@@ -46,12 +46,27 @@ __all__ = ["COMPRESSIONS", "MAX_SIZE", "ON_ERROR", "BuildOptions", "BuildResult"
 log = logging.getLogger("cachebuild")
 
 
-def _progress(total: int, initial: int, desc: str, enabled: bool | None):
-    from tqdm import tqdm
+class _NoBar:
+    """The bar when there is none: no tqdm import (~30 ms of a build's start-up, issue 36)."""
 
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def update(self, n: int) -> None:
+        pass
+
+
+def _progress(total: int, initial: int, desc: str, enabled: bool | None):
     if enabled is None:
         enabled = sys.stderr.isatty()
-    return tqdm(total=total, initial=initial, desc=desc, unit="img", disable=not enabled, smoothing=0.1)
+    if not enabled:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit="img", smoothing=0.1)
 
 
 @contextlib.contextmanager

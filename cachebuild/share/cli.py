@@ -1,5 +1,5 @@
 """The sharing commands of the ``cachebuild`` CLI: ``pull``, ``push``, ``status``, ``ls``. Parse, call the
-library, print; registered on the main group by ``cachebuild.cli``."""
+library, print; loaded by ``cachebuild.cli`` when one of them is run."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import click
 from cachebuild.cli_common import WAIT, setup_logging
 from cachebuild.errors import CacheBuildError, TransferError
 
-__all__ = ["WAIT_OPTION", "quick_verify", "register"]
+__all__ = ["WAIT_OPTION", "commands", "quick_verify"]
 
 WAIT_OPTION = click.option("--wait", **WAIT)
 
@@ -146,8 +146,8 @@ def quick_verify(where: str) -> None:
     click.echo(f"{shown}: ok (quick: manifest, {report.headers_checked} headers{sizes}; pixels not re-hashed)")
 
 
-def register(group: Any) -> None:
+def commands() -> dict[str, click.Command]:
+    """The sharing commands by name, for the ``cachebuild`` group (``cachebuild.cli.SHARE_COMMANDS``)."""
     from cachebuild.share.columns import columns
 
-    for command in (pull, push, status, ls, columns):
-        group.add_command(command)
+    return {c.name or "": c for c in (pull, push, status, ls, columns)}
