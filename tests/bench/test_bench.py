@@ -448,3 +448,25 @@ def test_a_whole_process_row_starts_its_clock_at_the_process_start() -> None:
     after = time.time()
     started = float(done.stdout)
     assert before - 0.02 <= started <= after, (before, started, after)
+
+
+def test_the_stage_profile_times_every_stage_the_build_runs(tmp_path: Path) -> None:
+    """bench.scripts.build_stages wraps the build's own functions: every file passes the read and the decode
+    clocks (a renamed or no longer called stage would read 0 here), the stages and the rest add up to the
+    build, and the bare decoder ran on the same files."""
+    from cachebuild.samples.imagenet_layout import write_imagenet
+
+    write_imagenet(tmp_path / "src", n_classes=3, train_per_class=4, val_per_class=0, seed=1)
+    out = tmp_path / "stages.json"
+    r = subprocess.run([sys.executable, "-m", "bench.scripts.build_stages", "--src", str(tmp_path / "src"),
+                        "--size", "64", "--rounds", "1", "--json", str(out)], capture_output=True, text=True,
+                       timeout=120, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr
+    row = json.loads(out.read_text())["rounds"][0]
+    assert row["images"] == 12
+    for stage in ("read", "decode", "write_and_hash", "bare_decode"):
+        assert row[f"{stage}_ms"] > 0, stage
+    assert row["resize_bilinear_ms"] + row["resize_antialias_ms"] > 0
+    stages = sum(row[f"{k}_ms"] for k in ("read", "decode", "resize_bilinear", "resize_antialias", "write_and_hash"))
+    assert abs(stages + row["other_ms"] - row["build_ms"]) < 1e-9
+    assert 0 <= row["other_ms"] < row["build_ms"]
