@@ -114,6 +114,42 @@ def test_strided_sources_and_windows_of_any_layout(size: tuple[int, int]) -> Non
             assert (slot[~written] == 9).all()
 
 
+@pytest.mark.parametrize("rows", [1, aa_resize.TILE_ROWS - 1, aa_resize.TILE_ROWS, aa_resize.TILE_ROWS + 1,
+                                  3 * aa_resize.TILE_ROWS + 7])
+def test_the_width_pass_by_tiles_of_rows_gives_the_bytes_of_the_whole(rows: int) -> None:
+    """Tiles of rows in the width pass (the last one short, or the only one), in float32 and in int32, and the
+    work arrays of the previous, larger call reused: each the bytes of torch."""
+    rng = np.random.default_rng(rows)
+    big = rng.integers(0, 256, (4 * aa_resize.TILE_ROWS, 700, 3), dtype=np.uint8)
+    antialias_into(big, np.empty((50, 90, 3), np.uint8))  # leaves larger work arrays behind
+    for width, out_w in ((455, 97), (2300, 224)):  # ~4.7x: float32; ~10x: sums past 2^24, int32
+        src = rng.integers(0, 256, (rows + 2, width, 3), dtype=np.uint8)[1 : 1 + rows]
+        out_h = max(1, rows // 3)
+        got = np.empty((out_h, out_w, 3), np.uint8)
+        antialias_into(src, got)
+        assert np.array_equal(got, _torch(np.ascontiguousarray(src), out_h, out_w, (None, None))), (rows, width)
+
+
+def test_threads_resizing_at_once_each_get_their_own_bytes() -> None:
+    """The work arrays are per thread: two threads (as in a threaded build) resizing different images at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(5)
+    sources = [rng.integers(0, 256, (int(rng.integers(300, 700)), int(rng.integers(300, 700)), 3), dtype=np.uint8)
+               for _ in range(24)]
+
+    def resize(src: np.ndarray) -> np.ndarray:
+        out = np.empty((112, 112, 3), np.uint8)
+        for _ in range(3):
+            antialias_into(src, out)
+        return out
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(resize, sources))
+    for src, got in zip(sources, results, strict=True):
+        assert np.array_equal(got, _torch(src, 112, 112, (None, None)))
+
+
 def test_the_same_size_is_a_copy() -> None:
     src = np.random.default_rng(1).integers(0, 256, (20, 30, 3), dtype=np.uint8)
     out = np.empty_like(src)
