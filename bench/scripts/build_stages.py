@@ -124,7 +124,8 @@ def main() -> None:
         print(f"  {k:24s} {v:8.3f}")
     if a.json is not None:
         a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps({"load_avg_start": load_start, "rounds": rows, "median": med}, indent=1) + "\n")
+        doc = {"load_average_at_start": load_start, "rounds": rows, "median": med}
+        a.json.write_text(json.dumps(doc, indent=1) + "\n")
 
 
 if __name__ == "__main__":
