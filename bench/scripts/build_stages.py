@@ -5,10 +5,11 @@
 Each round builds ``SRC``'s train split (``cachebuild.builder.pipeline.build``, ``--jobs 1``: one thread, so
 the stage clocks add up to the build) with the build's own stage functions wrapped in timers: the file read,
 the JPEG decode, the bilinear resize (OpenCV), the antialiased resize (``aa_resize``, with its count of
-calls), the sink's write and hash. Then the bare decode (``cv2.imdecode`` of each file, read included, at the
-build's DCT scale) in the same process, the bench's baseline. The first round is a warm-up, left out (fresh
-memory made the sink's writes ~6x slower on the VM). Prints one JSON line per round and a table of medians;
-``--json PATH`` writes them. The whole-process A/B with two workers is ``bench.scripts.build_ab``.
+calls), the sink's write and hash. Then the bench's bare decoder (``bench.sections.build_child``:
+``cv2.imdecode`` of each file, read included, at the build's DCT scale) in the same process. The first
+round is a warm-up, left out (fresh memory made the sink's writes ~6x slower on the VM). Prints one JSON
+line per round and a table of medians; ``--json PATH`` writes them. The whole-process A/B with two
+workers is ``bench.scripts.build_ab``.
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 STAGES = {  # stage name -> (module, attribute) of the function whose time is that stage's
     "read": ("cachebuild.sources.plan", "FileReader.__call__"),
@@ -56,18 +55,6 @@ def _wrap(totals: dict[str, float], counts: dict[str, int]) -> None:
         setattr(owner, name, timed)
 
 
-def _bare(src: Path, keys: list[str], scales: list[int]) -> float:
-    import cv2
-
-    flags = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
-             8: cv2.IMREAD_REDUCED_COLOR_8}
-    t0 = time.perf_counter()
-    for key, r in zip(keys, scales, strict=True):
-        with open(src / key, "rb") as f:
-            cv2.imdecode(np.frombuffer(f.read(), np.uint8), flags[r])
-    return time.perf_counter() - t0
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--src", type=Path, required=True, help="an ILSVRC2012-layout tree (its train/ is built)")
@@ -78,24 +65,20 @@ def main() -> None:
 
     import cv2
 
+    from bench.sections.build_child import _decode_chunk, scales_file  # the bench's bare decoder and its scales
     from cachebuild.builder.pipeline import BuildOptions, build
-    from cachebuild.builder.sample.geometry import ResizeSpec, reduction
-    from cachebuild.builder.sample.probe import probe
     from cachebuild.sources.registry import get_source, plan_source
 
     cv2.setNumThreads(1)  # as in a build worker
     plan = next(p for p in plan_source("imagenet", a.src, get_source("imagenet").options(), classes=None, jobs=1)
                 if p.split == "train")
     root, keys = Path(plan.root), list(plan.keys)
-    spec = ResizeSpec(a.size)
-    scales = []
-    for key in keys:
-        h, w, fmt = probe((root / key).read_bytes(), spec.max_pixels)
-        scales.append(reduction(h, w, spec) if fmt == "JPEG" else 1)
+    out = Path(tempfile.mkdtemp(prefix="build-stages-")) / "c"
+    scales = json.loads(scales_file(root, a.size, out.parent / "scales.json").read_text())
+    bare_work = [(str(root / key), int(scales[str(root / key)])) for key in keys]
     totals: dict[str, float] = dict.fromkeys(STAGES, 0.0)
     counts: dict[str, int] = dict.fromkeys(STAGES, 0)
     _wrap(totals, counts)
-    out = Path(tempfile.mkdtemp(prefix="build-stages-")) / "c"
     load_start = os.getloadavg()[0]
     rows = []
     try:
@@ -105,7 +88,9 @@ def main() -> None:
                     d[k] = 0
             shutil.rmtree(out, ignore_errors=True)
             res = build(plan, out, BuildOptions(size=a.size, jobs=1, progress=False))
-            bare = _bare(root, keys, scales)
+            t0 = time.perf_counter()
+            _decode_chunk(bare_work)
+            bare = time.perf_counter() - t0
             n = len(keys)
             row = {"round": r, "images": n, "build_ms": res.seconds / n * 1e3, "bare_decode_ms": bare / n * 1e3,
                    **{f"{k}_ms": totals[k] / n * 1e3 for k in STAGES},

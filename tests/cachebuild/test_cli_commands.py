@@ -72,3 +72,16 @@ def test_build_commands_are_generated_from_the_sources_registry_on_demand() -> N
             "if m.startswith(('cachebuild.sources.', 'cachebuild.builder.pipeline'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), check=True)
     assert out.stdout.strip() == "['cachebuild.sources.kind', 'cachebuild.sources.plan', 'cachebuild.sources.registry']"
+
+
+def test_the_sharing_commands_named_for_lazy_loading_are_the_ones_share_defines() -> None:
+    """``cli.SHARE_COMMANDS`` lists the sharing commands without importing them (a build's start-up); it must
+    name exactly what ``cachebuild.share.cli.commands()`` gives, or a command would vanish from ``--help``."""
+    from cachebuild.share.cli import commands
+
+    assert sorted(cli.SHARE_COMMANDS) == sorted(commands())
+    runner = CliRunner()
+    listed = runner.invoke(cli.main, ["--help"]).output
+    for name in cli.SHARE_COMMANDS:
+        assert f"\n  {name} " in listed, name
+        assert runner.invoke(cli.main, [name, "--help"]).exit_code == 0, name

@@ -27,12 +27,13 @@ import importlib.machinery
 import importlib.util
 import math
 import sys
-import threading
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import cv2
 import numpy as np
+
+from cachebuild.builder.sample.buffers import thread_buffer
 
 __all__ = ["antialias_into"]
 
@@ -40,20 +41,12 @@ __all__ = ["antialias_into"]
 # source) stays in the core's cache through its conversion, product and rounding, where the whole image's
 # (~3 MB) did not; 32-64 rows were ~16% faster a call than untiled on the bench's photos (issue 36).
 TILE_ROWS = 48
-_SCRATCH = threading.local()  # each thread's float32 work arrays, reused: fresh ones were page-faulted each call
-_REUSE_BYTES = 32 << 20  # larger ones are allocated for the call: a rare giant keeps no memory
 
 
 def _scratch(name: str, rows: int, cols: int) -> np.ndarray:
-    """A (rows, cols) float32 work array of this thread's, its contents undefined."""
-    n = rows * cols
-    if n * 4 > _REUSE_BYTES:
-        return np.empty((rows, cols), np.float32)
-    buf = getattr(_SCRATCH, name, None)
-    if buf is None or buf.size < n:
-        buf = np.empty(max(n, 1 << 16), np.float32)
-        setattr(_SCRATCH, name, buf)
-    return buf[:n].reshape(rows, cols)
+    """A (rows, cols) float32 work array of this thread's (:mod:`~cachebuild.builder.sample.buffers`),
+    its contents undefined."""
+    return thread_buffer(f"aa_{name}", rows * cols, np.float32).reshape(rows, cols)
 
 
 def _scale(n_in: int, n_out: int, opt_scale: float | None) -> float:
@@ -199,9 +192,7 @@ def _width_pass(p: _Pass, rows: np.ndarray, c: int) -> np.ndarray:
         t = tile.shape[0]
         resampled = _apply(p, cv2.transpose(tile).reshape(p.n_in, c * t)).reshape(p.n_out * c, t)
         target = mid[y0 : y0 + t]  # whole rows of a C-contiguous array: contiguous, written in place
-        got = cv2.transpose(resampled, dst=target)
-        if got is not target:  # OpenCV allocated anew (not seen): copied in
-            target[...] = got
+        cv2.transpose(resampled, dst=target)
     return mid
 
 

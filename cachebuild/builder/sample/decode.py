@@ -15,13 +15,13 @@ from __future__ import annotations
 import io
 import math
 import sys
-import threading
 from typing import Any
 
 import cv2
 import numpy as np
 
 from cachebuild.builder.sample.aa_resize import antialias_into
+from cachebuild.builder.sample.buffers import thread_buffer
 from cachebuild.builder.sample.geometry import ANTIALIAS_FROM, Placement, ResizeSpec, crop_window, letterbox, reduction
 from cachebuild.builder.sample.probe import PIL_LIMIT_LOCK, probe
 from cachebuild.errors import DecodeError
@@ -178,10 +178,6 @@ def fit_into(img: np.ndarray, spec: ResizeSpec, out: np.ndarray) -> tuple[int, i
     return box
 
 
-_DECODED = threading.local()  # each thread's reused full-scale decode buffer
-_REUSE_BYTES = 32 << 20  # decodes larger than this get their own array: a rare giant keeps no memory
-
-
 def _turbo_rgb(data: bytes, h: int, w: int, r: int) -> np.ndarray | None:
     """RGB decode at DCT scale 1/``r`` through libjpeg-turbo's TurboJPEG API (simplejpeg) into a reused
     buffer, or None to leave the file to OpenCV. The same libjpeg-turbo decode as ``cv2.imdecode`` (islow
@@ -193,12 +189,7 @@ def _turbo_rgb(data: bytes, h: int, w: int, r: int) -> np.ndarray | None:
     import simplejpeg
 
     oh, ow = -(-h // r), -(-w // r)  # libjpeg's scaled output size: ceil
-    nbytes = oh * ow * 3
-    buf = None
-    if nbytes <= _REUSE_BYTES:
-        buf = getattr(_DECODED, "buf", None)
-        if buf is None or buf.size < nbytes:
-            buf = _DECODED.buf = np.empty(max(nbytes, 1 << 20), np.uint8)
+    buf = thread_buffer("decoded", oh * ow * 3, np.uint8)
     try:
         if r == 1:
             img = simplejpeg.decode_jpeg(data, "RGB", buffer=buf, strict=True)
