@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from cachebuild.errors import CacheNotFoundError
+from cachebuild.format import FORMAT_VERSION
 from cachebuild.sources.plan import Plan
 from cachebuild.sources.registry import recipe_of_old_cache, replan
 from cachebuild.storage import Location, open_location
@@ -45,6 +46,9 @@ class SourceStatus:
     examples: dict[str, list[str]] = field(default_factory=dict)
     source_digest: dict[str, str] = field(default_factory=dict)  # {"cache": ..., "source": ...}
     message: str = ""
+    # the manifest's format version: a cache up to date with its source but written by an older release reads,
+    # yet a build at its --out asks for --update (staging.existing_cache); say so here too
+    format_version: int | None = None
 
     @property
     def exit_code(self) -> int:
@@ -57,7 +61,8 @@ class SourceStatus:
         if self.status == "not a cache":
             return f"{self.cache}: not a cache ({self.message})"
         if self.status == "up to date":
-            return f"{self.cache}: up to date with {self.source} (source digest {self.source_digest['source'][:12]})"
+            line = f"{self.cache}: up to date with {self.source} (source digest {self.source_digest['source'][:12]})"
+            return line + self._older_format()
         parts = []
         if self.added is None:
             parts.append("the source changed (this cache records no per-file inputs to say which files)")
@@ -68,7 +73,13 @@ class SourceStatus:
         lines = [f"{self.cache}: stale: " + "; ".join(parts) + f" (source {self.source})"]
         for kind, names in self.examples.items():
             lines += [f"  {kind}: {n}" for n in names]
-        return "\n".join(lines)
+        return "\n".join(lines) + self._older_format()
+
+    def _older_format(self) -> str:
+        if self.format_version is None or self.format_version >= FORMAT_VERSION:
+            return ""
+        return (f"\n  written in format version {self.format_version} (this release writes {FORMAT_VERSION}): it reads "
+                f"as it is; a build with --update at its --out rewrites it in this format, reusing its samples")
 
 
 def _compare(old: SourceInputs, plan: Plan, stats: np.ndarray) -> tuple[dict[str, int], dict[str, list[str]]]:
@@ -115,11 +126,14 @@ def cache_status(cache: str | os.PathLike[str] | Location, source: str | os.Path
         plan = replan(recipe_of_old_cache(m.dataset, m.split), src, list(m.classes))
     digests = {"cache": str(m.source.get("fingerprint", "")), "source": plan.source_digest}
     if plan.source_digest == digests["cache"]:
-        return SourceStatus(shown, shown_src, "up to date", 0, 0, 0, source_digest=digests)
+        return SourceStatus(shown, shown_src, "up to date", 0, 0, 0, source_digest=digests,
+                            format_version=m.format_version)
     classes_changed = tuple(plan.classes) != tuple(m.classes)
     old = load_source_inputs(location, m)
     if old is None or plan.file_stats is None:
-        return SourceStatus(shown, shown_src, "stale", classes_changed=classes_changed, source_digest=digests)
+        return SourceStatus(shown, shown_src, "stale", classes_changed=classes_changed, source_digest=digests,
+                            format_version=m.format_version)
     counts, examples = _compare(old, plan, plan.file_stats)
     return SourceStatus(shown, shown_src, "stale", counts["added"], counts["removed"], counts["modified"],
-                        classes_changed=classes_changed, examples=examples, source_digest=digests)
+                        classes_changed=classes_changed, examples=examples, source_digest=digests,
+                        format_version=m.format_version)

@@ -68,6 +68,25 @@ def test_status_is_up_to_date_then_stale_after_add_remove_touch(built, monkeypat
     assert r.exit_code == 1 and "stale: 1 added, 1 removed, 1 modified" in r.output
 
 
+def test_status_says_when_an_up_to_date_cache_was_written_by_an_older_format(built, tmp_path):
+    """Up to date with its source, but a build at its --out asks for --update: status says that too, and
+    after the --update it no longer does."""
+    from tests.legacy_caches import as_sha256_cache
+
+    src, cache = built
+    assert "format version" not in _cli("status", cache, "--source", src).output
+    as_sha256_cache(cache, 3)
+    r = _cli("status", cache, "--source", src)
+    assert r.exit_code == 0 and "up to date" in r.output, r.output
+    assert "written in format version 3 (this release writes 4)" in r.output and "--update" in r.output
+    assert json.loads(_cli("status", cache, "--source", src, "--json").output)["format_version"] == 3
+    r = _cli("imagenet", src, "--split", "train", "--size", "16", "--out", tmp_path / "out", "-j", "1",
+             "--no-progress", "--update")
+    assert r.exit_code == 0, r.output
+    r = _cli("status", cache, "--source", src, "--json")
+    assert r.exit_code == 0 and json.loads(r.output)["format_version"] == 4, r.output
+
+
 def test_status_of_something_else_exits_2(built, tmp_path):
     src, cache = built
     (tmp_path / "empty").mkdir()
