@@ -44,19 +44,26 @@ def _procs(n: int) -> str:
     return f"{n} process" + ("es" if n != 1 else "")
 
 
-def own_contenders(src: Path, n: int, size: int, jobs: int, rounds: int, scales: Path) -> list[BuildContender]:
+def own_contenders(src: Path, n: int, size: int, jobs: int, rounds: int, scales: Path,
+                   goal: tuple[Path, int, Path] | None = None) -> list[BuildContender]:
+    """Our rows and the bare decoder's. ``goal``: (source tree, its file count, its scales file) for the two
+    whole-process rows, when they run on another set than the rest (``goal_n`` of the profile)."""
     def child(name: str, source: Path, *extra: str) -> Callable[[Path], list[str]]:
         return lambda out: [sys.executable, "-m", "bench.sections.build_child", name, "--src", str(source),
                             "--out", str(out), "--size", str(size), "--jobs", str(jobs), *extra]
 
     bare = ("--scales", str(scales))
+    goal_src, goal_n, goal_scales = goal if goal is not None else (src, n, scales)
+    on = "" if goal_n == n else f", {goal_n:,} photos"
     return [
         BuildContender("bare_decode", f"bare cv2.imdecode at the build's DCT scale, {_procs(jobs)} (the limit)",
                        child("bare_decode", src, *bare), n, rounds),
         BuildContender("bare_decode_process", f"bare cv2.imdecode at the build's DCT scale, {_procs(jobs)}, whole "
-                       "process (the limit)", child("bare_decode", src, *bare, "--whole-process"), n, rounds),
-        BuildContender("cachebuild_npy_process", f"`cachebuild imagenet --size S --jobs {jobs}`, whole process",
-                       child("cachebuild_npy", src, "--whole-process"), n, rounds),
+                       f"process{on} (the limit)",
+                       child("bare_decode", goal_src, "--scales", str(goal_scales), "--whole-process"), goal_n,
+                       rounds),
+        BuildContender("cachebuild_npy_process", f"`cachebuild imagenet --size S --jobs {jobs}`, whole process{on}",
+                       child("cachebuild_npy", goal_src, "--whole-process"), goal_n, rounds),
         BuildContender("naive_npy", "naive npy cache: 1 process imread+resize+np.save", child("naive_npy", src), n,
                        rounds),
         # --jobs, not processes: a local build of photos runs its blocks in threads (builder.worker_kind)
@@ -81,17 +88,22 @@ def _source_stats(src: Path) -> dict[str, Any]:
             "source_mean_hw": [round(sum(h for h, _ in hw) / len(hw)), round(sum(w for _, w in hw) / len(hw))]}
 
 
-def run_build(cfg: dict[str, Any], work: Path, src: Path, files_json: Path,
-              log: Callable[[str], None]) -> tuple[dict[str, Any], dict[str, Path]]:
-    """Returns (the section's results, {contender key: its last output}) ."""
+def run_build(cfg: dict[str, Any], work: Path, src: Path, files_json: Path, log: Callable[[str], None],
+              goal_src: Path | None = None) -> tuple[dict[str, Any], dict[str, Path]]:
+    """Returns (the section's results, {contender key: its last output}). ``goal_src``: the tree of
+    ``cfg["goal_n"]`` files the two whole-process rows build, where that is not ``src``."""
     n, size, jobs, rounds = cfg["n"], cfg["size"], cfg["jobs"], cfg["rounds"]
     from bench.sections.build_child import scales_file
 
-    contenders = own_contenders(src, n, size, jobs, rounds, scales_file(src, size, work / "decode-scales.json"))
+    goal = None
+    if goal_src is not None and goal_src != src:
+        goal = (goal_src, cfg["goal_n"], scales_file(goal_src, size, work / f"decode-scales-{cfg['goal_n']}.json"))
+    contenders = own_contenders(src, n, size, jobs, rounds, scales_file(src, size, work / "decode-scales.json"),
+                                goal)
     skipped: dict[str, str] = {}
     for p in peers.build_contenders(cfg, files_json, skipped):
         contenders.append(BuildContender(p["key"], p["label"], p["command"], n, min(rounds, cfg["peer_rounds"])))
-    for f in src.rglob("*"):  # the sources in the page cache for everyone
+    for f in [*src.rglob("*"), *(goal[0].rglob("*") if goal else ())]:  # the sources in the page cache for everyone
         if f.is_file():
             f.read_bytes()
     out_root = work / "build-out"
@@ -145,6 +157,7 @@ def run_build(cfg: dict[str, Any], work: Path, src: Path, files_json: Path,
     for key in ("cachebuild_npy", "cachebuild_zarr"):
         if key in rows and naive and len(naive) == len(runs[key]["img_s"]):
             rows[key]["x_naive"] = summary([a / b for a, b in zip(runs[key]["img_s"], naive, strict=True)], 3)
-    result = {"contenders": rows, "failed": failed, "skipped": skipped, "images": n, "size": size, "jobs": jobs,
+    result = {"contenders": rows, "failed": failed, "skipped": skipped, "images": n,
+              "whole_process_images": goal[1] if goal else n, "size": size, "jobs": jobs,
               "rounds": rounds, **_source_stats(src)}
     return result, outputs
