@@ -3,7 +3,8 @@
     python -m bench.sections.build_child CONTENDER --src TRAIN_DIR --out DIR --size S --jobs J [--whole-process]
 
 Prints one JSON line: ``seconds``, ``images``, ``bytes_written``. ``seconds`` is the timed part only: imports,
-the plan (cachebuild) and the warm-up of the worker pool come before it. With ``--whole-process`` it is the
+the plan (cachebuild) and the warm-up of what runs the blocks (the worker pool, or this process where the
+build runs them in its threads) come before it. With ``--whole-process`` it is the
 whole process instead, from its creation (interpreter start, imports, fresh workers' start-up, the plan) to
 its end: what ``time cachebuild imagenet SRC --size S --jobs J`` measures, and the contender runs exactly that
 command's code (cachebuild_npy only; bare_decode likewise pays its own start-up and its workers'). Contenders:
@@ -24,6 +25,7 @@ import multiprocessing
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -77,6 +79,30 @@ def _warm(sample: str, contender: str) -> int:
     if multiprocessing.parent_process() is not None:  # a pool worker: stay busy so every worker gets one
         time.sleep(0.2)
     return os.getpid()
+
+
+def _warm_build(plan: Any, sample: str, contender: str, jobs: int, storage: str) -> None:
+    """The warm-up of what will run the build's blocks, by the build's own rule (``worker_kind.use_threads``):
+    for threads this process itself (the decode modules imported, one sample decoded, torch not imported: a
+    threaded build never imports it, and its kernel would replace aa_resize), else the pool's worker processes.
+    A pool warmed for a threaded build was idle while the clock ran over the parent's first imports, and its
+    workers' torch counted in the row's memory."""
+    from cachebuild.builder.worker_kind import use_threads
+    from cachebuild.storage import get_backend
+
+    if jobs <= 1 or use_threads("auto", plan, pool=True, torch_resize=False, update=False,
+                                threaded_sinks=get_backend(storage).threaded_sinks):  # the blocks run here
+        import cv2
+
+        from cachebuild.builder.sample.decode import decode_into
+        from cachebuild.builder.sample.geometry import ResizeSpec
+
+        cv2.setNumThreads(1)
+        decode_into(Path(sample).read_bytes(), ResizeSpec(224), np.empty((224, 224, 3), np.uint8))
+    else:
+        from joblib import Parallel, delayed
+
+        Parallel(n_jobs=jobs)(delayed(_warm)(sample, contender) for _ in range(jobs * 2))
 
 
 def _decode_chunk(paths: list[tuple[str, int]]) -> int:
@@ -141,7 +167,7 @@ def main() -> None:
 
     files = _files(a.src)
     paths = [p for p, _ in files]
-    if a.contender != "naive_npy" and not a.whole_process:
+    if a.contender == "bare_decode" and not a.whole_process:
         Parallel(n_jobs=a.jobs)(delayed(_warm)(paths[0], a.contender) for _ in range(a.jobs * 2))
     written = 0
     if a.whole_process and a.contender != "bare_decode":
@@ -177,6 +203,7 @@ def main() -> None:
 
         plan = folder_plan(a.src, dataset="bench", split="train")
         storage = a.contender.rsplit("_", 1)[1]
+        _warm_build(plan, paths[0], a.contender, a.jobs, storage)
         t0 = time.perf_counter()
         r = build(plan, a.out, BuildOptions(size=a.size, jobs=a.jobs, storage=storage, progress=False))
         seconds = time.perf_counter() - t0
