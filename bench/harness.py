@@ -140,15 +140,17 @@ def _run_sections(cfg: dict[str, Any], res: dict[str, Any], work: Path, sections
     from bench.data import file_list, source_tree, subset_tree
     from bench.sections.build import run_build
 
+    def tree(n: int) -> Path:
+        return subset_tree(source_tree(work, n), n, work / f"set-{n}")
+
     log(f"source: {cfg['n']} real-photo JPEGs (made once in {work})")
-    src = subset_tree(source_tree(work, cfg["n"]), cfg["n"], work / f"set-{cfg['n']}")
+    src = tree(cfg["n"])
     files = file_list(src, work / f"files-{cfg['n']}.json")
     outputs: dict[str, Path] = {}
     if "build" in sections:
         goal_n = cfg.get("goal_n", cfg["n"])
-        goal_src = src if goal_n == cfg["n"] else subset_tree(source_tree(work, goal_n), goal_n, work / f"set-{goal_n}")
         log("== build" + ("" if goal_n == cfg["n"] else f" (whole-process rows on {goal_n} files)"))
-        res["build"], outputs = run_build(cfg, work, src, work / f"files-{cfg['n']}.json", log, goal_src)
+        res["build"], outputs = run_build(cfg, work, src, work / f"files-{cfg['n']}.json", log, tree(goal_n))
         save()
     elif set(sections) & {"load", "train", "gpu"}:  # their caches, built once and not reported
         log("== caches (the build section's contenders, one round, not reported)")

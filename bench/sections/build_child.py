@@ -54,9 +54,11 @@ def _files(src: Path) -> list[tuple[str, int]]:
     return [(str(f), k) for k, c in enumerate(classes) for f in sorted((src / c).iterdir())]
 
 
-def _warm(sample: str, contender: str) -> int:
-    """Worker start-up, excluded from the timing: what the contender's workers import, and the first call
-    of each kernel (the bare decoder imports OpenCV alone, so its memory is its own)."""
+def _warm(sample: str, contender: str, worker: bool = True) -> int:
+    """Start-up, excluded from the timing: what the contender's workers import, and the first call of each
+    kernel (the bare decoder imports OpenCV alone, so its memory is its own). ``worker=False``: the warm-up of
+    this process, where a threaded build runs its blocks: no torch (a threaded build never imports it, and its
+    kernel would replace aa_resize) and no worker set-up."""
     import cv2
 
     cv2.setNumThreads(1)
@@ -65,44 +67,43 @@ def _warm(sample: str, contender: str) -> int:
     if contender == "bare_decode":
         cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
     else:
-        import torch
-
-        from cachebuild.builder.block import _init_worker
         from cachebuild.builder.sample.decode import decode_into
         from cachebuild.builder.sample.geometry import ResizeSpec
 
         if contender == "cachebuild_zarr":
             import zarr  # noqa: F401
-        _init_worker()
-        torch.set_num_threads(1)
+        if worker:
+            import torch
+
+            from cachebuild.builder.block import _init_worker
+
+            _init_worker()
+            torch.set_num_threads(1)
         decode_into(data, ResizeSpec(224), np.empty((224, 224, 3), np.uint8))
     if multiprocessing.parent_process() is not None:  # a pool worker: stay busy so every worker gets one
         time.sleep(0.2)
     return os.getpid()
 
 
+def _warm_pool(sample: str, contender: str, jobs: int) -> None:
+    """:func:`_warm` in each of the ``jobs`` worker processes joblib's pool starts (twice as many tasks)."""
+    from joblib import Parallel, delayed
+
+    Parallel(n_jobs=jobs)(delayed(_warm)(sample, contender) for _ in range(jobs * 2))
+
+
 def _warm_build(plan: Any, sample: str, contender: str, jobs: int, storage: str) -> None:
     """The warm-up of what will run the build's blocks, by the build's own rule (``worker_kind.use_threads``):
-    for threads this process itself (the decode modules imported, one sample decoded, torch not imported: a
-    threaded build never imports it, and its kernel would replace aa_resize), else the pool's worker processes.
-    A pool warmed for a threaded build was idle while the clock ran over the parent's first imports, and its
-    workers' torch counted in the row's memory."""
+    this process for threads (or ``--jobs 1``), else the pool's worker processes. A pool warmed for a
+    threaded build was idle while the clock ran, and its workers' torch counted in the row's memory."""
     from cachebuild.builder.worker_kind import use_threads
     from cachebuild.storage import get_backend
 
     if jobs <= 1 or use_threads("auto", plan, pool=True, torch_resize=False, update=False,
                                 threaded_sinks=get_backend(storage).threaded_sinks):  # the blocks run here
-        import cv2
-
-        from cachebuild.builder.sample.decode import decode_into
-        from cachebuild.builder.sample.geometry import ResizeSpec
-
-        cv2.setNumThreads(1)
-        decode_into(Path(sample).read_bytes(), ResizeSpec(224), np.empty((224, 224, 3), np.uint8))
+        _warm(sample, contender, worker=False)
     else:
-        from joblib import Parallel, delayed
-
-        Parallel(n_jobs=jobs)(delayed(_warm)(sample, contender) for _ in range(jobs * 2))
+        _warm_pool(sample, contender, jobs)
 
 
 def _decode_chunk(paths: list[tuple[str, int]]) -> int:
@@ -168,7 +169,7 @@ def main() -> None:
     files = _files(a.src)
     paths = [p for p, _ in files]
     if a.contender == "bare_decode" and not a.whole_process:
-        Parallel(n_jobs=a.jobs)(delayed(_warm)(paths[0], a.contender) for _ in range(a.jobs * 2))
+        _warm_pool(paths[0], a.contender, a.jobs)
     written = 0
     if a.whole_process and a.contender != "bare_decode":
         written = _cli_build(a)
