@@ -498,3 +498,20 @@ def test_the_build_goal_rows_run_on_the_full_set_in_the_quick_profile(tmp_path: 
     res = {"build": {"contenders": {"cachebuild_npy_process": {"images": 5000,
                                                                "x_bare_decode": summary([0.73])}}}}
     assert goals(res)[0]["goal"].endswith("whole process, 5,000 photos") and goals(res)[0]["met"] is False
+
+
+def test_the_code_paths_trace_counts_what_a_build_and_a_read_run(tmp_path: Path) -> None:
+    """bench.scripts.code_paths traces a real build and a real read: the build ran the block and the decode of
+    a sample, the sample's way is a subset of the build's files, and the read opened the cache it built."""
+    out = tmp_path / "paths.json"
+    r = subprocess.run([sys.executable, "-m", "bench.scripts.code_paths", "--json", str(out)], capture_output=True,
+                       text=True, timeout=180, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr
+    got = json.loads(out.read_text())
+    build, sample, read = got["build"], got["sample"], got["read"]
+    assert set(sample["file_list"]) <= set(build["file_list"])
+    assert 1 <= sample["files"] < build["files"] and sample["depth"] < build["depth"]
+    assert any(f.startswith("loaders/") for f in read["file_list"])
+    assert any("manifest" in f for f in read["file_list"]) and any("manifest" in f for f in build["file_list"])
+    assert got["product"]["lines"] > 1000 and got["product"]["modules"] == len(
+        [p for name in ("cachebuild", "loaders") for p in (REPO / name).rglob("*.py")])
