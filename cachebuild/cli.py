@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from cachebuild.cli_build import build_command, default_out
+from cachebuild.cli_build import build_command
 from cachebuild.errors import CacheBuildError
 from cachebuild.sources.registry import get_source, source_names
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
 
-__all__ = ["COMMAND_GROUP", "default_out", "main"]
+__all__ = ["COMMAND_GROUP", "main"]
 
 
 COMMAND_GROUP = "cachebuild.commands"  # entry points: more `cachebuild` commands from other packages

@@ -98,14 +98,16 @@ def _parameter(d: Declared) -> click.Parameter:
     if flag.argument:
         return click.Argument([f.name], type=_type(d), required=required, metavar=flag.metavar,
                               callback=_checked(d))
-    name = flag.flag or "--" + f.name.replace("_", "-")
+    name, *short = (flag.flag or "--" + f.name.replace("_", "-")).split()  # "--quiet -q": a short spelling too
     common: dict[str, Any] = {"default": default, "help": flag.help, "hidden": flag.hidden,
                               "callback": _checked(d)}
     if d.kind is bool and flag.choices is None:
         if "/" not in name and (d.optional or default is not False):
             name = f"{name}/--no-{name[2:]}"  # a switch with an off spelling: --progress/--no-progress
-        return click.Option([name, f.name], is_flag=True, **common)
-    return click.Option([name, f.name], type=_type(d), required=required, show_default=flag.show_default,
+        return click.Option([name, *short, f.name], is_flag=True, **common)
+    if flag.bare is not None:  # a flag whose value may be left out: --wait [SECONDS]
+        common.update(is_flag=False, flag_value=flag.bare)
+    return click.Option([name, *short, f.name], type=_type(d), required=required, show_default=flag.show_default,
                         metavar=flag.metavar, **common)
 
 

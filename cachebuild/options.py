@@ -102,7 +102,7 @@ class Flag:
     """
 
     help: str | None
-    flag: str | None = None  # default: --field-name ("--x/--no-x" for a switch with an off spelling)
+    flag: str | None = None  # default: --field-name; "--x/--no-x": a switch with an off spelling; "--x -x": short
     metavar: str | None = None
     choices: Sequence[str] | None = None
     parse: Callable[[str], Any] | None = None  # the typed text to the value (ValueError: a bad value)
@@ -116,6 +116,7 @@ class Flag:
     exists: bool = False  # the command refuses a path that does not exist
     argument: bool = False  # a positional argument of the command (``metavar`` names it)
     hidden: bool = False  # not listed in --help (testing switches)
+    bare: Any = None  # the value of the flag given without one (``--wait`` alone: math.inf, as long as it takes)
 
 
 def option(default: Any, help: str | None, **cli: Any) -> Any:
@@ -157,6 +158,8 @@ class Declared:
         elif self.kind is int:
             parse_int(name, value, _whole(flag.min), _whole(flag.max))
         elif self.kind is float:
+            if value == math.inf and value == flag.bare:  # "forever", the bare flag's value
+                return
             parse_float(name, value, flag.min, flag.max, min_open=flag.min_open, max_open=flag.max_open)
         elif flag.path is not None:
             parse_path(name, value)

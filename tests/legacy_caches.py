@@ -92,5 +92,5 @@ def as_sha256_cache(folder: Path, version: int = 2) -> None:
         d["build"]["format_version"] = 2
         params = {k: v for k, v in d["build"].items() if k not in ("key", "on_error", "exif_orientation")}
         blob = json.dumps({"source": d["source"]["fingerprint"], "params": params}, sort_keys=True).encode()
-        d["build"]["key"] = _sha(blob)  # builder.staging.build_key, as that release computed it
+        d["build"]["key"] = _sha(blob)  # builder.options.build_key, as that release computed it
     path.write_bytes(seal(d))

@@ -36,7 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("cachebuild", "loaders")
 # The function of a block that runs the per-sample loop: every call beneath it is one sample's way to its slot
-SAMPLE_LOOP = ("_fill",)
+SAMPLE_LOOP = ("decode_run",)
 
 
 def product_lines() -> dict[str, int]:

@@ -2,7 +2,7 @@
 
 The reference is what an ``ImageFolder`` + ``Resize(S)`` + ``CenterCrop(S)`` pipeline serves: PIL's
 ``convert("RGB")``, then its antialiased bilinear resize and centre crop. cachebuild's decode (the function
-its build workers call, ``cachebuild.builder.sample.decode.decode_into``, ``--fit crop``) is measured twice: as built by
+its build workers call, ``cachebuild.builder.sample.decode_into``, ``--fit crop``) is measured twice: as built by
 default (JPEGs at least 4x the target decoded DCT-reduced first) and with ``reduced_decode=False`` (every
 JPEG decoded at full scale), so the cost of the reduced decode shows in the same run. One process, no
 timing: these are properties of the pixels.
@@ -24,9 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from cachebuild.builder.sample.decode import decode_into  # noqa: E402
-from cachebuild.builder.sample.geometry import ResizeSpec, reduction  # noqa: E402
-from cachebuild.builder.sample.probe import probe  # noqa: E402
+from cachebuild.builder.sample import ResizeSpec, decode_into, probe, reduction  # noqa: E402
 
 __all__ = ["main", "psnr"]
 

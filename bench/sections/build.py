@@ -66,7 +66,7 @@ def own_contenders(src: Path, n: int, size: int, jobs: int, rounds: int, scales:
                        child("cachebuild_npy", goal_src, "--whole-process"), goal_n, rounds),
         BuildContender("naive_npy", "naive npy cache: 1 process imread+resize+np.save", child("naive_npy", src), n,
                        rounds),
-        # --jobs, not processes: a local build of photos runs its blocks in threads (builder.worker_kind)
+        # --jobs, not processes: a local build runs its blocks in threads (builder.pipeline._prefer)
         BuildContender("cachebuild_npy", f"cachebuild npy, --jobs {jobs}", child("cachebuild_npy", src), n, rounds),
         BuildContender("cachebuild_zarr", f"cachebuild zarr, {_procs(jobs)}", child("cachebuild_zarr", src), n,
                        rounds),

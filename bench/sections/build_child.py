@@ -25,7 +25,6 @@ import multiprocessing
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -37,8 +36,7 @@ def scales_file(src: Path, size: int, dest: Path) -> Path:
     """``dest``: {path: DCT reduction r} for every file of ``src``, as the build picks it for ``size`` (crop
     fit, reduced decode on: the defaults), so the bare decoder does the decode the build needs. Made by the
     bench parent once, outside every contender's clock (the build probes each header inside its own)."""
-    from cachebuild.builder.sample.geometry import ResizeSpec, reduction  # the build's own rule, not a copy of it
-    from cachebuild.builder.sample.probe import probe
+    from cachebuild.builder.sample import ResizeSpec, probe, reduction  # the build's own rule, not a copy of it
 
     spec = ResizeSpec(size)
     scales = {}
@@ -54,11 +52,10 @@ def _files(src: Path) -> list[tuple[str, int]]:
     return [(str(f), k) for k, c in enumerate(classes) for f in sorted((src / c).iterdir())]
 
 
-def _warm(sample: str, contender: str, worker: bool = True) -> int:
-    """Start-up, excluded from the timing: what the contender's workers import, and the first call of each
-    kernel (the bare decoder imports OpenCV alone, so its memory is its own). ``worker=False``: the warm-up of
-    this process, where a threaded build runs its blocks: no torch (a threaded build never imports it, and its
-    kernel would replace aa_resize) and no worker set-up."""
+def _warm(sample: str, contender: str) -> int:
+    """Start-up, excluded from the timing: what the contender imports, and the first call of each kernel (the
+    bare decoder imports OpenCV alone, so its memory is its own). For a build, torch's kernel too (the build
+    imports it at its first large downscale), on one thread as in a build."""
     import cv2
 
     cv2.setNumThreads(1)
@@ -67,19 +64,15 @@ def _warm(sample: str, contender: str, worker: bool = True) -> int:
     if contender == "bare_decode":
         cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
     else:
-        from cachebuild.builder.sample.decode import decode_into
-        from cachebuild.builder.sample.geometry import ResizeSpec
+        import torch
+
+        from cachebuild.builder.sample import ResizeSpec, decode_into
 
         if contender == "cachebuild_zarr":
             import zarr  # noqa: F401
-        if worker:
-            import torch
-
-            from cachebuild.builder.block import _init_worker
-
-            _init_worker()
-            torch.set_num_threads(1)
+        torch.set_num_threads(1)
         decode_into(data, ResizeSpec(224), np.empty((224, 224, 3), np.uint8))
+        decode_into(np.zeros((1000, 1000, 3), np.uint8), ResizeSpec(224), np.empty((224, 224, 3), np.uint8))
     if multiprocessing.parent_process() is not None:  # a pool worker: stay busy so every worker gets one
         time.sleep(0.2)
     return os.getpid()
@@ -92,16 +85,13 @@ def _warm_pool(sample: str, contender: str, jobs: int) -> None:
     Parallel(n_jobs=jobs)(delayed(_warm)(sample, contender) for _ in range(jobs * 2))
 
 
-def _warm_build(plan: Any, sample: str, contender: str, jobs: int, storage: str) -> None:
-    """The warm-up of what will run the build's blocks, by the build's own rule (``worker_kind.use_threads``):
-    this process for threads (or ``--jobs 1``), else the pool's worker processes. A pool warmed for a
-    threaded build was idle while the clock ran, and its workers' torch counted in the row's memory."""
-    from cachebuild.builder.worker_kind import use_threads
-    from cachebuild.storage import get_backend
+def _warm_build(sample: str, contender: str, jobs: int, storage: str) -> None:
+    """The warm-up of what will run the build's blocks, by the build's own rule (``pipeline._prefer``): this
+    process for threads (or ``--jobs 1``), else the pool's worker processes."""
+    from cachebuild.builder.pipeline import BuildOptions, _prefer
 
-    if jobs <= 1 or use_threads("auto", plan, pool=True, torch_resize=False, update=False,
-                                threaded_sinks=get_backend(storage).threaded_sinks):  # the blocks run here
-        _warm(sample, contender, worker=False)
+    if jobs <= 1 or _prefer(BuildOptions(size=224, storage=storage)) == "threads":  # the blocks run here
+        _warm(sample, contender)
     else:
         _warm_pool(sample, contender, jobs)
 
@@ -204,7 +194,7 @@ def main() -> None:
 
         plan = folder_plan(a.src, dataset="bench", split="train")
         storage = a.contender.rsplit("_", 1)[1]
-        _warm_build(plan, paths[0], a.contender, a.jobs, storage)
+        _warm_build(paths[0], a.contender, a.jobs, storage)
         t0 = time.perf_counter()
         r = build(plan, a.out, BuildOptions(size=a.size, jobs=a.jobs, storage=storage, progress=False))
         seconds = time.perf_counter() - t0

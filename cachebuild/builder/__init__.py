@@ -1,9 +1,9 @@
 """The build: plan -> blocks -> decode -> storage sinks -> manifest -> rename into place.
 
-``pipeline.build`` runs the steps: ``options`` (``BuildOptions``: what is asked, checked), ``staging`` (the
-build key, the destination, the blocks an earlier run finished), ``block`` (one block's work in a worker:
-``decode`` on the CPU or ``gpu_build`` on a GPU, into the storage kind's sink), ``finish`` (block records ->
-side arrays and manifest -> commit). Beside them: ``destination`` (where a build may write and what it may
-replace), ``locks`` (one writer per output), ``status`` (whether a built cache is stale against its source).
-Nothing under ``cachebuild.storage``, ``cachebuild.format`` or ``loaders`` imports this package.
+``pipeline`` runs it (``build`` one plan, ``build_source`` a source's splits: ``cachebuild.build``);
+``options`` is what is asked (``BuildOptions``) and what identifies the result (the build key); ``block`` is one
+block's work in a worker, ``sample`` one file's (probe, decode, window, resize) and ``gpu_build`` the same on a
+GPU; ``destination`` says where a build may write and what it may replace, ``locks`` keeps one writer per output,
+``update`` reuses an earlier cache's samples (``--update``), ``status`` says whether a cache is stale against
+its source. Nothing under ``cachebuild.storage``, ``cachebuild.format`` or ``loaders`` imports this package.
 """

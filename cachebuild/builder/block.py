@@ -8,7 +8,6 @@ decodes the block's sources in batches on this worker's GPU instead (``cachebuil
 
 from __future__ import annotations
 
-import functools
 import json
 import multiprocessing
 from collections.abc import Callable
@@ -19,15 +18,15 @@ from typing import Any
 import numpy as np
 
 from cachebuild.atomic import write_bytes_atomic
-from cachebuild.builder.sample.geometry import Placement, ResizeSpec
+from cachebuild.builder.sample import Placement, ResizeSpec, decode_into, one_thread_each
 from cachebuild.errors import DecodeError, SourceError
 from cachebuild.format.pathnames import encode_path
 from cachebuild.storage import get_backend
 from cachebuild.storage.kinds.base import BlockFailure, BlockRecord, Sink
 
-__all__ = ["BlockTask", "Filled", "record_path", "run_block"]
+__all__ = ["BlockTask", "Decoded", "decode_run", "record_path", "run_block"]
 
-_WORKER_READY = False
+_WORKER_SETTINGS: list[Any] = []  # a worker process's one_thread_each, entered once for its life
 
 
 @dataclass(frozen=True)
@@ -44,30 +43,8 @@ class BlockTask:
     storage: str
     params: dict[str, Any]  # the backend's build_params
     decode_device: str = "cpu"
-    claim: str = ""  # the GPU this worker claims (gpu_build.gpu_workers)
+    claim: str = ""  # the GPUs a GPU build's workers claim one each (gpu_build.gpu_workers)
     reuse: Any = None  # --update: the samples to copy from the cache being replaced (update.BlockReuse)
-    torch_resize: bool = False  # a worker share large enough to pay torch's import (geometry.TORCH_RESIZE_FROM)
-
-
-def _init_worker(decode_device: str = "cpu", torch_resize: bool = False) -> None:
-    """One thread per library inside a worker process: parallelism comes from the workers, not from within.
-    Not in the caller's own process (--jobs 1, thread backends): its thread settings are the caller's.
-    A small CPU build needs no torch (its resize is :mod:`cachebuild.builder.sample.aa_resize`); a GPU build's
-    worker, and one with a large share (``torch_resize``), import it here, at the start of its first block,
-    before any storage I/O thread of its own runs. Only here: a worker loky reuses from a build without
-    torch keeps numpy's resize (the same bytes), because importing torch later grows it by more than
-    loky's leak limit (300 MB), loky then stops it mid-build, and joblib's unordered generator hung on that."""
-    global _WORKER_READY
-    if _WORKER_READY or multiprocessing.parent_process() is None:
-        return
-    import cv2
-
-    cv2.setNumThreads(1)
-    if decode_device != "cpu" or torch_resize:
-        import torch
-
-        torch.set_num_threads(1)
-    _WORKER_READY = True
 
 
 def record_path(staging: Path, block: int) -> Path:
@@ -84,45 +61,38 @@ def _skip_reason(e: Exception) -> str:
     return f"{type(e).__name__}: {text.splitlines()[-1]}" if text else type(e).__name__
 
 
-def _decoder(task: BlockTask) -> Callable[[int, str, np.ndarray], Placement]:
-    if task.decode_device == "cpu":
-        from cachebuild.builder.sample.decode import decode_into  # OpenCV: in the worker only, not in the parent
-
-        def fill(i: int, key: str, slot: np.ndarray) -> Placement:
-            return decode_into(task.reader(task.start + i, key), task.spec, slot, path=key)
-
-        return fill
-    from cachebuild.builder.gpu_build import GpuBlockDecoder  # only imported where a GPU build runs
-
-    return GpuBlockDecoder(task.reader, task.keys, task.start, task.spec, task.claim)
+# What a run of a block's files gives: the kept samples' plan positions (int64 (n,)), source sizes (int32 (n, 2))
+# and boxes (int32 (n, 4)), and the files that gave none.
+Decoded = tuple[np.ndarray, np.ndarray, np.ndarray, list[BlockFailure]]
 
 
-# What a block's decode gives: the kept samples' plan positions (int64 (n,)), source sizes (int32 (n, 2)) and
-# boxes (int32 (n, 4)), and the files that gave none.
-Filled = tuple[np.ndarray, np.ndarray, np.ndarray, list[BlockFailure]]
+def decode_run(task: BlockTask, sink: Sink, lo: int = 0, hi: int | None = None) -> Decoded:
+    """Decode the block's files ``[lo, hi)`` into ``sink``; the kept positions, sizes, boxes, and the skips.
+    Written into arrays made for the whole run (no tuple per sample for the record, its JSON or its pickle)."""
+    hi = len(task.keys) if hi is None else hi
+    gpu: Callable[[int, str, np.ndarray], Placement] | None = None
+    if task.decode_device != "cpu":
+        from cachebuild.builder.gpu_build import GpuBlockDecoder  # only imported where a GPU build runs
 
-
-def _fill(task: BlockTask, sink: Sink) -> Filled:
-    """Decode every file of the block into ``sink``; the kept positions, sizes, boxes, and the skips. Written
-    into arrays made for the whole block (no tuple per sample for the record, its JSON or its pickle)."""
-    fill = _decoder(task)
-    planned = len(task.keys)
-    ok = np.empty(planned, np.int64)
-    sizes = np.empty((planned, 2), np.int32)
-    boxes = np.empty((planned, 4), np.int32)
+        gpu = GpuBlockDecoder(task.reader, task.keys, task.start, task.spec, task.claim)
+    ok = np.empty(hi - lo, np.int64)
+    sizes = np.empty((hi - lo, 2), np.int32)
+    boxes = np.empty((hi - lo, 4), np.int32)
     failures: list[BlockFailure] = []
     n = 0
-    for i, key in enumerate(task.keys):
-        slot = sink.next_slot()
+    for i in range(lo, hi):
+        key = task.keys[i]
         try:
-            placed = fill(i, key, slot)
+            if gpu is None:
+                placed = decode_into(task.reader(task.start + i, key), task.spec, sink.next_slot(), path=key)
+            else:
+                placed = gpu(i, key, sink.next_slot())
         except SourceError:  # the source itself failed (a shard changed since planning, a dead server): stop
             raise
         except Exception as e:  # whatever one file does (reader or decoder) is that file's skip
-            reason = _skip_reason(e)
             if task.on_error == "fail":
-                raise DecodeError(key, reason) from None
-            failures.append(BlockFailure(task.start + i, encode_path(key), reason))
+                raise DecodeError(key, _skip_reason(e)) from None
+            failures.append(BlockFailure(task.start + i, encode_path(key), _skip_reason(e)))
             continue
         sink.commit()
         ok[n] = task.start + i
@@ -134,7 +104,9 @@ def _fill(task: BlockTask, sink: Sink) -> Filled:
 
 def run_block(task: BlockTask) -> BlockRecord:
     """Decode one block into its storage backend's sink and write its record; returns the record."""
-    _init_worker(task.decode_device, task.torch_resize)
+    if multiprocessing.parent_process() is not None and not _WORKER_SETTINGS:  # a worker process, first block
+        _WORKER_SETTINGS.append(one_thread_each())
+        _WORKER_SETTINGS[0].__enter__()
     folder = Path(task.staging)
     adopted = None if task.reuse is None else task.reuse.adopt(task)  # --update: an old shard taken whole
     if adopted is not None:
@@ -142,23 +114,20 @@ def run_block(task: BlockTask) -> BlockRecord:
         return adopted
     shape = (task.spec.size, task.spec.size, 3)
     sink = get_backend(task.storage).sink(folder, task.block, task.start, len(task.keys), shape, task.params)
-    fill = _fill if task.reuse is None else functools.partial(task.reuse.fill, decode=_fill)
     try:
-        ok, sizes, boxes, failures = fill(task, sink)
+        ok, sizes, boxes, failures = decode_run(task, sink) if task.reuse is None else task.reuse.fill(task, sink)
     except BaseException:
         sink.abort()
         raise
     file, digest = sink.close()
     record = BlockRecord(task.block, task.start, len(task.keys), len(ok), file, digest, ok, sizes, boxes,
-                         tuple(failures), sink.stored_bytes,
-                         0 if task.reuse is None else task.reuse.reused)
+                         tuple(failures), sink.stored_bytes, 0 if task.reuse is None else task.reuse.reused)
     _write_record(folder, record)
     return record
 
 
 def _write_record(folder: Path, record: BlockRecord) -> None:
-    # Not fsynced: the shard it vouches for is not either, and an fsync here made ext4 write the whole
-    # shard out while the worker waited (~0.15 s a block, 10-20% of the build). Compact JSON: json's C
-    # encoder (an indent makes it fall back to the Python one); the per-sample arrays are one string each.
+    # Not fsynced: the shard it vouches for is not either, and an fsync here makes ext4 write the whole shard
+    # out while the worker waits. Compact JSON: json's C encoder (an indent makes it fall back to Python's).
     data = json.dumps(record.to_json(), ensure_ascii=False, separators=(",", ":"))
     write_bytes_atomic(record_path(folder, record.block), data.encode("utf-8"), durable=False)

@@ -1,4 +1,5 @@
-"""Where a build may write, what it may replace, and what to tell the user when the output cannot be written.
+"""Where a build may write, what it may replace, its staging folder, and what to tell the user when the output
+cannot be written.
 
 The rule: cachebuild deletes or replaces only folders it can prove it wrote.
 
@@ -18,26 +19,37 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
-from cachebuild.errors import CacheBuildError, CacheExistsError, OptionError, OutputError
-from cachebuild.format.manifest import FORMAT_NAME, MANIFEST_NAME
+from cachebuild.atomic import write_json_atomic
+from cachebuild.builder.block import record_path
+from cachebuild.builder.options import PIXEL_RECIPE, pixel_recipe, recipe_differences
+from cachebuild.errors import CacheBuildError, CacheExistsError, OutputError
+from cachebuild.format.manifest import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, Manifest
 from cachebuild.format.pathnames import CACHE_SUBFOLDER
-from cachebuild.storage import cache_names, staging_names
+from cachebuild.storage import cache_names, get_backend, staging_names
 from cachebuild.storage.cache.columns import COLUMNS_DIR, is_own_columns_folder
+from cachebuild.storage.cache.reader import read_manifest
+from cachebuild.storage.kinds.base import BlockRecord
 
 __all__ = [
     "CACHE_SUBFOLDER",
+    "check_destination",
     "check_outside_source",
     "check_replaceable",
     "is_own_staging",
     "output_error",
+    "prepare_staging",
     "read_raw_manifest",
     "some_names",
 ]
+
+log = logging.getLogger("cachebuild")
 
 # What a build writes into its staging folder beyond the storage kind's own names (each backend lists those:
 # ``Backend.staging_names``): the build's bookkeeping, storage.writer's side arrays, file table and manifest,
@@ -62,10 +74,10 @@ def check_outside_source(out: Path, source: str | os.PathLike[str]) -> None:
     dest = out.resolve()
     for p in (dest, dest.with_name(dest.name + ".partial"), dest.with_name(dest.name + ".lock")):
         if p == src:
-            raise OptionError(f"the output {out} is the source itself: a build there would replace the source's "
+            raise OutputError(f"the output {out} is the source itself: a build there would replace the source's "
                               f"files; choose an --out outside it (or {Path(source) / CACHE_SUBFOLDER})")
         if _inside(src, p):
-            raise OptionError(
+            raise OutputError(
                 f"the output {out} contains the source {source}: a build there could replace the source's "
                 f"files; choose an --out outside it (or {Path(source) / CACHE_SUBFOLDER})"
             )
@@ -73,7 +85,7 @@ def check_outside_source(out: Path, source: str | os.PathLike[str]) -> None:
             rel = p.relative_to(src).parts
             if rel and rel[0] == CACHE_SUBFOLDER:
                 continue
-            raise OptionError(
+            raise OutputError(
                 f"the output {out} is inside the source {source}: its files would mix with the source's "
                 f"(and become a class of the next build); choose an --out outside it, or "
                 f"{Path(source) / CACHE_SUBFOLDER}, which sources never read"
@@ -196,3 +208,80 @@ def output_error(e: OSError, out: Path, staging: Path) -> OutputError | None:
 def _with_errno(err: OutputError, code: int) -> OutputError:
     err.errno = code  # str(err) stays the message (no strerror set)
     return err
+
+
+def check_destination(out: Path, source_digest: str, key: str, params: dict[str, Any], force: bool,
+                      update: bool = False) -> Manifest | None:
+    """The manifest of ``out`` when it already holds this exact build, else None: ``out`` does not exist, or
+    ``force`` (or ``update``, whose recipe check is ``builder.update``'s) and it is provably a cache cachebuild
+    wrote (:func:`check_replaceable`), so it may be replaced. Raises otherwise, saying what is there."""
+    if not out.exists() and not out.is_symlink():
+        return None
+    if not out.is_dir():
+        raise CacheExistsError(f"{out} exists and is a file, not a cache folder; choose another --out")
+    if not out.is_symlink() and not any(out.iterdir()):
+        out.rmdir()
+        return None
+    existing, problem = None, None
+    if (out / MANIFEST_NAME).is_file():
+        try:
+            existing = read_manifest(out)
+        except CacheBuildError as e:  # say what is wrong with it, not that it is "different"
+            problem = str(e)
+    if existing is not None and existing.build_key == key and not force:
+        return existing
+    if force or update:
+        check_replaceable(out, problem)
+        return None
+    choices = "--force to replace it, or choose another --out"
+    if problem is not None:
+        raise CacheExistsError(f"{out} holds a cache whose manifest cannot be used ({problem}); pass --force to "
+                               f"rebuild it (replaced only if the folder holds nothing but files its manifest "
+                               f"names), or choose another --out")
+    if existing is None:
+        raise CacheExistsError(f"{out} exists and is not a cachebuild cache (no {MANIFEST_NAME}); "
+                               f"choose another --out")
+    diffs = recipe_differences(existing.build, params)
+    if diffs:
+        raise CacheExistsError(f"{out} holds a cache of another recipe ({'; '.join(diffs)}); pass {choices}")
+    if existing.source.get("fingerprint") != source_digest:
+        raise CacheExistsError(f"{out} holds this recipe's cache of another state of the source; pass --update to "
+                               f"update it (decoding only the files added or changed), {choices}")
+    if pixel_recipe(existing.build) < PIXEL_RECIPE:
+        raise CacheExistsError(
+            f"{out} holds this recipe's cache of this source, made by an earlier release's pixel recipe "
+            f"({pixel_recipe(existing.build)}; this release makes {PIXEL_RECIPE}); it reads and verifies as it is: "
+            f"pass --update to remake its pixels with this release (every file decoded again), {choices}")
+    raise CacheExistsError(
+        f"{out} holds this recipe's cache of this source, written by another cachebuild release (format version "
+        f"{existing.format_version}; this one writes {FORMAT_VERSION}); it reads as it is: pass --update to bring "
+        f"it to this release's format (reusing its samples), {choices}")
+
+
+def prepare_staging(staging: Path, key: str, storage: str) -> dict[int, BlockRecord]:
+    """Create or reopen the staging folder; return the records of blocks finished by an earlier run."""
+    build_file = staging / "build.json"
+    if staging.exists() and not (staging.is_dir() and is_own_staging(staging)):
+        raise CacheExistsError(f"{staging} exists and was not made by cachebuild (a build keeps its unfinished "
+                               f"work there); move it away or choose another --out")
+    if staging.exists():
+        try:
+            same = json.loads(build_file.read_text())["key"] == key
+        except (OSError, ValueError, KeyError):
+            same = False
+        if not same:
+            log.warning("discarding the unfinished build in %s: it was started with other inputs", staging)
+            shutil.rmtree(staging)
+    (staging / "blocks").mkdir(parents=True, exist_ok=True)
+    if not build_file.exists():
+        write_json_atomic(build_file, {"key": key})
+    get_backend(storage).resume(staging, lambda block: record_path(staging, block).unlink(missing_ok=True))
+    done = {}
+    for rec_path in sorted((staging / "blocks").glob("block-*.json")):
+        try:
+            rec = BlockRecord.from_json(json.loads(rec_path.read_text()))
+        except (ValueError, KeyError, TypeError):
+            continue  # a record is written atomically, but be lenient with foreign debris
+        if (staging / rec.file).exists():
+            done[rec.block] = rec
+    return done

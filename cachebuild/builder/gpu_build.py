@@ -2,15 +2,15 @@
 
 Each build worker owns one GPU (claimed for the worker's life with a lock, so several GPUs on a node get
 one worker each). For a block it reads its files, checks each header exactly as the CPU path does
-(``cachebuild.builder.sample.probe.probe``: size limit, truncation), sends the JPEGs nvJPEG takes to
-``torchvision.io.decode_jpeg(list, device="cuda")`` in batches, applies the same fit geometry as
-``cachebuild.builder.sample.decode.fit_into`` with torch's antialiased bilinear interpolation on the GPU, and copies the
-samples back into the storage sink's slots. While the worker hashes and stores one batch, a background
-thread prepares the next.
+(``cachebuild.builder.sample.probe``: size limit, truncation), sends the JPEGs nvJPEG takes to
+``torchvision.io.decode_jpeg(list, device="cuda")`` in batches, keeps the same window of each as the CPU path
+(``cachebuild.builder.sample.window``), resizes it with torch's bilinear on the GPU (antialiased from the same
+downscale on), and copies the samples back into the storage sink's slots. While the worker hashes and stores
+one batch, a background thread prepares the next.
 
 Files nvJPEG cannot take (CMYK or other non-YCbCr JPEGs, lossless or arithmetic-coded ones, PNGs named
 ``.JPEG``, a progressive file it refuses, CIFAR's decoded arrays) go through the CPU path
-(``cachebuild.builder.sample.decode.decode_into``) in the same worker. Pixels differ slightly from a CPU build (no DCT
+(``cachebuild.builder.sample.decode_into``) in the same worker. Pixels differ slightly from a CPU build (no DCT
 reduction, another IDCT and float resampling): close (PSNR >= 40 dB), not byte-equal, so the build key
 records the device. This module is imported only when a GPU build is asked for.
 """
@@ -27,9 +27,16 @@ from typing import Any
 
 import numpy as np
 
-from cachebuild.builder.sample.decode import decode_into
-from cachebuild.builder.sample.geometry import Placement, ResizeSpec, crop_window, letterbox
-from cachebuild.builder.sample.probe import probe
+from cachebuild.builder.sample import (
+    ANTIALIAS_FROM,
+    Placement,
+    ResizeSpec,
+    decode_into,
+    letterbox,
+    probe,
+    scaled_window,
+    window,
+)
 from cachebuild.errors import CacheBuildError, DecodeError
 
 __all__ = ["BATCH", "GpuBlockDecoder", "check_decode_device", "fit_tensor", "gpu_workers", "nvjpeg_can_take"]
@@ -109,36 +116,34 @@ def nvjpeg_can_take(data: bytes) -> bool:
     return False
 
 
-def _resize(x: Any, h: int, w: int, interpolation: str) -> Any:
-    """(3, h0, w0) uint8 -> (3, h, w) uint8, on x's device."""
+def fit_tensor(img: Any, spec: ResizeSpec) -> tuple[Any, tuple[int, int, int, int]]:
+    """The CPU path's fit (``cachebuild.builder.sample.decode_into``) of a (3, H, W) uint8 tensor on any device:
+    (3, S, S), box. The same window, scale and filter policy, in float arithmetic."""
     import torch
     import torch.nn.functional as F
 
-    if tuple(x.shape[1:]) == (h, w):
-        return x
-    if interpolation == "area" and h <= x.shape[1] and w <= x.shape[2]:
-        y = F.interpolate(x[None].float(), size=(h, w), mode="area")
-    else:  # antialias: PIL's filter (the CPU path's); linear: plain bilinear
-        y = F.interpolate(x[None].float(), size=(h, w), mode="bilinear", align_corners=False,
-                          antialias=interpolation == "antialias")
-    return y[0].round_().clamp_(0, 255).to(torch.uint8)
-
-
-def fit_tensor(img: Any, spec: ResizeSpec) -> tuple[Any, tuple[int, int, int, int]]:
-    """``cachebuild.builder.sample.decode.fit_into`` for a (3, H, W) uint8 tensor on any device: (3, S, S), box."""
-    import torch
-
     h, w = int(img.shape[1]), int(img.shape[2])
     s = spec.size
-    if spec.fit == "squash":
-        return _resize(img, s, s, spec.interpolation), (0, 0, s, s)
-    if spec.fit == "crop":  # the CPU path's window (cachebuild.builder.sample.geometry.crop_window)
-        y0, x0, y1, x1 = crop_window(h, w, s)
-        return _resize(img[:, y0:y1, x0:x1], s, s, spec.interpolation), (0, 0, s, s)
-    y0, x0, y1, x1 = letterbox(h, w, s)
+    box = letterbox(h, w, s) if spec.fit == "pad" else (0, 0, s, s)
+    oh, ow = box[2] - box[0], box[3] - box[1]
+    win = window(h, w, spec)
+    x = img[None].float()
+    if spec.interpolation == "area" and oh <= h and ow <= w:  # of the window in whole pixels, as the CPU's
+        y0, x0, y1, x1 = (round(v) for v in win)
+        y = F.interpolate(x[:, :, y0:y1, x0:x1], size=(oh, ow), mode="area")[0]
+    else:
+        sy, sx, top, left = scaled_window(win, oh, ow)
+        aa = spec.interpolation == "antialias" and max(1 / sy, 1 / sx) >= ANTIALIAS_FROM
+        y = F.interpolate(x, scale_factor=(sy, sx), mode="bilinear", antialias=aa, recompute_scale_factor=False)
+        y = y[0, :, top : top + oh, left : left + ow]
+        if tuple(y.shape[1:]) != (oh, ow):  # an extent that rounds past the image's edge: its last row again
+            y = F.pad(y[None], (0, ow - y.shape[2], 0, oh - y.shape[1]), mode="replicate")[0]
+    pixels = y.round_().clamp_(0, 255).to(torch.uint8)
+    if spec.fit != "pad":
+        return pixels, box
     out = torch.zeros((3, s, s), dtype=torch.uint8, device=img.device)
-    out[:, y0:y1, x0:x1] = _resize(img, y1 - y0, x1 - x0, spec.interpolation)
-    return out, (y0, x0, y1, x1)
+    out[:, box[0] : box[2], box[1] : box[3]] = pixels
+    return out, box
 
 
 class GpuBlockDecoder:

@@ -1,20 +1,29 @@
-"""What a build is asked for (``BuildOptions``, every value checked on construction) and what it reports."""
+"""What a build is asked for (``BuildOptions``: every flag of the build commands, declared and checked once),
+what identifies the result (:func:`build_key`) and what a build reports (``BuildResult``)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from cachebuild.builder.sample.geometry import DEFAULT_MAX_PIXELS, FITS, INTERPOLATIONS
+from cachebuild.builder.sample import DEFAULT_MAX_PIXELS, FITS, INTERPOLATIONS, PIXEL_RECIPE
 from cachebuild.errors import OptionError
-from cachebuild.options import parse_bool, parse_choice, parse_float, parse_int, parse_optional_bool
+from cachebuild.format.manifest import FORMAT_VERSION
+from cachebuild.options import REQUIRED, check_fields, option
 from cachebuild.storage import DEFAULT_STORAGE, backend_names, get_backend
 from cachebuild.storage.kinds.jpeg import codec as jpeg_codec
 from cachebuild.storage.kinds.zarr import write as zarr_write
 
-__all__ = ["COMPRESSIONS", "DECODE_DEVICES", "MAX_SIZE", "ON_ERROR", "SUBSAMPLINGS", "WORKERS", "BuildOptions",
-           "BuildResult"]
+if TYPE_CHECKING:
+    from cachebuild.sources.plan import Plan
+
+__all__ = ["COMPRESSIONS", "DECODE_DEVICES", "MAX_SIZE", "ON_ERROR", "PIXEL_RECIPE", "SUBSAMPLINGS", "BuildOptions",
+           "BuildResult", "build_key", "pixel_recipe", "recipe_differences"]
 
 BLOCK_TARGET_BYTES = 64 << 20  # ~64 MB of pixels per block/shard: few files, tasks long enough to amortise
 MIN_BLOCKS = 64  # a plan of n files makes at least min(64, n / 64) blocks
@@ -23,71 +32,78 @@ COMPRESSIONS = zarr_write.COMPRESSIONS
 SUBSAMPLINGS = jpeg_codec.SUBSAMPLINGS
 DECODE_DEVICES = ("cpu", "cuda")
 ON_ERROR = ("skip", "fail")
-WORKERS = ("auto", "processes", "threads")  # what runs a local CPU build's --jobs blocks
 MAX_SIZE = 16384  # output side: one sample is then 768 MB
+
+
+class _StorageKinds(Sequence[str]):
+    """The storage kinds as the registry holds them when asked: a kind registered later is a choice too."""
+
+    def __getitem__(self, i: Any) -> Any:
+        return backend_names()[i]
+
+    def __len__(self) -> int:
+        return len(backend_names())
+
+
+def _nonzero(jobs: int) -> None:
+    if jobs == 0:
+        raise OptionError("jobs must be a positive count or -1 (all cores), not 0")
 
 
 @dataclass(frozen=True)
 class BuildOptions:
-    size: int
-    fit: str = "crop"
-    interpolation: str = "antialias"
-    storage: str = DEFAULT_STORAGE
-    jobs: int = -1
-    workers: str = "auto"  # "processes", "threads", or auto: the choice of cachebuild.builder.worker_kind
-    block_size: int | None = None  # samples per block (= per npy shard); default from BLOCK_TARGET_BYTES
-    chunk_size: int | None = None  # samples per chunk, for storage kinds that chunk (zarr)
-    compression: str = "none"
-    quality: int = 90  # storage kinds that encode samples (jpeg): encoder quality 1..100
-    subsampling: str = "420"  # ... and chroma subsampling, "420" or "444"
-    decode_device: str = "cpu"  # "cuda": decode source JPEGs in batches on the GPU (cachebuild.builder.gpu_build)
-    on_error: str = "skip"  # or "fail"
-    max_pixels: int = DEFAULT_MAX_PIXELS
-    reduced_decode: bool = True
-    force: bool = False
-    update: bool = False  # --out holds this recipe's cache of an earlier source: decode only what changed
-    summary: str | None = None  # --json FILE: write what the build did there (decoded, reused, skipped, seconds)
-    progress: bool | None = None  # None: a bar when stderr is a terminal
-    lock_wait: float | None = None  # another build of the same output: None fail at once, N s, math.inf
+    """Every setting of a build; ``cachebuild <kind> SRC`` offers each field as its flag."""
 
+    size: int = option(REQUIRED, "Output side S: every sample is S x S x 3 uint8.", min=1, max=MAX_SIZE)
+    storage: str = option(DEFAULT_STORAGE, "npy: fixed-shape shards to memory-map; zarr: one v3 array chunked "
+                          "along samples; jpeg: each sample one JPEG (a compact cache, ~10x smaller at 224 px, "
+                          "decoded when read).", flag="--format", choices=_StorageKinds())
+    fit: str = option("crop", "crop: short side to S then centre crop; squash: to SxS; pad: letterbox, boxes "
+                      "recorded.", choices=FITS)
+    interpolation: str = option("antialias", "antialias: torchvision's PIL filter (bilinear below a 2x downscale, "
+                                "widened from there on); area/linear: OpenCV's.", choices=INTERPOLATIONS)
+    jobs: int = option(-1, "Parallel workers; -1: all cores.", flag="--jobs -j", check=_nonzero)
+    block_size: int | None = option(None, "Samples per block and npy shard (zarr: rounded down to whole chunks). "
+                                    "Default: about 64 MB of pixels.", flag="--shard-size", min=1)
+    chunk_size: int | None = option(None, "zarr: samples per chunk. Default: about 4 MB of pixels.", min=1)
+    compression: str = option("none", "zarr chunk compression.", choices=COMPRESSIONS)
+    quality: int = option(90, "--format jpeg: encoder quality.", min=1, max=100)
+    subsampling: str = option("420", "--format jpeg: chroma subsampling (444 keeps full colour resolution, "
+                              "~1.3x the bytes).", choices=SUBSAMPLINGS)
+    decode_device: str = option("cpu", "cuda: decode source JPEGs in batches with nvJPEG and resize on the GPU, one "
+                                "worker per GPU (close to, not byte-equal with, a CPU build); files nvJPEG cannot "
+                                "take go to the CPU.", choices=DECODE_DEVICES)
+    on_error: str = option("skip", "skip: list bad files in the manifest and go on; fail: stop at the first.",
+                           choices=ON_ERROR)
+    max_pixels: int = option(DEFAULT_MAX_PIXELS, "Refuse, before decoding, any image whose header declares more "
+                             "pixels.", min=1)
+    reduced_decode: bool = option(True, None, hidden=True)  # JPEGs decoded at a DCT scale when large
+    force: bool = option(False, "Replace a different cache already at --out.")
+    update: bool = option(False, "--out holds this recipe's cache of an earlier state of SRC: decode only the files "
+                          "added or changed, copy every other sample's stored bytes, drop removed ones (as a fresh "
+                          "build of SRC, replaced as --force replaces).")
+    summary: str | None = option(None, "Write a JSON summary there: decoded, reused, skipped, seconds (per split "
+                                 "and in all).", flag="--json", metavar="FILE")
+    lock_wait: float | None = option(None, "If another cachebuild process builds or pulls the same output: wait for "
+                                     "it (up to SECONDS; forever without a value) instead of exiting with its name.",
+                                     flag="--wait", metavar="[SECONDS]", min=0, bare=math.inf)
+
+    progress: bool | None = option(None, "Progress bar (default: on a terminal).")
     def __post_init__(self) -> None:
-        """Every value checked here, so a build that cannot be right never starts (an unknown ``fit``
-        would build a cache no reader opens; an unknown interpolation would be recorded but not used)."""
-        parse_int("size", self.size, 1, MAX_SIZE)
-        parse_choice("fit", self.fit, FITS)
-        parse_choice("interpolation", self.interpolation, INTERPOLATIONS)
-        parse_choice("storage", self.storage, backend_names())
-        parse_int("jobs", self.jobs, not_zero=True)
-        parse_choice("workers", self.workers, WORKERS)
-        parse_int("block_size", self.block_size, 1, optional=True)
-        parse_int("chunk_size", self.chunk_size, 1, optional=True)
-        parse_choice("compression", self.compression, COMPRESSIONS)
-        parse_int("quality", self.quality, 1, 100)
-        parse_choice("subsampling", self.subsampling, SUBSAMPLINGS)
-        parse_choice("decode_device", self.decode_device, DECODE_DEVICES)
-        parse_choice("on_error", self.on_error, ON_ERROR)
-        parse_int("max_pixels", self.max_pixels, 1)
-        parse_bool("reduced_decode", self.reduced_decode)
-        parse_bool("force", self.force)
-        parse_bool("update", self.update)
+        """Every value checked here, so a build that cannot be right never starts."""
+        check_fields(self)
         if self.update and self.force:
             raise OptionError("update and force exclude each other: --update reuses the cache at --out, "
                               "--force rebuilds it from nothing; pass one")
-        if self.summary is not None and (not isinstance(self.summary, str) or not self.summary):
-            raise OptionError(f"summary must be a file name; got {self.summary!r}")
-        parse_optional_bool("progress", self.progress)
-        if self.lock_wait is not None and self.lock_wait != math.inf:  # inf: wait as long as it takes
-            parse_float("lock_wait", self.lock_wait, 0.0)
         try:  # what only the storage kind knows (e.g. npy and jpeg shards take no compression)
             get_backend(self.storage).build_params(self)
         except ValueError as e:
             raise OptionError(str(e)) from None
 
     def resolved_block(self, planned: int | None = None) -> int:
-        """Samples per block: ``block_size``, else ~64 MB of pixels, but small enough that a plan of
-        ``planned`` files makes >= 64 blocks (so every worker stays busy to the end of a small build:
-        at 21 blocks for 2 workers the last one ran alone ~10% of the time). It depends on the plan alone,
-        never on --jobs, so the shard layout does not either."""
+        """Samples per block: ``block_size``, else ~64 MB of pixels, but small enough that a plan of ``planned``
+        files makes >= 64 blocks, so every worker stays busy to the end of a small build. It depends on the
+        plan alone, never on ``jobs``, so the shard layout does not either."""
         per = self.size * self.size * 3
         block = self.block_size or int(min(8192, max(64, BLOCK_TARGET_BYTES // per // 64 * 64)))
         if not self.block_size and planned:
@@ -97,6 +113,49 @@ class BuildOptions:
     def resolved_chunk(self) -> int | None:
         """Samples per chunk of the storage kind (None for kinds without chunks)."""
         return get_backend(self.storage).build_params(self).get("chunk_size")
+
+
+def build_key(plan: Plan, opts: BuildOptions) -> tuple[str, dict[str, Any]]:
+    """(the build key, the parameters it covers): sha256 of the source digest and every parameter that shapes
+    the cache's bytes. Another key is another cache."""
+    params: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "size": opts.size,
+        "fit": opts.fit,
+        "interpolation": opts.interpolation,
+        "storage": opts.storage,
+        "block_size": opts.resolved_block(len(plan)),
+        **get_backend(opts.storage).build_params(opts),  # chunk_size, compression; quality, subsampling
+        "max_pixels": opts.max_pixels,
+        "reduced_decode": opts.reduced_decode,
+        "pixel_recipe": PIXEL_RECIPE,
+    }
+    if opts.decode_device != "cpu":  # other pixels than a CPU build (close, not equal): another cache
+        params["decode_device"] = opts.decode_device
+    blob = json.dumps({"source": plan.source_digest, "params": params}, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest(), params
+
+
+# Build parameters that differ between two caches of one recipe: the key itself, the block size (from the plan's
+# length), what shapes no pixel (the file format's version among them), and how a release makes pixels (the
+# pixel recipe, and what earlier releases recorded of theirs).
+_NOT_RECIPE = frozenset({"key", "block_size", "on_error", "exif_orientation", "format_version", "pixel_recipe",
+                         "antialias_from", "reduced_geometry"})
+
+
+def pixel_recipe(build: dict[str, Any]) -> int:
+    """The pixel recipe a manifest's ``build`` section records (caches made before it was recorded: 1)."""
+    recipe = build.get("pixel_recipe", 1)
+    return recipe if isinstance(recipe, int) and not isinstance(recipe, bool) else 1
+
+
+def recipe_differences(old: dict[str, Any], params: dict[str, Any]) -> list[str]:
+    """What makes a cache's recipe (its manifest's ``build``) another than ``params``: ``name: old -> new``
+    for each parameter a user chose differently."""
+    was = {k: v for k, v in old.items() if k not in _NOT_RECIPE}
+    now = {k: v for k, v in params.items() if k not in _NOT_RECIPE}
+    return [f"{k} {was.get(k, '(none)')} -> {now.get(k, '(none)')}"
+            for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)]
 
 
 @dataclass(frozen=True)
@@ -110,7 +169,7 @@ class BuildResult:
     decoded: int = 0  # source files decoded (those that failed among them: ``failures``)
     reused: int = 0  # samples whose stored bytes an update copied from the cache it replaced
 
-    def summary(self) -> dict[str, object]:
+    def summary(self) -> dict[str, Any]:
         """What ``--json FILE`` writes: integer counts and the seconds."""
         return {"path": str(self.path), "status": self.status, "count": self.count, "decoded": self.decoded,
                 "reused": self.reused, "skipped": self.failures, "seconds": round(self.seconds, 3),

@@ -1,12 +1,12 @@
 """``--update``: rebuild the cache at ``--out`` for a changed source, decoding only what changed.
 
-The cache at ``--out`` must have been built with the same recipe (every parameter of the build key but the
-block size, which follows from the plan's length, and the same OpenCV): anything else is refused, naming
-what differs. Each planned file whose (relative path, size, mtime) equals the row the old build stat'ed
-(``source_files.json``) and that gave a sample there is *reused*: its stored bytes are copied into the new
-cache through the storage kind's own interfaces (``ImageStore.read_stored`` -> ``Sink.commit_stored``: raw
-rows, or the stored JPEG as it is), with its recorded source size and box. Every other file is decoded as a
-fresh build decodes it: added, changed, relabelled-and-moved (a new path), failed before, and *racy* ones.
+The cache at ``--out`` must have been built with the same recipe (every parameter a user chooses): anything
+else is refused, naming what differs. Each planned file whose (relative path, size, mtime) equals the row the
+old build stat'ed (``source_files.json``) and that gave a sample there is *reused*: its stored bytes are copied
+into the new cache through the storage kind's own interfaces (``ImageStore.read_stored`` ->
+``Sink.commit_stored``: raw rows, or the stored JPEG as it is), with its recorded source size and box. Every
+other file is decoded as a fresh build decodes it: added, changed, relabelled-and-moved (a new path), failed
+before, and *racy* ones.
 
 Racy files (git's "racily clean" entries): a file rewritten in the same tick of the filesystem's clock as
 the old build stat'ed it keeps its size and mtime. So a file whose recorded mtime is not at least
@@ -23,6 +23,15 @@ the times). The old cache stays whole and readable at ``--out`` until the commit
 and the side arrays read): damage is never hashed into the new cache as if it were good. A shard taken whole
 (npy, jpeg: hard-linked) keeps the checksum the old manifest recorded, so ``verify`` still finds any damage in it.
 
+A cache whose pixels an earlier release made (another :data:`~cachebuild.builder.sample.PIXEL_RECIPE`, or
+another OpenCV, simplejpeg or torch) is updated by decoding every file again: its samples are not this
+release's, so none is reused; its columns are carried as always.
+
+Columns (``cachebuild columns add``) hold one row per sample; a row belongs to its sample's source path, so the
+new cache's row for a path is the old row of that path, whether or not the file's pixels changed. A planned
+file the old cache had no sample for has no row: the update is refused before anything is written, naming it.
+Rows are checked against the old manifest's checksums before they are carried, and written with the build's.
+
 A cache of an older format (sha256 checksums, versions 1-3) is updated into this release's (version 4, xxh3-128):
 the recipe check ignores the format version (it shapes no pixel), no shard is taken whole (its recorded sha256
 would be misread as an xxh3-128 digest), and every reused sample is copied, from shards verified first against
@@ -36,39 +45,37 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import gc
+import io
 import itertools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from cachebuild.builder.carry_columns import CarriedColumns, plan_columns
+from cachebuild.builder.block import Decoded, decode_run
+from cachebuild.builder.options import PIXEL_RECIPE, pixel_recipe, recipe_differences
+from cachebuild.builder.sample import pixel_tools
 from cachebuild.errors import CacheBuildError, CacheExistsError
 from cachebuild.format.digests import BUILD
-from cachebuild.format.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from cachebuild.format.manifest import MANIFEST_NAME, ColumnInfo, Manifest, ShardInfo
 from cachebuild.sources.plan import Plan
-from cachebuild.storage import get_backend, open_location
+from cachebuild.storage import Location, get_backend, open_location
+from cachebuild.storage.cache.columns import write_column_file
 from cachebuild.storage.cache.reader import open_cache, read_manifest
 from cachebuild.storage.cache.source_inputs import load_source_inputs
-from cachebuild.storage.cache.writer import tool_versions
 from cachebuild.storage.kinds.base import BlockRecord
 from cachebuild.storage.kinds.side_arrays import load_paths, map_array
 
-__all__ = ["RACY_NS", "BlockReuse", "Reuse", "gc_paused", "plan_reuse", "racy_files", "release_reader"]
+__all__ = ["RACY_NS", "BlockReuse", "CarriedColumns", "Reuse", "gc_paused", "plan_reuse", "racy_files",
+           "release_reader"]
 
 log = logging.getLogger("cachebuild")
 
 RACY_NS = 2_000_000_000  # an mtime this close to the listing may hide a same-tick rewrite (see the module doc)
-# build fields that may differ: the key itself, the block size (from the plan's length) and what shapes no pixel
-# (the format version: a version 2 or 3 cache is updated into version 4, see the module doc)
-_FREE = frozenset({"key", "block_size", "on_error", "exif_orientation", "format_version"})
 _READ_ROWS = 256  # stored samples read at a time when copying (bounded memory at any sample size)
-
-# block._fill: a (task, sink) -> (ok int64 (n,), sizes int32 (n, 2), boxes int32 (n, 4), failures) decode
-Fill = Callable[[Any, Any], tuple[np.ndarray, np.ndarray, np.ndarray, list[Any]]]
 
 
 # This process's reader of the cache an update copies from: opened once per process, not once per block
@@ -139,10 +146,10 @@ class BlockReuse:
         return BlockRecord(task.block, task.start, n, n, taken[0], self.shard.digest, ok, self.sizes, self.boxes,
                            (), taken[1], n)
 
-    def fill(self, task: Any, sink: Any, *, decode: Fill) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Any]]:
-        """``block._fill`` for a block with samples to reuse: runs of reused samples copied from the old cache,
-        runs of the others decoded by ``decode`` (the build's own) as a block of their own positions. Positions,
-        sizes and boxes go into arrays made for the whole block, a run's slice at a time."""
+    def fill(self, task: Any, sink: Any) -> Decoded:
+        """``block.decode_run`` for a block with samples to reuse: runs of reused samples copied from the old
+        cache, runs of the others decoded by the build's own ``decode_run``. Positions, sizes and boxes go into
+        arrays made for the whole block, a run's slice at a time."""
         reader = _reader(self.cache, self.content_id)
         planned = len(self.old)
         ok = np.empty(planned, np.int64)
@@ -154,8 +161,7 @@ class BlockReuse:
         cuts = [0, *(np.flatnonzero(np.diff(reuse.astype(np.int8))) + 1).tolist(), len(reuse)]
         for a, z in itertools.pairwise(cuts):
             if not reuse[a]:
-                part_ok, part_sizes, part_boxes, part_failures = decode(
-                    dataclasses.replace(task, keys=task.keys[a:z], start=task.start + a), sink)
+                part_ok, part_sizes, part_boxes, part_failures = decode_run(task, sink, a, z)
                 k = len(part_ok)
                 ok[n : n + k], sizes[n : n + k], boxes[n : n + k] = part_ok, part_sizes, part_boxes
                 failures += part_failures
@@ -182,7 +188,7 @@ class Reuse:
     sizes: np.ndarray  # int32 (old count, 2)
     boxes: np.ndarray | None  # int32 (old count, 4): fit=pad only
     shards: dict[tuple[int, int], ShardInfo] = dataclasses.field(default_factory=dict)  # (start, count) -> shard
-    columns: CarriedColumns | None = None  # the old cache's columns, their rows by path (builder.carry_columns)
+    columns: CarriedColumns | None = None  # the old cache's columns, their rows by path (plan_columns)
     adopts: bool = True  # shards may be taken whole: the old cache's checksums are the build's (format.digests)
 
     @property
@@ -220,16 +226,60 @@ class Reuse:
                           whole)
 
 
-def _differences(old: Manifest, params: dict[str, Any]) -> list[str]:
-    """What makes the old cache's recipe another one: ``name: old -> new`` for each differing parameter."""
-    was = {k: v for k, v in old.build.items() if k not in _FREE}
-    now = {k: v for k, v in params.items() if k not in _FREE}
-    diffs = [f"{k} {was.get(k, '(none)')} -> {now.get(k, '(none)')}"
-             for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)]
-    opencv = tool_versions()["opencv"]
-    if old.tool.get("opencv") != opencv:  # another OpenCV may resize to other pixels
-        diffs.append(f"opencv {old.tool.get('opencv')} -> {opencv}")
-    return diffs
+@dataclass(frozen=True)
+class CarriedColumns:
+    """The old cache's columns, checked, and for every planned file the old sample whose row it takes."""
+
+    values: dict[str, np.ndarray]  # name -> rows, one per old sample
+    row_of: np.ndarray  # int64 (len(plan),): old sample of the same path
+
+    def write(self, staging: Path, ok: np.ndarray) -> dict[str, ColumnInfo]:
+        """Write each column's rows for the new samples (plan positions ``ok``) into ``staging``."""
+        rows = self.row_of[ok]
+        return {name: write_column_file(staging, name, np.ascontiguousarray(values[rows]), BUILD)
+                for name, values in sorted(self.values.items())}
+
+
+def plan_columns(out: Path, location: Location, m: Manifest, keys: Sequence[str], paths: list[str],
+                 fix: str) -> CarriedColumns | None:
+    """The columns of the cache at ``out`` (manifest ``m``, old sample paths ``paths``) carried to the planned
+    ``keys``; None when it has none. Refuses a planned file without a row, or a damaged column file."""
+    if not m.columns:
+        return None
+    if list(keys) == paths:  # nothing added, removed or moved (the usual update: files rewritten in place)
+        row_of = np.arange(len(paths), dtype=np.int64)
+    else:
+        index = {p: i for i, p in enumerate(paths)}
+        row_of = np.fromiter((index.get(k, -1) for k in keys), dtype=np.int64, count=len(keys))
+    missing = np.flatnonzero(row_of < 0)
+    names = ", ".join(sorted(m.columns))
+    if len(missing):
+        first = keys[int(missing[0])]
+        raise CacheExistsError(
+            f"cannot update {out}: it has columns ({names}) with one row per sample, and {len(missing)} planned "
+            f"file(s) had no sample in it (first: {first}), so they have no row; remove the columns "
+            f"(cachebuild columns rm), update, and add them again with rows for every file, or {fix}")
+    values = {}
+    for name, info in m.columns.items():
+        data = location.read_bytes(info.file)
+        if len(data) != info.size or m.digest.of(data) != info.digest:
+            raise CacheBuildError(f"cannot update {out}: its column file {location.describe(info.file)} does not "
+                                  f"match the checksum its manifest records: nothing damaged is carried over; "
+                                  f"add the column again (cachebuild columns add --replace), or {fix}")
+        values[name] = np.load(io.BytesIO(data), allow_pickle=False)
+        if len(values[name]) != m.count:
+            raise CacheBuildError(f"cannot update {out}: its column {name!r} has {len(values[name])} rows for "
+                                  f"{m.count} samples; add the column again (cachebuild columns add --replace), "
+                                  f"or {fix}")
+    return CarriedColumns(values, row_of)
+
+
+def _other_pixels(old: Manifest) -> str | None:
+    """Why the old cache's samples are not what this release makes of the same files, or None."""
+    if pixel_recipe(old.build) != PIXEL_RECIPE:
+        return f"pixel recipe {pixel_recipe(old.build)} -> {PIXEL_RECIPE}"
+    changed = [f"{name} {old.tool.get(name)} -> {v}" for name, v in pixel_tools().items() if old.tool.get(name) != v]
+    return "; ".join(changed) or None
 
 
 def _listed_ns(m: Manifest) -> int:
@@ -299,8 +349,8 @@ def _carried(out: Path, location: Any, m: Manifest, plan: Plan, fix: str) -> Car
 
 def plan_reuse(out: Path, plan: Plan, params: dict[str, Any], block: int) -> Reuse | None:
     """The update of the cache at ``out`` to ``plan`` (None: nothing there, a plain build). Refuses another
-    recipe or a damaged cache, by name; a cache without per-file inputs (CIFAR, WebDataset, Parquet) is
-    rebuilt by decoding every file, with a warning."""
+    recipe or a damaged cache, by name; a cache without per-file inputs (CIFAR, WebDataset, Parquet), or whose
+    pixels an earlier release made, is rebuilt by decoding every file, with a warning."""
     if not (out / MANIFEST_NAME).is_file():
         return None
     fix = "pass --force to rebuild it, or choose another --out"
@@ -308,15 +358,17 @@ def plan_reuse(out: Path, plan: Plan, params: dict[str, Any], block: int) -> Reu
         m = read_manifest(out)
     except CacheBuildError as e:
         raise CacheExistsError(f"cannot update {out}: {e}; {fix}") from None
-    diffs = _differences(m, params)
+    diffs = recipe_differences(m.build, params)
     if diffs:
         raise CacheExistsError(f"cannot update {out}: it was built with another recipe ({'; '.join(diffs)}); "
                                f"{fix}")
     location = open_location(out)
     inputs = load_source_inputs(location, m)
-    if inputs is None or plan.file_stats is None:
-        log.warning("%s records no per-file inputs of its source (or this source has none): the update decodes "
-                    "every file", out)
+    other = _other_pixels(m)
+    if other is not None or inputs is None or plan.file_stats is None:
+        why = (f"its samples were made by an earlier release's pixels ({other})" if other is not None else
+               "it records no per-file inputs of its source (or this source has none)")
+        log.warning("%s: %s: the update decodes every file", out, why)
         columns = _carried(out, location, m, plan, fix)
         return Reuse(str(out), m.content_id, np.full(len(plan), -1, np.int64), np.zeros((0, 2), np.int32), None,
                      columns=columns)

@@ -72,7 +72,7 @@ def test_switches_take_the_usual_spellings() -> None:
 def test_values_are_read_when_asked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Changing the environment between two calls changes what each reader sees: the settings object, the
     remote layer's policy, the build's default output, the decode threads and a push's claim lifetime."""
-    from cachebuild.cli_build import default_out
+    from cachebuild.builder.pipeline import default_out
     from cachebuild.share.claim import PushClaim
     from cachebuild.storage import open_location
     from cachebuild.storage.kinds.jpeg.backend import decode_threads

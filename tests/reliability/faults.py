@@ -61,7 +61,7 @@ def install(spec: str) -> None:
     counter = _Counter(action, int(n))
 
     if point == "decode":
-        import cachebuild.builder.sample.decode as decode  # the block module imports it at each block
+        import cachebuild.builder.block as decode  # the block module calls its decode_into at each sample
 
         real_decode = decode.decode_into
 

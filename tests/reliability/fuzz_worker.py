@@ -30,8 +30,7 @@ def serve(conn: Connection) -> None:
     os.environ.setdefault("OPENCV_LOG_LEVEL", "ERROR")  # a warning per damaged file is noise here
     import cv2
 
-    from cachebuild.builder.sample.decode import decode_into
-    from cachebuild.builder.sample.geometry import ResizeSpec
+    from cachebuild.builder.sample import ResizeSpec, decode_into
     from cachebuild.errors import DecodeError
 
     cv2.setNumThreads(1)

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.cli import main
-from cachebuild.errors import CacheExistsError, OptionError
+from cachebuild.errors import CacheExistsError, OptionError, OutputError
 from cachebuild.sources.folder import folder_plan
 from cachebuild.sources.plan import FileReader
 from cachebuild.storage.cache.reader import open_cache, read_manifest
@@ -293,7 +293,7 @@ def test_library_refuses_like_the_cli(photo_tree: Path, tmp_path: Path) -> None:
     """The checks live in build(), not only in the command line."""
     src = _src_copy(photo_tree, tmp_path / "src")  # the old code replaced it with a cache
     before = file_hashes(src)
-    with pytest.raises(OptionError, match="is the source"):
+    with pytest.raises(OutputError, match="is the source"):
         build(folder_plan(src), src, BuildOptions(size=16, jobs=1, force=True))
     assert file_hashes(src) == before
     (tmp_path / "c").mkdir()

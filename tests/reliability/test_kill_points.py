@@ -66,12 +66,11 @@ def _leftovers(out: Path) -> list[str]:
 
 
 def kill_then_resume(ledger, source: Path, refs: dict[str, Path], out: Path, fmt: str, fault: str,
-                     *, force: bool = False, jobs: int = 2, workers: str = "auto") -> None:
-    """One trial: the build (``jobs`` workers; 1: in-process) killed at ``fault``, then rerun; with
-    ``force``, over an older cache. The reference is a --jobs 1 build: workers never change a byte.
-    ``workers``: the build's --workers (auto: threads for these photo-sized files, where the build allows)."""
-    args = ["folder", str(source), "--out", str(out), *_args(fmt, jobs), "--workers", workers,
-            *(["--force"] if force else [])]
+                     *, force: bool = False, jobs: int = 2) -> None:
+    """One trial: the build (``jobs`` workers: threads for npy, processes for zarr; 1: in-process) killed at
+    ``fault``, then rerun; with ``force``, over an older cache. The reference is a --jobs 1 build: workers never
+    change a byte."""
+    args = ["folder", str(source), "--out", str(out), *_args(fmt, jobs), *(["--force"] if force else [])]
     row = WORKER_ROW if fault.startswith("kill-self") else ROW
     with ledger.trial(row, f"{fmt} {fault}{' --force' if force else ''} (seed {SEED})"):
         if force:
@@ -95,7 +94,7 @@ def test_random_kill_points(ledger, source: Path, refs: dict[str, Path], tmp_pat
     """Random points of every kind over npy, zarr and zarr+zstd: in a worker mid-block and between blocks
     (--jobs 2: threads for npy, processes for zarr), in the manifest write, before the commit's rename and in
     zarr compaction (the parent's work: --jobs 1 reaches it sooner); for npy also the commit's renames under
-    --force, a worker process killed alone, and a threaded build killed mid-block."""
+    --force; for zarr a worker process killed alone."""
     rng = random.Random(f"{SEED}-{fmt}")
     n_decode, n_record, n_compact = {"npy": (3, 2, 0), "zarr": (2, 2, 3), "zarr+zstd": (1, 1, 2)}[fmt]
     in_workers = [f"kill:decode:{rng.randint(1, 8)}" for _ in range(n_decode)]
@@ -111,12 +110,9 @@ def test_random_kill_points(ledger, source: Path, refs: dict[str, Path], tmp_pat
                              jobs=1)
         kill_then_resume(ledger, source, refs, tmp_path / "force-after", fmt, "kill:rename-after:2", force=True,
                          jobs=1)
-        # a worker process killed alone: only a process pool has one (a threaded build is killed whole, as
-        # the kill:decode trials above are, and resumes the same way)
-        kill_then_resume(ledger, source, refs, tmp_path / "worker", fmt, f"kill-self:decode:{rng.randint(1, 5)}",
-                         workers="processes")
-        kill_then_resume(ledger, source, refs, tmp_path / "threads", fmt, f"kill:decode:{rng.randint(1, 8)}",
-                         workers="threads")
+    else:  # a worker process killed alone: only a process pool has one (zarr's; a threaded build is killed
+        # whole, as the kill:decode trials above are, and resumes the same way)
+        kill_then_resume(ledger, source, refs, tmp_path / "worker", fmt, f"kill-self:decode:{rng.randint(1, 5)}")
 
 
 def test_fast_kill_points(ledger, source: Path, refs: dict[str, Path], tmp_path: Path) -> None:

@@ -35,13 +35,13 @@ def staging_path(out: Path) -> Path:
 
 
 def tool_versions() -> dict[str, Any]:
-    import cv2
+    from importlib.metadata import version
 
-    from cachebuild import __version__
+    import cv2
 
     return {
         "name": "cachebuild",
-        "version": __version__,
+        "version": version("cachebuild"),
         "python": platform.python_version(),
         "numpy": np.__version__,
         "opencv": cv2.__version__,

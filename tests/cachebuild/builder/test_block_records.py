@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from cachebuild.builder import pipeline
+from cachebuild.builder.destination import prepare_staging
 from cachebuild.builder.pipeline import BuildOptions, build
-from cachebuild.builder.staging import prepare_staging
 from cachebuild.sources.imagenet import imagenet_plans
 from cachebuild.storage.cache.reader import read_manifest
 from cachebuild.storage.kinds.base import BlockFailure, BlockRecord
@@ -114,7 +114,7 @@ def test_a_killed_build_resumes_from_its_records_byte_identical(imagenet_tree, t
     def killed(*args: Any, **kwargs: Any) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pipeline, "finish", killed)
+    monkeypatch.setattr(pipeline, "_finish", killed)
     with pytest.raises(KeyboardInterrupt):
         build(plan, tmp_path / "c", opts)
     monkeypatch.undo()

@@ -160,7 +160,7 @@ def test_a_cache_of_another_release_is_named_as_such(imagenet_clean, tmp_path):
     as_sha256_cache(out, 2)  # as the previous release wrote it (format 2, sha256): its key names that format
     d = path.read_bytes()
     with pytest.raises(CacheExistsError, match=r"another cachebuild release \(format version 2; this one writes 4\)"
-                                               r"; it still reads, but pass --update"):
+                                               r"; it reads as it is: pass --update"):
         build(plan, out, BuildOptions(size=32, jobs=1))
     assert path.read_bytes() == d
     assert build(plan, out, BuildOptions(size=32, jobs=1, force=True)).status == "built"
@@ -380,7 +380,7 @@ def test_cli_builds_on_a_dask_cluster(imagenet_tree, tmp_path):
 def test_zarr_build_killed_after_moving_blocks_does_not_move_them_twice(imagenet_tree, tmp_path, monkeypatch):
     """Killed after the blocks moved but before the commit: the resumed build must not move them again
     (their sources are gone), only commit."""
-    import cachebuild.builder.finish as finish
+    import cachebuild.builder.pipeline as finish
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt

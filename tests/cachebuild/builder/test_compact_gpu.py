@@ -20,9 +20,7 @@ from torch.utils.data import DataLoader
 
 import cachebuild.builder.gpu_build as gpu_build
 from cachebuild.builder.pipeline import BuildOptions, build
-from cachebuild.builder.sample.decode import decode_into
-from cachebuild.builder.sample.geometry import ResizeSpec, reduction
-from cachebuild.builder.sample.probe import probe
+from cachebuild.builder.sample import ResizeSpec, decode_into, probe, reduction
 from cachebuild.errors import DecodeError
 from cachebuild.sources.imagenet import imagenet_plans
 from cachebuild.storage.cache.reader import open_cache, read_manifest

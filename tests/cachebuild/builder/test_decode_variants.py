@@ -13,8 +13,7 @@ import pytest
 import torchvision.transforms as T
 from PIL import Image
 
-from cachebuild.builder.sample.decode import decode_into, fit_into
-from cachebuild.builder.sample.geometry import ResizeSpec, letterbox, reduction
+from cachebuild.builder.sample import ResizeSpec, decode_into, letterbox, reduction
 from cachebuild.samples.photos import photo_bank
 
 
@@ -35,7 +34,7 @@ def _pil_then_our_fit(data: bytes, spec: ResizeSpec) -> np.ndarray:
         warnings.simplefilter("ignore", UserWarning)  # PIL's note on a palette PNG with a tRNS table
         rgb = np.ascontiguousarray(np.asarray(im.convert("RGB")))
     out = np.empty((spec.size, spec.size, 3), np.uint8)
-    fit_into(rgb, spec, out)
+    decode_into(rgb, spec, out)  # pixels: only the fit
     return out
 
 

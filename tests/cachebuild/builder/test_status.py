@@ -39,7 +39,7 @@ def built(imagenet_clean, tmp_path):
 
 def test_status_is_up_to_date_then_stale_after_add_remove_touch(built, monkeypatch):
     src, cache = built
-    import cachebuild.builder.sample.decode as decode
+    import cachebuild.builder.sample as decode
 
     def no_decoding(*a, **k):
         raise AssertionError("status must not decode anything")

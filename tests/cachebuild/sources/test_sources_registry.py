@@ -98,8 +98,8 @@ def test_a_new_source_kind_is_one_module_and_one_registry_line(imagenet_clean, t
 
     shown = _cli("listing-test", "--help")
     assert shown.exit_code == 0, shown.output
-    for flag in ("--split TEXT", "--delimiter [,|;]", "--name TEXT", "--classes FILE", "--size", "--codec",
-                 "--format", "--wait"):
+    for flag in ("--split TEXT", "--delimiter [,|;]", "--name TEXT", "--classes FILE", "--size", "--format",
+                 "--wait"):
         assert flag in shown.output, flag
     assert "listing-test" in _cli("--help").output
 
@@ -214,39 +214,37 @@ def test_options_refuse_values_outside_their_choices():
 
 
 def test_build_flags_take_their_defaults_and_choices_from_build_options(scratch_registries):
-    from cachebuild.builder.options import COMPRESSIONS, DECODE_DEVICES, ON_ERROR, SUBSAMPLINGS, WORKERS
-    from cachebuild.builder.sample.geometry import FITS
+    from cachebuild.builder.options import COMPRESSIONS, DECODE_DEVICES, ON_ERROR, SUBSAMPLINGS
+    from cachebuild.builder.sample import FITS
 
     defaults = {f.name: f.default for f in dataclasses.fields(BuildOptions)}
     params = {p.name: p for p in build_params()}
     shared = sorted(set(params) & set(defaults))
-    assert shared == sorted(["storage", "fit", "interpolation", "jobs", "workers", "block_size", "chunk_size",
-                             "compression", "quality", "subsampling", "decode_device", "on_error", "max_pixels",
+    assert shared == sorted(["storage", "fit", "interpolation", "jobs", "block_size", "chunk_size", "compression",
+                             "quality", "subsampling", "decode_device", "on_error", "max_pixels", "reduced_decode",
                              "force", "update", "summary", "lock_wait", "progress"])
     assert {n: params[n].default for n in shared} == {n: defaults[n] for n in shared}
     choices = {n: list(getattr(params[n].type, "choices", [])) for n in shared}
     assert (choices["fit"], choices["compression"], choices["subsampling"], choices["decode_device"],
-            choices["on_error"], choices["workers"]) == (list(FITS), list(COMPRESSIONS), list(SUBSAMPLINGS),
-                                                         list(DECODE_DEVICES), list(ON_ERROR), list(WORKERS))
+            choices["on_error"]) == (list(FITS), list(COMPRESSIONS), list(SUBSAMPLINGS), list(DECODE_DEVICES),
+                                     list(ON_ERROR))
     assert choices["storage"] == list(storage.backend_names())
 
     class _Jpeg2(JpegBackend):
         name = "jpeg2-test"
-        codec = "jpeg2-test"
 
-    # --codec lists the storage kinds that encode samples, as the storage registry says
-    assert list(params["codec"].type.choices) == ["none", "jpeg"]  # type: ignore[attr-defined]
+    # --format lists the storage kinds as the storage registry holds them when a command is made
     storage.register_backend("jpeg2-test", _Jpeg2())
-    codec = next(p for p in build_params() if p.name == "codec")
-    assert list(codec.type.choices) == ["none", "jpeg", "jpeg2-test"]  # type: ignore[attr-defined]
+    kinds = next(p for p in build_params() if p.name == "storage")
+    assert list(kinds.type.choices) == [*choices["storage"], "jpeg2-test"]  # type: ignore[attr-defined]
+    assert BuildOptions(size=32, storage="jpeg2-test").storage == "jpeg2-test"
 
 
-# The flags of every build command as the release before the registry listed them (`cachebuild X --help`),
-# with --workers since (issue 36).
-_BUILD = ["--out", "--format", "--fit", "--interpolation", "-j, --jobs", "--workers", "--dask-scheduler",
-          "--shard-size", "--chunk-size", "--compression", "--codec", "--quality", "--subsampling", "--decode-device",
-          "--on-error", "--max-pixels", "--force", "--update", "--json", "--wait", "--progress / --no-progress",
-          "-q, --quiet", "-v, --verbose", "-h, --help"]
+# The flags of every build command (`cachebuild X --help`), in the order they are listed.
+_BUILD = ["--format", "--fit", "--interpolation", "-j, --jobs", "--shard-size", "--chunk-size", "--compression",
+          "--quality", "--subsampling", "--decode-device", "--on-error", "--max-pixels", "--force", "--update",
+          "--json", "--wait", "--progress / --no-progress", "--out", "--dask-scheduler", "-q, --quiet",
+          "-v, --verbose", "-h, --help"]
 _FLAGS = {
     "imagenet": ["--split", "--size", *_BUILD],
     "cifar10": ["--split", "--size", *_BUILD],

@@ -135,7 +135,7 @@ def test_a_build_stopped_part_way_resumes_byte_identical(builds, tmp_path, monke
 def test_sigkill_then_resume_is_byte_identical(imagenet_tree, tmp_path):
     src = imagenet_tree["root"]
     common = ["--split", "train", "--size", "64", "--shard-size", "4", "--jobs", "1", "--no-progress",
-              "--codec", "jpeg"]
+              "--format", "jpeg"]
     cli = [sys.executable, "-m", "cachebuild", "imagenet", str(src)]
     assert subprocess.run([*cli, "--out", str(tmp_path / "ref"), *common], capture_output=True).returncode == 0
     out = tmp_path / "killed"
@@ -304,16 +304,16 @@ def test_cli_codec_options(imagenet_clean, tmp_path, monkeypatch):
     runner = CliRunner()
     monkeypatch.setenv("CACHEBUILD_HOME", str(tmp_path / "home"))
     r = runner.invoke(main, ["imagenet", str(imagenet_clean["root"]), "--split", "val", "--size", "40",
-                             "--codec", "jpeg", "--quality", "95", "--subsampling", "444", "-j", "1"])
+                             "--format", "jpeg", "--quality", "95", "--subsampling", "444", "-j", "1"])
     assert r.exit_code == 0, r.output
     out = tmp_path / "home" / "imagenet-40-jpeg" / "val"
     m = json.loads((out / "manifest.json").read_text())
     assert (m["storage"], m["build"]["quality"], m["build"]["subsampling"]) == ("jpeg", 95, "444")
     assert "storage: jpeg" in runner.invoke(main, ["info", str(out)]).output
     assert runner.invoke(main, ["verify", str(out)]).exit_code == 0
-    for args, message in [(["--codec", "jpeg", "--format", "zarr"], "drop --format zarr"),
-                          (["--codec", "jpeg", "--compression", "zstd"], "take no chunk compression"),
-                          (["--codec", "jpeg", "--quality", "101"], "101 is not in the range")]:
+    for args, message in [(["--codec", "jpeg"], "a compact cache is --format jpeg"),
+                          (["--format", "jpeg", "--compression", "zstd"], "take no chunk compression"),
+                          (["--format", "jpeg", "--quality", "101"], "101 is not in the range")]:
         r = runner.invoke(main, ["imagenet", str(imagenet_clean["root"]), "--out", str(tmp_path / "x"), *args])
         assert r.exit_code == 2 and message in r.output, r.output
         assert not (tmp_path / "x").exists()

@@ -156,12 +156,8 @@ def test_an_unknown_storage_kind_is_a_named_error(tmp_path):
 # compaction journal. Side arrays (labels.npy, ...) and the manifest are the format's, named in format/.
 _BACKEND_FILE_NAMES = re.compile(r"zarr\.json|images\.zarr|images-|\.jpegs\b|compacting\.json")
 
-# (module, string constant or code) found today outside storage/, each with its reason. The first five
-# are the leaks issue 23 names (destination.py hard-codes backend file names, cli.py maps --codec to a
-# kind): the storage-seam work removes them, then their lines here go (the test names any stale line).
+# (module, string constant or code) found outside storage/, each with its reason (the test names any stale line).
 _ALLOWED = {
-    # Not a leak: a --format value against the kind the storage registry maps --codec to (storage.codecs()).
-    ("cachebuild/cli_build.py", "storage not in (DEFAULT_STORAGE, encoded)"): "--codec's kind, from the registry",
     # Not storage kinds: the same words for other things.
     ("cachebuild/sources/shards/wds.py", "'jpeg'"): "a WebDataset member's extension (IMAGE_KEYS)",
     ("cachebuild/sources/peers/litdata.py", "'jpeg'"): "a LitData leaf's type name and a file extension",
