@@ -19,7 +19,7 @@ from typing import Any
 import click
 
 from cachebuild.cli_common import setup_logging
-from cachebuild.errors import CacheBuildError, DecodeError, SourceError
+from cachebuild.errors import CacheBuildError, DecodeError, OptionError, SourceError
 from cachebuild.flags import field_options
 from cachebuild.options import option
 from cachebuild.sources.kind import SourceKind
@@ -73,19 +73,31 @@ def build_command(kind: SourceKind) -> click.Command:
             kind.check()
         except SourceError as e:
             raise click.UsageError(str(e)) from None
-        if kw.get("decode_device", "cpu") != "cpu":  # before listing a large source: no GPU, no build
-            from cachebuild.builder.gpu_build import check_decode_device
+        try:
+            if kw.get("decode_device", "cpu") != "cpu":  # before listing a large source: no GPU, no build
+                from cachebuild.builder.gpu_build import check_decode_device
 
-            _call(check_decode_device, kw["decode_device"])
-        classes = None
-        if classes_file is not None:
-            from cachebuild.sources.shards.plan import read_classes
+                check_decode_device(kw["decode_device"])
+            classes = None
+            if classes_file is not None:
+                from cachebuild.sources.shards.plan import read_classes
 
-            classes = _call(read_classes, classes_file)
-        from cachebuild.builder.pipeline import build_source
+                classes = read_classes(classes_file)
+            from cachebuild.builder.pipeline import build_source
 
-        with _parallel_backend(dask_scheduler):
-            _call(build_source, kind.name, src, out, size=size, classes=classes, report=_echo, **kw)
+            with _parallel_backend(dask_scheduler):
+                build_source(kind.name, src, out, size=size, classes=classes, report=_echo, **kw)
+        except DecodeError as e:
+            raise click.ClickException(
+                f"{e.path}: {e.reason}\n(--on-error fail stopped the build; finished blocks are kept and the same "
+                f"command resumes; --on-error skip lists such files instead)") from None
+        except OptionError as e:  # options that cannot work together (e.g. jpeg takes no --compression)
+            raise click.UsageError(str(e)) from None
+        except CacheBuildError as e:
+            raise click.ClickException(str(e)) from None
+        except KeyboardInterrupt:
+            raise click.ClickException("interrupted; finished blocks are kept: rerun the same command to "
+                                       "resume") from None
 
     params = [src, *own[: kind.size_at], *size, *own[kind.size_at :], *build_params()]
     return click.Command(kind.name, params=params, callback=run, help=kind.help)
@@ -111,25 +123,6 @@ def _echo(result: Any) -> None:
         click.echo(f"  updated: {result.decoded} decoded, {result.reused} reused from the cache it replaced")
     if result.failures:
         click.echo(f"  skipped files are listed in {dest / 'manifest.json'} (cachebuild info {dest})")
-
-
-def _call(fn: Any, *args: Any, **kw: Any) -> Any:
-    """``fn(*args, **kw)``, its errors as the one-line messages of the command line."""
-    from cachebuild.errors import OptionError
-
-    try:
-        return fn(*args, **kw)
-    except DecodeError as e:
-        raise click.ClickException(
-            f"{e.path}: {e.reason}\n(--on-error fail stopped the build; finished blocks are kept and the same "
-            f"command resumes; --on-error skip lists such files instead)"
-        ) from None
-    except OptionError as e:  # the storage kind's own checks included (e.g. jpeg takes no --compression)
-        raise click.UsageError(str(e)) from None
-    except CacheBuildError as e:
-        raise click.ClickException(str(e)) from None
-    except KeyboardInterrupt:
-        raise click.ClickException("interrupted; finished blocks are kept: rerun the same command to resume") from None
 
 
 @contextlib.contextmanager

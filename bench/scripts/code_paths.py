@@ -10,8 +10,8 @@ counted):
 - ``build``: ``cachebuild folder SRC --size 64 --out OUT --jobs 1`` through the CLI (click's ``main`` in this
   process, npy, local), from the command to the committed cache: the files and functions it ran, and the
   deepest chain of our own frames;
-- ``sample``: one sample's way from the block's loop to its slot: the files of every call made beneath the
-  block's per-sample loop (``SAMPLE_LOOP``), the depth counted from there;
+- ``sample``: one sample's way from decode to its slot: the files of every call made beneath the block's
+  per-sample loop (``SAMPLE_LOOP``) but the source kind's read of the file's bytes, the depth counted from there;
 - ``read``: ``cachebuild.open``'s equivalent through the dataset, ``CachedImageDataset(path)`` and its first
   batch of 32 through ``collate_batch``: files and functions.
 
@@ -109,6 +109,8 @@ class SampleTrace(Trace):
         self.roots = roots
 
     def _chain(self, frame: Any) -> list[str] | None:
+        if self._ours(frame).startswith("cachebuild/sources/"):  # type: ignore[union-attr]
+            return None  # the source's read of a file's bytes: before the decode
         chain = super()._chain(frame)
         assert chain is not None
         starts = [i for i, c in enumerate(chain) if c.split(":")[1] in self.roots]

@@ -176,15 +176,18 @@ def _run_blocks(plan: Plan, out: Path, opts: BuildOptions, key: str, reuse: Reus
              for b, lo in todo)
     prefer = _prefer(opts)
     records = dict(done)
-    # blocks run in this process's threads: one thread each for the kernels; an update's copies make no
-    # cycles worth the collector's passes over the plan's millions of objects
-    here = prefer == "threads"
-    with one_thread_each() if here else contextlib.nullcontext(), gc_paused(here and reuse is not None), \
-            _progress(n, sum(r.planned for r in done.values()), f"{plan.dataset}/{plan.split}", opts.progress) as bar:
+    with contextlib.ExitStack() as stack:
+        if prefer == "threads":  # blocks in this process's threads: one thread each for the kernels
+            stack.enter_context(one_thread_each())
+            if reuse is not None:  # an update's copies make no cycles worth the collector's passes over the plan
+                stack.enter_context(gc_paused())
+        bar = stack.enter_context(_progress(n, sum(r.planned for r in done.values()), f"{plan.dataset}/{plan.split}",
+                                            opts.progress))
         for rec in Parallel(n_jobs=jobs, prefer=prefer, return_as="generator_unordered")(tasks):
             records[rec.block] = rec
             bar.update(rec.planned)
-    release_reader()  # this process's reader of the cache an update replaces: let it go before the commit
+    if reuse is not None:
+        release_reader()  # this process's reader of the cache an update replaces: let it go before the commit
     return records
 
 

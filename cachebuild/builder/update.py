@@ -95,15 +95,13 @@ def _reader(cache: str, content_id: str) -> Any:
 
 
 @contextlib.contextmanager
-def gc_paused(enabled: bool) -> Iterator[None]:
-    """Python's cyclic collector off while ``enabled`` (the caller's setting back after). An update run in this
-    process takes the 157 shards of ImageNet at 32 px whole with no decode between them; when block records
-    held per-sample tuples, the collector's passes over those millions of live, acyclic objects were 10 of the
-    29 s of an update of 10 of 1,281,167 files (records hold arrays now; the plan's and the reader's own
-    objects remain). What runs meanwhile makes no cycles worth collecting."""
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic collector off for the ``with`` block, the caller's setting back after: an update run in
+    this process copies samples with no decode between them, and the collector's passes over the plan's and the
+    reader's millions of live, acyclic objects would take a large share of its time (docs/performance.md). What
+    runs meanwhile makes no cycles worth collecting."""
     was = gc.isenabled()
-    if enabled:
-        gc.disable()
+    gc.disable()
     try:
         yield
     finally:
