@@ -5,8 +5,8 @@ once, straight into its slot of a single uint8 (B, H, W, 3) buffer (in shared me
 ``DataLoader`` worker, so handing it to the main process copies nothing). No decode, no per-image
 tensor, no stacking: ``__getitems__`` returns a :class:`CacheBatch` and :func:`collate_batch` passes it
 through as ``(images, labels[, boxes])``. In a worker that buffer is a slot of a per-worker ring of
-reused shared-memory batches (``loaders.batch_ring``): mapped once by both processes, so a batch costs
-no fresh page faults on either side.
+reused shared-memory batches (``loaders.batch_ring``), mapped once by both processes. What a read does
+not ask for (the ring outside workers, in-RAM mode, crops, encoded batches) is not imported on it.
 
 How the pixels are read is the cache's storage backend's business (``cachebuild.storage``: memory maps
 of npy shards or raw zarr chunks locally, byte ranges through fsspec for URLs, zarr-python for
@@ -24,9 +24,9 @@ from __future__ import annotations
 import contextlib
 import operator
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -39,12 +39,12 @@ from cachebuild.storage import ImageStore
 from cachebuild.storage.cache.reader import open_cache
 from cachebuild.storage.kinds.side_arrays import load_column, load_paths, map_array
 from cachebuild.storage.locations.replacement import ReaderLock
-from loaders.batch_ring import InlineTensor, ProcessRing
 from loaders.collate import CacheBatch, collate_batch
 from loaders.dataset_options import DatasetOptions
-from loaders.encoded import EncodedImages
-from loaders.shared_memory import auto_budget, load_shared, shared_uint8
-from loaders.worker_crop import CropPlan, CropSpec, flip_probability, normalize_matrix
+
+if TYPE_CHECKING:
+    from loaders.batch_ring import ProcessRing
+    from loaders.worker_crop import CropPlan
 
 __all__ = ["CacheBatch", "CachedImageDataset", "DatasetOptions", "collate_batch"]
 
@@ -54,6 +54,8 @@ def _new_batch(shape: tuple[int, ...], dtype: np.dtype, shared: bool) -> torch.T
     tdtype = torch.from_numpy(np.empty(0, dtype)).dtype
     if not shared:
         return torch.empty(shape, dtype=tdtype)
+    from loaders.shared_memory import shared_uint8
+
     # Allocated straight in shared memory (as default_collate does for its stack) rather than
     # share_memory_() afterwards, which would copy the batch once more.
     return shared_uint8((*shape[:-1], shape[-1] * dtype.itemsize)).view(tdtype)  # float32: 4 bytes a value
@@ -61,6 +63,8 @@ def _new_batch(shape: tuple[int, ...], dtype: np.dtype, shared: bool) -> torch.T
 
 def _inline(batch: CacheBatch) -> CacheBatch:
     """A batch's small tensors made to cross to the main process by value (``batch_ring.InlineTensor``)."""
+    from loaders.batch_ring import InlineTensor
+
     return CacheBatch(batch.images, batch.labels.as_subclass(InlineTensor),
                       None if batch.boxes is None else batch.boxes.as_subclass(InlineTensor),
                       tuple(c.as_subclass(InlineTensor) for c in batch.columns))
@@ -92,7 +96,7 @@ class CachedImageDataset(Dataset):
 
     ``transform``, ``return_boxes``, ``ring_slots`` and ``decode`` are attributes a loader may set afterwards
     (``device_loader(decode="cuda")``, a DataLoader's prefetch); the crop in the workers is :attr:`crop` (a
-    :class:`~loaders.worker_crop.CropPlan`, or None), changed with :meth:`set_crop`.
+    :class:`~loaders.worker_crop.CropPlan`, or None), changed with :meth:`set_crop` before loaders are made.
 
     Opening validates the manifest and every shard header (named errors from ``cachebuild.errors``:
     ``CacheNotFoundError``, ``UnsupportedFormatError``, ``CacheCorruptError``) and then closes the files.
@@ -128,14 +132,15 @@ class CachedImageDataset(Dataset):
         del reader
         self._paths: list[str] | None = None
         self._shared: torch.Tensor | None = None
-        self._ring = ProcessRing()  # a DataLoader worker's reused batches (loaders.batch_ring), made there
+        self._ring: ProcessRing | None = None  # a DataLoader worker's reused batches, made there
         self.crop: CropPlan | None = None
-        self.set_crop(o.crop, o.flip, o.seed, o.normalize)
-        in_memory = o.in_memory
-        if in_memory == "auto":
-            in_memory = self.nbytes <= auto_budget(o.memory_budget)
-        if in_memory:
-            self._shared = load_shared(self)
+        if o.crop is not None:
+            self.set_crop(o.crop, o.seed, o.normalize, flip=o.flip)
+        if o.in_memory:
+            from loaders.shared_memory import auto_budget, load_shared
+
+            if o.in_memory is True or self.nbytes <= auto_budget(o.memory_budget):
+                self._shared = load_shared(self)
 
     # ------------------------------------------------------------------ metadata
     def __len__(self) -> int:
@@ -191,7 +196,7 @@ class CachedImageDataset(Dataset):
 
     @property
     def chunk_size(self) -> int:
-        """Samples per read chunk for :class:`~loaders.sampler.CacheSampler`'s chunk-aware order."""
+        """Samples per natural read unit of the storage (a zarr chunk, ~8 MB of npy rows)."""
         return self._images.chunk_size
 
     def file_bounds(self) -> np.ndarray:  # each stored file's first sample, then the count (CacheSampler)
@@ -219,7 +224,7 @@ class CachedImageDataset(Dataset):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_reader_lock"] = None  # the opening process holds it; its workers die before it does
-        state["_paths"] = None
+        state["_paths"] = state["_ring"] = None  # a ring belongs to the process that made it
         if self.location.is_local:  # memory-mapped side arrays: each process maps them again (storage.side_arrays)
             state["_labels"] = state["sizes"] = state["_boxes"] = state["_columns"] = None
         # _shared (a torch tensor in shared memory) travels by handle through torch's multiprocessing
@@ -302,27 +307,35 @@ class CachedImageDataset(Dataset):
         return [rows[i] for i in idx.tolist()]
 
     # ------------------------------------------------------------------ crop in the workers
-    def set_crop(self, crop: CropSpec | None, flip: bool | float = False, seed: int = 0,
-                 normalize: tuple[Sequence[float], Sequence[float]] | None = None) -> None:
-        """Crop in the workers as ``DatasetOptions(crop=, flip=, seed=, normalize=)`` says (None: no crop);
-        before making loaders."""
+    def set_crop(self, crop: Any, seed: int = 0, normalize: tuple[Sequence[float], Sequence[float]] | None = None,
+                 *, flip: bool | float | None = None) -> None:
+        """Crop in the workers as ``DatasetOptions(crop=, seed=, normalize=)`` says (None: none); before loaders
+        are made (``flip``: the previous release's spelling of the crop's ``flip_p``)."""
         if crop is None:
-            flip_probability(None, flip)  # a flip without a crop is refused, as DatasetOptions refuses it
-            normalize_matrix(None, normalize)
             self.crop = None
-        else:
-            self.crop = CropPlan(crop, flip, seed, normalize)
+            if normalize is not None or flip:
+                raise ValueError("normalize and flip need crop=RandomResizedCrop(...) or CenterCrop(...)")
+            return
+        from loaders.worker_crop import CropPlan
+
+        self.crop = CropPlan(crop, seed, normalize, flip)
 
     def set_epoch(self, epoch: int) -> None:
-        """The epoch the crop boxes and flips are drawn for (seen by persistent workers at their next batch)."""
+        """The epoch the crop boxes and flips are drawn for (seen by persistent workers at their next batch);
+        :class:`~loaders.sampler.CacheSampler` calls it from its own ``set_epoch``."""
         if self.crop is not None:
             self.crop.set_epoch(epoch)
 
-    def set_resolution(self, size: int | Sequence[int]) -> None:
-        """Output size of the crop from the next batch on (progressive resizing); call between epochs."""
+    def set_resolution(self, size: int | Sequence[int] | Callable[[int], int | Sequence[int]]) -> None:
+        """Output size of the crop from the next batch on (progressive resizing), or a schedule (epoch -> size,
+        e.g. ``worker_crop.progressive``) that every :meth:`set_epoch` applies; call between epochs."""
         if self.crop is None:
             raise ValueError("set_resolution needs a dataset made with crop=RandomResizedCrop(...) or CenterCrop(...)")
-        self.crop.set_size(size)
+        if callable(size):
+            self.crop.schedule = size
+            self.crop.set_size(size(self.crop.epoch))
+        else:
+            self.crop.set_size(size)
 
     @property
     def resolution(self) -> tuple[int, int] | None:
@@ -398,6 +411,10 @@ class CachedImageDataset(Dataset):
         shape = (len(idx), *self.output_shape)
         images: torch.Tensor | None = None
         if worker and self.transform is None and self.ring_slots:
+            if self._ring is None:
+                from loaders.batch_ring import ProcessRing
+
+                self._ring = ProcessRing()
             images = self._ring.take(self.ring_slots, shape, self.output_dtype)
         if images is None:
             images = _new_batch(shape, self.output_dtype, shared=worker)
@@ -410,6 +427,8 @@ class CachedImageDataset(Dataset):
 
     def _encoded_batch(self, idx: np.ndarray, worker: bool) -> CacheBatch:
         """The batch's stored JPEGs, checked against their checksums, undecoded (for decoding on a GPU)."""
+        from loaders.encoded import EncodedImages
+
         data, offsets = self._images.read_encoded(idx)
         labels = torch.from_numpy(self._labels[idx])
         boxes = torch.from_numpy(self.valid_boxes(idx)) if self.return_boxes else None

@@ -16,7 +16,6 @@ import torch
 
 from cachebuild.storage import BlockCache
 from loaders.batch_ring import MAX_SLOTS
-from loaders.worker_crop import CropSpec, flip_probability, normalize_matrix
 
 __all__ = ["DEFAULT_RING_SLOTS", "DatasetOptions"]
 
@@ -37,19 +36,20 @@ class DatasetOptions:
         return_boxes: also return the valid box ``(y0, x0, y1, x1)`` int32 (end-exclusive) of each sample.
             Caches built with ``--fit pad`` store it; for other caches every pixel is valid, so the box is
             the full image ``(0, 0, H, W)``.
-        crop: crop in the loader's workers (``loaders.worker_crop``): a
-            :class:`~loaders.worker_crop.RandomResizedCrop` (train) or :class:`~loaders.worker_crop.CenterCrop`
-            (eval). Each sample is cropped inside its valid box and resized straight into the batch, which is
-            then uint8 (B, size, size, 3): the device side only normalizes. Boxes and flips are a pure function
-            of (``seed``, epoch, sample index); set the epoch with ``set_epoch`` (or an
-            :class:`~loaders.worker_crop.EpochSampler`) and the output size with ``set_resolution``.
+        crop: crop in the loader's workers (``loaders.worker_crop``), said with the device transforms'
+            classes (``loaders.transforms``): ``RandomResizedCrop(size, scale, ratio, flip_p)`` (train), or
+            ``CenterCrop(size)`` after an optional ``Resize(short_side)`` in a ``Compose`` (eval). Each sample is
+            cropped inside its valid box and resized straight into the batch, which is then uint8 (B, size,
+            size, 3): the device side only normalizes. Boxes and flips are a pure function of (``seed``, epoch,
+            sample index); ``CacheSampler.set_epoch`` (or ``ds.set_epoch``) sets the epoch, ``set_resolution``
+            the output size.
         columns: names of the cache's columns (``cachebuild columns add``) to carry with every sample and
             batch, after the image, the label and the box: ``(image, label[, box], *columns)``; each is a
             tensor of its stored dtype, (B, ...) in a batch. A name the cache lacks is an error at open.
         labels: a column to serve as the labels instead of the built-in ones (``cachebuild train --labels``):
             an integer (N,) column (relabelled classes) or float (N, C) soft labels (distillation targets).
-        flip: with a ``RandomResizedCrop``, mirror each sample left-right with probability 0.5
-            (``True``) or the given probability.
+        flip: the previous release's spelling of ``RandomResizedCrop(flip_p=)`` (``True``: 0.5), kept for
+            one release.
         seed: the seed of the crop boxes and flips.
         normalize: with a ``crop``, ``(mean, std)`` (0-1 units, as torchvision's ``Normalize``): the workers
             also normalize, and batches are float32 (B, size, size, 3) (``device_loader``: NCHW channels_last),
@@ -71,10 +71,9 @@ class DatasetOptions:
         memory_budget: bytes one process may load for ``in_memory="auto"``; default half of the
             available RAM, split as above.
         ring_slots: reused batch slots per ``DataLoader`` worker (``loaders.batch_ring``); costs
-            ``ring_slots`` x batch bytes of shared memory per worker (5 x 38.5 MB for 256 x 224 x 224 x 3),
-            mapped by the worker and the main process. Use ``prefetch_factor + 3`` when raising the
-            DataLoader's ``prefetch_factor``; 0 allocates a fresh shared batch every time (the old path).
-            A batch that finds no free slot (e.g. the loop keeps every batch) gets a fresh one.
+            ``ring_slots`` x batch bytes of shared memory per worker, mapped by the worker and the main process.
+            Use ``prefetch_factor + 3`` when raising the DataLoader's ``prefetch_factor``; 0 allocates a fresh
+            shared batch every time. A batch that finds no free slot (the loop keeps every batch) gets a fresh one.
 
     A cache at a URL, and which cache:
         local_cache: for a URL, a local folder where fetched blocks are kept (bounded by
@@ -89,10 +88,10 @@ class DatasetOptions:
 
     transform: Callable[[torch.Tensor], Any] | None = None
     return_boxes: bool = False
-    crop: CropSpec | None = None
+    crop: Any = None
     columns: tuple[str, ...] = ()
     labels: str | None = None
-    flip: bool | float = False
+    flip: bool | float | None = None
     seed: int = 0
     normalize: tuple[Sequence[float], Sequence[float]] | None = None
     decode: Literal["cpu", "none"] = "cpu"
@@ -114,10 +113,16 @@ class DatasetOptions:
             raise ValueError(f"in_memory must be True, False or 'auto', got {self.in_memory!r}")
         if not 0 <= self.ring_slots <= MAX_SLOTS:
             raise ValueError(f"ring_slots must be in 0..{MAX_SLOTS}, got {self.ring_slots}")
-        flip_probability(self.crop, self.flip)
         if isinstance(self.columns, str) or not all(isinstance(c, str) for c in self.columns):
             raise TypeError(f"columns must be a list of column names, got {self.columns!r}")
         object.__setattr__(self, "columns", tuple(self.columns))  # a list is fine; kept hashable and frozen
         if len(set(self.columns)) != len(self.columns):
             raise ValueError(f"columns names a column twice: {list(self.columns)}")
-        normalize_matrix(self.crop, self.normalize)
+        if self.crop is not None or self.flip is not None or self.normalize is not None:
+            from loaders.worker_crop import check_crop, flip_probability, normalize_matrix
+
+            if self.crop is not None:
+                check_crop(self.crop, self.flip)
+            elif self.flip is not None and flip_probability(self.flip):
+                raise ValueError("flip needs crop=RandomResizedCrop(..., flip_p=): eval crops do not flip")
+            normalize_matrix(self.crop, self.normalize)

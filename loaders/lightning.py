@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from loaders.collate import collate_batch
 from loaders.dataset import CachedImageDataset, DatasetOptions
-from loaders.sampler import CacheSampler
+from loaders.sampler import CacheSampler, removed_options
 
 __all__ = ["CacheDataModule", "DistributedCacheSampler", "ResumableDataLoader"]
 
@@ -91,7 +91,7 @@ class CacheDataModule(pl.LightningDataModule):
             ``train_transform``, e.g. ``MixUpCutMix(num_classes)``; the targets then are float (N, C): use
             ``F.cross_entropy(logits, targets)``.
         seed: the sampler's base seed; default ``PL_GLOBAL_SEED`` (set by ``seed_everything``) or 0.
-        shuffle, drop_last, chunked, shard_window: the training sampler's (``CacheSampler``) options.
+        shuffle, drop_last, shard_window: the training sampler's (``CacheSampler``) options.
         pin_memory: default True when the Trainer runs on CUDA.
         prefetch_factor: batches in flight per worker (the dataset's batch ring is sized to match).
         return_boxes: hand the valid boxes of a ``--fit pad`` cache to the transforms.
@@ -117,13 +117,14 @@ class CacheDataModule(pl.LightningDataModule):
         seed: int | None = None,
         shuffle: bool = True,
         drop_last: bool = False,
-        chunked: bool = False,
         shard_window: int | None = None,
         pin_memory: bool | None = None,
         prefetch_factor: int = 4,
         return_boxes: bool = False,
         dataset_options: DatasetOptions | None = None,
+        **removed: Any,
     ) -> None:
+        removed_options(removed, "CacheDataModule")
         super().__init__()
         if batch_size < 1 or (val_batch_size is not None and val_batch_size < 1):
             raise ValueError(f"batch_size and val_batch_size must be >= 1, got {batch_size} and {val_batch_size}")
@@ -135,7 +136,7 @@ class CacheDataModule(pl.LightningDataModule):
         self.num_workers = int(num_workers)
         self.train_transform, self.val_transform, self.mix = train_transform, val_transform, mix
         self.seed = seed
-        self.shuffle, self.drop_last, self.chunked = bool(shuffle), bool(drop_last), bool(chunked)
+        self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
         self.shard_window = shard_window
         self.pin_memory = pin_memory
         self.prefetch_factor = int(prefetch_factor)
@@ -199,8 +200,7 @@ class CacheDataModule(pl.LightningDataModule):
         world, rank = self._ranks()
         seed = self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
         sampler = DistributedCacheSampler(self.train_ds, shuffle=self.shuffle, seed=seed, drop_last=self.drop_last,
-                                          num_replicas=world, rank=rank, chunked=self.chunked,
-                                          shard_window=self.shard_window)
+                                          num_replicas=world, rank=rank, shard_window=self.shard_window)
         if self.trainer is not None:
             sampler.set_epoch(self.trainer.current_epoch)
         self.train_sampler = sampler

@@ -8,7 +8,7 @@ nothing references them any more (checked by reference count), which saves the p
 38 MB allocation per batch; pinned buffers come from torch's caching host allocator, which recycles
 them only after pending device copies finish.
 
-Called ``FastLoader`` (in ``loaders.device``) in earlier releases; that name still works.
+``FastLoader`` (in ``loaders.device``) is its name of the previous release, kept for one release.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import torch
 
 from cachebuild.storage.kinds.jpeg.backend import decode_in_this_thread
 from loaders.dataset import CachedImageDataset
+from loaders.sampler import CacheSampler
 
 __all__ = ["ThreadLoader"]
 
@@ -40,7 +41,7 @@ _MADV_KEEPONFORK = getattr(mmap, "MADV_KEEPONFORK", 19 if sys.platform.startswit
 def _unforked_buffer(size: int) -> np.ndarray:
     """``size`` uint8 bytes that a fork does not share. numpy's memory becomes copy-on-write in the parent
     when a process forks (a DataLoader starting its workers after this loader's first epoch does), and
-    every page the loader then writes is first copied: measured 6x slower for the next epoch. With
+    every page the loader then writes is first copied, which makes its next epoch several times slower. With
     MADV_WIPEONFORK a child sees zeros there instead (unless a batch still holds the buffer: see
     :func:`_before_fork`), and the parent's pages stay its own."""
     if _MADV_WIPEONFORK is not None and size:
@@ -135,7 +136,7 @@ class ThreadLoader:
     ``DatasetOptions(normalize=...)``: cropped, flipped and normalized by the gathering threads) like a DataLoader
     with :func:`~loaders.dataset.collate_batch`; wrap it in :func:`~loaders.device.device_loader` as a DataLoader.
     ``sampler`` (e.g. :class:`~loaders.sampler.CacheSampler`, including its resume position) gives the
-    indices; without one, ``shuffle`` draws a permutation from ``seed`` and a counter of epochs.
+    indices; without one, a ``CacheSampler(shuffle=, seed=)`` of this loader's, one epoch further each ``iter()``.
 
     A CPU batch's buffer is reused for a later batch only once no tensor references it any more, so
     keeping a batch is safe. ``dataset.transform`` is not applied (this is the raw fast path); a
@@ -162,9 +163,9 @@ class ThreadLoader:
             raise ValueError("pin_memory=True needs CUDA; pass pin_memory=torch.cuda.is_available()")
         self.dataset = dataset
         self.batch_size = int(batch_size)
-        self.sampler = sampler
-        self.shuffle = shuffle
-        self.seed = seed
+        self._own_sampler = sampler is None  # then a CacheSampler of shuffle and seed, one epoch per iter()
+        self.sampler = sampler if sampler is not None else CacheSampler(dataset, shuffle=shuffle, seed=seed,
+                                                                        num_replicas=1, rank=0)
         self.drop_last = drop_last
         self.num_threads = int(num_threads)
         self.prefetch = int(prefetch)
@@ -173,18 +174,13 @@ class ThreadLoader:
         self._pool = _BufferPool((self.batch_size, *dataset.output_shape), dataset.output_dtype)
 
     def _indices(self) -> np.ndarray:
-        if self.sampler is not None:
-            return np.fromiter(iter(self.sampler), dtype=np.int64)
-        n = len(self.dataset)
-        if not self.shuffle:
-            return np.arange(n, dtype=np.int64)
-        g = torch.Generator()
-        g.manual_seed(self.seed + self._epochs)
-        self._epochs += 1
-        return torch.randperm(n, generator=g).numpy()
+        if self._own_sampler:
+            self.sampler.set_epoch(self._epochs)  # type: ignore[attr-defined]
+            self._epochs += 1
+        return np.fromiter(iter(self.sampler), dtype=np.int64)
 
     def __len__(self) -> int:
-        n = len(self.sampler) if self.sampler is not None else len(self.dataset)  # type: ignore[arg-type]
+        n = len(self.sampler)  # type: ignore[arg-type]
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def _out(self, b: int) -> torch.Tensor:
@@ -194,7 +190,7 @@ class ThreadLoader:
             return torch.empty((b, *shape), dtype=torch.from_numpy(np.empty(0, dtype)).dtype, pin_memory=True)
         if self._pool.shape[1:] != shape or self._pool.dtype != dtype:
             self._pool = _BufferPool((self.batch_size, *shape), dtype)  # batches still held keep the old buffers
-        # the short last batch too: a fresh one would be page faults and zeroing, ~10% of a raw epoch
+        # the short last batch too: a fresh one would be page faults and zeroing
         return torch.from_numpy(self._pool.acquire()[:b])
 
     def _load(self, idx: np.ndarray, images: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -54,20 +54,17 @@ def crop_in_workers(cfg: TrainConfig, augment: str, crop: int, train_ds: Any, va
     transforms that are left (normalize only; none with ``normalize``, a CPU run, where the workers normalize
     too and the main process only trains). Batches then hold only valid pixels: no boxes travel."""
     from loaders import transforms as T
-    from loaders.worker_crop import CenterCrop, RandomResizedCrop
 
     fused = (T.IMAGENET_MEAN, T.IMAGENET_STD) if normalize else None
-
     if augment == "cifar":
         raise TrainSetupError("--augment-in workers runs the imagenet (RandomResizedCrop) and none presets; "
                               "cifar's padded crop runs on the device: use --augment-in device")
-    if augment == "none":
-        train_ds.set_crop(CenterCrop(crop), normalize=fused)
-    else:
-        train_ds.set_crop(RandomResizedCrop(crop), flip=True, seed=cfg.seed, normalize=fused)
+    evaluation = T.Compose([T.Resize(round(crop / 0.875)), T.CenterCrop(crop)])  # imagenet_eval's crop
+    train_crop = evaluation if augment == "none" else T.RandomResizedCrop(crop, flip_p=0.5)
+    train_ds.set_crop(train_crop, cfg.seed, fused)
     train_ds.return_boxes = False
     if val_ds is not None:
-        val_ds.set_crop(CenterCrop(crop), normalize=fused)
+        val_ds.set_crop(evaluation, normalize=fused)
         val_ds.return_boxes = False
     norm = torch.nn.Identity() if normalize else T.Normalize(T.IMAGENET_MEAN, T.IMAGENET_STD)
     return norm, norm
@@ -124,7 +121,8 @@ def _resolution(cfg: TrainConfig, shape: tuple[int, int, int], val_ds: Any | Non
 
 def build_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
     """Open the caches and make the sampler, loaders and device transforms of the run."""
-    from loaders.worker_crop import EpochSampler, progressive
+    from loaders.sampler import CacheSampler
+    from loaders.worker_crop import progressive
 
     train_ds, val_ds = _open_caches(cfg)
     h, w, c = (int(s) for s in train_ds.shape)
@@ -136,8 +134,8 @@ def build_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
     else:
         train_tf, eval_tf = transforms_for(augment, crop)
     ramp = cfg.progressive_schedule()
-    schedule = progressive(*ramp, step=8) if ramp is not None else None
     if ramp is not None:
+        train_ds.set_resolution(progressive(*ramp, step=8))  # applied at each set_epoch
         notes.append(f"progressive resizing: {ramp[0]} px until epoch {ramp[2]}, {ramp[1]} px from epoch {ramp[3]}")
     if hasattr(train_tf, "to"):
         train_tf = train_tf.to(info.device)
@@ -145,8 +143,8 @@ def build_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
 
     kind = cfg.loader if cfg.loader != "auto" else ("threads" if info.device.type == "cpu" else "dataloader")
     # set_epoch also sets the crop epoch (and the schedule's size) of a dataset that crops in the workers
-    sampler = EpochSampler(train_ds, schedule=schedule, shuffle=True, seed=cfg.seed, num_replicas=info.world_size,
-                           rank=info.rank, drop_last=False, shard_window=cfg.shard_window)
+    sampler = CacheSampler(train_ds, shuffle=True, seed=cfg.seed, num_replicas=info.world_size, rank=info.rank,
+                           drop_last=False, shard_window=cfg.shard_window)
     # Evaluation shards without padding (each sample counted once when the counts are summed).
     val_idx = list(range(info.rank, len(val_ds), info.world_size)) if val_ds is not None else []
     pin = info.device.type == "cuda"
