@@ -15,7 +15,7 @@ from loaders.train.checkpoints.run_folder import CHECKPOINT_NAME, METRICS_NAME, 
 from loaders.train.config import TrainConfig
 from loaders.train.data import TrainData
 from loaders.train.distributed import DistInfo
-from loaders.train.metrics import plot_metrics
+from loaders.train.metrics import PlotsUnavailableError, plot_metrics
 
 __all__ = ["resolved_config", "say_start", "summarize", "write_summary"]
 
@@ -71,7 +71,10 @@ def write_summary(say: Say, cfg: TrainConfig, info: DistInfo, summary: dict[str,
     out = Path(cfg.out)
     png = None
     if (out / METRICS_NAME).is_file():
-        png = plot_metrics(out / METRICS_NAME, out / "metrics.png")
+        try:
+            png = plot_metrics(out / METRICS_NAME, out / "metrics.png")
+        except PlotsUnavailableError as e:  # the run itself is done: say what the picture needs, go on
+            say(str(e))
     write_json(out / "summary.json", summary)
     say("")
     say(f"cache       {cfg.train}" + (f"  (val {cfg.val})" if cfg.val else ""))
