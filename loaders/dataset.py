@@ -1,22 +1,17 @@
 """CachedImageDataset: a map-style torch Dataset over a cachebuild cache, from a local folder or a URL.
 
-The hot path of every epoch. A batch is one sorted pass over the requested samples, each row copied
-once, straight into its slot of a single uint8 (B, H, W, 3) buffer (in shared memory when running in a
-``DataLoader`` worker, so handing it to the main process copies nothing). No decode, no per-image
-tensor, no stacking: ``__getitems__`` returns a :class:`CacheBatch` and :func:`collate_batch` passes it
-through as ``(images, labels[, boxes])``. In a worker that buffer is a slot of a per-worker ring of
-reused shared-memory batches (``loaders.batch_ring``), mapped once by both processes. What a read does
-not ask for (the ring outside workers, in-RAM mode, crops, encoded batches) is not imported on it.
+The hot path of every epoch. A batch is one sorted pass over the requested samples, each row copied once
+into its slot of a single uint8 (B, H, W, 3) buffer (in a DataLoader worker: a slot of the worker's ring of
+reused shared-memory batches, ``loaders.batch_ring``, so handing it over copies nothing). No decode, no
+per-image tensor, no stacking: ``__getitems__`` returns a :class:`CacheBatch` that :func:`collate_batch`
+passes through. How pixels are read is the storage kind's business (``cachebuild.storage``); what a read
+does not ask for (the ring outside workers, in-RAM mode, crops, encoded batches) is not imported on it.
 
-How the pixels are read is the cache's storage backend's business (``cachebuild.storage``: memory maps
-of npy shards or raw zarr chunks locally, byte ranges through fsspec for URLs, zarr-python for
-compressed chunks); this module only asks its image store to gather a batch into a buffer.
-
-Process model: the constructor validates the whole cache in the calling process (so a missing,
-truncated or mis-shaped shard is a named error there, never inside a worker) and keeps nothing open
-but a shared lock on a local cache folder (a ``--force`` rebuild then leaves this dataset reading the
-old cache whole). Each process maps or fetches what it touches lazily on first use; the pickled state
-holds only the location, the manifest and the small per-sample arrays.
+Process model: the constructor validates the whole cache in the calling process (a missing, truncated or
+mis-shaped shard is a named error there, never in a worker) and keeps nothing open but a shared lock on a
+local cache folder (a ``--force`` rebuild then leaves this dataset reading the old cache whole). Each
+process maps or fetches what it touches on first use; the pickled state holds only the location, the
+manifest and the small per-sample arrays.
 """
 
 from __future__ import annotations
@@ -47,6 +42,11 @@ if TYPE_CHECKING:
     from loaders.worker_crop import CropPlan
 
 __all__ = ["CacheBatch", "CachedImageDataset", "DatasetOptions", "collate_batch"]
+
+
+def _whole_boxes(shape: tuple[int, ...], n: int) -> np.ndarray:
+    """int32 (n, 4) boxes covering whole (H, W, ...) samples: every pixel valid."""
+    return np.tile(np.array([0, 0, shape[0], shape[1]], dtype=np.int32), (n, 1))
 
 
 def _new_batch(shape: tuple[int, ...], dtype: np.dtype, shared: bool) -> torch.Tensor:
@@ -174,10 +174,7 @@ class CachedImageDataset(Dataset):
     @property
     def boxes(self) -> np.ndarray:
         """int32 (N, 4) valid boxes ``(y0, x0, y1, x1)``, end-exclusive; full images when the cache has none."""
-        if self._boxes is not None:
-            return self._boxes
-        h, w, _ = self.shape
-        return np.tile(np.array([0, 0, h, w], dtype=np.int32), (len(self), 1))
+        return self._boxes if self._boxes is not None else _whole_boxes(self.shape, len(self))
 
     @property
     def paths(self) -> list[str]:
@@ -222,13 +219,11 @@ class CachedImageDataset(Dataset):
 
     # ------------------------------------------------------------------ processes
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_reader_lock"] = None  # the opening process holds it; its workers die before it does
-        state["_paths"] = state["_ring"] = None  # a ring belongs to the process that made it
-        if self.location.is_local:  # memory-mapped side arrays: each process maps them again (storage.side_arrays)
+        # _shared (in shared memory) travels by handle through torch's multiprocessing reductions; the lock
+        # stays with the opening process (its workers die before it does), a ring with the process that made it.
+        state = {**self.__dict__, "_reader_lock": None, "_paths": None, "_ring": None}
+        if self.location.is_local:  # memory-mapped side arrays: each process maps them again
             state["_labels"] = state["sizes"] = state["_boxes"] = state["_columns"] = None
-        # _shared (a torch tensor in shared memory) travels by handle through torch's multiprocessing
-        # reductions (DataLoader workers, fork or spawn); a plain pickle.dumps copies it, as for any tensor.
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -249,11 +244,9 @@ class CachedImageDataset(Dataset):
 
     # ------------------------------------------------------------------ reading
     def _indices(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> np.ndarray:
-        """``indices`` as int64 sample numbers in [0, N), negative ones counted from the end.
-
-        Only integers: casting floats truncates (2.7 would read sample 2), a boolean mask would read samples
-        1 and 0, and a uint64 past the end would wrap round to the last samples, i.e. other samples.
-        """
+        """``indices`` as int64 sample numbers in [0, N), negative ones counted from the end. Only integers:
+        a float cast truncates (2.7 would read sample 2), a boolean mask would read samples 1 and 0, and a
+        uint64 past the end would wrap round to other samples."""
         idx = np.asarray(indices).reshape(-1)
         if idx.dtype.kind not in "iu" and idx.size:  # an empty list is float64: nothing to read either way
             raise TypeError(f"sample indices must be integers, got {idx.dtype} ({indices!r:.60})")
@@ -265,11 +258,8 @@ class CachedImageDataset(Dataset):
         return np.where(idx < 0, idx + n, idx)
 
     def gather(self, indices: Sequence[int] | np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """Read samples ``indices`` (in that order) into ``out`` (uint8 (B, H, W, 3), allocated if None).
-
-        Reads go in ascending sample order (sequential within each shard); each row is copied once.
-        Safe to call from several threads at once (numpy releases the GIL while copying).
-        """
+        """Read samples ``indices`` (in that order) into ``out`` (uint8 (B, H, W, 3), allocated if None): reads in
+        ascending sample order, each row copied once; safe from several threads (the copies release the GIL)."""
         idx = self._indices(indices)
         if out is None:
             out = np.empty((len(idx), *self.shape), dtype=np.uint8)
@@ -289,10 +279,7 @@ class CachedImageDataset(Dataset):
     def valid_boxes(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """int32 (B, 4) valid boxes ``(y0, x0, y1, x1)`` of samples ``indices``; full images when the cache has none."""
         idx = self._indices(indices)
-        if self._boxes is not None:
-            return self._boxes[idx]
-        h, w, _ = self.shape
-        return np.tile(np.array([0, 0, h, w], dtype=np.int32), (len(idx), 1))
+        return self._boxes[idx] if self._boxes is not None else _whole_boxes(self.shape, len(idx))
 
     def sample_views(self, indices: Sequence[int] | np.ndarray) -> list[np.ndarray] | None:
         """Read-only (H, W, 3) views of samples ``indices`` where they lie in this process's memory
@@ -365,7 +352,7 @@ class CachedImageDataset(Dataset):
         labels = torch.from_numpy(self._labels[idx])
         if not self.return_boxes:
             return CacheBatch(images, labels, None, self._column_values(idx))
-        boxes = self.valid_boxes(idx) if self.crop is None else self.crop.whole_boxes(len(idx), out.shape)
+        boxes = self.valid_boxes(idx) if self.crop is None else _whole_boxes(out.shape[1:], len(idx))
         return CacheBatch(images, labels, torch.from_numpy(boxes), self._column_values(idx))
 
     def _column_values(self, idx: np.ndarray) -> tuple[torch.Tensor, ...]:

@@ -219,10 +219,6 @@ class CropPlan:
             _crop_batch(samples, idx, self, out)
         return out
 
-    def whole_boxes(self, n: int, shape: tuple[int, ...]) -> np.ndarray:
-        """Boxes of a cropped batch of ``shape`` (B, h, w, 3): every output pixel is valid."""
-        return np.tile(np.array([0, 0, shape[1], shape[2]], dtype=np.int32), (n, 1))
-
 
 def progressive(low: int, high: int, start_epoch: int, end_epoch: int, step: int = 32) -> Callable[[int], int]:
     """FFCV's progressive resizing: ``low`` px until ``start_epoch``, then linearly up to ``high`` at

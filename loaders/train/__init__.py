@@ -3,10 +3,10 @@
 Use the pieces in your own code (``train_one_epoch``, ``evaluate``, ``build_model``, checkpoints), or
 the whole run: ``cachebuild train CACHE --val VAL --model resnet50 ...`` / ``fit(TrainConfig(...))``.
 
-Layout: ``config`` (every setting of a run), ``cli`` (the command), ``run/`` (``fit``: a whole run, its epochs,
-what it reports), ``loop/`` (one epoch: AMP, accumulation, the optimizer and its schedule, evaluation), ``data``
-(caches, sampler, loaders), ``checkpoints/`` (state, resume, the run folder), beside ``models``, ``metrics`` and
-``distributed`` (DDP plumbing).
+Layout: ``config`` (every setting of a run), ``cli`` (the command), ``run.fit`` (a whole run: its epochs, what
+it reports), ``loop/`` (one epoch: AMP, accumulation, the optimizer and its schedule, evaluation), ``data``
+(caches, sampler, loaders), ``checkpoints`` (what a resume needs, the run folder), beside ``models``,
+``metrics`` and ``distributed`` (DDP plumbing).
 
 Names are imported on first use, so ``from loaders.train.cli import train`` (what the ``cachebuild``
 command group does) costs no torch import until the command actually runs.
@@ -41,8 +41,7 @@ __all__ = [
 
 _WHERE = {
     "AmpUnsupportedError": "loop.amp", "autocast": "loop.amp", "make_scaler": "loop.amp", "resolve_amp": "loop.amp",
-    "CheckpointError": "checkpoints.state", "load_checkpoint": "checkpoints.state",
-    "save_checkpoint": "checkpoints.state",
+    "CheckpointError": "checkpoints", "load_checkpoint": "checkpoints", "save_checkpoint": "checkpoints",
     "EpochConfig": "loop.step", "EpochResult": "loop.step", "StepInfo": "loop.step", "evaluate": "loop.step",
     "num_optimizer_steps": "loop.step", "train_one_epoch": "loop.step",
     "SmallCNN": "models", "available_models": "models", "build_model": "models",
