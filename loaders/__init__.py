@@ -10,17 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = [
-    "CacheBatch",
-    "CacheSampler",
-    "CachedImageDataset",
-    "DatasetOptions",
-    "DeviceLoader",
-    "FastLoader",
-    "ThreadLoader",
-    "collate_batch",
-    "device_loader",
-]
+__all__ = ["CacheBatch", "CacheSampler", "CachedImageDataset", "DatasetOptions", "DeviceLoader", "FastLoader",
+           "ThreadLoader", "collate_batch", "device_loader"]
 
 _HOME = {
     "CacheBatch": "loaders.dataset",

@@ -103,27 +103,13 @@ class CacheDataModule(pl.LightningDataModule):
     transform consumed them; the columns of ``dataset_options.columns`` follow, in their order.
     """
 
-    def __init__(
-        self,
-        train: str | os.PathLike[str] | CachedImageDataset,
-        val: str | os.PathLike[str] | CachedImageDataset | None = None,
-        *,
-        batch_size: int = 256,
-        val_batch_size: int | None = None,
-        num_workers: int = 4,
-        train_transform: Transform | None = None,
-        val_transform: Transform | None = None,
-        mix: Mix | None = None,
-        seed: int | None = None,
-        shuffle: bool = True,
-        drop_last: bool = False,
-        shard_window: int | None = None,
-        pin_memory: bool | None = None,
-        prefetch_factor: int = 4,
-        return_boxes: bool = False,
-        dataset_options: DatasetOptions | None = None,
-        **removed: Any,
-    ) -> None:
+    def __init__(self, train: str | os.PathLike[str] | CachedImageDataset,
+                 val: str | os.PathLike[str] | CachedImageDataset | None = None, *, batch_size: int = 256,
+                 val_batch_size: int | None = None, num_workers: int = 4, train_transform: Transform | None = None,
+                 val_transform: Transform | None = None, mix: Mix | None = None, seed: int | None = None,
+                 shuffle: bool = True, drop_last: bool = False, shard_window: int | None = None,
+                 pin_memory: bool | None = None, prefetch_factor: int = 4, return_boxes: bool = False,
+                 dataset_options: DatasetOptions | None = None, **removed: Any) -> None:
         removed_options(removed, "CacheDataModule")
         super().__init__()
         if batch_size < 1 or (val_batch_size is not None and val_batch_size < 1):

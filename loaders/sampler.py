@@ -89,18 +89,9 @@ class CacheSampler(Sampler[int]):
     ``set_epoch`` also sets the data source's own epoch where it has one (a dataset that crops in its workers).
     """
 
-    def __init__(
-        self,
-        data_source: Sized,
-        *,
-        shuffle: bool = True,
-        seed: int = 0,
-        drop_last: bool = False,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-        shard_window: int | None = None,
-        **removed: Any,
-    ) -> None:
+    def __init__(self, data_source: Sized, *, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
+                 num_replicas: int | None = None, rank: int | None = None, shard_window: int | None = None,
+                 **removed: Any) -> None:
         removed_options(removed, "CacheSampler")
         if num_replicas is None:
             num_replicas = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1

@@ -143,19 +143,9 @@ class ThreadLoader:
     ``dataset.crop`` is, by the gathering threads, into buffers of the crop's size.
     """
 
-    def __init__(
-        self,
-        dataset: CachedImageDataset,
-        batch_size: int = 256,
-        *,
-        sampler: Iterable[int] | None = None,
-        shuffle: bool = False,
-        seed: int = 0,
-        drop_last: bool = False,
-        num_threads: int = 2,
-        prefetch: int = 2,
-        pin_memory: bool = False,
-    ) -> None:
+    def __init__(self, dataset: CachedImageDataset, batch_size: int = 256, *, sampler: Iterable[int] | None = None,
+                 shuffle: bool = False, seed: int = 0, drop_last: bool = False, num_threads: int = 2,
+                 prefetch: int = 2, pin_memory: bool = False) -> None:
         if batch_size < 1 or num_threads < 1 or prefetch < 0:
             raise ValueError(f"need batch_size >= 1, num_threads >= 1, prefetch >= 0; got "
                              f"{batch_size}, {num_threads}, {prefetch}")

@@ -39,20 +39,8 @@ import torch
 
 from loaders import transforms as T
 
-__all__ = [
-    "CenterCrop",
-    "CropPlan",
-    "EpochSampler",
-    "RandomResizedCrop",
-    "StoredSamples",
-    "check_crop",
-    "draw_crops",
-    "flip_probability",
-    "normalize_matrix",
-    "progressive",
-    "resize_into",
-    "uniforms",
-]
+__all__ = ["CenterCrop", "CropPlan", "EpochSampler", "RandomResizedCrop", "StoredSamples", "check_crop", "draw_crops",
+           "flip_probability", "normalize_matrix", "progressive", "resize_into", "uniforms"]
 
 _U = 23  # uniforms per sample: 10 scale tries, 10 ratio tries, top, left, flip (as the device transform)
 _GATHER_CHUNK = 8  # stored samples read into scratch at a time: a few MB, in cache for the resize

@@ -17,27 +17,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = [
-    "AmpUnsupportedError",
-    "CheckpointError",
-    "EpochConfig",
-    "EpochResult",
-    "SmallCNN",
-    "StepInfo",
-    "TrainConfig",
-    "TrainSetupError",
-    "autocast",
-    "available_models",
-    "build_model",
-    "evaluate",
-    "fit",
-    "load_checkpoint",
-    "make_scaler",
-    "num_optimizer_steps",
-    "resolve_amp",
-    "save_checkpoint",
-    "train_one_epoch",
-]
+__all__ = ["AmpUnsupportedError", "CheckpointError", "EpochConfig", "EpochResult", "SmallCNN", "StepInfo",
+           "TrainConfig", "TrainSetupError", "autocast", "available_models", "build_model", "evaluate", "fit",
+           "load_checkpoint", "make_scaler", "num_optimizer_steps", "resolve_amp", "save_checkpoint", "train_one_epoch"]
 
 _WHERE = {
     "AmpUnsupportedError": "loop.amp", "autocast": "loop.amp", "make_scaler": "loop.amp", "resolve_amp": "loop.amp",

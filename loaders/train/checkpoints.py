@@ -64,23 +64,11 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(
-    path: str | os.PathLike[str],
-    *,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    model_name: str,
-    num_classes: int,
-    epoch: int,
-    batch: int,
-    global_step: int,
-    scaler: torch.amp.GradScaler | None = None,
-    scheduler: Any | None = None,
-    sampler: dict[str, Any] | None = None,
-    layout: dict[str, Any] | None = None,
-    rng: list[dict[str, Any]] | None = None,
-    extra: dict[str, Any] | None = None,
-) -> Path:
+def save_checkpoint(path: str | os.PathLike[str], *, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    model_name: str, num_classes: int, epoch: int, batch: int, global_step: int,
+                    scaler: torch.amp.GradScaler | None = None, scheduler: Any | None = None,
+                    sampler: dict[str, Any] | None = None, layout: dict[str, Any] | None = None,
+                    rng: list[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None) -> Path:
     """Write a checkpoint to ``path`` via a temporary file and a rename: a crash leaves the old one whole.
 
     ``epoch``/``batch`` say where training resumes (micro-batch ``batch`` of ``epoch``); ``layout``
@@ -141,14 +129,8 @@ def state_digest(state: Any) -> str:
     return h.hexdigest()
 
 
-def load_checkpoint(
-    path: str | os.PathLike[str],
-    *,
-    model_name: str | None = None,
-    num_classes: int | None = None,
-    layout: dict[str, Any] | None = None,
-    map_location: str | torch.device = "cpu",
-) -> dict[str, Any]:
+def load_checkpoint(path: str | os.PathLike[str], *, model_name: str | None = None, num_classes: int | None = None,
+                    layout: dict[str, Any] | None = None, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Read a checkpoint with ``torch.load(weights_only=True)`` (no pickled code runs) and check it fits.
 
     Raises :class:`CheckpointError` when the file is missing or not ours, or when it was made for

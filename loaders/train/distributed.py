@@ -9,16 +9,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = [
-    "DistInfo",
-    "all_gather_objects",
-    "all_reduce_sum",
-    "barrier",
-    "cleanup_distributed",
-    "init_distributed",
-    "is_distributed",
-    "resolve_device",
-]
+__all__ = ["DistInfo", "all_gather_objects", "all_reduce_sum", "barrier", "cleanup_distributed", "init_distributed",
+           "is_distributed", "resolve_device"]
 
 
 @dataclass(frozen=True)

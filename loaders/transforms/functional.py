@@ -18,15 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = [
-    "center_crop",
-    "check_images",
-    "horizontal_flip",
-    "normalize",
-    "padded_crop",
-    "resize",
-    "resized_crop",
-]
+__all__ = ["center_crop", "check_images", "horizontal_flip", "normalize", "padded_crop", "resize", "resized_crop"]
 
 
 def check_images(images: Tensor, name: str = "images") -> None:
@@ -165,14 +157,8 @@ def _resized_crop_per_sample(
 _resized_crop_per_sample_eager = torch.compiler.disable(_resized_crop_per_sample)
 
 
-def resized_crop(
-    images: Tensor,
-    crops: Tensor,
-    size: List[int],
-    flips: Optional[Tensor] = None,
-    antialias: bool = False,
-    method: str = "auto",
-) -> Tensor:
+def resized_crop(images: Tensor, crops: Tensor, size: List[int], flips: Optional[Tensor] = None,
+                 antialias: bool = False, method: str = "auto") -> Tensor:
     """Crop each sample to its box and resize it to ``size`` (bilinear), optionally mirrored.
 
     Args:
@@ -317,12 +303,7 @@ def resize(images: Tensor, size: List[int], antialias: bool = True) -> Tensor:
 # normalize
 
 
-def normalize(
-    images: Tensor,
-    mean: List[float],
-    std: List[float],
-    dtype: torch.dtype = torch.float32,
-) -> Tensor:
+def normalize(images: Tensor, mean: List[float], std: List[float], dtype: torch.dtype = torch.float32) -> Tensor:
     """``(x / 255 - mean) / std`` for uint8 input (``(x - mean) / std`` for floating input, taken
     to be in [0, 1] as torchvision does), in one multiply-add, output ``dtype`` and channels_last.
 

@@ -42,18 +42,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-__all__ = [
-    "CutMix",
-    "MixUp",
-    "MixUpCutMix",
-    "box_lambda",
-    "box_weight",
-    "check_labels",
-    "check_soft_labels",
-    "cutmix_box",
-    "mix_images",
-    "mix_targets",
-]
+__all__ = ["CutMix", "MixUp", "MixUpCutMix", "box_lambda", "box_weight", "check_labels", "check_soft_labels",
+           "cutmix_box", "mix_images", "mix_targets"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -290,14 +280,8 @@ class _Mix(nn.Module):
 class _OneMix(_Mix):
     """A mix of one kind, with its one Beta(``alpha``, ``alpha``) (``alpha`` > 0): MixUp and CutMix."""
 
-    def __init__(
-        self,
-        alpha: float = 1.0,
-        num_classes: int = 1000,
-        label_smoothing: float = 0.0,
-        pairing: str = "roll",
-        generator: Optional[torch.Generator] = None,
-    ) -> None:
+    def __init__(self, alpha: float = 1.0, num_classes: int = 1000, label_smoothing: float = 0.0,
+                 pairing: str = "roll", generator: Optional[torch.Generator] = None) -> None:
         super().__init__(num_classes, label_smoothing, pairing, generator)
         self.alpha = _check_alpha(alpha, "alpha", allow_zero=False)
 
@@ -346,17 +330,9 @@ class MixUpCutMix(_Mix):
     one row or column more when that is odd. Draws come from torch's RNG, timm's from NumPy's.
     """
 
-    def __init__(
-        self,
-        num_classes: int = 1000,
-        mixup_alpha: float = 0.8,
-        cutmix_alpha: float = 1.0,
-        switch_prob: float = 0.5,
-        p: float = 1.0,
-        label_smoothing: float = 0.1,
-        pairing: str = "roll",
-        generator: Optional[torch.Generator] = None,
-    ) -> None:
+    def __init__(self, num_classes: int = 1000, mixup_alpha: float = 0.8, cutmix_alpha: float = 1.0,
+                 switch_prob: float = 0.5, p: float = 1.0, label_smoothing: float = 0.1, pairing: str = "roll",
+                 generator: Optional[torch.Generator] = None) -> None:
         super().__init__(num_classes, label_smoothing, pairing, generator)
         self.mixup_alpha = _check_alpha(mixup_alpha, "mixup_alpha", allow_zero=True)
         self.cutmix_alpha = _check_alpha(cutmix_alpha, "cutmix_alpha", allow_zero=True)

@@ -27,16 +27,8 @@ from torch import Tensor, nn
 
 from . import functional as TF
 
-__all__ = [
-    "BatchTransform",
-    "CenterCrop",
-    "Compose",
-    "Normalize",
-    "RandomCrop",
-    "RandomHorizontalFlip",
-    "RandomResizedCrop",
-    "Resize",
-]
+__all__ = ["BatchTransform", "CenterCrop", "Compose", "Normalize", "RandomCrop", "RandomHorizontalFlip",
+           "RandomResizedCrop", "Resize"]
 
 
 def _size_pair(size: int | Sequence[int], name: str = "size") -> List[int]:
@@ -113,16 +105,9 @@ class RandomResizedCrop(BatchTransform):
     torch 2.14, kept for older stacks).
     """
 
-    def __init__(
-        self,
-        size: int | Sequence[int],
-        scale: Sequence[float] = (0.08, 1.0),
-        ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0),
-        flip_p: float = 0.0,
-        antialias: bool = False,
-        method: str = "auto",
-        generator: Optional[torch.Generator] = None,
-    ) -> None:
+    def __init__(self, size: int | Sequence[int], scale: Sequence[float] = (0.08, 1.0),
+                 ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0), flip_p: float = 0.0, antialias: bool = False,
+                 method: str = "auto", generator: Optional[torch.Generator] = None) -> None:
         super().__init__(generator, geometric=True)
         self.size = _size_pair(size)
         self.scale_lo, self.scale_hi = _ordered_pair(scale, "scale")
@@ -226,13 +211,8 @@ class RandomCrop(BatchTransform):
     """CIFAR-style per-sample ``RandomCrop(size, padding)`` with zero fill (torchvision's default
     ``fill=0``), plus an optional fused horizontal flip (``flip_p``). ``boxes`` are ignored."""
 
-    def __init__(
-        self,
-        size: int | Sequence[int],
-        padding: int = 0,
-        flip_p: float = 0.0,
-        generator: Optional[torch.Generator] = None,
-    ) -> None:
+    def __init__(self, size: int | Sequence[int], padding: int = 0, flip_p: float = 0.0,
+                 generator: Optional[torch.Generator] = None) -> None:
         super().__init__(generator, geometric=True)
         self.size = _size_pair(size)
         if isinstance(padding, bool) or not isinstance(padding, int) or padding < 0:

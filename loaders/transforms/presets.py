@@ -14,16 +14,8 @@ import torch
 
 from .modules import CenterCrop, Compose, Normalize, RandomCrop, RandomResizedCrop, Resize
 
-__all__ = [
-    "CIFAR10_MEAN",
-    "CIFAR10_STD",
-    "IMAGENET_MEAN",
-    "IMAGENET_STD",
-    "cifar_eval",
-    "cifar_train",
-    "imagenet_eval",
-    "imagenet_train",
-]
+__all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "IMAGENET_MEAN", "IMAGENET_STD", "cifar_eval", "cifar_train", "imagenet_eval",
+           "imagenet_train"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -31,12 +23,8 @@ CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 
 
-def imagenet_train(
-    size: int = 224,
-    dtype: torch.dtype = torch.float32,
-    generator: torch.Generator | None = None,
-    antialias: bool = False,
-) -> Compose:
+def imagenet_train(size: int = 224, dtype: torch.dtype = torch.float32, generator: torch.Generator | None = None,
+                   antialias: bool = False) -> Compose:
     """Per-sample RandomResizedCrop(size) with a fused flip (p=0.5), then Normalize to ``dtype``.
 
     Pass the valid-image ``boxes`` of a ``--fit pad`` cache as ``preset(images, boxes)``.

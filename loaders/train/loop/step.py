@@ -23,16 +23,8 @@ from loaders.train.distributed import all_reduce_sum, is_distributed
 from loaders.train.loop.amp import autocast
 from loaders.train.loop.evaluation import Transform, evaluate, model_device, progress_bar, unwrap_logits
 
-__all__ = [
-    "BatchTransform",
-    "EpochConfig",
-    "EpochResult",
-    "StepInfo",
-    "evaluate",
-    "num_optimizer_steps",
-    "train_one_epoch",
-    "window_size",
-]
+__all__ = ["BatchTransform", "EpochConfig", "EpochResult", "StepInfo", "evaluate", "num_optimizer_steps",
+           "train_one_epoch", "window_size"]
 
 # (x, labels) -> (x, targets): a batch-level mix (MixUp, CutMix) after ``transform``; targets may be soft.
 BatchTransform = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -140,20 +132,13 @@ class _EpochState:
     log_started: float = 0.0
 
 
-def train_one_epoch(
-    model: nn.Module,
-    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
-    optimizer: torch.optim.Optimizer,
-    config: EpochConfig | None = None,
-    *,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-    transform: Transform | None = None,
-    batch_transform: BatchTransform | None = None,
-    scheduler: Any | None = None,
-    scaler: torch.amp.GradScaler | None = None,
-    on_log: Callable[[dict[str, float]], None] | None = None,
-    on_step: Callable[[StepInfo], None] | None = None,
-) -> EpochResult:
+def train_one_epoch(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+                    optimizer: torch.optim.Optimizer, config: EpochConfig | None = None, *,
+                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                    transform: Transform | None = None, batch_transform: BatchTransform | None = None,
+                    scheduler: Any | None = None, scaler: torch.amp.GradScaler | None = None,
+                    on_log: Callable[[dict[str, float]], None] | None = None,
+                    on_step: Callable[[StepInfo], None] | None = None) -> EpochResult:
     """Train ``model`` on one epoch of ``batches``; returns timings and the mean loss.
 
     ``config`` holds the settings (:class:`EpochConfig`: accumulation, resume point, AMP...; default: its
