@@ -1,13 +1,10 @@
 """A gathered batch (:class:`CacheBatch`) and how it becomes what the training loop receives.
 
-``CachedImageDataset.__getitems__`` gathers a whole batch into one uint8 (B, H, W, 3) buffer. The
-documented path passes it through with ``collate_fn=collate_batch``. Frameworks that build their own
-``DataLoader`` (Lightning, timm, HF Trainer) usually pass no ``collate_fn``, and torch's
-``default_collate`` would stack the batch again sample by sample (a fresh shared-memory tensor per step:
-~1/5 of the speed). So a batch's samples are :class:`CacheSample` tuples, a type registered in torch's
-documented collate extension map (``torch.utils.data._utils.collate.default_collate_fn_map``):
-``default_collate`` handed a ``CacheBatch`` finds it there and takes the batch as it is, no copy. Handed
-a list of ``CacheSample`` from anywhere else, it collates field by field exactly as torch does tuples.
+``collate_fn=collate_batch`` passes a whole gathered batch through. Frameworks that build their own
+``DataLoader`` (Lightning, timm, HF Trainer) pass no ``collate_fn``, and ``default_collate`` would stack it
+again sample by sample; so a batch's samples are :class:`CacheSample` tuples, a type registered in torch's
+documented collate extension map (``default_collate_fn_map``): ``default_collate`` handed a ``CacheBatch``
+takes it as it is, and a list of ``CacheSample`` from elsewhere field by field, as torch does tuples.
 """
 
 from __future__ import annotations

@@ -87,19 +87,11 @@ def _label_column(values: np.ndarray, name: str, manifest: Manifest, where: str)
 class CachedImageDataset(Dataset):
     """A cachebuild cache as a map-style dataset: ``ds[i] -> (uint8 HWC tensor, int label[, box], *columns)``.
 
-    Args:
-        root: the cache folder (holding ``manifest.json``), or its URL (``s3://``, ``gs://``, ``https://``,
-            ``file://``); the storage kind is read from the manifest.
-        options: every other setting (:class:`~loaders.dataset_options.DatasetOptions`: transform, boxes,
-            crop in the workers, in memory, batch ring, block cache, fingerprint, decode); the defaults
-            read raw uint8 samples through memory maps.
-
-    ``transform``, ``return_boxes``, ``ring_slots`` and ``decode`` are attributes a loader may set afterwards
-    (``device_loader(decode="cuda")``, a DataLoader's prefetch); the crop in the workers is :attr:`crop` (a
-    :class:`~loaders.worker_crop.CropPlan`, or None), changed with :meth:`set_crop` before loaders are made.
-
-    Opening validates the manifest and every shard header (named errors from ``cachebuild.errors``:
-    ``CacheNotFoundError``, ``UnsupportedFormatError``, ``CacheCorruptError``) and then closes the files.
+    ``root``: the cache folder or its URL (``s3://``, ``gs://``, ``https://``, ``file://``); ``options``: every
+    other setting (:class:`~loaders.dataset_options.DatasetOptions`). Opening validates the manifest and every
+    shard header (``CacheNotFoundError``, ``UnsupportedFormatError``, ``CacheCorruptError``), then closes the
+    files. ``transform``, ``return_boxes``, ``ring_slots`` and ``decode`` are attributes a loader may set
+    afterwards; the crop in the workers is :attr:`crop` (a ``CropPlan`` or None), set with :meth:`set_crop`.
     """
 
     def __init__(self, root: str | os.PathLike[str], options: DatasetOptions | None = None) -> None:

@@ -1,26 +1,18 @@
 """Lightning: ``CacheDataModule``, a ``LightningDataModule`` over caches (``pip install cachebuild[lightning]``).
 
-What it does for a Lightning user, and why each part is needed:
+* **Our sampler under DDP.** Lightning replaces (or wraps, sharding twice) a sampler that is not a
+  ``DistributedSampler``; :class:`DistributedCacheSampler` is a ``CacheSampler`` that is also one, so the
+  Trainer's defaults keep it: nothing to set on the Trainer. Rank and world size come from the Trainer, the
+  epoch from Lightning's own ``sampler.set_epoch``.
+* **Device transforms in ``on_after_batch_transfer``**: the uint8 NHWC batch viewed as NCHW channels_last (no
+  copy), the train or val transform, then ``mix`` (e.g. ``MixUpCutMix``) on training batches. A
+  LightningModule that overrides the hook too replaces this one.
+* **Resume mid-epoch.** The training DataLoader is stateful (``state_dict``/``load_state_dict``, what
+  Lightning's loops look for): a checkpoint holds the sampler's state, counted in samples the loop consumed,
+  and ``Trainer.fit(..., ckpt_path=...)`` continues with exactly the rest of that epoch.
 
-* **Our sampler under DDP.** Lightning replaces a DataLoader's sampler with its own
-  ``DistributedSampler`` (or wraps it in one, sharding an already-sharded order again) unless the sampler
-  already *is* a ``DistributedSampler``. :class:`DistributedCacheSampler` is a :class:`~loaders.sampler.CacheSampler`
-  that is also a ``DistributedSampler`` (same attribute names and order semantics), so Lightning keeps it
-  with the Trainer's defaults: **nothing to set on the Trainer** (``use_distributed_sampler`` may stay
-  True). Rank and world size come from the Trainer.
-* **Device transforms in ``on_after_batch_transfer``.** Batches leave the DataLoader as uint8 NHWC (pinned on
-  GPU runs) and are moved by Lightning; the hook views them as NCHW channels_last (no copy) and runs the
-  train or val transform, then ``mix`` (e.g. :class:`~loaders.transforms.MixUpCutMix`) on training batches.
-  If the LightningModule also overrides ``on_after_batch_transfer``, Lightning calls only this one.
-* **The epoch** is set by Lightning itself (it calls ``sampler.set_epoch(current_epoch)`` every epoch).
-* **Resume mid-epoch.** The training DataLoader is stateful (``state_dict``/``load_state_dict``, the
-  protocol Lightning's loops look for): a checkpoint holds the sampler state, counted in samples the loop
-  consumed, and ``Trainer.fit(..., ckpt_path=...)`` continues with exactly the rest of that epoch.
-
-Validation uses the same sampler unshuffled: under DDP each rank takes every R-th sample, and the last
-(fewer than R) samples are repeated to give every rank the same count, as Lightning's own sampler does.
-
-This module is the only one that imports ``lightning``.
+Validation uses the same sampler unshuffled (each rank every R-th sample, the tail repeated to equal counts,
+as Lightning's own). This module is the only one that imports ``lightning``.
 """
 
 from __future__ import annotations
@@ -45,22 +37,16 @@ Mix = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 class DistributedCacheSampler(CacheSampler, DistributedSampler):
-    """A :class:`~loaders.sampler.CacheSampler` that Lightning recognises as a ``DistributedSampler``.
-
-    Same order, sharding and state as ``CacheSampler`` (``DistributedSampler.__init__`` is not run; every
-    attribute it would set, ``num_replicas``, ``rank``, ``epoch``, ``seed``, ``shuffle``, ``drop_last``,
-    ``num_samples``, ``total_size``, is set by ``CacheSampler`` with the same meaning). One difference:
-    ``len()`` is always the whole epoch's ``num_samples``, as Lightning and ``DistributedSampler`` expect,
-    also after a resume, when ``iter()`` yields only the rest of the epoch.
-    """
+    """A ``CacheSampler`` that Lightning recognises as a ``DistributedSampler`` (whose ``__init__`` is not run:
+    ``CacheSampler`` sets every attribute it would, with the same meaning). ``len()`` is the whole epoch's
+    ``num_samples``, as Lightning expects, also after a resume, when ``iter()`` yields only the rest."""
 
     def __len__(self) -> int:
         return self.num_samples
 
 
 class ResumableDataLoader(DataLoader):
-    """A ``DataLoader`` whose ``state_dict()`` is its sampler's (Lightning saves it in checkpoints and loads
-    it back before the resumed epoch starts)."""
+    """A ``DataLoader`` whose ``state_dict()`` is its sampler's (Lightning saves and restores it)."""
 
     def state_dict(self) -> dict[str, Any]:
         return self.sampler.state_dict()  # type: ignore[attr-defined]

@@ -1,42 +1,24 @@
 """CacheSampler: shuffled or sequential, DDP-sharded, shard-windowed on request, resumable mid-epoch.
 
-Epoch order (``shuffle=True``):
+Epoch order (``shuffle=True``): by default ``torch.randperm(n, generator=seed + epoch)``, the very order
+``DistributedSampler`` draws and splits (rank ``r`` takes every ``R``-th index from ``r``), so either may
+replace the other. ``shard_window=W``: the cache's stored files (``data_source.file_bounds()``: npy or jpeg
+shards, zarr chunks) in a shuffled order, then the samples of each group of ``W`` consecutive files shuffled
+together (Streaming's block shuffle, webdataset's shard shuffle): at most ``W`` files are started and not
+finished at any point, so reads stay sequential-ish (zarr, a cache larger than RAM) and a cache at a URL
+fetches each file a batch touches whole (``read_files_whole()``). Each rank takes a contiguous stretch, so
+ranks read disjoint files. Not a uniform permutation: a batch holds samples of at most ``2 W`` files.
 
-* default: a uniform permutation, ``torch.randperm(n, generator=seed + epoch)``: the very order
-  ``torch.utils.data.DistributedSampler`` draws, split the same way (rank ``r`` takes every ``R``-th
-  index starting at ``r``), so swapping one for the other changes nothing;
-* ``shard_window=W``: a two-level order over the cache's stored files (``data_source.file_bounds()``: npy
-  or jpeg shards, zarr chunks), as MosaicML Streaming's block shuffle or webdataset's shard shuffle: the file
-  order is shuffled, then the samples of each group of ``W`` consecutive files are shuffled together. At any
-  point of the stream at most ``W`` files have been started and not finished, so reads stay sequential-ish
-  (a zarr cache, a cache larger than RAM) and, for a cache at a URL, the sampler tells the dataset
-  (``read_files_whole()``) to fetch each file a batch touches whole, once per epoch. Each rank takes a
-  contiguous stretch of this order, so ranks read disjoint files. It is *not* a uniform permutation: two
-  samples of one file are more likely to be close, and a batch holds samples of at most ``2 W`` files.
+Equal counts per rank: ``num_samples = ceil(n / R)`` (``drop_last=False``: the order is padded by repeating
+its first ``R * num_samples - n`` indices, each other index seen exactly once) or ``floor(n / R)``
+(``drop_last=True``: none seen twice, the last ``n mod R`` of the order not seen this epoch).
 
-Equal counts per rank (as DistributedSampler): ``num_samples = ceil(n / R)`` with ``drop_last=False``,
-``floor(n / R)`` with ``drop_last=True``. What "every sample exactly once" means:
-
-* ``drop_last=False``: the union over ranks is every index; the epoch's order is padded to
-  ``R * num_samples`` by repeating its first ``R * num_samples - n`` indices, so those (fewer than ``R``)
-  indices are seen twice and every other index exactly once;
-* ``drop_last=True``: no index is seen twice; the last ``n mod R`` indices of the epoch's order (different
-  ones each epoch when shuffling) are not seen this epoch.
-
-Resuming: ``position`` = samples of *this rank* already consumed this epoch. The sampler cannot know it
-by itself (a DataLoader draws indices ahead of the loop: prefetching), so the training loop reports it:
-``sampler.advance(len(y))`` after each step, or ``sampler.set_position(steps_done * batch_size)``.
-``state_dict()`` then saves ``{"epoch", "seed", "position", ...}``; after ``load_state_dict(d)`` the next
-``iter()`` yields exactly the rest of that epoch (and ``len()`` is what is left). Since every rank
-consumes the same count, rank 0's state resumes every rank. ``set_epoch(e)`` with a new ``e`` resets the
-position to 0; with the current epoch (the usual first call after resuming) it keeps it. Once a whole
-epoch was consumed (``position == num_samples``), a new ``iter()`` without ``set_epoch`` replays that
-epoch from its start, as DistributedSampler repeats its order when ``set_epoch`` is not called; but a
-state *loaded* at the end of its epoch (a checkpoint saved after the epoch's last step) has nothing left:
-the next ``iter()`` is empty and ``len()`` is 0, so the loop moves on to the next epoch instead of
-training the finished one again.
-
-Typical loop::
+Resuming: ``position`` counts the samples of *this rank* consumed this epoch; a DataLoader draws indices
+ahead of the loop, so the loop reports them (``advance(len(y))`` per step, or ``set_position``).
+``state_dict()`` saves it; after ``load_state_dict`` the next ``iter()`` yields exactly the rest of that
+epoch, and rank 0's state resumes every rank. ``set_epoch(e)`` with a new ``e`` restarts at 0, with the
+current one keeps the position. A consumed epoch replays on a new ``iter()`` without ``set_epoch`` (as
+DistributedSampler), but a state *loaded* at the end of its epoch yields nothing, so the loop moves on::
 
     sampler.load_state_dict(ckpt["sampler"])            # optional resume
     for epoch in range(sampler.epoch, epochs):
@@ -75,7 +57,7 @@ def removed_options(removed: dict[str, Any], where: str) -> None:
 
 
 class CacheSampler(Sampler[int]):
-    """Indices of one rank's share of an epoch; see the module docstring for the exact guarantees.
+    """Indices of one rank's share of an epoch; the module docstring states the guarantees.
 
     Args:
         data_source: the dataset (anything with ``len``).

@@ -1,14 +1,11 @@
-"""``ThreadLoader``: batches of a cached dataset gathered by threads of the training process, an
-alternative to DataLoader worker processes (``cachebuild train --loader threads``).
+"""``ThreadLoader``: batches gathered by threads of the training process instead of DataLoader worker
+processes (``cachebuild train --loader threads``).
 
-The cache is memory-mapped, so a batch is one ``gather`` whose copies release the GIL. Threads can
-therefore gather batches in parallel into buffers the loop reads directly, with no worker processes,
-no shared-memory hand-off and no second copy by a pin-memory thread. CPU buffers are reused once
-nothing references them any more (checked by reference count), which saves the page faults of a fresh
-38 MB allocation per batch; pinned buffers come from torch's caching host allocator, which recycles
-them only after pending device copies finish.
-
-``FastLoader`` (in ``loaders.device``) is its name of the previous release, kept for one release.
+A batch is one ``gather`` whose copies release the GIL, so threads gather batches in parallel into buffers
+the loop reads directly: no worker processes, no shared-memory hand-off, no pin-memory thread's second copy.
+CPU buffers are reused once nothing references them (no fresh page faults per batch); pinned buffers come
+from torch's caching host allocator, which recycles them after pending copies. ``FastLoader`` (in
+``loaders.device``) is its name of the previous release, kept for one release.
 """
 
 from __future__ import annotations
@@ -39,11 +36,10 @@ _MADV_KEEPONFORK = getattr(mmap, "MADV_KEEPONFORK", 19 if sys.platform.startswit
 
 
 def _unforked_buffer(size: int) -> np.ndarray:
-    """``size`` uint8 bytes that a fork does not share. numpy's memory becomes copy-on-write in the parent
-    when a process forks (a DataLoader starting its workers after this loader's first epoch does), and
-    every page the loader then writes is first copied, which makes its next epoch several times slower. With
-    MADV_WIPEONFORK a child sees zeros there instead (unless a batch still holds the buffer: see
-    :func:`_before_fork`), and the parent's pages stay its own."""
+    """``size`` uint8 bytes that a fork does not share: after a fork (a DataLoader starting its workers) plain
+    memory is copy-on-write and every page the loader writes is copied first, making its next epoch several
+    times slower. MADV_WIPEONFORK gives the child zeros instead (unless a batch holds the buffer:
+    :func:`_before_fork`) and leaves the parent its pages."""
     if _MADV_WIPEONFORK is not None and size:
         try:
             m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -56,14 +52,9 @@ def _unforked_buffer(size: int) -> np.ndarray:
 
 
 class _BufferPool:
-    """Reusable uint8 batch buffers; one is free when only the pool references it.
-
-    The pool keeps each buffer flat and hands out shaped views of it: numpy points every view (a view of
-    a view included) at the flat array, so its reference count says whether any batch still uses it.
-
-    Buffers are wipe-on-fork, except across the fork itself for those a batch still uses: a child that
-    reads a kept batch (a ``multiprocessing.Process``, DataLoader workers over kept batches) must see its
-    pixels, not zeros. Only those buffers become copy-on-write, and only while that child lives."""
+    """Reusable batch buffers, flat, handed out as shaped views: numpy points every view at the flat array, so
+    its reference count says whether a batch still uses it. Wipe-on-fork, except across a fork for those a
+    batch still holds (a child reading a kept batch must see its pixels): only those become copy-on-write."""
 
     def __init__(self, shape: tuple[int, ...], dtype: np.dtype | None = None) -> None:
         self.shape = shape
@@ -130,18 +121,11 @@ if _MADV_WIPEONFORK is not None and _MADV_KEEPONFORK is not None and hasattr(os,
 
 
 class ThreadLoader:
-    """Batches of a :class:`CachedImageDataset` gathered by background threads (no worker processes).
-
-    Yields ``(images uint8 (B, H, W, 3), labels int64 (B,)[, boxes int32 (B, 4)])`` (images float32 under
-    ``DatasetOptions(normalize=...)``: cropped, flipped and normalized by the gathering threads) like a DataLoader
-    with :func:`~loaders.dataset.collate_batch`; wrap it in :func:`~loaders.device.device_loader` as a DataLoader.
-    ``sampler`` (e.g. :class:`~loaders.sampler.CacheSampler`, including its resume position) gives the
-    indices; without one, a ``CacheSampler(shuffle=, seed=)`` of this loader's, one epoch further each ``iter()``.
-
-    A CPU batch's buffer is reused for a later batch only once no tensor references it any more, so
-    keeping a batch is safe. ``dataset.transform`` is not applied (this is the raw fast path); a
-    ``dataset.crop`` is, by the gathering threads, into buffers of the crop's size.
-    """
+    """Batches of a :class:`CachedImageDataset` gathered by background threads, as a DataLoader with
+    ``collate_batch`` yields them (``device_loader`` takes either). ``sampler`` (a ``CacheSampler`` with its
+    resume position) gives the indices; without one, a ``CacheSampler(shuffle=, seed=)`` of its own, one epoch
+    further each ``iter()``. A buffer is reused only once no tensor references it, so keeping a batch is safe.
+    ``dataset.transform`` is not applied (the raw fast path); ``dataset.crop`` is, by the gathering threads."""
 
     def __init__(self, dataset: CachedImageDataset, batch_size: int = 256, *, sampler: Iterable[int] | None = None,
                  shuffle: bool = False, seed: int = 0, drop_last: bool = False, num_threads: int = 2,

@@ -1,28 +1,20 @@
 """Crop + resize + flip (+ normalize) fused into the gather, in the loader's workers (DataLoader processes or
-``ThreadLoader`` threads), so a batch leaves the worker at its training size and the device only normalizes.
+``ThreadLoader`` threads): a batch leaves the worker at its training size, and the device only normalizes.
+On a CPU the device transforms would crop on the main process's cores, competing with the model, and on any
+device they receive whole stored samples.
 
-Why: the device transforms (``loaders.transforms``) crop a batch of whole stored samples on one device; on a
-CPU that is the main process's cores, competing with the model, and on any device it sends the whole stored
-sample. Here each worker crops the samples of its own batch straight into the (smaller) batch buffer.
+What to crop is said with the device transforms' own classes (``loaders.transforms``), so one
+``RandomResizedCrop`` means one thing: ``DatasetOptions(crop=RandomResizedCrop(176, flip_p=0.5))`` for
+training, ``CenterCrop(224)`` or ``Compose([Resize(256), CenterCrop(224)])`` for evaluation. Per sample:
+boxes and flips from a counter-based hash of ``(seed, epoch, sample index)`` (:func:`uniforms`: the same
+batch whatever the worker count, start method or resume position), drawn as torchvision's ``get_params``
+step for step inside the valid box (:func:`draw_crops`); OpenCV's bilinear resize (:func:`resize_into`:
+torchvision's ``antialias=False`` within one level), flipped in place; eval crops through the device
+kernels, so they equal the device pipeline; with ``normalize`` one ``cv2.transform`` into float32.
 
-What to crop is said with the device transforms' own classes, so one ``RandomResizedCrop`` means one thing:
-``DatasetOptions(crop=RandomResizedCrop(176, flip_p=0.5))`` for training, ``CenterCrop(224)`` or
-``Compose([Resize(256), CenterCrop(224)])`` for evaluation (``loaders.transforms``). The workers run them
-per sample:
-
-* boxes and flips from a counter-based hash of ``(seed, epoch, sample index)`` (splitmix64, :func:`uniforms`):
-  the same batch whatever the worker count, fork or spawn, or the position a resumed epoch starts at; the
-  draw is torchvision's ``RandomResizedCrop.get_params`` step for step (:func:`draw_crops`), inside each
-  sample's valid box (``--fit pad`` caches), as the device transform draws it;
-* :func:`resize_into`: OpenCV's bilinear ``INTER_LINEAR`` (torchvision's ``resized_crop(..., antialias=False)``
-  within one level), flipped in place; evaluation crops run the device kernels on one sample, so they equal
-  the device pipeline;
-* with ``normalize`` (training on a CPU) each crop becomes its float32 slot through one ``cv2.transform``
-  (:func:`normalize_matrix`), in the same thread.
-
-:class:`CropPlan` is what a dataset holds when it crops: the crop, its seed, and the epoch and output size in a
-small shared-memory tensor, so persistent DataLoader workers see ``set_epoch`` / ``set_resolution`` of the main
-process at their next batch. It reads the dataset only through :class:`StoredSamples`.
+:class:`CropPlan` is what a dataset holds when it crops: the crop, its seed, and the epoch and output size in
+a small shared-memory tensor, so persistent workers see ``set_epoch`` / ``set_resolution`` at their next
+batch. It reads the dataset only through :class:`StoredSamples`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """The reference training loop: cache -> loader -> device transforms -> model.
 
-Use the pieces in your own code (``train_one_epoch``, ``evaluate``, ``build_model``, checkpoints), or
-the whole run: ``cachebuild train CACHE --val VAL --model resnet50 ...`` / ``fit(TrainConfig(...))``.
-
-Layout: ``config`` (every setting of a run), ``cli`` (the command), ``run.fit`` (a whole run: its epochs, what
-it reports), ``loop/`` (one epoch: AMP, accumulation, the optimizer and its schedule, evaluation), ``data``
-(caches, sampler, loaders), ``checkpoints`` (what a resume needs, the run folder), beside ``models``,
-``metrics`` and ``distributed`` (DDP plumbing).
-
-Names are imported on first use, so ``from loaders.train.cli import train`` (what the ``cachebuild``
-command group does) costs no torch import until the command actually runs.
+The pieces (``train_one_epoch``, ``evaluate``, ``build_model``, checkpoints) for your own loop, or a whole run:
+``cachebuild train CACHE ...`` / ``fit(TrainConfig(...))``. Layout: ``config`` (every setting), ``cli``,
+``run.fit`` (a run, its epochs, its reports), ``loop/`` (one epoch: AMP, accumulation, optimizer and schedule,
+evaluation), ``data`` (caches, sampler, loaders), ``checkpoints`` (resume, the run folder), ``models``,
+``metrics``, ``distributed``. Names are imported on first use: the ``cachebuild`` command group imports
+``loaders.train.cli`` without torch.
 """
 
 from __future__ import annotations

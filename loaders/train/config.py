@@ -155,6 +155,3 @@ class TrainConfig:
         if start is None or end is None:
             start, end = 0, max(self.epochs - 1, 0)
         return low, high, start, end
-
-    def check(self) -> None:
-        """Kept for callers of earlier releases: every value is checked when the config is made."""

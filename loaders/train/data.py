@@ -37,15 +37,12 @@ class TrainData:
 
 
 def transforms_for(augment: str, crop: int) -> tuple[Any, Any]:
-    """(train, eval) device transforms of a preset: uint8 NCHW batch -> normalised float channels_last."""
-    from loaders import transforms as T
+    """(train, eval) device transforms of a preset: uint8 NCHW batch -> normalised float channels_last; ``none``
+    trains with the eval pipeline (deterministic: tests, debugging)."""
+    from loaders.transforms import presets
 
-    if augment == "cifar":
-        return T.cifar_train(), T.cifar_eval()
-    ev = T.imagenet_eval(crop)
-    if augment == "none":  # deterministic: the eval pipeline for training too (tests, debugging)
-        return ev, ev
-    return T.imagenet_train(crop), ev
+    evaluation = presets.by_name("cifar-eval" if augment == "cifar" else "imagenet-eval", crop)
+    return (evaluation if augment == "none" else presets.by_name(augment, crop)), evaluation
 
 
 def crop_in_workers(cfg: TrainConfig, augment: str, crop: int, train_ds: Any, val_ds: Any | None,
@@ -102,7 +99,9 @@ def _resolution(cfg: TrainConfig, shape: tuple[int, int, int], val_ds: Any | Non
     """(augment preset, crop, notes): ``auto`` resolved for the cache's size, a val cache of another size
     checked (refused under cifar, whose eval does not resize)."""
     side = min(shape[0], shape[1])
-    augment = cfg.augment if cfg.augment != "auto" else ("cifar" if shape[:2] == (32, 32) else "imagenet")
+    from loaders.transforms.presets import resolve
+
+    augment = resolve(cfg.augment, shape)
     crop = cfg.crop or side
     if augment == "cifar" and (shape[:2] != (32, 32) or crop != 32):
         raise TrainSetupError(f"--augment cifar needs a 32x32 cache and crop, got {shape[0]}x{shape[1]}, crop {crop}")
