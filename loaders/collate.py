@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import default_collate
+from torch.utils.data import DataLoader, default_collate
 from torch.utils.data._utils.collate import collate, default_collate_fn_map
 
-__all__ = ["CacheBatch", "CacheSample", "collate_batch", "collate_cache_samples"]
+__all__ = ["CacheBatch", "CacheSample", "collate_batch", "collate_cache_samples", "dataloader"]
 
 
 class CacheSample(tuple):
@@ -93,3 +93,15 @@ def collate_cache_samples(batch: Sequence[Any], *,
 
 
 default_collate_fn_map[CacheSample] = collate_cache_samples
+
+
+def dataloader(dataset: Any, batch_size: int, sampler: Any, *, num_workers: int, pin_memory: bool,
+               prefetch_factor: int = 4, seed: int = 0, cls: type = DataLoader) -> Any:
+    """A ``cls`` (DataLoader) of a cache's ``dataset`` as ``cachebuild train`` and ``CacheDataModule`` make it:
+    batches passed through by ``collate_batch``, persistent workers, the dataset's batch ring sized to the
+    batches in flight, and a generator of its own (no draw from the global RNG, which a resume restores)."""
+    kw: dict[str, Any] = {"num_workers": num_workers, "pin_memory": pin_memory, "collate_fn": collate_batch}
+    if num_workers > 0:
+        kw.update(persistent_workers=True, prefetch_factor=prefetch_factor)
+        dataset.ring_slots = prefetch_factor + 3  # loaders.dataset_options.DEFAULT_RING_SLOTS's rule
+    return cls(dataset, batch_size=batch_size, sampler=sampler, generator=torch.Generator().manual_seed(seed), **kw)

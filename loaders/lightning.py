@@ -26,7 +26,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from loaders.collate import collate_batch
+from loaders.collate import dataloader
 from loaders.dataset import CachedImageDataset, DatasetOptions
 from loaders.sampler import CacheSampler, removed_options
 
@@ -157,14 +157,9 @@ class CacheDataModule(pl.LightningDataModule):
     def _loader(self, ds: CachedImageDataset, sampler: CacheSampler, batch_size: int, cls: type) -> DataLoader:
         trainer = self.trainer
         on_cuda = trainer is not None and trainer.strategy.root_device.type == "cuda"
-        kw: dict[str, Any] = {"num_workers": self.num_workers, "collate_fn": collate_batch,
-                              "pin_memory": on_cuda if self.pin_memory is None else self.pin_memory}
-        if self.num_workers > 0:
-            kw.update(persistent_workers=True, prefetch_factor=self.prefetch_factor)
-            ds.ring_slots = self.prefetch_factor + 3  # batch-ring slots per worker to match (CachedImageDataset)
-        # Its own generator: the DataLoader then never draws worker seeds from the global RNG.
-        return cls(ds, batch_size=batch_size, sampler=sampler, generator=torch.Generator().manual_seed(sampler.seed),
-                   **kw)
+        return dataloader(ds, batch_size, sampler, num_workers=self.num_workers, seed=sampler.seed, cls=cls,
+                          pin_memory=on_cuda if self.pin_memory is None else self.pin_memory,
+                          prefetch_factor=self.prefetch_factor)
 
     def train_dataloader(self) -> ResumableDataLoader:
         self.setup("fit")

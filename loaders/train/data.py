@@ -172,18 +172,9 @@ def make_loader(ds: Any, order: Any, cfg: TrainConfig, kind: str, pin: bool) -> 
         # On CPU, worker processes compete with the model for the same cores; gather threads
         # release the GIL in their copies and leave the cores to the step.
         return ThreadLoader(ds, cfg.batch_size, sampler=order, num_threads=max(1, cfg.workers), pin_memory=pin)
-    from torch.utils.data import DataLoader
+    from loaders.collate import dataloader
 
-    from loaders.collate import collate_batch
-
-    kw: dict[str, Any] = {"num_workers": cfg.workers, "pin_memory": pin, "collate_fn": collate_batch}
-    if cfg.workers > 0:
-        prefetch = 4
-        kw.update(persistent_workers=True, prefetch_factor=prefetch)
-        ds.ring_slots = prefetch + 3  # batch-ring slots per worker to match (CachedImageDataset)
-    # Its own generator: the DataLoader then never draws from the global RNG, which a resume restores.
-    return DataLoader(ds, batch_size=cfg.batch_size, sampler=order,
-                      generator=torch.Generator().manual_seed(cfg.seed), **kw)
+    return dataloader(ds, cfg.batch_size, order, num_workers=cfg.workers, pin_memory=pin, seed=cfg.seed)
 
 
 def on_device(loader: Any, device: torch.device) -> Any:
