@@ -20,22 +20,16 @@ __all__ = ["CacheBatch", "CacheSample", "collate_batch", "collate_cache_samples"
 
 
 class CacheSample(tuple):
-    """One sample of a :class:`CacheBatch`: ``(image uint8 HWC view, int label[, box], *columns)``.
-
-    A plain tuple in every way but its type, which tells torch's ``default_collate`` where it came from.
-    """
+    """One sample of a :class:`CacheBatch`, ``(image uint8 HWC view, int label[, box], *columns)``: a plain tuple
+    but for its type, which tells ``default_collate`` where it came from."""
 
     __slots__ = ()
 
 
 class CacheBatch(Sequence):
-    """A whole batch already gathered: ``images`` uint8 (B, H, W, 3), ``labels`` int64 (B,) (or a column's
-    values: float (B, C) soft labels), ``boxes``, and the ``columns`` asked for (``DatasetOptions(columns=)``),
-    carried after them.
-
-    It is also a sequence of per-sample :class:`CacheSample` tuples (views made on demand), so torch's
-    ``default_collate`` receives it whole and returns ``[images, labels[, boxes], *columns]`` without copying.
-    """
+    """A whole batch already gathered: ``images`` uint8 (B, H, W, 3), ``labels`` int64 (B,) (or float (B, C) soft
+    labels), ``boxes``, and the ``columns`` asked for. Also a sequence of :class:`CacheSample` views, so
+    ``default_collate`` receives it whole and returns ``[images, labels[, boxes], *columns]`` without copying."""
 
     __slots__ = ("boxes", "columns", "images", "labels")
 
@@ -66,11 +60,8 @@ class CacheBatch(Sequence):
 
 
 def collate_batch(batch: Any) -> Any:
-    """``collate_fn`` for ``DataLoader``: pass a :class:`CacheBatch` through as ``(images, labels[, boxes],
-    *columns)``.
-
-    Anything else (e.g. per-sample tuples from a dataset with a ``transform``) goes to ``default_collate``.
-    """
+    """``collate_fn`` for ``DataLoader``: a :class:`CacheBatch` through as ``(images, labels[, boxes], *columns)``;
+    anything else (per-sample tuples of a dataset with a ``transform``) to ``default_collate``."""
     if isinstance(batch, CacheBatch):
         return batch.as_tuple()
     return default_collate(batch)
@@ -78,12 +69,8 @@ def collate_batch(batch: Any) -> Any:
 
 def collate_cache_samples(batch: Sequence[Any], *,
                           collate_fn_map: dict[type | tuple[type, ...], Callable] | None = None) -> list[Any]:
-    """The ``default_collate_fn_map`` entry for :class:`CacheSample`.
-
-    A whole :class:`CacheBatch` is returned as ``[images, labels[, boxes]]``: the tensors it holds, the
-    list type ``default_collate`` gives for tuples. Any other sequence of samples is collated field by
-    field, as ``default_collate`` collates tuples.
-    """
+    """The ``default_collate_fn_map`` entry for :class:`CacheSample`: a whole :class:`CacheBatch` as the list of
+    its tensors (the type ``default_collate`` gives tuples), any other sequence field by field, as tuples."""
     if isinstance(batch, CacheBatch):
         return list(batch.as_tuple())
     size = len(batch[0])

@@ -69,13 +69,9 @@ def save_checkpoint(path: str | os.PathLike[str], *, model: nn.Module, optimizer
                     scaler: torch.amp.GradScaler | None = None, scheduler: Any | None = None,
                     sampler: dict[str, Any] | None = None, layout: dict[str, Any] | None = None,
                     rng: list[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None) -> Path:
-    """Write a checkpoint to ``path`` via a temporary file and a rename: a crash leaves the old one whole.
-
-    ``epoch``/``batch`` say where training resumes (micro-batch ``batch`` of ``epoch``); ``layout``
-    holds the settings a mid-epoch resume must not change (batch size, accumulation, world size);
-    ``rng`` the global RNG states of every rank (default: this process's), so augmentation draws
-    continue where they stopped.
-    """
+    """Write a checkpoint to ``path`` via a temporary file and a rename (a crash leaves the old one whole):
+    training resumes at micro-batch ``batch`` of ``epoch``; ``layout`` holds what a resume must not change;
+    ``rng`` every rank's global RNG states (default: this process's), so augmentation draws continue."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {
@@ -131,11 +127,8 @@ def state_digest(state: Any) -> str:
 
 def load_checkpoint(path: str | os.PathLike[str], *, model_name: str | None = None, num_classes: int | None = None,
                     layout: dict[str, Any] | None = None, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Read a checkpoint with ``torch.load(weights_only=True)`` (no pickled code runs) and check it fits.
-
-    Raises :class:`CheckpointError` when the file is missing or not ours, or when it was made for
-    another model, class count, or (for ``layout``) batch size / accumulation / world size.
-    """
+    """Read a checkpoint with ``torch.load(weights_only=True)`` (no pickled code runs); :class:`CheckpointError`
+    when it is missing, not ours, damaged, or made for another model, class count or ``layout``."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}")
