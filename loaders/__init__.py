@@ -19,7 +19,7 @@ _HOME = {
     "collate_batch": "loaders.dataset",
     "DatasetOptions": "loaders.dataset_options",
     "DeviceLoader": "loaders.device",
-    "FastLoader": "loaders.device",  # ThreadLoader's name in earlier releases
+    "FastLoader": "loaders.device",  # ThreadLoader's name in the previous release, an alias for one release
     "ThreadLoader": "loaders.thread_loader",
     "device_loader": "loaders.device",
     "CacheSampler": "loaders.sampler",
