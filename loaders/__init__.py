@@ -10,17 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = [
-    "CacheBatch",
-    "CacheSampler",
-    "CachedImageDataset",
-    "DatasetOptions",
-    "DeviceLoader",
-    "FastLoader",
-    "ThreadLoader",
-    "collate_batch",
-    "device_loader",
-]
+__all__ = ["CacheBatch", "CacheSampler", "CachedImageDataset", "DatasetOptions", "DeviceLoader", "FastLoader",
+           "ThreadLoader", "collate_batch", "device_loader"]
 
 _HOME = {
     "CacheBatch": "loaders.dataset",
@@ -28,7 +19,7 @@ _HOME = {
     "collate_batch": "loaders.dataset",
     "DatasetOptions": "loaders.dataset_options",
     "DeviceLoader": "loaders.device",
-    "FastLoader": "loaders.device",  # ThreadLoader's name in earlier releases
+    "FastLoader": "loaders.device",  # ThreadLoader's name in the previous release, an alias for one release
     "ThreadLoader": "loaders.thread_loader",
     "device_loader": "loaders.device",
     "CacheSampler": "loaders.sampler",

@@ -10,16 +10,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["PRESETS", "augment_view", "preset_name"]
+__all__ = ["PRESETS", "augment_view"]
 
 PRESETS = ("auto", "imagenet", "imagenet-eval", "cifar", "cifar-eval")
-
-
-def preset_name(preset: str, shape: tuple[int, int, int]) -> str:
-    """``auto`` as ``cachebuild train --augment auto`` reads it: cifar for 32x32 caches, else imagenet."""
-    if preset != "auto":
-        return preset
-    return "cifar" if shape[:2] == (32, 32) else "imagenet"
 
 
 def augment_view(preset: str, shape: tuple[int, int, int], crop: int | None = None,
@@ -30,15 +23,8 @@ def augment_view(preset: str, shape: tuple[int, int, int], crop: int | None = No
     from loaders.transforms import presets
     from loaders.transforms.modules import Normalize
 
-    name = preset_name(preset, shape)
     size = crop or shape[0]
-    gen = torch.Generator().manual_seed(seed)
-    pipeline = {
-        "imagenet": lambda: presets.imagenet_train(size, generator=gen),
-        "imagenet-eval": lambda: presets.imagenet_eval(size),
-        "cifar": lambda: presets.cifar_train(generator=gen),
-        "cifar-eval": lambda: presets.cifar_eval(),
-    }[name]()
+    pipeline = presets.by_name(presets.resolve(preset, shape), size, torch.Generator().manual_seed(seed))
     norm = next(t for t in pipeline.transforms if isinstance(t, Normalize))
     mean = torch.tensor(norm.mean).view(1, 3, 1, 1)
     std = torch.tensor(norm.std).view(1, 3, 1, 1)

@@ -1,30 +1,22 @@
 """Batch ring: a DataLoader worker hands its batches to the main process through reused shared memory.
 
 Why: torch sends a tensor between processes by sharing its storage, so a worker that allocates a fresh
-shared-memory batch per step pays for page-faulting ~38 MB of new memory (~30 ms on a small VM), and
-the main process maps and faults in each new segment again. Reusing buffers through torch's own
-pickling does not help: torch re-shares the storage (a new fd) and the main process maps it anew.
+shared-memory batch per step page-faults a whole new batch, and the main process maps and faults in each
+new segment again; reusing buffers through torch's own pickling does not help (it re-shares the storage).
 
-Here each worker owns one shared-memory block (a torch ``UntypedStorage._new_shared``: with the default
-``file_descriptor`` strategy it is unlinked at once and passed by fd, so nothing is left in /dev/shm
-after a crash) holding a small header, one "in use" byte per slot and ``slots`` batch slots. Both sides
-map it once:
+Each worker owns one shared block (``UntypedStorage._new_shared``: with the default ``file_descriptor``
+strategy it is unlinked at once and passed by fd, so a crash leaves nothing in /dev/shm): a small header,
+one "in use" byte per slot, and ``slots`` batch slots, mapped once by both sides.
 
-* worker: :meth:`WorkerRing.take` waits briefly for a free slot and returns a :class:`SlotTensor`, a
-  uint8 tensor over the slot that the dataset gathers into. Pickled by a ``multiprocessing`` queue's
-  feeder thread (the DataLoader result queue) it becomes a tiny handle ``(ring key, slot, shape)``;
-  the handles carry the storage itself (fd passed the torch way) until the main process has
-  acknowledged the ring in its header, then only the key.
-* main process: unpickling a handle looks the ring up in a process-wide registry and returns a tensor
-  view of the slot, no copy. ``torch.from_numpy`` of a numpy view plus ``weakref.finalize`` on that
-  view releases the slot (clears its byte) once the batch and every view of it are garbage;
-  ``pin_memory=True`` copies at once and so releases at once.
+* worker: :meth:`WorkerRing.take` returns a :class:`SlotTensor` over a free slot. Pickled by the result
+  queue's feeder thread it becomes a small handle ``(ring key, slot, shape)`` that carries the storage
+  (by fd) until the main process has acknowledged the ring in its header, then only the key.
+* main process: unpickling a handle returns a view of the slot, no copy; ``weakref.finalize`` on that
+  view frees the slot once the batch and every view of it are garbage (``pin_memory=True`` copies at once).
 
-A slot is free when its byte is 0 (no main-process view) and no worker-side tensor of it is alive.
-When none frees within ``WAIT_S`` (the user keeps batches, or more are in flight than slots), the
-caller falls back to a fresh shared tensor for that batch: slower, never stale, never blocked.
-Any other pickling of a slot (``torch.save``, plain ``pickle``, a view of it that torch shares) takes
-torch's ordinary path, which copies the bytes out of the slot first.
+A slot is free when its byte is 0 and no worker-side tensor of it is alive. When none frees within
+``WAIT_S`` (the loop keeps batches), the batch gets fresh shared memory: slower, never stale, never
+blocked. Any other pickling of a slot (``torch.save``, plain ``pickle``) takes torch's ordinary path.
 """
 
 from __future__ import annotations
@@ -46,7 +38,7 @@ from loaders.shared_memory import shm_free_bytes
 __all__ = ["MAX_SLOTS", "WAIT_S", "InlineTensor", "ProcessRing", "SlotTensor", "WorkerRing", "drop_dead_rings",
            "ring_bytes", "ring_stats", "rings_fit"]
 
-WAIT_S = 0.005  # longest wait for a free slot; a fresh 38 MB batch costs ~30 ms, so waiting longer never pays
+WAIT_S = 0.005  # longest wait for a free slot: short against what a fresh batch's page faults cost
 
 _PAGE = 4096
 _ACK = 0  # header byte: 1 once the main process has registered the ring (handles may drop the storage)
@@ -66,12 +58,9 @@ def ring_bytes(slots: int, slot_bytes: int) -> int:
 
 
 def rings_fit(slots: int, slot_bytes: int) -> bool:
-    """Whether a ring per DataLoader worker takes at most half of the space free in /dev/shm.
-
-    A ring holds ~2x the batches torch keeps in flight. Where /dev/shm is small (Docker's 64 MB), the
-    workers that got one would leave too little for the fresh batches of those that did not, and a
-    loader that runs without rings would fail with them.
-    """
+    """Whether a ring per DataLoader worker takes at most half of the space free in /dev/shm: where it is small
+    (Docker's 64 MB), rings would leave too little for fresh batches, and a loader that fits without rings
+    would fail with them."""
     free = shm_free_bytes()
     if free is None:
         return True
@@ -86,11 +75,9 @@ def _storage_bytes(storage: torch.UntypedStorage) -> np.ndarray:
 
 
 class SlotTensor(torch.Tensor):
-    """A worker-side uint8 tensor over one ring slot; it pickles as a handle (see the module doc).
-
-    Torch functions on it return plain tensors (``__torch_function__`` disabled), so only the tensor
-    :meth:`WorkerRing.take` made travels as a slot; views and results of operations are ordinary.
-    """
+    """A worker-side tensor over one ring slot; it pickles as a handle (module doc). Torch functions on it
+    return plain tensors (``__torch_function__`` disabled): only the tensor :meth:`WorkerRing.take` made
+    travels as a slot."""
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
@@ -112,11 +99,8 @@ def _from_numpy(a: np.ndarray) -> torch.Tensor:
 
 
 class InlineTensor(torch.Tensor):
-    """A small tensor (labels, boxes) that pickles by value.
-
-    torch hands every tensor over in shared memory: a new segment, an fd sent through a socket and a new
-    mapping, ~0.8 ms even for the 2 kB of a batch's labels; the bytes themselves cost microseconds.
-    """
+    """A small tensor (labels, boxes) that pickles by value: torch would hand it over in shared memory (a new
+    segment, an fd through a socket, a new mapping), far dearer than its few bytes."""
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
@@ -125,12 +109,9 @@ class InlineTensor(torch.Tensor):
 
 
 class WorkerRing:
-    """``slots`` reusable batch slots of ``slot_bytes`` each, in one shared block (worker side).
-
-    Memory: ``slots * slot_bytes`` of shared memory per worker (plus a page), mapped in the worker and
-    in the main process; 5 slots of a 256 x 224 x 224 x 3 batch are 193 MB per worker.
-    ``retire``: the key of this worker's previous (smaller) ring, which the main process then forgets.
-    """
+    """``slots`` reusable batch slots of ``slot_bytes`` each, in one shared block (worker side): ``slots *
+    slot_bytes`` of shared memory per worker (plus a page), mapped in the worker and the main process.
+    ``retire``: the key of this worker's previous (smaller) ring, which the main process then forgets."""
 
     def __init__(self, slots: int, slot_bytes: int, retire: tuple[int, str] | None = None) -> None:
         if not 1 <= slots <= MAX_SLOTS:
@@ -269,10 +250,7 @@ def _drop_dead_locked() -> int:
 
 
 def drop_dead_rings() -> int:
-    """Forget the rings of exited workers now (also done whenever a new ring registers); returns how many.
-
-    Until then the main process keeps each such ring mapped (``slots * batch bytes``).
-    """
+    """Forget (unmap) the rings of exited workers now, as each new ring's registration does; returns how many."""
     with _lock:
         return _drop_dead_locked()
 

@@ -1,13 +1,10 @@
 """A gathered batch (:class:`CacheBatch`) and how it becomes what the training loop receives.
 
-``CachedImageDataset.__getitems__`` gathers a whole batch into one uint8 (B, H, W, 3) buffer. The
-documented path passes it through with ``collate_fn=collate_batch``. Frameworks that build their own
-``DataLoader`` (Lightning, timm, HF Trainer) usually pass no ``collate_fn``, and torch's
-``default_collate`` would stack the batch again sample by sample (a fresh shared-memory tensor per step:
-~1/5 of the speed). So a batch's samples are :class:`CacheSample` tuples, a type registered in torch's
-documented collate extension map (``torch.utils.data._utils.collate.default_collate_fn_map``):
-``default_collate`` handed a ``CacheBatch`` finds it there and takes the batch as it is, no copy. Handed
-a list of ``CacheSample`` from anywhere else, it collates field by field exactly as torch does tuples.
+``collate_fn=collate_batch`` passes a whole gathered batch through. Frameworks that build their own
+``DataLoader`` (Lightning, timm, HF Trainer) pass no ``collate_fn``, and ``default_collate`` would stack it
+again sample by sample; so a batch's samples are :class:`CacheSample` tuples, a type registered in torch's
+documented collate extension map (``default_collate_fn_map``): ``default_collate`` handed a ``CacheBatch``
+takes it as it is, and a list of ``CacheSample`` from elsewhere field by field, as torch does tuples.
 """
 
 from __future__ import annotations
@@ -16,29 +13,23 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import default_collate
+from torch.utils.data import DataLoader, default_collate
 from torch.utils.data._utils.collate import collate, default_collate_fn_map
 
-__all__ = ["CacheBatch", "CacheSample", "collate_batch", "collate_cache_samples"]
+__all__ = ["CacheBatch", "CacheSample", "collate_batch", "collate_cache_samples", "dataloader"]
 
 
 class CacheSample(tuple):
-    """One sample of a :class:`CacheBatch`: ``(image uint8 HWC view, int label[, box], *columns)``.
-
-    A plain tuple in every way but its type, which tells torch's ``default_collate`` where it came from.
-    """
+    """One sample of a :class:`CacheBatch`, ``(image uint8 HWC view, int label[, box], *columns)``: a plain tuple
+    but for its type, which tells ``default_collate`` where it came from."""
 
     __slots__ = ()
 
 
 class CacheBatch(Sequence):
-    """A whole batch already gathered: ``images`` uint8 (B, H, W, 3), ``labels`` int64 (B,) (or a column's
-    values: float (B, C) soft labels), ``boxes``, and the ``columns`` asked for (``DatasetOptions(columns=)``),
-    carried after them.
-
-    It is also a sequence of per-sample :class:`CacheSample` tuples (views made on demand), so torch's
-    ``default_collate`` receives it whole and returns ``[images, labels[, boxes], *columns]`` without copying.
-    """
+    """A whole batch already gathered: ``images`` uint8 (B, H, W, 3), ``labels`` int64 (B,) (or float (B, C) soft
+    labels), ``boxes``, and the ``columns`` asked for. Also a sequence of :class:`CacheSample` views, so
+    ``default_collate`` receives it whole and returns ``[images, labels[, boxes], *columns]`` without copying."""
 
     __slots__ = ("boxes", "columns", "images", "labels")
 
@@ -69,11 +60,8 @@ class CacheBatch(Sequence):
 
 
 def collate_batch(batch: Any) -> Any:
-    """``collate_fn`` for ``DataLoader``: pass a :class:`CacheBatch` through as ``(images, labels[, boxes],
-    *columns)``.
-
-    Anything else (e.g. per-sample tuples from a dataset with a ``transform``) goes to ``default_collate``.
-    """
+    """``collate_fn`` for ``DataLoader``: a :class:`CacheBatch` through as ``(images, labels[, boxes], *columns)``;
+    anything else (per-sample tuples of a dataset with a ``transform``) to ``default_collate``."""
     if isinstance(batch, CacheBatch):
         return batch.as_tuple()
     return default_collate(batch)
@@ -81,12 +69,8 @@ def collate_batch(batch: Any) -> Any:
 
 def collate_cache_samples(batch: Sequence[Any], *,
                           collate_fn_map: dict[type | tuple[type, ...], Callable] | None = None) -> list[Any]:
-    """The ``default_collate_fn_map`` entry for :class:`CacheSample`.
-
-    A whole :class:`CacheBatch` is returned as ``[images, labels[, boxes]]``: the tensors it holds, the
-    list type ``default_collate`` gives for tuples. Any other sequence of samples is collated field by
-    field, as ``default_collate`` collates tuples.
-    """
+    """The ``default_collate_fn_map`` entry for :class:`CacheSample`: a whole :class:`CacheBatch` as the list of
+    its tensors (the type ``default_collate`` gives tuples), any other sequence field by field, as tuples."""
     if isinstance(batch, CacheBatch):
         return list(batch.as_tuple())
     size = len(batch[0])
@@ -96,3 +80,15 @@ def collate_cache_samples(batch: Sequence[Any], *,
 
 
 default_collate_fn_map[CacheSample] = collate_cache_samples
+
+
+def dataloader(dataset: Any, batch_size: int, sampler: Any, *, num_workers: int, pin_memory: bool,
+               prefetch_factor: int = 4, seed: int = 0, cls: type = DataLoader) -> Any:
+    """A ``cls`` (DataLoader) of a cache's ``dataset`` as ``cachebuild train`` and ``CacheDataModule`` make it:
+    batches passed through by ``collate_batch``, persistent workers, the dataset's batch ring sized to the
+    batches in flight, and a generator of its own (no draw from the global RNG, which a resume restores)."""
+    kw: dict[str, Any] = {"num_workers": num_workers, "pin_memory": pin_memory, "collate_fn": collate_batch}
+    if num_workers > 0:
+        kw.update(persistent_workers=True, prefetch_factor=prefetch_factor)
+        dataset.ring_slots = prefetch_factor + 3  # loaders.dataset_options.DEFAULT_RING_SLOTS's rule
+    return cls(dataset, batch_size=batch_size, sampler=sampler, generator=torch.Generator().manual_seed(seed), **kw)

@@ -1,22 +1,17 @@
 """CachedImageDataset: a map-style torch Dataset over a cachebuild cache, from a local folder or a URL.
 
-The hot path of every epoch. A batch is one sorted pass over the requested samples, each row copied
-once, straight into its slot of a single uint8 (B, H, W, 3) buffer (in shared memory when running in a
-``DataLoader`` worker, so handing it to the main process copies nothing). No decode, no per-image
-tensor, no stacking: ``__getitems__`` returns a :class:`CacheBatch` and :func:`collate_batch` passes it
-through as ``(images, labels[, boxes])``. In a worker that buffer is a slot of a per-worker ring of
-reused shared-memory batches (``loaders.batch_ring``): mapped once by both processes, so a batch costs
-no fresh page faults on either side.
+The hot path of every epoch. A batch is one sorted pass over the requested samples, each row copied once
+into its slot of a single uint8 (B, H, W, 3) buffer (in a DataLoader worker: a slot of the worker's ring of
+reused shared-memory batches, ``loaders.batch_ring``, so handing it over copies nothing). No decode, no
+per-image tensor, no stacking: ``__getitems__`` returns a :class:`CacheBatch` that :func:`collate_batch`
+passes through. How pixels are read is the storage kind's business (``cachebuild.storage``); what a read
+does not ask for (the ring outside workers, in-RAM mode, crops, encoded batches) is not imported on it.
 
-How the pixels are read is the cache's storage backend's business (``cachebuild.storage``: memory maps
-of npy shards or raw zarr chunks locally, byte ranges through fsspec for URLs, zarr-python for
-compressed chunks); this module only asks its image store to gather a batch into a buffer.
-
-Process model: the constructor validates the whole cache in the calling process (so a missing,
-truncated or mis-shaped shard is a named error there, never inside a worker) and keeps nothing open
-but a shared lock on a local cache folder (a ``--force`` rebuild then leaves this dataset reading the
-old cache whole). Each process maps or fetches what it touches lazily on first use; the pickled state
-holds only the location, the manifest and the small per-sample arrays.
+Process model: the constructor validates the whole cache in the calling process (a missing, truncated or
+mis-shaped shard is a named error there, never in a worker) and keeps nothing open but a shared lock on a
+local cache folder (a ``--force`` rebuild then leaves this dataset reading the old cache whole). Each
+process maps or fetches what it touches on first use; the pickled state holds only the location, the
+manifest and the small per-sample arrays.
 """
 
 from __future__ import annotations
@@ -24,9 +19,9 @@ from __future__ import annotations
 import contextlib
 import operator
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -39,14 +34,19 @@ from cachebuild.storage import ImageStore
 from cachebuild.storage.cache.reader import open_cache
 from cachebuild.storage.kinds.side_arrays import load_column, load_paths, map_array
 from cachebuild.storage.locations.replacement import ReaderLock
-from loaders.batch_ring import InlineTensor, ProcessRing
 from loaders.collate import CacheBatch, collate_batch
 from loaders.dataset_options import DatasetOptions
-from loaders.encoded import EncodedImages
-from loaders.shared_memory import auto_budget, load_shared, shared_uint8
-from loaders.worker_crop import CropPlan, CropSpec, flip_probability, normalize_matrix
+
+if TYPE_CHECKING:
+    from loaders.batch_ring import ProcessRing
+    from loaders.worker_crop import CropPlan
 
 __all__ = ["CacheBatch", "CachedImageDataset", "DatasetOptions", "collate_batch"]
+
+
+def _whole_boxes(shape: tuple[int, ...], n: int) -> np.ndarray:
+    """int32 (n, 4) boxes covering whole (H, W, ...) samples: every pixel valid."""
+    return np.tile(np.array([0, 0, shape[0], shape[1]], dtype=np.int32), (n, 1))
 
 
 def _new_batch(shape: tuple[int, ...], dtype: np.dtype, shared: bool) -> torch.Tensor:
@@ -54,6 +54,8 @@ def _new_batch(shape: tuple[int, ...], dtype: np.dtype, shared: bool) -> torch.T
     tdtype = torch.from_numpy(np.empty(0, dtype)).dtype
     if not shared:
         return torch.empty(shape, dtype=tdtype)
+    from loaders.shared_memory import shared_uint8
+
     # Allocated straight in shared memory (as default_collate does for its stack) rather than
     # share_memory_() afterwards, which would copy the batch once more.
     return shared_uint8((*shape[:-1], shape[-1] * dtype.itemsize)).view(tdtype)  # float32: 4 bytes a value
@@ -61,6 +63,8 @@ def _new_batch(shape: tuple[int, ...], dtype: np.dtype, shared: bool) -> torch.T
 
 def _inline(batch: CacheBatch) -> CacheBatch:
     """A batch's small tensors made to cross to the main process by value (``batch_ring.InlineTensor``)."""
+    from loaders.batch_ring import InlineTensor
+
     return CacheBatch(batch.images, batch.labels.as_subclass(InlineTensor),
                       None if batch.boxes is None else batch.boxes.as_subclass(InlineTensor),
                       tuple(c.as_subclass(InlineTensor) for c in batch.columns))
@@ -83,19 +87,11 @@ def _label_column(values: np.ndarray, name: str, manifest: Manifest, where: str)
 class CachedImageDataset(Dataset):
     """A cachebuild cache as a map-style dataset: ``ds[i] -> (uint8 HWC tensor, int label[, box], *columns)``.
 
-    Args:
-        root: the cache folder (holding ``manifest.json``), or its URL (``s3://``, ``gs://``, ``https://``,
-            ``file://``); the storage kind is read from the manifest.
-        options: every other setting (:class:`~loaders.dataset_options.DatasetOptions`: transform, boxes,
-            crop in the workers, in memory, batch ring, block cache, fingerprint, decode); the defaults
-            read raw uint8 samples through memory maps.
-
-    ``transform``, ``return_boxes``, ``ring_slots`` and ``decode`` are attributes a loader may set afterwards
-    (``device_loader(decode="cuda")``, a DataLoader's prefetch); the crop in the workers is :attr:`crop` (a
-    :class:`~loaders.worker_crop.CropPlan`, or None), changed with :meth:`set_crop`.
-
-    Opening validates the manifest and every shard header (named errors from ``cachebuild.errors``:
-    ``CacheNotFoundError``, ``UnsupportedFormatError``, ``CacheCorruptError``) and then closes the files.
+    ``root``: the cache folder or its URL (``s3://``, ``gs://``, ``https://``, ``file://``); ``options``: every
+    other setting (:class:`~loaders.dataset_options.DatasetOptions`). Opening validates the manifest and every
+    shard header (``CacheNotFoundError``, ``UnsupportedFormatError``, ``CacheCorruptError``), then closes the
+    files. ``transform``, ``return_boxes``, ``ring_slots`` and ``decode`` are attributes a loader may set
+    afterwards; the crop in the workers is :attr:`crop` (a ``CropPlan`` or None), set with :meth:`set_crop`.
     """
 
     def __init__(self, root: str | os.PathLike[str], options: DatasetOptions | None = None) -> None:
@@ -128,14 +124,15 @@ class CachedImageDataset(Dataset):
         del reader
         self._paths: list[str] | None = None
         self._shared: torch.Tensor | None = None
-        self._ring = ProcessRing()  # a DataLoader worker's reused batches (loaders.batch_ring), made there
+        self._ring: ProcessRing | None = None  # a DataLoader worker's reused batches, made there
         self.crop: CropPlan | None = None
-        self.set_crop(o.crop, o.flip, o.seed, o.normalize)
-        in_memory = o.in_memory
-        if in_memory == "auto":
-            in_memory = self.nbytes <= auto_budget(o.memory_budget)
-        if in_memory:
-            self._shared = load_shared(self)
+        if o.crop is not None:
+            self.set_crop(o.crop, o.seed, o.normalize, flip=o.flip)
+        if o.in_memory:
+            from loaders.shared_memory import auto_budget, load_shared
+
+            if o.in_memory is True or self.nbytes <= auto_budget(o.memory_budget):
+                self._shared = load_shared(self)
 
     # ------------------------------------------------------------------ metadata
     def __len__(self) -> int:
@@ -169,10 +166,7 @@ class CachedImageDataset(Dataset):
     @property
     def boxes(self) -> np.ndarray:
         """int32 (N, 4) valid boxes ``(y0, x0, y1, x1)``, end-exclusive; full images when the cache has none."""
-        if self._boxes is not None:
-            return self._boxes
-        h, w, _ = self.shape
-        return np.tile(np.array([0, 0, h, w], dtype=np.int32), (len(self), 1))
+        return self._boxes if self._boxes is not None else _whole_boxes(self.shape, len(self))
 
     @property
     def paths(self) -> list[str]:
@@ -191,7 +185,7 @@ class CachedImageDataset(Dataset):
 
     @property
     def chunk_size(self) -> int:
-        """Samples per read chunk for :class:`~loaders.sampler.CacheSampler`'s chunk-aware order."""
+        """Samples per natural read unit of the storage (a zarr chunk, ~8 MB of npy rows)."""
         return self._images.chunk_size
 
     def file_bounds(self) -> np.ndarray:  # each stored file's first sample, then the count (CacheSampler)
@@ -217,13 +211,11 @@ class CachedImageDataset(Dataset):
 
     # ------------------------------------------------------------------ processes
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_reader_lock"] = None  # the opening process holds it; its workers die before it does
-        state["_paths"] = None
-        if self.location.is_local:  # memory-mapped side arrays: each process maps them again (storage.side_arrays)
+        # _shared (in shared memory) travels by handle through torch's multiprocessing reductions; the lock
+        # stays with the opening process (its workers die before it does), a ring with the process that made it.
+        state = {**self.__dict__, "_reader_lock": None, "_paths": None, "_ring": None}
+        if self.location.is_local:  # memory-mapped side arrays: each process maps them again
             state["_labels"] = state["sizes"] = state["_boxes"] = state["_columns"] = None
-        # _shared (a torch tensor in shared memory) travels by handle through torch's multiprocessing
-        # reductions (DataLoader workers, fork or spawn); a plain pickle.dumps copies it, as for any tensor.
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -244,11 +236,9 @@ class CachedImageDataset(Dataset):
 
     # ------------------------------------------------------------------ reading
     def _indices(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> np.ndarray:
-        """``indices`` as int64 sample numbers in [0, N), negative ones counted from the end.
-
-        Only integers: casting floats truncates (2.7 would read sample 2), a boolean mask would read samples
-        1 and 0, and a uint64 past the end would wrap round to the last samples, i.e. other samples.
-        """
+        """``indices`` as int64 sample numbers in [0, N), negative ones counted from the end. Only integers:
+        a float cast truncates (2.7 would read sample 2), a boolean mask would read samples 1 and 0, and a
+        uint64 past the end would wrap round to other samples."""
         idx = np.asarray(indices).reshape(-1)
         if idx.dtype.kind not in "iu" and idx.size:  # an empty list is float64: nothing to read either way
             raise TypeError(f"sample indices must be integers, got {idx.dtype} ({indices!r:.60})")
@@ -260,11 +250,8 @@ class CachedImageDataset(Dataset):
         return np.where(idx < 0, idx + n, idx)
 
     def gather(self, indices: Sequence[int] | np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """Read samples ``indices`` (in that order) into ``out`` (uint8 (B, H, W, 3), allocated if None).
-
-        Reads go in ascending sample order (sequential within each shard); each row is copied once.
-        Safe to call from several threads at once (numpy releases the GIL while copying).
-        """
+        """Read samples ``indices`` (in that order) into ``out`` (uint8 (B, H, W, 3), allocated if None): reads in
+        ascending sample order, each row copied once; safe from several threads (the copies release the GIL)."""
         idx = self._indices(indices)
         if out is None:
             out = np.empty((len(idx), *self.shape), dtype=np.uint8)
@@ -284,10 +271,7 @@ class CachedImageDataset(Dataset):
     def valid_boxes(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """int32 (B, 4) valid boxes ``(y0, x0, y1, x1)`` of samples ``indices``; full images when the cache has none."""
         idx = self._indices(indices)
-        if self._boxes is not None:
-            return self._boxes[idx]
-        h, w, _ = self.shape
-        return np.tile(np.array([0, 0, h, w], dtype=np.int32), (len(idx), 1))
+        return self._boxes[idx] if self._boxes is not None else _whole_boxes(self.shape, len(idx))
 
     def sample_views(self, indices: Sequence[int] | np.ndarray) -> list[np.ndarray] | None:
         """Read-only (H, W, 3) views of samples ``indices`` where they lie in this process's memory
@@ -302,27 +286,35 @@ class CachedImageDataset(Dataset):
         return [rows[i] for i in idx.tolist()]
 
     # ------------------------------------------------------------------ crop in the workers
-    def set_crop(self, crop: CropSpec | None, flip: bool | float = False, seed: int = 0,
-                 normalize: tuple[Sequence[float], Sequence[float]] | None = None) -> None:
-        """Crop in the workers as ``DatasetOptions(crop=, flip=, seed=, normalize=)`` says (None: no crop);
-        before making loaders."""
+    def set_crop(self, crop: Any, seed: int = 0, normalize: tuple[Sequence[float], Sequence[float]] | None = None,
+                 *, flip: bool | float | None = None) -> None:
+        """Crop in the workers as ``DatasetOptions(crop=, seed=, normalize=)`` says (None: none); before loaders
+        are made (``flip``: the previous release's spelling of the crop's ``flip_p``)."""
         if crop is None:
-            flip_probability(None, flip)  # a flip without a crop is refused, as DatasetOptions refuses it
-            normalize_matrix(None, normalize)
             self.crop = None
-        else:
-            self.crop = CropPlan(crop, flip, seed, normalize)
+            if normalize is not None or flip:
+                raise ValueError("normalize and flip need crop=RandomResizedCrop(...) or CenterCrop(...)")
+            return
+        from loaders.worker_crop import CropPlan
+
+        self.crop = CropPlan(crop, seed, normalize, flip)
 
     def set_epoch(self, epoch: int) -> None:
-        """The epoch the crop boxes and flips are drawn for (seen by persistent workers at their next batch)."""
+        """The epoch the crop boxes and flips are drawn for (seen by persistent workers at their next batch);
+        :class:`~loaders.sampler.CacheSampler` calls it from its own ``set_epoch``."""
         if self.crop is not None:
             self.crop.set_epoch(epoch)
 
-    def set_resolution(self, size: int | Sequence[int]) -> None:
-        """Output size of the crop from the next batch on (progressive resizing); call between epochs."""
+    def set_resolution(self, size: int | Sequence[int] | Callable[[int], int | Sequence[int]]) -> None:
+        """Output size of the crop from the next batch on (progressive resizing), or a schedule (epoch -> size,
+        e.g. ``worker_crop.progressive``) that every :meth:`set_epoch` applies; call between epochs."""
         if self.crop is None:
             raise ValueError("set_resolution needs a dataset made with crop=RandomResizedCrop(...) or CenterCrop(...)")
-        self.crop.set_size(size)
+        if callable(size):
+            self.crop.schedule = size
+            self.crop.set_size(size(self.crop.epoch))
+        else:
+            self.crop.set_size(size)
 
     @property
     def resolution(self) -> tuple[int, int] | None:
@@ -352,7 +344,7 @@ class CachedImageDataset(Dataset):
         labels = torch.from_numpy(self._labels[idx])
         if not self.return_boxes:
             return CacheBatch(images, labels, None, self._column_values(idx))
-        boxes = self.valid_boxes(idx) if self.crop is None else self.crop.whole_boxes(len(idx), out.shape)
+        boxes = self.valid_boxes(idx) if self.crop is None else _whole_boxes(out.shape[1:], len(idx))
         return CacheBatch(images, labels, torch.from_numpy(boxes), self._column_values(idx))
 
     def _column_values(self, idx: np.ndarray) -> tuple[torch.Tensor, ...]:
@@ -398,6 +390,10 @@ class CachedImageDataset(Dataset):
         shape = (len(idx), *self.output_shape)
         images: torch.Tensor | None = None
         if worker and self.transform is None and self.ring_slots:
+            if self._ring is None:
+                from loaders.batch_ring import ProcessRing
+
+                self._ring = ProcessRing()
             images = self._ring.take(self.ring_slots, shape, self.output_dtype)
         if images is None:
             images = _new_batch(shape, self.output_dtype, shared=worker)
@@ -410,6 +406,8 @@ class CachedImageDataset(Dataset):
 
     def _encoded_batch(self, idx: np.ndarray, worker: bool) -> CacheBatch:
         """The batch's stored JPEGs, checked against their checksums, undecoded (for decoding on a GPU)."""
+        from loaders.encoded import EncodedImages
+
         data, offsets = self._images.read_encoded(idx)
         labels = torch.from_numpy(self._labels[idx])
         boxes = torch.from_numpy(self.valid_boxes(idx)) if self.return_boxes else None

@@ -16,13 +16,11 @@ import torch
 
 from cachebuild.storage import BlockCache
 from loaders.batch_ring import MAX_SLOTS
-from loaders.worker_crop import CropSpec, flip_probability, normalize_matrix
 
 __all__ = ["DEFAULT_RING_SLOTS", "DatasetOptions"]
 
-# Batch slots per DataLoader worker: the DataLoader keeps prefetch_factor (default 2) batches in flight
-# per worker, the loop holds the batch it works on and the one before (a `for x, y in dl` rebinds x only
-# after next() returns), and device_loader one more.
+# Batch slots per worker: prefetch_factor (2) in flight, the loop's batch and the one before it (a `for x, y
+# in dl` rebinds x only after next() returns), and device_loader's one ahead.
 DEFAULT_RING_SLOTS = 5
 
 
@@ -31,30 +29,24 @@ class DatasetOptions:
     """How a :class:`~loaders.dataset.CachedImageDataset` opens a cache and what its samples and batches hold.
 
     What a sample is:
-        transform: optional per-sample CPU callable applied to the uint8 HWC tensor. With it, batches
-            are collated sample by sample (slower); the fast path is ``transform=None`` plus device-side
-            transforms on the batch.
-        return_boxes: also return the valid box ``(y0, x0, y1, x1)`` int32 (end-exclusive) of each sample.
-            Caches built with ``--fit pad`` store it; for other caches every pixel is valid, so the box is
-            the full image ``(0, 0, H, W)``.
-        crop: crop in the loader's workers (``loaders.worker_crop``): a
-            :class:`~loaders.worker_crop.RandomResizedCrop` (train) or :class:`~loaders.worker_crop.CenterCrop`
-            (eval). Each sample is cropped inside its valid box and resized straight into the batch, which is
-            then uint8 (B, size, size, 3): the device side only normalizes. Boxes and flips are a pure function
-            of (``seed``, epoch, sample index); set the epoch with ``set_epoch`` (or an
-            :class:`~loaders.worker_crop.EpochSampler`) and the output size with ``set_resolution``.
-        columns: names of the cache's columns (``cachebuild columns add``) to carry with every sample and
-            batch, after the image, the label and the box: ``(image, label[, box], *columns)``; each is a
-            tensor of its stored dtype, (B, ...) in a batch. A name the cache lacks is an error at open.
-        labels: a column to serve as the labels instead of the built-in ones (``cachebuild train --labels``):
-            an integer (N,) column (relabelled classes) or float (N, C) soft labels (distillation targets).
-        flip: with a ``RandomResizedCrop``, mirror each sample left-right with probability 0.5
-            (``True``) or the given probability.
+        transform: a per-sample CPU callable on the uint8 HWC tensor; batches are then collated sample by
+            sample (slower than ``None`` plus device transforms on the batch).
+        return_boxes: also return each sample's valid box ``(y0, x0, y1, x1)`` int32, end-exclusive (stored by
+            ``--fit pad`` caches; the whole image otherwise).
+        crop: crop in the loader's workers (``loaders.worker_crop``) with the device transforms' classes:
+            ``RandomResizedCrop(size, scale, ratio, flip_p)`` (train), ``CenterCrop(size)`` after an optional
+            ``Resize(short_side)`` in a ``Compose`` (eval). Each sample is cropped inside its valid box straight
+            into a uint8 (B, size, size, 3) batch; boxes and flips are a pure function of (``seed``, epoch,
+            index). ``CacheSampler.set_epoch`` (or ``ds.set_epoch``) sets the epoch, ``set_resolution`` the size.
+        columns: the cache's columns (``cachebuild columns add``) to carry after the image, label and box:
+            ``(image, label[, box], *columns)``, each of its stored dtype; a name the cache lacks is an error.
+        labels: a column to serve as the labels (``cachebuild train --labels``): integer (N,) class indices
+            (relabelled) or float (N, C) soft labels (distillation targets).
+        flip: the previous release's spelling of ``RandomResizedCrop(flip_p=)`` (``True``: 0.5), for one release.
         seed: the seed of the crop boxes and flips.
         normalize: with a ``crop``, ``(mean, std)`` (0-1 units, as torchvision's ``Normalize``): the workers
-            also normalize, and batches are float32 (B, size, size, 3) (``device_loader``: NCHW channels_last),
-            what a CPU training step takes, with no pass over the batch in the main process. Leave it
-            None on CUDA, where the uint8 batch is 4x fewer bytes to copy and normalizing there is free.
+            normalize too and batches are float32, what a CPU training step takes. Leave it None on CUDA,
+            where the uint8 batch is 4x fewer bytes to copy and normalizing is free.
         decode: for compact caches (``--codec jpeg``): ``"cpu"`` decodes each batch where it is read (a small
             pool of threads per process, ``decode_threads`` of them; default: the CPUs divided among the
             DataLoader's workers, at most 4); ``"none"`` makes batches carry the stored JPEGs undecoded
@@ -62,37 +54,29 @@ class DatasetOptions:
             it. Raw caches have nothing to decode and ignore both.
 
     Where the pixels are read from:
-        in_memory: ``False`` reads through memory maps (page cache); ``True`` loads the whole cache once
-            into shared memory that every DataLoader worker sees (fork or spawn, no per-worker copy);
-            ``"auto"`` does so when the images fit ``memory_budget`` and half of the space free in
-            /dev/shm (the other half is left to batches in flight: containers often keep it small),
-            both split between the ``LOCAL_WORLD_SIZE`` processes torchrun starts on a node, each of
-            which loads its own copy.
-        memory_budget: bytes one process may load for ``in_memory="auto"``; default half of the
-            available RAM, split as above.
-        ring_slots: reused batch slots per ``DataLoader`` worker (``loaders.batch_ring``); costs
-            ``ring_slots`` x batch bytes of shared memory per worker (5 x 38.5 MB for 256 x 224 x 224 x 3),
-            mapped by the worker and the main process. Use ``prefetch_factor + 3`` when raising the
-            DataLoader's ``prefetch_factor``; 0 allocates a fresh shared batch every time (the old path).
-            A batch that finds no free slot (e.g. the loop keeps every batch) gets a fresh one.
+        in_memory: ``False`` reads through memory maps; ``True`` loads the cache once into shared memory that
+            every DataLoader worker sees (fork or spawn, one copy); ``"auto"`` does so when it fits
+            ``memory_budget`` and half the free space of /dev/shm, both split between the
+            ``LOCAL_WORLD_SIZE`` processes torchrun starts on a node (each loads its own copy).
+        memory_budget: bytes one process may load for ``"auto"``; default half the available RAM, split so.
+        ring_slots: reused batch slots per DataLoader worker (``loaders.batch_ring``), each a batch of shared
+            memory mapped by the worker and the main process; ``prefetch_factor + 3`` with a larger
+            ``prefetch_factor``; 0: a fresh shared batch each time (as a batch that finds no free slot gets).
 
     A cache at a URL, and which cache:
-        local_cache: for a URL, a local folder where fetched blocks are kept (bounded by
-            ``local_cache_bytes``, shared safely by workers and jobs), so later epochs read local disk; or a
-            :class:`~cachebuild.storage.BlockCache`.
-        local_cache_bytes: the size bound of a ``local_cache`` folder.
+        local_cache: a local folder (or a :class:`~cachebuild.storage.BlockCache`) keeping fetched blocks, shared
+            safely by workers and jobs, so later epochs read local disk; bounded by ``local_cache_bytes``.
         storage_options: fsspec options for a URL (credentials normally come from the store's config).
-        expect_fingerprint: a prefix (8+ hex digits) of the cache's fingerprint, i.e. its build key, as
-            ``cachebuild info`` / ``ls`` show it: opening a rebuilt or different cache then raises
-            ``FingerprintMismatchError`` naming both, instead of training on other data.
+        expect_fingerprint: a prefix (8+ hex digits) of the cache's fingerprint (its build key, as ``cachebuild
+            info`` shows it): a rebuilt or other cache raises ``FingerprintMismatchError`` naming both.
     """
 
     transform: Callable[[torch.Tensor], Any] | None = None
     return_boxes: bool = False
-    crop: CropSpec | None = None
+    crop: Any = None
     columns: tuple[str, ...] = ()
     labels: str | None = None
-    flip: bool | float = False
+    flip: bool | float | None = None
     seed: int = 0
     normalize: tuple[Sequence[float], Sequence[float]] | None = None
     decode: Literal["cpu", "none"] = "cpu"
@@ -114,10 +98,16 @@ class DatasetOptions:
             raise ValueError(f"in_memory must be True, False or 'auto', got {self.in_memory!r}")
         if not 0 <= self.ring_slots <= MAX_SLOTS:
             raise ValueError(f"ring_slots must be in 0..{MAX_SLOTS}, got {self.ring_slots}")
-        flip_probability(self.crop, self.flip)
         if isinstance(self.columns, str) or not all(isinstance(c, str) for c in self.columns):
             raise TypeError(f"columns must be a list of column names, got {self.columns!r}")
         object.__setattr__(self, "columns", tuple(self.columns))  # a list is fine; kept hashable and frozen
         if len(set(self.columns)) != len(self.columns):
             raise ValueError(f"columns names a column twice: {list(self.columns)}")
-        normalize_matrix(self.crop, self.normalize)
+        if self.crop is not None or self.flip is not None or self.normalize is not None:
+            from loaders.worker_crop import check_crop, flip_probability, normalize_matrix
+
+            if self.crop is not None:
+                check_crop(self.crop, self.flip)
+            elif self.flip is not None and flip_probability(self.flip):
+                raise ValueError("flip needs crop=RandomResizedCrop(..., flip_p=): eval crops do not flip")
+            normalize_matrix(self.crop, self.normalize)

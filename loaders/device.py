@@ -1,11 +1,8 @@
-"""Batches to the device: ``device_loader`` moves a loader's batches (a DataLoader's, a
-:class:`~loaders.thread_loader.ThreadLoader`'s) to the training device.
+"""``device_loader``: a loader's batches (a DataLoader's, a ``ThreadLoader``'s) on the training device.
 
-``device_loader``: uint8 NHWC batches (pinned by the DataLoader's ``pin_memory=True``) are copied with
-``non_blocking=True`` and viewed as NCHW by ``permute(0, 3, 1, 2)``, which for an NHWC tensor *is* a
-channels_last NCHW tensor (no copy). On CUDA the copy of batch ``k+1`` is issued on a side stream
-while the loop works on batch ``k`` (timm's ``PrefetchLoader``); elsewhere batches go through as they
-come. It wraps, so it re-iterates every epoch and has ``len``.
+uint8 NHWC batches (pinned by ``pin_memory=True``) are copied with ``non_blocking=True`` and viewed as NCHW by
+``permute(0, 3, 1, 2)``, which for an NHWC tensor *is* channels_last NCHW (no copy). On CUDA the copy of
+batch ``k+1`` runs on a side stream while the loop works on batch ``k`` (timm's ``PrefetchLoader``).
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ from loaders.thread_loader import ThreadLoader
 
 __all__ = ["DeviceLoader", "FastLoader", "device_loader", "to_device"]
 
-FastLoader = ThreadLoader  # its name and home of earlier releases
+FastLoader = ThreadLoader  # ThreadLoader's name and home in the previous release, kept for one release
 
 
 def _as_tuple(batch: Any) -> tuple[Any, ...]:
@@ -117,14 +114,8 @@ class DeviceLoader:
 
 def device_loader(loader: Iterable[Any], device: torch.device | str = "cuda", non_blocking: bool = True,
                   nchw: bool = True, decode: str = "cpu") -> DeviceLoader:
-    """Yield ``(x, y[, boxes])`` on ``device``: x uint8 NCHW (a channels_last view of the NHWC batch).
-
-    One batch of look-ahead on a side CUDA stream where there is CUDA; plain elsewhere. The result can be
-    iterated once per epoch and has ``len(loader)``. Pass ``pin_memory=True`` to the DataLoader (or
-    ``ThreadLoader``) so that ``non_blocking`` copies are truly asynchronous.
-
-    ``decode="cuda"`` (compact caches, on a CUDA device): the loader's :class:`CachedImageDataset` is set
-    to ``decode="none"``, so its workers send the stored JPEGs (checked against their checksums), and each
-    batch is decoded on the GPU by nvJPEG (``torchvision.io.decode_jpeg``). Raw caches go through as usual.
-    """
+    """Yield ``(x, y[, boxes])`` on ``device``, x uint8 NCHW (a channels_last view of the NHWC batch), once per
+    iteration (every epoch), with ``len(loader)``. Pass ``pin_memory=True`` to the loader so that the copies
+    are asynchronous. ``decode="cuda"`` (compact caches, on CUDA): the loader's dataset is set to
+    ``decode="none"``, so its workers send the stored JPEGs (checksummed), decoded on the GPU by nvJPEG."""
     return DeviceLoader(loader, device, non_blocking, nchw, decode)

@@ -1,11 +1,9 @@
 """Batches of stored JPEGs handed over undecoded, to be decoded where the batch lands (nvJPEG on a GPU).
 
-With ``DatasetOptions(decode="none")`` (what ``device_loader(dl, decode="cuda")`` sets) the
-DataLoader workers of a compact cache read and checksum each sample's stored bytes and hand them over as
-one :class:`EncodedImages`: ~12 kB a sample at 224 px instead of 150 kB of pixels. The host then sends only
-those bytes to the GPU, where :func:`loaders.cuda_decode.decode_on_cuda` decodes the batch with nvJPEG.
-On any other device the batch is decoded by the CPU decoder of the cache (the same pixels as decoding in
-the workers). CUDA code is imported only when a batch is decoded on a CUDA device.
+Under ``DatasetOptions(decode="none")`` (what ``device_loader(dl, decode="cuda")`` sets) a compact cache's
+workers read and checksum each sample's stored bytes and hand them over as one :class:`EncodedImages`, a
+fraction of the pixels' bytes; on CUDA :func:`loaders.cuda_decode.decode_on_cuda` decodes the batch with
+nvJPEG, elsewhere the cache's CPU decoder does (the same pixels). CUDA code is imported only on CUDA.
 """
 
 from __future__ import annotations
@@ -20,11 +18,8 @@ __all__ = ["EncodedImages"]
 
 
 class EncodedImages:
-    """``len(offsets) - 1`` encoded samples back to back in ``data`` (uint8), each decoding to ``shape``.
-
-    Crosses process boundaries like any tensor pair (shared memory), and is pinned by the DataLoader's
-    ``pin_memory=True`` through :meth:`pin_memory`.
-    """
+    """``len(offsets) - 1`` encoded samples back to back in ``data`` (uint8), each decoding to ``shape``; crosses
+    processes as a tensor pair and is pinned by ``pin_memory=True`` through :meth:`pin_memory`."""
 
     __slots__ = ("codec", "data", "offsets", "shape")
 

@@ -1,12 +1,9 @@
 """``cachebuild show`` and ``cachebuild report``: parse, check, call :mod:`cachebuild.inspect`.
 
-Both commands are made from dataclasses (:func:`cachebuild.flags.field_options`): ``show`` from
-:class:`ShowOptions`, ``report`` from :class:`ReportTarget` and ``cachebuild.inspect.ReportOptions``, so each
-flag's help, default and bounds are declared once, on its field.
-
-Registered under the ``cachebuild.commands`` entry points (pyproject.toml), like ``train``: they live
-beside the loaders because ``--augment`` runs the device transforms and ``--run`` reads a training run's
-metrics, and ``cachebuild`` itself never imports ``loaders``. Importing this module imports no torch.
+Made from dataclasses (:func:`cachebuild.flags.field_options`: ``ShowOptions``; ``ReportTarget`` and
+``cachebuild.inspect.ReportOptions``), each flag declared once, on its field. Registered as
+``cachebuild.commands`` entry points, like ``train``: ``--augment`` runs the device transforms and ``--run``
+reads a training run's metrics, and ``cachebuild`` never imports ``loaders``. Imports no torch.
 """
 
 from __future__ import annotations

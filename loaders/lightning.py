@@ -1,26 +1,18 @@
 """Lightning: ``CacheDataModule``, a ``LightningDataModule`` over caches (``pip install cachebuild[lightning]``).
 
-What it does for a Lightning user, and why each part is needed:
+* **Our sampler under DDP.** Lightning replaces (or wraps, sharding twice) a sampler that is not a
+  ``DistributedSampler``; :class:`DistributedCacheSampler` is a ``CacheSampler`` that is also one, so the
+  Trainer's defaults keep it: nothing to set on the Trainer. Rank and world size come from the Trainer, the
+  epoch from Lightning's own ``sampler.set_epoch``.
+* **Device transforms in ``on_after_batch_transfer``**: the uint8 NHWC batch viewed as NCHW channels_last (no
+  copy), the train or val transform, then ``mix`` (e.g. ``MixUpCutMix``) on training batches. A
+  LightningModule that overrides the hook too replaces this one.
+* **Resume mid-epoch.** The training DataLoader is stateful (``state_dict``/``load_state_dict``, what
+  Lightning's loops look for): a checkpoint holds the sampler's state, counted in samples the loop consumed,
+  and ``Trainer.fit(..., ckpt_path=...)`` continues with exactly the rest of that epoch.
 
-* **Our sampler under DDP.** Lightning replaces a DataLoader's sampler with its own
-  ``DistributedSampler`` (or wraps it in one, sharding an already-sharded order again) unless the sampler
-  already *is* a ``DistributedSampler``. :class:`DistributedCacheSampler` is a :class:`~loaders.sampler.CacheSampler`
-  that is also a ``DistributedSampler`` (same attribute names and order semantics), so Lightning keeps it
-  with the Trainer's defaults: **nothing to set on the Trainer** (``use_distributed_sampler`` may stay
-  True). Rank and world size come from the Trainer.
-* **Device transforms in ``on_after_batch_transfer``.** Batches leave the DataLoader as uint8 NHWC (pinned on
-  GPU runs) and are moved by Lightning; the hook views them as NCHW channels_last (no copy) and runs the
-  train or val transform, then ``mix`` (e.g. :class:`~loaders.transforms.MixUpCutMix`) on training batches.
-  If the LightningModule also overrides ``on_after_batch_transfer``, Lightning calls only this one.
-* **The epoch** is set by Lightning itself (it calls ``sampler.set_epoch(current_epoch)`` every epoch).
-* **Resume mid-epoch.** The training DataLoader is stateful (``state_dict``/``load_state_dict``, the
-  protocol Lightning's loops look for): a checkpoint holds the sampler state, counted in samples the loop
-  consumed, and ``Trainer.fit(..., ckpt_path=...)`` continues with exactly the rest of that epoch.
-
-Validation uses the same sampler unshuffled: under DDP each rank takes every R-th sample, and the last
-(fewer than R) samples are repeated to give every rank the same count, as Lightning's own sampler does.
-
-This module is the only one that imports ``lightning``.
+Validation uses the same sampler unshuffled (each rank every R-th sample, the tail repeated to equal counts,
+as Lightning's own). This module is the only one that imports ``lightning``.
 """
 
 from __future__ import annotations
@@ -34,9 +26,9 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from loaders.collate import collate_batch
+from loaders.collate import dataloader
 from loaders.dataset import CachedImageDataset, DatasetOptions
-from loaders.sampler import CacheSampler
+from loaders.sampler import CacheSampler, removed_options
 
 __all__ = ["CacheDataModule", "DistributedCacheSampler", "ResumableDataLoader"]
 
@@ -45,22 +37,16 @@ Mix = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 class DistributedCacheSampler(CacheSampler, DistributedSampler):
-    """A :class:`~loaders.sampler.CacheSampler` that Lightning recognises as a ``DistributedSampler``.
-
-    Same order, sharding and state as ``CacheSampler`` (``DistributedSampler.__init__`` is not run; every
-    attribute it would set, ``num_replicas``, ``rank``, ``epoch``, ``seed``, ``shuffle``, ``drop_last``,
-    ``num_samples``, ``total_size``, is set by ``CacheSampler`` with the same meaning). One difference:
-    ``len()`` is always the whole epoch's ``num_samples``, as Lightning and ``DistributedSampler`` expect,
-    also after a resume, when ``iter()`` yields only the rest of the epoch.
-    """
+    """A ``CacheSampler`` that Lightning recognises as a ``DistributedSampler`` (whose ``__init__`` is not run:
+    ``CacheSampler`` sets every attribute it would, with the same meaning). ``len()`` is the whole epoch's
+    ``num_samples``, as Lightning expects, also after a resume, when ``iter()`` yields only the rest."""
 
     def __len__(self) -> int:
         return self.num_samples
 
 
 class ResumableDataLoader(DataLoader):
-    """A ``DataLoader`` whose ``state_dict()`` is its sampler's (Lightning saves it in checkpoints and loads
-    it back before the resumed epoch starts)."""
+    """A ``DataLoader`` whose ``state_dict()`` is its sampler's (Lightning saves and restores it)."""
 
     def state_dict(self) -> dict[str, Any]:
         return self.sampler.state_dict()  # type: ignore[attr-defined]
@@ -91,7 +77,7 @@ class CacheDataModule(pl.LightningDataModule):
             ``train_transform``, e.g. ``MixUpCutMix(num_classes)``; the targets then are float (N, C): use
             ``F.cross_entropy(logits, targets)``.
         seed: the sampler's base seed; default ``PL_GLOBAL_SEED`` (set by ``seed_everything``) or 0.
-        shuffle, drop_last, chunked, shard_window: the training sampler's (``CacheSampler``) options.
+        shuffle, drop_last, shard_window: the training sampler's (``CacheSampler``) options.
         pin_memory: default True when the Trainer runs on CUDA.
         prefetch_factor: batches in flight per worker (the dataset's batch ring is sized to match).
         return_boxes: hand the valid boxes of a ``--fit pad`` cache to the transforms.
@@ -103,27 +89,14 @@ class CacheDataModule(pl.LightningDataModule):
     transform consumed them; the columns of ``dataset_options.columns`` follow, in their order.
     """
 
-    def __init__(
-        self,
-        train: str | os.PathLike[str] | CachedImageDataset,
-        val: str | os.PathLike[str] | CachedImageDataset | None = None,
-        *,
-        batch_size: int = 256,
-        val_batch_size: int | None = None,
-        num_workers: int = 4,
-        train_transform: Transform | None = None,
-        val_transform: Transform | None = None,
-        mix: Mix | None = None,
-        seed: int | None = None,
-        shuffle: bool = True,
-        drop_last: bool = False,
-        chunked: bool = False,
-        shard_window: int | None = None,
-        pin_memory: bool | None = None,
-        prefetch_factor: int = 4,
-        return_boxes: bool = False,
-        dataset_options: DatasetOptions | None = None,
-    ) -> None:
+    def __init__(self, train: str | os.PathLike[str] | CachedImageDataset,
+                 val: str | os.PathLike[str] | CachedImageDataset | None = None, *, batch_size: int = 256,
+                 val_batch_size: int | None = None, num_workers: int = 4, train_transform: Transform | None = None,
+                 val_transform: Transform | None = None, mix: Mix | None = None, seed: int | None = None,
+                 shuffle: bool = True, drop_last: bool = False, shard_window: int | None = None,
+                 pin_memory: bool | None = None, prefetch_factor: int = 4, return_boxes: bool = False,
+                 dataset_options: DatasetOptions | None = None, **removed: Any) -> None:
+        removed_options(removed, "CacheDataModule")
         super().__init__()
         if batch_size < 1 or (val_batch_size is not None and val_batch_size < 1):
             raise ValueError(f"batch_size and val_batch_size must be >= 1, got {batch_size} and {val_batch_size}")
@@ -135,7 +108,7 @@ class CacheDataModule(pl.LightningDataModule):
         self.num_workers = int(num_workers)
         self.train_transform, self.val_transform, self.mix = train_transform, val_transform, mix
         self.seed = seed
-        self.shuffle, self.drop_last, self.chunked = bool(shuffle), bool(drop_last), bool(chunked)
+        self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
         self.shard_window = shard_window
         self.pin_memory = pin_memory
         self.prefetch_factor = int(prefetch_factor)
@@ -184,14 +157,9 @@ class CacheDataModule(pl.LightningDataModule):
     def _loader(self, ds: CachedImageDataset, sampler: CacheSampler, batch_size: int, cls: type) -> DataLoader:
         trainer = self.trainer
         on_cuda = trainer is not None and trainer.strategy.root_device.type == "cuda"
-        kw: dict[str, Any] = {"num_workers": self.num_workers, "collate_fn": collate_batch,
-                              "pin_memory": on_cuda if self.pin_memory is None else self.pin_memory}
-        if self.num_workers > 0:
-            kw.update(persistent_workers=True, prefetch_factor=self.prefetch_factor)
-            ds.ring_slots = self.prefetch_factor + 3  # batch-ring slots per worker to match (CachedImageDataset)
-        # Its own generator: the DataLoader then never draws worker seeds from the global RNG.
-        return cls(ds, batch_size=batch_size, sampler=sampler, generator=torch.Generator().manual_seed(sampler.seed),
-                   **kw)
+        return dataloader(ds, batch_size, sampler, num_workers=self.num_workers, seed=sampler.seed, cls=cls,
+                          pin_memory=on_cuda if self.pin_memory is None else self.pin_memory,
+                          prefetch_factor=self.prefetch_factor)
 
     def train_dataloader(self) -> ResumableDataLoader:
         self.setup("fit")
@@ -199,8 +167,7 @@ class CacheDataModule(pl.LightningDataModule):
         world, rank = self._ranks()
         seed = self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
         sampler = DistributedCacheSampler(self.train_ds, shuffle=self.shuffle, seed=seed, drop_last=self.drop_last,
-                                          num_replicas=world, rank=rank, chunked=self.chunked,
-                                          shard_window=self.shard_window)
+                                          num_replicas=world, rank=rank, shard_window=self.shard_window)
         if self.trainer is not None:
             sampler.set_epoch(self.trainer.current_epoch)
         self.train_sampler = sampler

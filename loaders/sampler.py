@@ -1,49 +1,24 @@
-"""CacheSampler: shuffled or sequential, DDP-sharded, chunk-aware and resumable mid-epoch.
+"""CacheSampler: shuffled or sequential, DDP-sharded, shard-windowed on request, resumable mid-epoch.
 
-Epoch order (``shuffle=True``):
+Epoch order (``shuffle=True``): by default ``torch.randperm(n, generator=seed + epoch)``, the very order
+``DistributedSampler`` draws and splits (rank ``r`` takes every ``R``-th index from ``r``), so either may
+replace the other. ``shard_window=W``: the cache's stored files (``data_source.file_bounds()``: npy or jpeg
+shards, zarr chunks) in a shuffled order, then the samples of each group of ``W`` consecutive files shuffled
+together (Streaming's block shuffle, webdataset's shard shuffle): at most ``W`` files are started and not
+finished at any point, so reads stay sequential-ish (zarr, a cache larger than RAM) and a cache at a URL
+fetches each file a batch touches whole (``read_files_whole()``). Each rank takes a contiguous stretch, so
+ranks read disjoint files. Not a uniform permutation: a batch holds samples of at most ``2 W`` files.
 
-* default: a uniform permutation, ``torch.randperm(n, generator=seed + epoch)`` — the very order
-  ``torch.utils.data.DistributedSampler`` draws, split the same way (rank ``r`` takes every ``R``-th
-  index starting at ``r``), so swapping one for the other changes nothing;
-* ``chunked=True`` (zarr caches, caches larger than RAM): FFCV-style quasi-random order. Samples are
-  grouped in chunks of ``chunk_size`` consecutive indices (the zarr chunk, or ~8 MB of npy rows); the
-  chunk order is shuffled, then the samples of each window of ``window`` consecutive chunks are shuffled
-  together. Any stretch of the stream touches at most ~``window`` chunks, so reads stay sequential-ish and
-  a cache much larger than RAM streams through the page cache. Each rank takes a contiguous stretch of
-  this order, so ranks read disjoint chunks.
-* ``shard_window=W`` (a cache read from a URL through a block cache): the same two-level order, over the
-  cache's stored files (``data_source.file_bounds()``: npy or jpeg shards, zarr chunks) instead of
-  fixed-size chunks, as MosaicML Streaming's block shuffle (``py1b``) or webdataset's shard shuffle: the
-  file order is shuffled, then the samples of each group of ``W`` consecutive files are shuffled together.
-  At any point of the stream at most ``W`` files have been started and not finished, and the sampler tells
-  the dataset (``read_files_whole()``) so that each file a batch touches is fetched whole into the block
-  cache, in big requests, once per epoch, instead of row by row. Ranks take contiguous stretches, as
-  ``chunked``. It is *not* a uniform permutation: two samples of one file are more likely to be close
-  than under the default order, and a batch holds samples of at most ``2 W`` files.
+Equal counts per rank: ``num_samples = ceil(n / R)`` (``drop_last=False``: the order is padded by repeating
+its first ``R * num_samples - n`` indices, each other index seen exactly once) or ``floor(n / R)``
+(``drop_last=True``: none seen twice, the last ``n mod R`` of the order not seen this epoch).
 
-Equal counts per rank (as DistributedSampler): ``num_samples = ceil(n / R)`` with ``drop_last=False``,
-``floor(n / R)`` with ``drop_last=True``. What "every sample exactly once" means:
-
-* ``drop_last=False``: the union over ranks is every index; the epoch's order is padded to
-  ``R * num_samples`` by repeating its first ``R * num_samples - n`` indices, so those (fewer than ``R``)
-  indices are seen twice and every other index exactly once;
-* ``drop_last=True``: no index is seen twice; the last ``n mod R`` indices of the epoch's order (different
-  ones each epoch when shuffling) are not seen this epoch.
-
-Resuming: ``position`` = samples of *this rank* already consumed this epoch. The sampler cannot know it
-by itself (a DataLoader draws indices ahead of the loop: prefetching), so the training loop reports it:
-``sampler.advance(len(y))`` after each step, or ``sampler.set_position(steps_done * batch_size)``.
-``state_dict()`` then saves ``{"epoch", "seed", "position", ...}``; after ``load_state_dict(d)`` the next
-``iter()`` yields exactly the rest of that epoch (and ``len()`` is what is left). Since every rank
-consumes the same count, rank 0's state resumes every rank. ``set_epoch(e)`` with a new ``e`` resets the
-position to 0; with the current epoch (the usual first call after resuming) it keeps it. Once a whole
-epoch was consumed (``position == num_samples``), a new ``iter()`` without ``set_epoch`` replays that
-epoch from its start, as DistributedSampler repeats its order when ``set_epoch`` is not called; but a
-state *loaded* at the end of its epoch (a checkpoint saved after the epoch's last step) has nothing left:
-the next ``iter()`` is empty and ``len()`` is 0, so the loop moves on to the next epoch instead of
-training the finished one again.
-
-Typical loop::
+Resuming: ``position`` counts the samples of *this rank* consumed this epoch; a DataLoader draws indices
+ahead of the loop, so the loop reports them (``advance(len(y))`` per step, or ``set_position``).
+``state_dict()`` saves it; after ``load_state_dict`` the next ``iter()`` yields exactly the rest of that
+epoch, and rank 0's state resumes every rank. ``set_epoch(e)`` with a new ``e`` restarts at 0, with the
+current one keeps the position. A consumed epoch replays on a new ``iter()`` without ``set_epoch`` (as
+DistributedSampler), but a state *loaded* at the end of its epoch yields nothing, so the loop moves on::
 
     sampler.load_state_dict(ckpt["sampler"])            # optional resume
     for epoch in range(sampler.epoch, epochs):
@@ -67,39 +42,39 @@ from torch.utils.data import Sampler
 
 __all__ = ["CacheSampler"]
 
-_DEFAULT_CHUNK = 64
+# The previous release's two-level orders, one option now: what each old keyword says instead.
+_RENAMED = {"chunked": "shard_window=W (the stored files shuffled, then samples within groups of W files)",
+            "chunk_size": "shard_window=W: the groups are the cache's stored files (a zarr's chunks)",
+            "window": "shard_window=W"}
+
+
+def removed_options(removed: dict[str, Any], where: str) -> None:
+    """TypeError naming the new spelling of each old sampler keyword in ``removed`` (any other: unknown)."""
+    for key in removed:
+        if key in _RENAMED:
+            raise TypeError(f"{where}({key}=) is {_RENAMED[key]} in this release")
+        raise TypeError(f"{where}() got an unexpected keyword argument {key!r}")
 
 
 class CacheSampler(Sampler[int]):
-    """Indices of one rank's share of an epoch; see the module docstring for the exact guarantees.
+    """Indices of one rank's share of an epoch; the module docstring states the guarantees.
 
     Args:
-        data_source: the dataset (anything with ``len``; ``chunk_size`` is read from it when it has one).
+        data_source: the dataset (anything with ``len``).
         shuffle: random order per (seed, epoch); ``False`` gives ``0, 1, 2, ...`` split across ranks.
         seed: base seed; the same (seed, epoch) gives the same order on every run and machine.
         drop_last: drop the tail instead of padding with repeats, so no index repeats.
         num_replicas, rank: default to ``torch.distributed``'s world size and rank when initialised, else 1, 0.
-        chunked: quasi-random, read-friendly order (shuffle chunks, then samples within windows of chunks).
-        chunk_size: samples per chunk (default: ``data_source.chunk_size``, else 64).
-        window: chunks shuffled together (larger = closer to uniform, more chunks in flight).
-        shard_window: shuffle stored files, then samples within groups of this many files, each file fetched
-            whole (see the module docstring); needs ``data_source.file_bounds()``. Not with ``chunked``.
+        shard_window: shuffle the stored files, then samples within groups of this many files, each remote
+            file fetched whole (see the module docstring); needs ``data_source.file_bounds()``.
+
+    ``set_epoch`` also sets the data source's own epoch where it has one (a dataset that crops in its workers).
     """
 
-    def __init__(
-        self,
-        data_source: Sized,
-        *,
-        shuffle: bool = True,
-        seed: int = 0,
-        drop_last: bool = False,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-        chunked: bool = False,
-        chunk_size: int | None = None,
-        window: int = 16,
-        shard_window: int | None = None,
-    ) -> None:
+    def __init__(self, data_source: Sized, *, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
+                 num_replicas: int | None = None, rank: int | None = None, shard_window: int | None = None,
+                 **removed: Any) -> None:
+        removed_options(removed, "CacheSampler")
         if num_replicas is None:
             num_replicas = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         if rank is None:
@@ -108,28 +83,21 @@ class CacheSampler(Sampler[int]):
             raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank must be in [0, {num_replicas - 1}], got {rank}")
-        if chunk_size is None:
-            chunk_size = int(getattr(data_source, "chunk_size", _DEFAULT_CHUNK))
-        if chunk_size < 1 or window < 1:
-            raise ValueError(f"chunk_size and window must be >= 1, got {chunk_size} and {window}")
         self._bounds: np.ndarray | None = None
         if shard_window is not None:
-            if shard_window < 1 or chunked:
-                raise ValueError(f"shard_window must be >= 1 and without chunked=True, got {shard_window} "
-                                 f"(chunked={chunked})")
+            if shard_window < 1:
+                raise ValueError(f"shard_window must be >= 1, got {shard_window}")
             self._bounds = _file_bounds(data_source)
             tell = getattr(data_source, "read_files_whole", None)
             if shuffle and callable(tell):  # before a DataLoader's workers get their copy of the dataset
                 tell()
+        self.data_source = data_source
         self.dataset_len = len(data_source)
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
         self.drop_last = bool(drop_last)
         self.num_replicas = int(num_replicas)
         self.rank = int(rank)
-        self.chunked = bool(chunked)
-        self.chunk_size = int(chunk_size)
-        self.window = int(window)
         self.shard_window = None if shard_window is None else int(shard_window)
         n, r = self.dataset_len, self.num_replicas
         self.num_samples = n // r if self.drop_last else math.ceil(n / r)
@@ -147,14 +115,10 @@ class CacheSampler(Sampler[int]):
         if not self.shuffle:
             return np.arange(n, dtype=np.int64)
         if self._bounds is not None and self.shard_window is not None:
-            # its own stream of seeds: the chunked order of the same (seed, epoch) is a different one
             return _grouped_order(self._bounds, self.shard_window, np.random.default_rng([self.seed, epoch, 1]))
-        if not self.chunked:
-            g = torch.Generator()
-            g.manual_seed(self.seed + epoch)  # DistributedSampler's seeding, so orders match
-            return torch.randperm(n, generator=g).numpy()
-        bounds = np.r_[np.arange(0, n, self.chunk_size), n].astype(np.int64)
-        return _grouped_order(bounds, self.window, np.random.default_rng([self.seed, epoch]))
+        g = torch.Generator()
+        g.manual_seed(self.seed + epoch)  # DistributedSampler's seeding, so orders match
+        return torch.randperm(n, generator=g).numpy()
 
     def rank_indices(self, epoch: int | None = None) -> np.ndarray:
         """This rank's ``num_samples`` indices for ``epoch`` (default: the current one), from the start."""
@@ -164,7 +128,7 @@ class CacheSampler(Sampler[int]):
         elif self.total_size > len(order) and len(order):
             pad = self.total_size - len(order)
             order = np.concatenate([order, np.tile(order, math.ceil(pad / len(order)))[:pad]])
-        if (self.chunked or self.shard_window is not None) and self.shuffle:  # ranks read disjoint chunks/files
+        if self.shard_window is not None and self.shuffle:  # ranks read disjoint files
             lo = self.rank * self.num_samples
             return order[lo : lo + self.num_samples]
         return order[self.rank : self.total_size : self.num_replicas]
@@ -192,6 +156,12 @@ class CacheSampler(Sampler[int]):
             self.position = 0
             self._loaded_at_end = False
         self.epoch = epoch
+        self._epoch_to_data_source()
+
+    def _epoch_to_data_source(self) -> None:
+        set_epoch = getattr(self.data_source, "set_epoch", None)
+        if callable(set_epoch):  # a dataset that crops in its workers draws its boxes per epoch
+            set_epoch(self.epoch)
 
     def advance(self, n: int) -> None:
         """Record that the loop consumed ``n`` more samples of this rank (call once per step)."""
@@ -216,16 +186,15 @@ class CacheSampler(Sampler[int]):
             "dataset_len": self.dataset_len,
             "shuffle": self.shuffle,
             "drop_last": self.drop_last,
-            "chunked": self.chunked,
-            "chunk_size": self.chunk_size,
-            "window": self.window,
             "shard_window": self.shard_window,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore epoch, seed and position. The order-defining settings must match, or ValueError."""
-        for key in ("dataset_len", "num_replicas", "shuffle", "drop_last", "chunked", "chunk_size", "window",
-                    "shard_window"):
+        if state.get("chunked"):
+            raise ValueError("cannot resume: the saved sampler has chunked=True, an order this release does not "
+                             "draw (shard_window=W replaces it); resume with the release that saved it")
+        for key in ("dataset_len", "num_replicas", "shuffle", "drop_last", "shard_window"):
             if key in state and state[key] != getattr(self, key):
                 raise ValueError(
                     f"cannot resume: the saved sampler has {key}={state[key]!r}, this one has "
@@ -239,10 +208,11 @@ class CacheSampler(Sampler[int]):
         self.epoch = epoch
         self.set_position(position)
         self._loaded_at_end = self.position >= self.num_samples
+        self._epoch_to_data_source()
 
     def __repr__(self) -> str:
         return (f"CacheSampler(n={self.dataset_len}, shuffle={self.shuffle}, seed={self.seed}, "
-                f"rank={self.rank}/{self.num_replicas}, drop_last={self.drop_last}, chunked={self.chunked}, "
+                f"rank={self.rank}/{self.num_replicas}, drop_last={self.drop_last}, "
                 f"shard_window={self.shard_window}, "
                 f"epoch={self.epoch}, position={self.position}/{self.num_samples})")
 

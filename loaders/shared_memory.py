@@ -1,15 +1,10 @@
 """In-RAM mode: the whole cache loaded once into one shared-memory tensor that every worker maps.
 
-A torch tensor whose storage was allocated in shared memory crosses process boundaries by handle:
-DataLoader workers started by fork inherit the mapping, and workers started by spawn or forkserver
-receive it through torch's multiprocessing reductions (a file descriptor or a named segment, per
-``torch.multiprocessing.get_sharing_strategy()``), so N workers hold one copy, not N. Chosen over
-``multiprocessing.shared_memory`` because that module's resource tracker unlinks segments when an
-attaching worker exits (Python < 3.13) and warns at shutdown.
-
-On Linux that memory is a file in /dev/shm, a tmpfs that containers often keep small (Docker's default
-is 64 MB). torch reserves the pages when it allocates, so a full /dev/shm is an error at allocation,
-which :func:`shared_uint8` turns into one that says how much was free and what to change.
+A torch tensor in shared memory crosses process boundaries by handle (fork inherits the mapping; spawn and
+forkserver receive it through torch's reductions), so N workers hold one copy. Not
+``multiprocessing.shared_memory``: its resource tracker unlinks segments when an attaching worker exits
+(Python < 3.13). On Linux the memory is a file in /dev/shm, a tmpfs containers often keep small (Docker's
+64 MB); a full one is an error at allocation, which :func:`shared_uint8` words: what was free, what to change.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
-"""``ThreadLoader``: batches of a cached dataset gathered by threads of the training process, an
-alternative to DataLoader worker processes (``cachebuild train --loader threads``).
+"""``ThreadLoader``: batches gathered by threads of the training process instead of DataLoader worker
+processes (``cachebuild train --loader threads``).
 
-The cache is memory-mapped, so a batch is one ``gather`` whose copies release the GIL. Threads can
-therefore gather batches in parallel into buffers the loop reads directly, with no worker processes,
-no shared-memory hand-off and no second copy by a pin-memory thread. CPU buffers are reused once
-nothing references them any more (checked by reference count), which saves the page faults of a fresh
-38 MB allocation per batch; pinned buffers come from torch's caching host allocator, which recycles
-them only after pending device copies finish.
-
-Called ``FastLoader`` (in ``loaders.device``) in earlier releases; that name still works.
+A batch is one ``gather`` whose copies release the GIL, so threads gather batches in parallel into buffers
+the loop reads directly: no worker processes, no shared-memory hand-off, no pin-memory thread's second copy.
+CPU buffers are reused once nothing references them (no fresh page faults per batch); pinned buffers come
+from torch's caching host allocator, which recycles them after pending copies. ``FastLoader`` (in
+``loaders.device``) is its name of the previous release, kept for one release.
 """
 
 from __future__ import annotations
@@ -28,6 +25,7 @@ import torch
 
 from cachebuild.storage.kinds.jpeg.backend import decode_in_this_thread
 from loaders.dataset import CachedImageDataset
+from loaders.sampler import CacheSampler
 
 __all__ = ["ThreadLoader"]
 
@@ -38,11 +36,10 @@ _MADV_KEEPONFORK = getattr(mmap, "MADV_KEEPONFORK", 19 if sys.platform.startswit
 
 
 def _unforked_buffer(size: int) -> np.ndarray:
-    """``size`` uint8 bytes that a fork does not share. numpy's memory becomes copy-on-write in the parent
-    when a process forks (a DataLoader starting its workers after this loader's first epoch does), and
-    every page the loader then writes is first copied: measured 6x slower for the next epoch. With
-    MADV_WIPEONFORK a child sees zeros there instead (unless a batch still holds the buffer: see
-    :func:`_before_fork`), and the parent's pages stay its own."""
+    """``size`` uint8 bytes that a fork does not share: after a fork (a DataLoader starting its workers) plain
+    memory is copy-on-write and every page the loader writes is copied first, making its next epoch several
+    times slower. MADV_WIPEONFORK gives the child zeros instead (unless a batch holds the buffer:
+    :func:`_before_fork`) and leaves the parent its pages."""
     if _MADV_WIPEONFORK is not None and size:
         try:
             m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -55,14 +52,9 @@ def _unforked_buffer(size: int) -> np.ndarray:
 
 
 class _BufferPool:
-    """Reusable uint8 batch buffers; one is free when only the pool references it.
-
-    The pool keeps each buffer flat and hands out shaped views of it: numpy points every view (a view of
-    a view included) at the flat array, so its reference count says whether any batch still uses it.
-
-    Buffers are wipe-on-fork, except across the fork itself for those a batch still uses: a child that
-    reads a kept batch (a ``multiprocessing.Process``, DataLoader workers over kept batches) must see its
-    pixels, not zeros. Only those buffers become copy-on-write, and only while that child lives."""
+    """Reusable batch buffers, flat, handed out as shaped views: numpy points every view at the flat array, so
+    its reference count says whether a batch still uses it. Wipe-on-fork, except across a fork for those a
+    batch still holds (a child reading a kept batch must see its pixels): only those become copy-on-write."""
 
     def __init__(self, shape: tuple[int, ...], dtype: np.dtype | None = None) -> None:
         self.shape = shape
@@ -129,32 +121,15 @@ if _MADV_WIPEONFORK is not None and _MADV_KEEPONFORK is not None and hasattr(os,
 
 
 class ThreadLoader:
-    """Batches of a :class:`CachedImageDataset` gathered by background threads (no worker processes).
+    """Batches of a :class:`CachedImageDataset` gathered by background threads, as a DataLoader with
+    ``collate_batch`` yields them (``device_loader`` takes either). ``sampler`` (a ``CacheSampler`` with its
+    resume position) gives the indices; without one, a ``CacheSampler(shuffle=, seed=)`` of its own, one epoch
+    further each ``iter()``. A buffer is reused only once no tensor references it, so keeping a batch is safe.
+    ``dataset.transform`` is not applied (the raw fast path); ``dataset.crop`` is, by the gathering threads."""
 
-    Yields ``(images uint8 (B, H, W, 3), labels int64 (B,)[, boxes int32 (B, 4)])`` (images float32 under
-    ``DatasetOptions(normalize=...)``: cropped, flipped and normalized by the gathering threads) like a DataLoader
-    with :func:`~loaders.dataset.collate_batch`; wrap it in :func:`~loaders.device.device_loader` as a DataLoader.
-    ``sampler`` (e.g. :class:`~loaders.sampler.CacheSampler`, including its resume position) gives the
-    indices; without one, ``shuffle`` draws a permutation from ``seed`` and a counter of epochs.
-
-    A CPU batch's buffer is reused for a later batch only once no tensor references it any more, so
-    keeping a batch is safe. ``dataset.transform`` is not applied (this is the raw fast path); a
-    ``dataset.crop`` is, by the gathering threads, into buffers of the crop's size.
-    """
-
-    def __init__(
-        self,
-        dataset: CachedImageDataset,
-        batch_size: int = 256,
-        *,
-        sampler: Iterable[int] | None = None,
-        shuffle: bool = False,
-        seed: int = 0,
-        drop_last: bool = False,
-        num_threads: int = 2,
-        prefetch: int = 2,
-        pin_memory: bool = False,
-    ) -> None:
+    def __init__(self, dataset: CachedImageDataset, batch_size: int = 256, *, sampler: Iterable[int] | None = None,
+                 shuffle: bool = False, seed: int = 0, drop_last: bool = False, num_threads: int = 2,
+                 prefetch: int = 2, pin_memory: bool = False) -> None:
         if batch_size < 1 or num_threads < 1 or prefetch < 0:
             raise ValueError(f"need batch_size >= 1, num_threads >= 1, prefetch >= 0; got "
                              f"{batch_size}, {num_threads}, {prefetch}")
@@ -162,9 +137,9 @@ class ThreadLoader:
             raise ValueError("pin_memory=True needs CUDA; pass pin_memory=torch.cuda.is_available()")
         self.dataset = dataset
         self.batch_size = int(batch_size)
-        self.sampler = sampler
-        self.shuffle = shuffle
-        self.seed = seed
+        self._own_sampler = sampler is None  # then a CacheSampler of shuffle and seed, one epoch per iter()
+        self.sampler = sampler if sampler is not None else CacheSampler(dataset, shuffle=shuffle, seed=seed,
+                                                                        num_replicas=1, rank=0)
         self.drop_last = drop_last
         self.num_threads = int(num_threads)
         self.prefetch = int(prefetch)
@@ -173,18 +148,13 @@ class ThreadLoader:
         self._pool = _BufferPool((self.batch_size, *dataset.output_shape), dataset.output_dtype)
 
     def _indices(self) -> np.ndarray:
-        if self.sampler is not None:
-            return np.fromiter(iter(self.sampler), dtype=np.int64)
-        n = len(self.dataset)
-        if not self.shuffle:
-            return np.arange(n, dtype=np.int64)
-        g = torch.Generator()
-        g.manual_seed(self.seed + self._epochs)
-        self._epochs += 1
-        return torch.randperm(n, generator=g).numpy()
+        if self._own_sampler:
+            self.sampler.set_epoch(self._epochs)  # type: ignore[attr-defined]
+            self._epochs += 1
+        return np.fromiter(iter(self.sampler), dtype=np.int64)
 
     def __len__(self) -> int:
-        n = len(self.sampler) if self.sampler is not None else len(self.dataset)  # type: ignore[arg-type]
+        n = len(self.sampler)  # type: ignore[arg-type]
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def _out(self, b: int) -> torch.Tensor:
@@ -194,7 +164,7 @@ class ThreadLoader:
             return torch.empty((b, *shape), dtype=torch.from_numpy(np.empty(0, dtype)).dtype, pin_memory=True)
         if self._pool.shape[1:] != shape or self._pool.dtype != dtype:
             self._pool = _BufferPool((self.batch_size, *shape), dtype)  # batches still held keep the old buffers
-        # the short last batch too: a fresh one would be page faults and zeroing, ~10% of a raw epoch
+        # the short last batch too: a fresh one would be page faults and zeroing
         return torch.from_numpy(self._pool.acquire()[:b])
 
     def _load(self, idx: np.ndarray, images: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -1,33 +1,20 @@
-"""Crop + resize + flip fused into the gather, in the loader's workers (DataLoader processes or
-``ThreadLoader`` threads), so a batch leaves the worker at its training size and the device only normalizes.
+"""Crop + resize + flip (+ normalize) fused into the gather, in the loader's workers (DataLoader processes or
+``ThreadLoader`` threads): a batch leaves the worker at its training size, and the device only normalizes.
+On a CPU the device transforms would crop on the main process's cores, competing with the model, and on any
+device they receive whole stored samples.
 
-Why: the device transforms (``loaders.transforms``) crop a batch of whole stored samples on one device;
-on CPU that is the main process's cores, competing with the model, and on any device it sends the
-whole stored sample (a 176 px crop of a 224 px sample is 0.62x the bytes). Here each worker crops the
-samples of its own batch, in parallel, straight into the (smaller) batch buffer: the reused batch ring
-slot of a DataLoader worker, a pooled buffer of a ``ThreadLoader``.
+What to crop is said with the device transforms' own classes (``loaders.transforms``), so one
+``RandomResizedCrop`` means one thing: ``DatasetOptions(crop=RandomResizedCrop(176, flip_p=0.5))`` for
+training, ``CenterCrop(224)`` or ``Compose([Resize(256), CenterCrop(224)])`` for evaluation. Per sample:
+boxes and flips from a counter-based hash of ``(seed, epoch, sample index)`` (:func:`uniforms`: the same
+batch whatever the worker count, start method or resume position), drawn as torchvision's ``get_params``
+step for step inside the valid box (:func:`draw_crops`); OpenCV's bilinear resize (:func:`resize_into`:
+torchvision's ``antialias=False`` within one level), flipped in place; eval crops through the device
+kernels, so they equal the device pipeline; with ``normalize`` one ``cv2.transform`` into float32.
 
-Three parts:
-
-* :class:`RandomResizedCrop` / :class:`CenterCrop`: what to crop (picklable specs, no state).
-* :func:`draw_crops`: the boxes and flips of a batch, from a counter-based hash of
-  ``(seed, epoch, sample index)`` (splitmix64): the same batch whatever the worker count, fork or
-  spawn, or the position a resumed epoch starts at. The draw follows torchvision's
-  ``RandomResizedCrop.get_params`` step for step (10 tries, the centre fallback), as the device
-  transform does, inside each sample's valid box (``--fit pad`` caches).
-* :func:`resize_into`: one box of a stored sample resized into its output slot with OpenCV's bilinear
-  ``INTER_LINEAR`` (half-pixel centres, no antialias: torchvision's ``resized_crop(...,
-  antialias=False)`` within one level), flipped on the way when asked. Eval crops use the device
-  path's own kernels (``functional.resize`` with antialias + ``center_crop``) on one sample, so they
-  equal ``imagenet_eval`` on the batch. With ``normalize`` (training on a CPU) each crop then becomes its
-  normalized float32 slot of the batch (a float32 copy, then one ``cv2.transform`` by
-  :func:`normalize_matrix`), in the same thread.
-
-:class:`CropPlan` is what a dataset holds when it crops (``DatasetOptions(crop=...)``, ``set_crop``): the spec,
-flip and seed, and the epoch and output size in a small shared-memory tensor, so persistent DataLoader workers
-(fork or spawn: the tensor travels by handle) see ``set_epoch`` / ``set_resolution`` of the main process at
-their next batch. Change them between epochs, not while one is being loaded. It reads the dataset only through
-:class:`StoredSamples`, the dataset's public reading methods (``gather``, ``sample_views``, ``valid_boxes``).
+:class:`CropPlan` is what a dataset holds when it crops: the crop, its seed, and the epoch and output size in
+a small shared-memory tensor, so persistent workers see ``set_epoch`` / ``set_resolution`` at their next
+batch. It reads the dataset only through :class:`StoredSamples`.
 """
 
 from __future__ import annotations
@@ -36,99 +23,87 @@ import math
 import threading
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import cv2
 import numpy as np
 import torch
 
-from loaders.sampler import CacheSampler
+from loaders import transforms as T
 
-__all__ = [
-    "CenterCrop",
-    "CropPlan",
-    "CropSpec",
-    "EpochSampler",
-    "RandomResizedCrop",
-    "StoredSamples",
-    "crop_output_bytes",
-    "draw_crops",
-    "flip_probability",
-    "normalize_matrix",
-    "progressive",
-    "resize_into",
-]
+__all__ = ["CenterCrop", "CropPlan", "EpochSampler", "RandomResizedCrop", "StoredSamples", "check_crop", "draw_crops",
+           "flip_probability", "normalize_matrix", "progressive", "resize_into", "uniforms"]
 
 _U = 23  # uniforms per sample: 10 scale tries, 10 ratio tries, top, left, flip (as the device transform)
-_GATHER_CHUNK = 8  # stored samples read into scratch at a time: a few MB, stays in cache for the resize
+_GATHER_CHUNK = 8  # stored samples read into scratch at a time: a few MB, in cache for the resize
+
+#: The crop's class is the device transform's (``loaders.transforms.RandomResizedCrop``); this name is its
+#: alias of the previous release, kept for one release.
+RandomResizedCrop = T.RandomResizedCrop
+
+
+def CenterCrop(size: int | Sequence[int], resize_size: int | None = None) -> T.Compose | T.CenterCrop:
+    """The previous release's eval crop spec, kept for one release: ``Compose([Resize(resize_size),
+    CenterCrop(size)])`` of ``loaders.transforms`` (``resize_size`` default ``round(size / 0.875)``; 0: the
+    crop alone)."""
+    short = min(_size2(size))
+    resize = round(short / 0.875) if resize_size is None else int(resize_size)
+    if resize < 0:
+        raise ValueError(f"resize_size must be >= 0 or None, got {resize_size}")
+    return T.Compose([T.Resize(resize), T.CenterCrop(size)]) if resize else T.CenterCrop(size)
 
 
 def _size2(size: int | Sequence[int], name: str = "size") -> tuple[int, int]:
     s = (int(size), int(size)) if isinstance(size, (int, np.integer)) else tuple(int(v) for v in size)
+    if len(s) == 1:
+        s = (s[0], s[0])
     if len(s) != 2 or min(s) < 1:
         raise ValueError(f"{name} must be a positive int or (h, w), got {size!r}")
     return s[0], s[1]
 
 
-@dataclass(frozen=True)
-class RandomResizedCrop:
-    """torchvision's ``RandomResizedCrop(size, scale, ratio)`` drawn per sample in the workers."""
-
-    size: int | tuple[int, int]
-    scale: tuple[float, float] = (0.08, 1.0)
-    ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)
-
-    def __post_init__(self) -> None:
-        _size2(self.size)
-        if not (0 < self.scale[0] <= self.scale[1]) or not (0 < self.ratio[0] <= self.ratio[1]):
-            raise ValueError(f"scale and ratio must be (lo, hi) with 0 < lo <= hi, got {self.scale}, {self.ratio}")
-
-
-@dataclass(frozen=True)
-class CenterCrop:
-    """Eval: resize the shorter side to ``resize_size`` (default ``round(size / 0.875)``, as
-    ``imagenet_eval``; 0: no resize), then the centre ``size`` crop."""
-
-    size: int | tuple[int, int]
-    resize_size: int | None = None
-
-    def __post_init__(self) -> None:
-        _size2(self.size)
-        if self.resize_size is not None and self.resize_size < 0:
-            raise ValueError(f"resize_size must be >= 0 or None, got {self.resize_size}")
-
-    def resize_for(self, out: tuple[int, int]) -> int:
-        """The short-side resize for output ``out`` (scaled with it under ``set_resolution``)."""
-        base = _size2(self.size)
-        if self.resize_size is None:
-            return round(min(out) / 0.875)
-        return round(self.resize_size * min(out) / min(base)) if self.resize_size else 0
+def check_crop(crop: Any, flip: bool | float | None = None) -> tuple[Any, int, bool, float]:
+    """``crop`` as the workers run it: (the ``RandomResizedCrop`` or ``CenterCrop`` module, the short side an
+    eval crop resizes to first (0: none) and whether with antialias, the flip probability). ``flip`` is the
+    previous release's ``DatasetOptions(flip=)``, the crop's ``flip_p`` now."""
+    steps = list(crop.transforms) if isinstance(crop, T.Compose) else [crop]
+    resize, antialias = 0, True
+    if len(steps) == 2 and isinstance(steps[0], T.Resize) and isinstance(steps[1], T.CenterCrop):
+        if len(steps[0].size) != 1:
+            raise ValueError(f"crop: the workers resize the short side, Resize(s), got Resize({steps[0].size})")
+        resize, antialias = int(steps[0].size[0]), steps[0].antialias
+        steps = steps[1:]
+    last = steps[0] if len(steps) == 1 else None
+    if not isinstance(last, (T.RandomResizedCrop, T.CenterCrop)):
+        raise TypeError(f"crop must be a loaders.transforms RandomResizedCrop, CenterCrop or Compose([Resize(s), "
+                        f"CenterCrop(c)]), got {crop!r}; other device transforms run on the batch")
+    flip_p = getattr(last, "flip_p", 0.0)
+    if isinstance(last, T.RandomResizedCrop) and (last.antialias or last.generator is not None):
+        raise ValueError("crop: the workers resample without antialias and draw from DatasetOptions(seed=): "
+                         "use RandomResizedCrop(..., antialias=False, generator=None)")
+    if flip is not None:
+        p = flip_probability(flip)
+        if p and not isinstance(last, T.RandomResizedCrop):
+            raise ValueError("flip needs crop=RandomResizedCrop(...): eval crops do not flip")
+        if flip_p and p and p != flip_p:
+            raise ValueError(f"flip={flip!r} and the crop's flip_p={flip_p} disagree: give RandomResizedCrop(flip_p=)")
+        flip_p = p or flip_p
+    return last, resize, antialias, flip_p
 
 
-CropSpec = RandomResizedCrop | CenterCrop
-
-
-def flip_probability(crop: CropSpec | None, flip: bool | float) -> float:
-    """``flip`` as a probability, checked against ``crop`` (only a ``RandomResizedCrop`` flips)."""
-    if crop is not None and not isinstance(crop, (RandomResizedCrop, CenterCrop)):
-        raise TypeError(f"crop must be a loaders.worker_crop RandomResizedCrop or CenterCrop, got {crop!r} "
-                        "(the device transforms of loaders.transforms run on the batch, not here)")
-    flip_p = 0.5 if flip is True else float(flip)
-    if not 0.0 <= flip_p <= 1.0:
+def flip_probability(flip: bool | float) -> float:
+    """``DatasetOptions(flip=)`` (the previous release's spelling of ``flip_p``) as a probability."""
+    p = 0.5 if flip is True else float(flip)
+    if not 0.0 <= p <= 1.0:
         raise ValueError(f"flip must be a bool or a probability in [0, 1], got {flip!r}")
-    if flip_p and not isinstance(crop, RandomResizedCrop):
-        raise ValueError("flip needs crop=RandomResizedCrop(...): eval crops do not flip")
-    return flip_p
+    return p
 
 
-def normalize_matrix(crop: CropSpec | None, normalize: tuple[Sequence[float], Sequence[float]] | None
-                     ) -> np.ndarray | None:
+def normalize_matrix(crop: Any, normalize: tuple[Sequence[float], Sequence[float]] | None) -> np.ndarray | None:
     """``normalize`` ((mean, std), 0-1 units as torchvision's ``Normalize``) checked against ``crop`` and made
     into the (3, 4) affine map of ``cv2.transform``: channel c of a pixel v becomes ``v / (255 std[c]) -
-    mean[c] / std[c]``, i.e. ``(v / 255 - mean[c]) / std[c]`` within 1e-6 (float32 arithmetic). Measured per 224 px
-    crop on one core: a float32 copy and this map 0.058 ms, a 256-entry ``cv2.LUT`` to float32 0.108 ms
-    (``bench/scripts/augment_profile.py``); OpenCV releases the GIL: threads normalize in parallel."""
+    mean[c] / std[c]``, i.e. ``(v / 255 - mean[c]) / std[c]`` within 1e-6 (float32 arithmetic). One map per
+    crop beats a 256-entry ``cv2.LUT`` to float32, and OpenCV releases the GIL: threads normalize in parallel."""
     if normalize is None:
         return None
     if crop is None:
@@ -159,21 +134,25 @@ class StoredSamples(Protocol):
 
 
 class CropPlan:
-    """A dataset's crop in the workers: what to crop (``spec``), the flip probability and the seed, and the
-    epoch and output size, which live in a small shared-memory tensor (int64 [epoch, h, w]) that travels to
-    DataLoader workers by handle, so persistent workers see :meth:`set_epoch` / :meth:`set_size` of the main
-    process at their next batch. With ``normalize`` ((mean, std)) the batch is float32, normalized in the
-    workers too (:func:`normalize_matrix`), for training on the CPU; without it uint8."""
+    """A dataset's crop in the workers: the crop module (``spec``), its flip probability and seed, and the epoch
+    and output size, which live in a small shared-memory tensor (int64 [epoch, h, w]) that travels to DataLoader
+    workers by handle, so persistent workers see :meth:`set_epoch` / :meth:`set_size` at their next batch. With
+    ``normalize`` ((mean, std)) batches are float32, normalized in the workers too; without it uint8.
+    ``schedule`` (epoch -> size, e.g. :func:`progressive`) sets the size at each :meth:`set_epoch`; it stays in
+    the process that made the plan."""
 
-    def __init__(self, spec: CropSpec, flip: bool | float = False, seed: int = 0,
-                 normalize: tuple[Sequence[float], Sequence[float]] | None = None) -> None:
-        self.flip_p = flip_probability(spec, flip)
-        self.spec = spec
+    def __init__(self, crop: Any, seed: int = 0, normalize: tuple[Sequence[float], Sequence[float]] | None = None,
+                 flip: bool | float | None = None) -> None:
+        self.spec, self.resize, self.antialias, self.flip_p = check_crop(crop, flip)
         self.seed = int(seed)
         self.normalize = normalize
-        self.matrix = normalize_matrix(spec, normalize)
-        h, w = _size2(spec.size)
+        self.matrix = normalize_matrix(crop, normalize)
+        self.schedule: Callable[[int], int | Sequence[int]] | None = None
+        h, w = self.base = _size2(self.spec.size)
         self._values = torch.tensor([0, h, w], dtype=torch.int64).share_memory_()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "schedule": None}  # a closure need not pickle: the size travels in _values
 
     def __repr__(self) -> str:
         return f"CropPlan({self.spec!r}, flip={self.flip_p}, seed={self.seed}, epoch={self.epoch}, size={self.size})"
@@ -198,26 +177,27 @@ class CropPlan:
 
     def set_epoch(self, epoch: int) -> None:
         self._values[0] = int(epoch)
+        if self.schedule is not None:
+            self.set_size(self.schedule(int(epoch)))
 
     def set_size(self, size: int | Sequence[int]) -> None:
         self._values[1], self._values[2] = _size2(size)
 
+    def resize_for(self, out: tuple[int, int]) -> int:
+        """An eval crop's short-side resize for output ``out``, scaled with it under ``set_resolution``."""
+        return round(self.resize * min(out) / min(self.base)) if self.resize else 0
+
     def gather(self, samples: StoredSamples, idx: np.ndarray, out: np.ndarray) -> np.ndarray:
         """Samples ``idx`` (int64 in [0, N)) of ``samples`` cropped into ``out`` (B, h, w, 3) of
-        :attr:`output_dtype`, for the current epoch; the size is ``out``'s. Ascending sample order, each
-        sample resized (flipped, normalized) into its slot."""
+        :attr:`output_dtype`, for the current epoch; the size is ``out``'s."""
         dt = self.output_dtype
         if out.ndim != 4 or out.shape[0] != len(idx) or out.shape[3] != 3 or out.dtype != dt:
             raise ValueError(f"out must be {dt}[{len(idx)}, h, w, 3], got {out.dtype}{list(out.shape)}")
         if not out.flags.c_contiguous:
             raise ValueError("out must be C-contiguous")
         if len(idx):
-            _crop_batch(samples, idx, self.spec, self.flip_p, self.seed, self.epoch, out, self.matrix)
+            _crop_batch(samples, idx, self, out)
         return out
-
-    def whole_boxes(self, n: int, shape: tuple[int, ...]) -> np.ndarray:
-        """Boxes of a cropped batch of ``shape`` (B, h, w, 3): every output pixel is valid."""
-        return np.tile(np.array([0, 0, shape[1], shape[2]], dtype=np.int32), (n, 1))
 
 
 def progressive(low: int, high: int, start_epoch: int, end_epoch: int, step: int = 32) -> Callable[[int], int]:
@@ -236,6 +216,18 @@ def progressive(low: int, high: int, start_epoch: int, end_epoch: int, step: int
         return max(low, int(s) // step * step)
 
     return size_at
+
+
+def EpochSampler(data_source: Any, *, schedule: Callable[[int], int] | None = None, **kw: Any) -> Any:
+    """The previous release's sampler that also set the crop's epoch and size, kept for one release:
+    ``CacheSampler`` sets the dataset's epoch itself, and ``ds.set_resolution(schedule)`` its size per epoch."""
+    from loaders.sampler import CacheSampler
+
+    if schedule is not None:
+        data_source.set_resolution(schedule)
+    sampler = CacheSampler(data_source, **kw)
+    sampler.set_epoch(sampler.epoch)
+    return sampler
 
 
 # ---------------------------------------------------------------------------- boxes
@@ -266,16 +258,15 @@ def _valid(boxes: np.ndarray, h: int, w: int) -> tuple[np.ndarray, ...]:
     return y0, x0, np.maximum(np.minimum(b[:, 2], h) - y0, 1), np.maximum(np.minimum(b[:, 3], w) - x0, 1)
 
 
-def draw_crops(spec: RandomResizedCrop, boxes: np.ndarray, shape: tuple[int, int], u: np.ndarray,
+def draw_crops(spec: T.RandomResizedCrop, boxes: np.ndarray, shape: tuple[int, int], u: np.ndarray,
                flip_p: float) -> tuple[np.ndarray, np.ndarray]:
     """Crops (N, 4) int64 (top, left, height, width) inside ``boxes`` (y0, x0, y1, x1) and flips (N,),
     from the uniforms ``u`` (N, 23): torchvision's ``get_params``, vectorised like the device transform."""
     y0, x0, hh, ww = _valid(boxes, *shape)
     h_f, w_f = hh.astype(np.float64), ww.astype(np.float64)
-    lo, hi = spec.scale
-    rlo, rhi = math.log(spec.ratio[0]), math.log(spec.ratio[1])
+    lo, hi, r0, r1 = spec.scale_lo, spec.scale_hi, spec.ratio_lo, spec.ratio_hi
     area = (h_f * w_f)[:, None] * (lo + (hi - lo) * u[:, 0:10])
-    aspect = np.exp(rlo + (rhi - rlo) * u[:, 10:20])
+    aspect = np.exp(math.log(r0) + (math.log(r1) - math.log(r0)) * u[:, 10:20])
     cw = np.round(np.sqrt(area * aspect)).astype(np.int64)  # np.round: half to even, as Python's round()
     ch = np.round(np.sqrt(area / aspect)).astype(np.int64)
     valid = (cw > 0) & (cw <= ww[:, None]) & (ch > 0) & (ch <= hh[:, None])
@@ -283,8 +274,8 @@ def draw_crops(spec: RandomResizedCrop, boxes: np.ndarray, shape: tuple[int, int
     found = valid.any(axis=1)
     rows = np.arange(len(u))
     in_ratio = w_f / h_f
-    fb_h = np.where(in_ratio < spec.ratio[0], np.round(w_f / spec.ratio[0]).astype(np.int64), hh)
-    fb_w = np.where(in_ratio > spec.ratio[1], np.round(h_f * spec.ratio[1]).astype(np.int64), ww)
+    fb_h = np.where(in_ratio < r0, np.round(w_f / r0).astype(np.int64), hh)
+    fb_w = np.where(in_ratio > r1, np.round(h_f * r1).astype(np.int64), ww)
     crop_h = np.where(found, ch[rows, first], fb_h)
     crop_w = np.where(found, cw[rows, first], fb_w)
     span_h, span_w = hh - crop_h, ww - crop_w
@@ -306,7 +297,7 @@ def resize_into(src: np.ndarray, crop: Sequence[int], dst: np.ndarray, flip: boo
         np.copyto(dst, win)
     else:
         _into(dst, cv2.resize(win, (ow, oh), dst=dst, interpolation=cv2.INTER_LINEAR))
-    if flip:  # in place (OpenCV swaps column pairs): 10x a copy from a negative-stride numpy view
+    if flip:  # in place (OpenCV swaps column pairs), not a copy from a negative-stride view
         _into(dst, cv2.flip(dst, 1, dst=dst))
 
 
@@ -315,17 +306,17 @@ def _into(dst: np.ndarray, res: np.ndarray) -> None:
         np.copyto(dst, res)
 
 
-def _center_into(src: np.ndarray, box: Sequence[int], dst: np.ndarray, resize_size: int) -> None:
-    """Eval: the valid box resized (short side ``resize_size``, antialiased) and centre-cropped into ``dst``,
-    with the device transforms' kernels, so it equals ``imagenet_eval`` on a batch of that box."""
+def _center_into(src: np.ndarray, box: Sequence[int], dst: np.ndarray, resize: int, antialias: bool) -> None:
+    """Eval: the valid box resized (short side ``resize``) and centre-cropped into ``dst`` with the device
+    transforms' kernels, so it equals the device pipeline on a batch of that box."""
     from loaders.transforms import functional as TF
 
     y0, x0, y1, x1 = (int(v) for v in box)
     with warnings.catch_warnings():  # a read-only memory map: read here, never written
         warnings.simplefilter("ignore", UserWarning)
         x = torch.from_numpy(src[y0:y1, x0:x1]).permute(2, 0, 1)[None]
-    if resize_size:
-        x = TF.resize(x, [resize_size])
+    if resize:
+        x = TF.resize(x, [resize], antialias)
     x = TF.center_crop(x, [dst.shape[0], dst.shape[1]])
     dst[...] = x[0].permute(1, 2, 0).numpy()
 
@@ -342,21 +333,19 @@ def _scratch(shape: tuple[int, ...]) -> np.ndarray:
     return buf[:n].reshape(shape)
 
 
-def _crop_batch(samples: StoredSamples, idx: np.ndarray, spec: CropSpec, flip_p: float, seed: int, epoch: int,
-                out: np.ndarray, matrix: np.ndarray | None = None) -> None:
+def _crop_batch(samples: StoredSamples, idx: np.ndarray, plan: CropPlan, out: np.ndarray) -> None:
     """Batch ``idx`` cropped into ``out`` (B, h, w, 3), a few samples at a time in ascending order: resized
     straight from views of the stored samples where there are some (in memory, local npy memory maps), else
-    read into scratch first (zarr, JPEG, URLs). With ``matrix`` each uint8 crop lands in a small per-call
-    buffer (in cache), is copied to float32 beside it and ``cv2.transform`` writes its normalized pixels into
-    ``out``: every step of a sample in this thread, the GIL released in each, no batch-sized intermediate."""
+    read into scratch first (zarr, JPEG, URLs). Under ``normalize`` each uint8 crop lands in a small buffer (in
+    cache), is copied to float32 beside it and ``cv2.transform`` writes it into ``out``: every step of a sample
+    in this thread, the GIL released in each, no batch-sized intermediate."""
     size = (out.shape[1], out.shape[2])
     boxes = samples.valid_boxes(idx)
-    if isinstance(spec, RandomResizedCrop):
-        crops, flips = draw_crops(spec, boxes, samples.shape[:2], uniforms(seed, epoch, idx), flip_p)
-        resize_for = 0
-    else:
-        crops, flips = None, np.zeros(len(idx), dtype=bool)
-        resize_for = spec.resize_for(size)
+    crops = flips = None
+    if isinstance(plan.spec, T.RandomResizedCrop):
+        crops, flips = draw_crops(plan.spec, boxes, samples.shape[:2], uniforms(plan.seed, plan.epoch, idx),
+                                  plan.flip_p)
+    resize, matrix = plan.resize_for(size), plan.matrix
     tmp = np.empty((*size, 3), dtype=np.uint8)  # a normalized sample's uint8 crop, in cache for the map
     ftmp = np.empty((*size, 3), dtype=np.float32) if matrix is not None else None
     order = np.argsort(idx, kind="stable")
@@ -366,47 +355,10 @@ def _crop_batch(samples: StoredSamples, idx: np.ndarray, spec: CropSpec, flip_p:
         rows = views if views is not None else samples.gather(idx[part], _scratch((len(part), *samples.shape)))
         for j, i in enumerate(part):
             dst = out[i] if matrix is None else tmp
-            if crops is not None:
+            if crops is not None and flips is not None:
                 resize_into(rows[j], crops[i], dst, bool(flips[i]))
             else:
-                _center_into(rows[j], boxes[i], dst, resize_for)
+                _center_into(rows[j], boxes[i], dst, resize, plan.antialias)
             if matrix is not None and ftmp is not None:
                 np.copyto(ftmp, tmp)
                 _into(out[i], cv2.transform(ftmp, matrix, dst=out[i]))
-
-
-def crop_output_bytes(size: int | Sequence[int]) -> int:
-    """Bytes of one output image (what a batch sends to the device per sample)."""
-    h, w = _size2(size)
-    return h * w * 3
-
-
-# ---------------------------------------------------------------------------- epochs
-
-
-class EpochSampler(CacheSampler):
-    """A :class:`~loaders.sampler.CacheSampler` whose ``set_epoch`` (and a resumed state) also sets the
-    dataset's crop epoch and, with ``schedule`` (epoch -> size, e.g. :func:`progressive`), its resolution:
-    loops that call ``sampler.set_epoch(epoch)`` need nothing else."""
-
-    def __init__(self, data_source: Any, *, schedule: Callable[[int], int] | None = None, **kw: Any) -> None:
-        super().__init__(data_source, **kw)
-        self.crop_dataset = data_source
-        self.schedule = schedule
-        self._sync()
-
-    def _sync(self) -> None:
-        ds = self.crop_dataset
-        if getattr(ds, "crop", None) is None:
-            return
-        ds.set_epoch(self.epoch)
-        if self.schedule is not None:
-            ds.set_resolution(int(self.schedule(self.epoch)))
-
-    def set_epoch(self, epoch: int) -> None:
-        super().set_epoch(epoch)
-        self._sync()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self._sync()

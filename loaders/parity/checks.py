@@ -1,4 +1,10 @@
-"""Order, labels and pixels of a cache against a reference listing; each a :class:`Check` with its figures."""
+"""Order, labels and pixels of a cache against a reference listing; each a :class:`Check` with its figures.
+
+The pixels' reference for each fit, from the recipe (docs/FORMAT.md): ``crop`` is torchvision's ``Resize(S)`` +
+``CenterCrop(S)`` on the PIL image; ``squash`` ``Resize((S, S))``; ``pad`` ``Resize`` to the letterbox and
+zeros around it. ``antialias`` is PIL's bilinear (what torchvision does to PIL images), ``area`` PIL's box
+filter when shrinking, ``linear`` torchvision's tensor bilinear with ``antialias=False``.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +15,11 @@ from typing import Any
 import numpy as np
 
 from cachebuild.storage.cache.reader import CacheReader
-from loaders.parity.pixels import PixelResult, psnr, reference_pixels
 from loaders.parity.recipe import Recipe
 from loaders.parity.references import Listing
 
-__all__ = ["Check", "Matching", "match_samples", "order_and_labels", "pixels"]
-
+__all__ = ["Check", "Matching", "PixelResult", "letterbox", "match_samples", "order_and_labels", "pixels", "psnr",
+           "reference_pixels"]
 
 @dataclass
 class Check:
@@ -54,10 +59,6 @@ def match_samples(paths: list[str], listing: Listing) -> Matching:
     return Matching(out, by_name)
 
 
-def _first(items: list[str], limit: int = 5) -> list[str]:
-    return items[:limit]
-
-
 def order_and_labels(reader: CacheReader, listing: Listing, match: Matching) -> list[Check]:
     """The ``classes``, ``order`` and ``labels`` checks (skipped files accounted for in ``order``)."""
     m = reader.manifest
@@ -69,7 +70,7 @@ def order_and_labels(reader: CacheReader, listing: Listing, match: Matching) -> 
     diff = [f"#{i} cache {a!r} vs {b!r}" for i, (a, b) in pairs if a != b]
     classes = Check("classes", classes_ok, f"{len(m.classes)} classes as {listing.how}" if classes_ok else
                     f"{len(m.classes)} in the cache, {len(listing.classes)} in the reference; first differences: "
-                    f"{'; '.join(_first(diff)) or 'the lists differ in length'}",
+                    f"{'; '.join(diff[:5]) or 'the lists differ in length'}",
                     {"cache": len(m.classes), "reference": len(listing.classes)})
     expected = [k for k in listing.keys if k not in skipped]
     bad_order = [i for i, (a, b) in enumerate(zip(paths, expected, strict=False)) if a != b]
@@ -85,7 +86,7 @@ def order_and_labels(reader: CacheReader, listing: Listing, match: Matching) -> 
                    f"{expected[i]}")
     else:
         verdict = (f"{len(paths)} samples, the reference has {len(expected)} after {len(skipped)} skipped; "
-                   f"{len(missing)} source files neither cached nor skipped (first: {_first(missing, 1)}), "
+                   f"{len(missing)} source files neither cached nor skipped (first: {missing[:1]}), "
                    f"{len(unknown_skips)} skipped files not in the source")
     order = Check("order", order_ok, verdict, {
         "samples": len(paths), "reference": len(listing.keys), "skipped": len(skipped),
@@ -110,6 +111,74 @@ def order_and_labels(reader: CacheReader, listing: Listing, match: Matching) -> 
                          {"compared": int(found.sum()), "differ": len(wrong), "no_source_file": unmatched,
                           "matched_by_file_name": match.by_name, "first_differences": first})
     return [classes, order, labels_check]
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return float(10 * np.log10(255.0**2 / max(mse, 1e-10)))
+
+
+def letterbox(h: int, w: int, s: int) -> tuple[int, int, int, int]:
+    """``--fit pad``'s box as docs/FORMAT.md defines it: aspect kept, long side S, centred (y0, x0, y1, x1)."""
+    scale = s / max(h, w)
+    nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
+    y0, x0 = (s - nh) // 2, (s - nw) // 2
+    return y0, x0, y0 + nh, x0 + nw
+
+
+def _resize(img: Any, hw: list[int], interpolation: str) -> np.ndarray:
+    """torchvision's ``resize`` to ``hw`` ([S]: the short side to S, as ``Resize(S)``)."""
+    import torch
+    import torchvision.transforms.v2.functional as F
+    from PIL import Image
+    from torchvision.transforms import InterpolationMode
+
+    if interpolation == "linear":
+        t = torch.from_numpy(np.array(img)).permute(2, 0, 1)
+        out = F.resize(t, hw, InterpolationMode.BILINEAR, antialias=False)
+        return out.permute(1, 2, 0).numpy()
+    mode = InterpolationMode.BILINEAR
+    if interpolation == "area" and min(hw) <= min(img.height, img.width) and max(hw) <= max(img.height, img.width):
+        mode = InterpolationMode.BOX  # shrinking; the build's area filter enlarges bilinearly
+    return np.asarray(F.resize(img if isinstance(img, Image.Image) else Image.fromarray(img), hw, mode))
+
+
+def reference_pixels(source: Any, recipe: Recipe) -> tuple[np.ndarray, tuple[int, int, int, int]]:
+    """The S x S x 3 reference of one source image (PIL or uint8 array) and the box of its real pixels."""
+    from PIL import Image
+
+    img = source if isinstance(source, Image.Image) else Image.fromarray(np.asarray(source))
+    s, w, h = recipe.size, img.width, img.height
+    if recipe.fit == "squash":
+        return _resize(img, [s, s], recipe.interpolation), (0, 0, s, s)
+    if recipe.fit == "pad":
+        y0, x0, y1, x1 = letterbox(h, w, s)
+        out = np.zeros((s, s, 3), np.uint8)
+        out[y0:y1, x0:x1] = _resize(img, [y1 - y0, x1 - x0], recipe.interpolation)
+        return out, (y0, x0, y1, x1)
+    import torch
+    import torchvision.transforms.v2.functional as F
+
+    big = torch.from_numpy(_resize(img, [s], recipe.interpolation).copy()).permute(2, 0, 1)  # Resize(S)
+    return F.center_crop(big, [s, s]).permute(1, 2, 0).numpy(), (0, 0, s, s)  # CenterCrop(S)
+
+
+@dataclass
+class PixelResult:
+    """PSNR of each checked sample; the worst ones kept for the contact sheet."""
+
+    indices: list[int] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    box_mismatches: list[int] = field(default_factory=list)  # pad: stored box != the letterbox
+    worst: list[tuple[float, int, np.ndarray, np.ndarray]] = field(default_factory=list)  # (dB, index, ours, ref)
+
+    def summary(self) -> dict[str, Any]:
+        s = np.asarray(self.scores)
+        return {"checked": len(s), "median_db": float(np.median(s)) if len(s) else None,
+                "min_db": float(s.min()) if len(s) else None,
+                "worst": [{"index": i, "psnr_db": round(float(p), 2)}
+                          for p, i in sorted(zip(self.scores, self.indices, strict=True))[:8]],
+                "box_mismatches": self.box_mismatches[:20]}
 
 
 def pixels(reader: CacheReader, listing: Listing, match: Matching, recipe: Recipe, *, n: int, seed: int,

@@ -99,7 +99,9 @@ def run_parity(o: ParityOptions, echo: Callable[[str], None] = lambda s: None) -
     :class:`~loaders.parity.recipe.ParityInputError` on bad input."""
     from loaders import CachedImageDataset
     from loaders.parity import augment, checks, output
+    from loaders.parity.recipe import need_scipy
 
+    need_scipy()
     t0 = time.perf_counter()
     reader, recipe, listing, match = _side(o.cache, o.source, o)
     echo(f"{reader.location.describe()}: {recipe.describe()}; reference: {listing.how}")
@@ -114,18 +116,34 @@ def run_parity(o: ParityOptions, echo: Callable[[str], None] = lambda s: None) -
     dataset = CachedImageDataset(o.cache)
     picks = np.random.default_rng(o.seed).permutation(len(dataset))[: min(64, len(dataset))]
     results.append(augment.eval_crop(dataset, picks, max(8, round(s * 0.875)), reader.boxes))
-    curves = None
+    png = _curves_png(o, echo)
     if o.train_steps is not None:
-        results.append(_training(o, dataset, listing, match, output.CURVES))
-        curves = results[-1]
+        results.append(_training(o, dataset, listing, match, png))
     doc = output.document({"cache": reader.location.describe(), "source": str(o.source),
                            "recipe": recipe.describe(), "reference": listing.how}, results)
     doc["seconds"] = round(time.perf_counter() - t0, 2)
-    _write(o, doc, res, reader, curves is not None)
+    _write(o, doc, res, reader, png is not None)
     return doc
 
 
-def _training(o: ParityOptions, dataset: Any, listing: Any, match: Any, curves_name: str) -> Any:
+def _curves_png(o: ParityOptions, echo: Callable[[str], None]) -> Path | None:
+    """Where the training A/B's loss curves go: in ``--out`` when there is a training A/B and matplotlib (the
+    ``plots`` extra) to draw them; without it, one line says so and the page goes without."""
+    from loaders.parity.output import CURVES
+    from loaders.train.metrics import PlotsUnavailableError, pyplot
+
+    if o.out is None or o.train_steps is None:
+        return None
+    try:
+        pyplot(f"parity's {CURVES}")
+    except PlotsUnavailableError as e:
+        echo(str(e))
+        return None
+    o.out.mkdir(parents=True, exist_ok=True)
+    return o.out / CURVES
+
+
+def _training(o: ParityOptions, dataset: Any, listing: Any, match: Any, png: Path | None) -> Any:
     from loaders import CachedImageDataset
     from loaders.parity.train_ab import AbData, AbSettings, training_ab
 
@@ -140,9 +158,6 @@ def _training(o: ParityOptions, dataset: Any, listing: Any, match: Any, curves_n
             from loaders.parity.checks import Check
 
             return Check("training", False, "some samples have no source file: see the labels check", {})
-    png = o.out / curves_name if o.out is not None else None
-    if png is not None:
-        png.parent.mkdir(parents=True, exist_ok=True)
     return training_ab(train, val, AbSettings(o.train_steps or 0, o.train_batch, o.train_model, o.train_lr,
                                               o.seed), png)
 

@@ -11,8 +11,7 @@ import numpy as np
 
 from cachebuild.inspect import compose_sheet
 from cachebuild.inspect import page as P
-from loaders.parity.checks import Check
-from loaders.parity.pixels import PixelResult
+from loaders.parity.checks import Check, PixelResult
 
 __all__ = ["OUT_FILES", "write_html", "write_json"]
 

@@ -9,7 +9,7 @@ from typing import Any
 from cachebuild.errors import CacheBuildError
 from cachebuild.format.manifest import Manifest
 
-__all__ = ["FITS", "INTERPOLATIONS", "KINDS", "ParityInputError", "Recipe", "recipe_of"]
+__all__ = ["FITS", "INTERPOLATIONS", "KINDS", "ParityInputError", "Recipe", "need_scipy", "recipe_of"]
 
 KINDS = ("folder", "imagenet", "cifar10", "cifar100", "parquet")  # the kinds with an independent reference
 FITS = ("crop", "squash", "pad")
@@ -18,6 +18,17 @@ INTERPOLATIONS = ("antialias", "area", "linear")
 
 class ParityInputError(CacheBuildError):
     """Bad input for ``parity`` (exit 2): not a cache, a source of another kind, a recipe with no reference."""
+
+
+def need_scipy() -> None:
+    """parity's two-sample tests (and the ImageNet devkit's ``.mat`` files) read with scipy, an optional extra:
+    without it, :class:`ParityInputError` naming it, before any work."""
+    try:
+        import scipy.io
+        import scipy.stats  # noqa: F401
+    except ImportError:
+        raise ParityInputError("cachebuild parity needs scipy for its statistical tests: "
+                               "pip install 'cachebuild[scipy]'") from None
 
 
 @dataclass(frozen=True)
@@ -53,8 +64,6 @@ def recipe_of(m: Manifest) -> Recipe:
     interp = m.interpolation.split("+")[0]
     if m.fit not in FITS or interp not in INTERPOLATIONS:
         raise ParityInputError(f"--fit {m.fit} / interpolation {m.interpolation}: no torchvision reference for it")
-    if m.build.get("decode_device"):
-        pass  # a GPU decode aims at the same pixels: the same reference, the same thresholds
     codec = m.build.get("codec")
     opts = {k: v for k, v in recipe.items() if k not in ("kind", "src")}
     if codec:

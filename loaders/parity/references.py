@@ -3,7 +3,7 @@
 Each listing is made without cachebuild's sources: torchvision's ``ImageFolder`` rules for class-folder
 trees, torchvision's own devkit parsers (or Kaggle's CSV) for a flat ImageNet val, a restricted reader of
 CIFAR's python batches, pyarrow for a Parquet label column. ``open(i)`` gives the source image as PIL
-(or, for CIFAR, the array), for :mod:`loaders.parity.pixels` to transform as torchvision would.
+(or, for CIFAR, the array), for :mod:`loaders.parity.checks` to transform as torchvision would.
 """
 
 from __future__ import annotations

@@ -142,11 +142,9 @@ def training_ab(train: AbData, val: AbData, s: AbSettings, png: Path | None) -> 
 
 
 def _plot(loss_a: list[float], loss_b: list[float], png: Path) -> None:
-    import matplotlib
+    from loaders.train.metrics import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot(f"parity's {png.name}")
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(range(1, len(loss_a) + 1), loss_a, label="torchvision ImageFolder pipeline")
     ax.plot(range(1, len(loss_b) + 1), loss_b, label="cache pipeline")

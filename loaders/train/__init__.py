@@ -1,15 +1,11 @@
 """The reference training loop: cache -> loader -> device transforms -> model.
 
-Use the pieces in your own code (``train_one_epoch``, ``evaluate``, ``build_model``, checkpoints), or
-the whole run: ``cachebuild train CACHE --val VAL --model resnet50 ...`` / ``fit(TrainConfig(...))``.
-
-Layout: ``config`` (every setting of a run), ``cli`` (the command), ``run/`` (``fit``: a whole run, its epochs,
-what it reports), ``loop/`` (one epoch: AMP, accumulation, the optimizer and its schedule, evaluation), ``data``
-(caches, sampler, loaders), ``checkpoints/`` (state, resume, the run folder), beside ``models``, ``metrics`` and
-``distributed`` (DDP plumbing).
-
-Names are imported on first use, so ``from loaders.train.cli import train`` (what the ``cachebuild``
-command group does) costs no torch import until the command actually runs.
+The pieces (``train_one_epoch``, ``evaluate``, ``build_model``, checkpoints) for your own loop, or a whole run:
+``cachebuild train CACHE ...`` / ``fit(TrainConfig(...))``. Layout: ``config`` (every setting), ``cli``,
+``run.fit`` (a run, its epochs, its reports), ``loop/`` (one epoch: AMP, accumulation, optimizer and schedule,
+evaluation), ``data`` (caches, sampler, loaders), ``checkpoints`` (resume, the run folder), ``models``,
+``metrics``, ``distributed``. Names are imported on first use: the ``cachebuild`` command group imports
+``loaders.train.cli`` without torch.
 """
 
 from __future__ import annotations
@@ -17,32 +13,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = [
-    "AmpUnsupportedError",
-    "CheckpointError",
-    "EpochConfig",
-    "EpochResult",
-    "SmallCNN",
-    "StepInfo",
-    "TrainConfig",
-    "TrainSetupError",
-    "autocast",
-    "available_models",
-    "build_model",
-    "evaluate",
-    "fit",
-    "load_checkpoint",
-    "make_scaler",
-    "num_optimizer_steps",
-    "resolve_amp",
-    "save_checkpoint",
-    "train_one_epoch",
-]
+__all__ = ["AmpUnsupportedError", "CheckpointError", "EpochConfig", "EpochResult", "SmallCNN", "StepInfo",
+           "TrainConfig", "TrainSetupError", "autocast", "available_models", "build_model", "evaluate", "fit",
+           "load_checkpoint", "make_scaler", "num_optimizer_steps", "resolve_amp", "save_checkpoint", "train_one_epoch"]
 
 _WHERE = {
     "AmpUnsupportedError": "loop.amp", "autocast": "loop.amp", "make_scaler": "loop.amp", "resolve_amp": "loop.amp",
-    "CheckpointError": "checkpoints.state", "load_checkpoint": "checkpoints.state",
-    "save_checkpoint": "checkpoints.state",
+    "CheckpointError": "checkpoints", "load_checkpoint": "checkpoints", "save_checkpoint": "checkpoints",
     "EpochConfig": "loop.step", "EpochResult": "loop.step", "StepInfo": "loop.step", "evaluate": "loop.step",
     "num_optimizer_steps": "loop.step", "train_one_epoch": "loop.step",
     "SmallCNN": "models", "available_models": "models", "build_model": "models",

@@ -7,7 +7,6 @@ help, default, choices and bounds are declared once, on the field, and a new fie
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 import click
@@ -41,7 +40,7 @@ def _train(**kw: Any) -> None:
     except OptionError as e:
         raise click.UsageError(str(e)) from None
     try:
-        fit(cfg, echo=_echo)
+        fit(cfg)
     except CacheBuildError as e:
         raise click.ClickException(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
 
@@ -49,12 +48,6 @@ def _train(**kw: Any) -> None:
 #: ``cachebuild train CACHE [options]``: one parameter per ``TrainConfig`` field, named as the field.
 train = click.Command("train", params=field_options(TrainConfig), callback=_train, help=_train.__doc__,
                       context_settings={"show_default": True, "max_content_width": 110})
-
-
-def _echo(msg: str) -> None:
-    from tqdm.auto import tqdm
-
-    tqdm.write(msg, file=sys.stdout)
 
 
 def main() -> None:

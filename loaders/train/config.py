@@ -14,17 +14,8 @@ from dataclasses import dataclass
 from cachebuild.errors import CacheBuildError, OptionError
 from cachebuild.options import REQUIRED, check_fields, option
 
-__all__ = [
-    "AMP_CHOICES",
-    "AUGMENTS",
-    "AUGMENT_IN",
-    "IN_MEMORY",
-    "LOADERS",
-    "OPTIMIZERS",
-    "TrainConfig",
-    "TrainSetupError",
-    "parse_progressive",
-]
+__all__ = ["AMP_CHOICES", "AUGMENTS", "AUGMENT_IN", "IN_MEMORY", "LOADERS", "OPTIMIZERS", "TrainConfig",
+           "TrainSetupError", "parse_progressive"]
 
 AMP_CHOICES: tuple[str, ...] = ("auto", "bf16", "fp16", "off")
 AUGMENTS: tuple[str, ...] = ("auto", "imagenet", "cifar", "none")
@@ -164,6 +155,3 @@ class TrainConfig:
         if start is None or end is None:
             start, end = 0, max(self.epochs - 1, 0)
         return low, high, start, end
-
-    def check(self) -> None:
-        """Kept for callers of earlier releases: every value is checked when the config is made."""

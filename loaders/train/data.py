@@ -37,15 +37,12 @@ class TrainData:
 
 
 def transforms_for(augment: str, crop: int) -> tuple[Any, Any]:
-    """(train, eval) device transforms of a preset: uint8 NCHW batch -> normalised float channels_last."""
-    from loaders import transforms as T
+    """(train, eval) device transforms of a preset: uint8 NCHW batch -> normalised float channels_last; ``none``
+    trains with the eval pipeline (deterministic: tests, debugging)."""
+    from loaders.transforms import presets
 
-    if augment == "cifar":
-        return T.cifar_train(), T.cifar_eval()
-    ev = T.imagenet_eval(crop)
-    if augment == "none":  # deterministic: the eval pipeline for training too (tests, debugging)
-        return ev, ev
-    return T.imagenet_train(crop), ev
+    evaluation = presets.by_name("cifar-eval" if augment == "cifar" else "imagenet-eval", crop)
+    return (evaluation if augment == "none" else presets.by_name(augment, crop)), evaluation
 
 
 def crop_in_workers(cfg: TrainConfig, augment: str, crop: int, train_ds: Any, val_ds: Any | None,
@@ -54,20 +51,17 @@ def crop_in_workers(cfg: TrainConfig, augment: str, crop: int, train_ds: Any, va
     transforms that are left (normalize only; none with ``normalize``, a CPU run, where the workers normalize
     too and the main process only trains). Batches then hold only valid pixels: no boxes travel."""
     from loaders import transforms as T
-    from loaders.worker_crop import CenterCrop, RandomResizedCrop
 
     fused = (T.IMAGENET_MEAN, T.IMAGENET_STD) if normalize else None
-
     if augment == "cifar":
         raise TrainSetupError("--augment-in workers runs the imagenet (RandomResizedCrop) and none presets; "
                               "cifar's padded crop runs on the device: use --augment-in device")
-    if augment == "none":
-        train_ds.set_crop(CenterCrop(crop), normalize=fused)
-    else:
-        train_ds.set_crop(RandomResizedCrop(crop), flip=True, seed=cfg.seed, normalize=fused)
+    evaluation = T.Compose([T.Resize(round(crop / 0.875)), T.CenterCrop(crop)])  # imagenet_eval's crop
+    train_crop = evaluation if augment == "none" else T.RandomResizedCrop(crop, flip_p=0.5)
+    train_ds.set_crop(train_crop, cfg.seed, fused)
     train_ds.return_boxes = False
     if val_ds is not None:
-        val_ds.set_crop(CenterCrop(crop), normalize=fused)
+        val_ds.set_crop(evaluation, normalize=fused)
         val_ds.return_boxes = False
     norm = torch.nn.Identity() if normalize else T.Normalize(T.IMAGENET_MEAN, T.IMAGENET_STD)
     return norm, norm
@@ -105,7 +99,9 @@ def _resolution(cfg: TrainConfig, shape: tuple[int, int, int], val_ds: Any | Non
     """(augment preset, crop, notes): ``auto`` resolved for the cache's size, a val cache of another size
     checked (refused under cifar, whose eval does not resize)."""
     side = min(shape[0], shape[1])
-    augment = cfg.augment if cfg.augment != "auto" else ("cifar" if shape[:2] == (32, 32) else "imagenet")
+    from loaders.transforms.presets import resolve
+
+    augment = resolve(cfg.augment, shape)
     crop = cfg.crop or side
     if augment == "cifar" and (shape[:2] != (32, 32) or crop != 32):
         raise TrainSetupError(f"--augment cifar needs a 32x32 cache and crop, got {shape[0]}x{shape[1]}, crop {crop}")
@@ -124,7 +120,8 @@ def _resolution(cfg: TrainConfig, shape: tuple[int, int, int], val_ds: Any | Non
 
 def build_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
     """Open the caches and make the sampler, loaders and device transforms of the run."""
-    from loaders.worker_crop import EpochSampler, progressive
+    from loaders.sampler import CacheSampler
+    from loaders.worker_crop import progressive
 
     train_ds, val_ds = _open_caches(cfg)
     h, w, c = (int(s) for s in train_ds.shape)
@@ -136,8 +133,8 @@ def build_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
     else:
         train_tf, eval_tf = transforms_for(augment, crop)
     ramp = cfg.progressive_schedule()
-    schedule = progressive(*ramp, step=8) if ramp is not None else None
     if ramp is not None:
+        train_ds.set_resolution(progressive(*ramp, step=8))  # applied at each set_epoch
         notes.append(f"progressive resizing: {ramp[0]} px until epoch {ramp[2]}, {ramp[1]} px from epoch {ramp[3]}")
     if hasattr(train_tf, "to"):
         train_tf = train_tf.to(info.device)
@@ -145,8 +142,8 @@ def build_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
 
     kind = cfg.loader if cfg.loader != "auto" else ("threads" if info.device.type == "cpu" else "dataloader")
     # set_epoch also sets the crop epoch (and the schedule's size) of a dataset that crops in the workers
-    sampler = EpochSampler(train_ds, schedule=schedule, shuffle=True, seed=cfg.seed, num_replicas=info.world_size,
-                           rank=info.rank, drop_last=False, shard_window=cfg.shard_window)
+    sampler = CacheSampler(train_ds, shuffle=True, seed=cfg.seed, num_replicas=info.world_size, rank=info.rank,
+                           drop_last=False, shard_window=cfg.shard_window)
     # Evaluation shards without padding (each sample counted once when the counts are summed).
     val_idx = list(range(info.rank, len(val_ds), info.world_size)) if val_ds is not None else []
     pin = info.device.type == "cuda"
@@ -175,18 +172,9 @@ def make_loader(ds: Any, order: Any, cfg: TrainConfig, kind: str, pin: bool) -> 
         # On CPU, worker processes compete with the model for the same cores; gather threads
         # release the GIL in their copies and leave the cores to the step.
         return ThreadLoader(ds, cfg.batch_size, sampler=order, num_threads=max(1, cfg.workers), pin_memory=pin)
-    from torch.utils.data import DataLoader
+    from loaders.collate import dataloader
 
-    from loaders.collate import collate_batch
-
-    kw: dict[str, Any] = {"num_workers": cfg.workers, "pin_memory": pin, "collate_fn": collate_batch}
-    if cfg.workers > 0:
-        prefetch = 4
-        kw.update(persistent_workers=True, prefetch_factor=prefetch)
-        ds.ring_slots = prefetch + 3  # batch-ring slots per worker to match (CachedImageDataset)
-    # Its own generator: the DataLoader then never draws from the global RNG, which a resume restores.
-    return DataLoader(ds, batch_size=cfg.batch_size, sampler=order,
-                      generator=torch.Generator().manual_seed(cfg.seed), **kw)
+    return dataloader(ds, cfg.batch_size, order, num_workers=cfg.workers, pin_memory=pin, seed=cfg.seed)
 
 
 def on_device(loader: Any, device: torch.device) -> Any:

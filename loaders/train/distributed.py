@@ -9,16 +9,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = [
-    "DistInfo",
-    "all_gather_objects",
-    "all_reduce_sum",
-    "barrier",
-    "cleanup_distributed",
-    "init_distributed",
-    "is_distributed",
-    "resolve_device",
-]
+__all__ = ["DistInfo", "all_gather_objects", "all_reduce_sum", "cleanup_distributed", "init_distributed",
+           "is_distributed", "resolve_device"]
 
 
 @dataclass(frozen=True)
@@ -75,11 +67,6 @@ def init_distributed(device: str = "auto") -> DistInfo:
 def cleanup_distributed() -> None:
     if is_distributed():
         dist.destroy_process_group()
-
-
-def barrier() -> None:
-    if is_distributed():
-        dist.barrier()
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:

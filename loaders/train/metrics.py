@@ -1,4 +1,8 @@
-"""Run metrics: one JSON object per line (append-only, survives a resume), and a PNG of loss and accuracy."""
+"""Run metrics: one JSON object per line (append-only, survives a resume), and a PNG of loss and accuracy.
+
+The PNG needs matplotlib, an optional extra (``cachebuild[plots]``); without it a run trains and logs as
+before and says, in one line, what the PNG needs.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,26 @@ from pathlib import Path
 from typing import Any
 
 from cachebuild.atomic import write_bytes_atomic
+from cachebuild.errors import CacheBuildError
 
-__all__ = ["MetricsWriter", "drop_records_after", "plot_metrics", "read_metrics"]
+__all__ = ["MetricsWriter", "PlotsUnavailableError", "drop_records_after", "plot_metrics", "pyplot", "read_metrics"]
+
+
+class PlotsUnavailableError(CacheBuildError, ImportError):
+    """A plot was asked for and matplotlib (the ``plots`` extra) is not installed."""
+
+
+def pyplot(what: str = "metrics.png") -> Any:
+    """matplotlib's ``pyplot`` on the file-only Agg backend (training nodes have no display);
+    :class:`PlotsUnavailableError` naming ``what`` and the extra when matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise PlotsUnavailableError(f"{what} needs matplotlib: pip install 'cachebuild[plots]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 class MetricsWriter:
@@ -80,11 +102,7 @@ def drop_records_after(path: str | os.PathLike[str], global_step: int) -> int:
 
 def plot_metrics(metrics: str | os.PathLike[str], png: str | os.PathLike[str]) -> Path:
     """Training loss per logged step (left) and val top-1 / top-5 per epoch (right), as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on training nodes
-    import matplotlib.pyplot as plt
-
+    plt = pyplot(Path(png).name)
     records = read_metrics(metrics)
     train = [r for r in records if r.get("kind") == "train" and r.get("loss") is not None]
     epochs = [r for r in records if r.get("kind") == "epoch"]

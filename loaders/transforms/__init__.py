@@ -27,25 +27,6 @@ from .presets import (
     imagenet_train,
 )
 
-__all__ = [
-    "CIFAR10_MEAN",
-    "CIFAR10_STD",
-    "IMAGENET_MEAN",
-    "IMAGENET_STD",
-    "BatchTransform",
-    "CenterCrop",
-    "Compose",
-    "CutMix",
-    "MixUp",
-    "MixUpCutMix",
-    "Normalize",
-    "RandomCrop",
-    "RandomHorizontalFlip",
-    "RandomResizedCrop",
-    "Resize",
-    "cifar_eval",
-    "cifar_train",
-    "functional",
-    "imagenet_eval",
-    "imagenet_train",
-]
+__all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "IMAGENET_MEAN", "IMAGENET_STD", "BatchTransform", "CenterCrop", "Compose",
+           "CutMix", "MixUp", "MixUpCutMix", "Normalize", "RandomCrop", "RandomHorizontalFlip", "RandomResizedCrop",
+           "Resize", "cifar_eval", "cifar_train", "functional", "imagenet_eval", "imagenet_train"]

@@ -1,15 +1,12 @@
 # ruff: noqa: UP006, UP035, UP045 - typing.List/Optional keep these TorchScript-compilable on older torch
 """Pure batch kernels on ``(N, C, H, W)`` image tensors.
 
-Every kernel takes its per-sample parameters as tensors with a leading ``N`` dimension (nothing is
-random here; the modules in :mod:`loaders.transforms.modules` draw the parameters), never mutates
-its input, keeps device and (except :func:`normalize`) dtype, and returns a channels_last tensor
-(``x.permute(0, 3, 1, 2)`` of an NHWC buffer, which is what the cache delivers and what convnets
-want). The kernels are annotated for TorchScript and run under ``torch.compile``; ``torch.compile``
-is the recommended path (TorchScript is deprecated from torch 2.14 and kept for older stacks).
-
-Interpolation semantics are torchvision's (``resized_crop`` = crop, then bilinear resize with
-half-pixel centres, ``align_corners=False``): sampling never reads outside the crop box.
+Each kernel takes per-sample parameters as tensors with a leading ``N`` (the modules of
+:mod:`loaders.transforms.modules` draw them), never mutates its input, keeps device and (but
+:func:`normalize`) dtype, and returns channels_last (what ``x.permute(0, 3, 1, 2)`` of the cache's NHWC batch
+is, and what convnets want). Annotated for TorchScript, run under ``torch.compile`` (recommended).
+Interpolation is torchvision's (crop, then bilinear with half-pixel centres): sampling never reads outside
+the crop box.
 """
 
 from typing import List, Optional, Tuple
@@ -18,15 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = [
-    "center_crop",
-    "check_images",
-    "horizontal_flip",
-    "normalize",
-    "padded_crop",
-    "resize",
-    "resized_crop",
-]
+__all__ = ["center_crop", "check_images", "horizontal_flip", "normalize", "padded_crop", "resize", "resized_crop"]
 
 
 def check_images(images: Tensor, name: str = "images") -> None:
@@ -140,10 +129,9 @@ def _resized_crop_batched(images: Tensor, crops: Tensor, size: List[int], flips:
 def _resized_crop_per_sample(
     images: Tensor, crops: Tensor, size: List[int], flips: Optional[Tensor], antialias: bool
 ) -> Tensor:
-    # One interpolate call per sample on a crop view: on CPU, torch's uint8 channels_last bilinear
-    # kernel (separable, int16 SIMD) is ~4x faster than any batched float resample we measured.
-    # Mirroring the crop before resizing equals mirroring the result (the half-pixel sampling grid
-    # is symmetric) and measured 2x faster than a copy per sample into a preallocated output.
+    # One interpolate call per sample on a crop view: on CPU, torch's uint8 channels_last bilinear kernel
+    # (separable, int16 SIMD) beats any batched float resample. Mirroring the crop before resizing equals
+    # mirroring the result (the half-pixel grid is symmetric) and beats a copy into a preallocated output.
     n = images.shape[0]
     params: List[List[int]] = crops.tolist()
     flip_list: List[int] = [0] * n
@@ -165,34 +153,17 @@ def _resized_crop_per_sample(
 _resized_crop_per_sample_eager = torch.compiler.disable(_resized_crop_per_sample)
 
 
-def resized_crop(
-    images: Tensor,
-    crops: Tensor,
-    size: List[int],
-    flips: Optional[Tensor] = None,
-    antialias: bool = False,
-    method: str = "auto",
-) -> Tensor:
+def resized_crop(images: Tensor, crops: Tensor, size: List[int], flips: Optional[Tensor] = None,
+                 antialias: bool = False, method: str = "auto") -> Tensor:
     """Crop each sample to its box and resize it to ``size`` (bilinear), optionally mirrored.
 
-    Args:
-        images: (N, 3, H, W) uint8 or floating tensor.
-        crops: (N, 4) integer tensor of (top, left, height, width) per sample, torchvision's
-            ``(i, j, h, w)``; clipped to the image so every box holds at least one pixel.
-        size: output [height, width].
-        flips: optional (N,) bool tensor; True mirrors that sample horizontally (fused: the
-            column table is reversed, no extra pass).
-        antialias: False (default) matches torchvision ``resized_crop(..., antialias=False)``;
-            True matches ``antialias=True`` (a low-pass filter on downscale) and forces
-            ``method="per_sample"``.
-        method: "batched" (one gather-based resample for the whole batch: any device,
-            torch.compile friendly), "per_sample" (one ``F.interpolate`` per sample: fastest on
-            CPU), or "auto" (per_sample on CPU or with antialias, batched elsewhere).
-
-    Returns:
-        (N, 3, size[0], size[1]) tensor, same dtype and device, channels_last. uint8 results are
-        rounded; they equal torchvision's to within 1 (its CPU uint8 kernel uses fixed-point
-        weights).
+    ``crops``: (N, 4) integer (top, left, height, width), torchvision's ``(i, j, h, w)``, clipped so every box
+    holds a pixel. ``flips``: optional (N,) bool, fused (the column table reversed). ``antialias``: False is
+    torchvision's ``resized_crop(..., antialias=False)``, True its ``antialias=True`` (``per_sample`` only).
+    ``method``: ``"batched"`` (one gather-based resample: any device, compile-friendly), ``"per_sample"`` (one
+    ``F.interpolate`` each: fastest on CPU) or ``"auto"`` (per_sample on CPU or with antialias). Returns (N,
+    3, *size), same dtype and device, channels_last; uint8 within 1 of torchvision's (its CPU kernel uses
+    fixed-point weights).
     """
     check_images(images)
     _check_size(size)
@@ -317,12 +288,7 @@ def resize(images: Tensor, size: List[int], antialias: bool = True) -> Tensor:
 # normalize
 
 
-def normalize(
-    images: Tensor,
-    mean: List[float],
-    std: List[float],
-    dtype: torch.dtype = torch.float32,
-) -> Tensor:
+def normalize(images: Tensor, mean: List[float], std: List[float], dtype: torch.dtype = torch.float32) -> Tensor:
     """``(x / 255 - mean) / std`` for uint8 input (``(x - mean) / std`` for floating input, taken
     to be in [0, 1] as torchvision does), in one multiply-add, output ``dtype`` and channels_last.
 
@@ -342,9 +308,9 @@ def normalize(
     denom = 255.0 if images.dtype == torch.uint8 else 1.0
     std_t = torch.tensor(std, dtype=torch.float64)
     n, h, w = images.shape[0], images.shape[2], images.shape[3]
-    # Work on NHWC rows with the per-channel constants tiled along W*C: the inner loop is then
-    # contiguous and vectorises (a (1, C, 1, 1) broadcast over a channels_last batch has an inner
-    # dimension of 3 and ran 2.6x slower on CPU). For a channels_last batch the reshape is a view.
+    # Work on NHWC rows with the per-channel constants tiled along W*C: the inner loop is then contiguous and
+    # vectorises (a (1, C, 1, 1) broadcast over channels_last has an inner dimension of 3, much slower on
+    # CPU). For a channels_last batch the reshape is a view.
     scale = (1.0 / (std_t * denom)).to(device=images.device, dtype=work).repeat(w)
     shift = (-torch.tensor(mean, dtype=torch.float64) / std_t).to(device=images.device, dtype=work).repeat(w)
     rows = images.permute(0, 2, 3, 1).reshape(n * h, w * c)

@@ -1,39 +1,22 @@
 # ruff: noqa: UP006, UP035, UP045 - typing.List/Optional/Tuple keep these TorchScript-compilable on older torch
 """MixUp and CutMix on the device: batch transforms with torchvision v2's semantics, plus timm's switch.
 
-``forward(images, labels) -> (mixed images, soft targets)``: ``images`` an (N, C, H, W) uint8 or floating
-batch on any device, ``labels`` int (N,) class indices or float (N, num_classes) soft labels (a column of
-the cache: ``cachebuild train --labels``), mixed as the one-hot rows would be; the targets are float32
-(N, num_classes).
+``forward(images, labels) -> (mixed images, soft targets)``: ``images`` (N, C, H, W) uint8 or floating on any
+device; ``labels`` int (N,) class indices or float (N, num_classes) soft labels (a column of the cache), mixed
+as the one-hot rows would be; targets float32 (N, num_classes). Semantics (checked value for value in the
+tests): one ``lam ~ Beta(alpha, alpha)`` per batch; each sample mixed with its partner, the batch rolled by
+one (``pairing="roll"``, torchvision's) or reversed (``"flip"``, timm's); MixUp ``lam * x + (1 - lam) *
+partner``; CutMix a box of area ``(1 - lam) * H * W`` centred on a uniform pixel, clipped, filled from the
+partner, ``lam`` then recomputed from the clipped box; targets the one-hot rows (first smoothed to ``1 - s +
+s / C`` and ``s / C`` with ``label_smoothing=s``, timm's ``mixup_target``) mixed by the same ``lam``. Train
+with ``F.cross_entropy(logits, targets)`` and leave its own ``label_smoothing`` at 0.
 
-Semantics (``torchvision.transforms.v2.MixUp``/``CutMix``, checked value for value in the tests):
-
-* one ``lam ~ Beta(alpha, alpha)`` per batch; every sample is mixed with its partner in the batch
-  rolled by one (``pairing="roll"``: sample i with i - 1, torchvision's rule) or reversed
-  (``pairing="flip"``: sample i with N - 1 - i, timm's rule);
-* MixUp: ``lam * x + (1 - lam) * partner``;
-* CutMix: a box of area ``(1 - lam) * H * W`` (half-sides ``int(0.5 * sqrt(1 - lam) * H)`` and ``W``)
-  centred on a uniform pixel, clipped at the border, filled with the partner's pixels; ``lam`` is then
-  recomputed from the clipped box, ``1 - box_area / (H * W)``;
-* soft targets: the one-hot labels mixed by the same ``lam``; with ``label_smoothing=s`` each one-hot is
-  first smoothed to ``1 - s + s / C`` on its class and ``s / C`` elsewhere (timm's ``mixup_target``), so
-  every row still sums to 1. Train with ``F.cross_entropy(logits, targets)``, which takes probabilities
-  (and leave its own ``label_smoothing`` at 0, or the smoothing is applied twice).
-
-Where results differ from torchvision by design: a uint8 batch is mixed in float32 and rounded half to even
-(torchvision truncates each product in uint8; timm's ``FastCollateMixup`` rounds as here); a float16 or
-bfloat16 batch is mixed in float32 and rounded once. The input is never modified (timm's ``Mixup``
-mixes in place). Odd and short batches are fine (timm requires an even batch); a batch of one is
-its own partner, so it comes out unchanged.
-
-Randomness and compilation as in :mod:`loaders.transforms.modules`: ``generator=`` a private
-``torch.Generator`` (a CPU one may drive a CUDA batch), or None for the global RNG of the images' device.
-With the global RNG, MixUp and CutMix on a CPU batch draw exactly what torchvision's draw
-(``torch.manual_seed(s)`` gives both the same batch); under ``torch.compile`` the global RNG gives other,
-equally distributed draws, so compare compiled with eager through a generator. Parameters stay tensors
-on the device (no host sync but the label check), the box is applied as a mask, so a step is one fused
-elementwise pass under ``torch.compile`` and a short last batch only changes the batch dimension.
-Modules also script (``torch.jit.script``; deprecated in torch 2.14).
+By design, unlike torchvision: uint8 is mixed in float32 and rounded half to even (torchvision truncates in
+uint8; timm's ``FastCollateMixup`` rounds), fp16/bf16 in float32 rounded once; the input is never modified;
+odd and short batches work (a batch of one is its own partner). Randomness and compilation as in
+:mod:`loaders.transforms.modules`; with the global RNG a CPU batch draws exactly what torchvision's do (under
+``torch.compile`` other, equally distributed draws: compare through a generator). Parameters stay tensors
+on the device and the box is a mask, so a step is one fused elementwise pass under ``torch.compile``.
 """
 
 import math
@@ -42,18 +25,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-__all__ = [
-    "CutMix",
-    "MixUp",
-    "MixUpCutMix",
-    "box_lambda",
-    "box_weight",
-    "check_labels",
-    "check_soft_labels",
-    "cutmix_box",
-    "mix_images",
-    "mix_targets",
-]
+__all__ = ["CutMix", "MixUp", "MixUpCutMix", "box_lambda", "box_weight", "check_labels", "check_soft_labels",
+           "cutmix_box", "mix_images", "mix_targets"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -290,14 +263,8 @@ class _Mix(nn.Module):
 class _OneMix(_Mix):
     """A mix of one kind, with its one Beta(``alpha``, ``alpha``) (``alpha`` > 0): MixUp and CutMix."""
 
-    def __init__(
-        self,
-        alpha: float = 1.0,
-        num_classes: int = 1000,
-        label_smoothing: float = 0.0,
-        pairing: str = "roll",
-        generator: Optional[torch.Generator] = None,
-    ) -> None:
+    def __init__(self, alpha: float = 1.0, num_classes: int = 1000, label_smoothing: float = 0.0,
+                 pairing: str = "roll", generator: Optional[torch.Generator] = None) -> None:
         super().__init__(num_classes, label_smoothing, pairing, generator)
         self.alpha = _check_alpha(alpha, "alpha", allow_zero=False)
 
@@ -346,17 +313,9 @@ class MixUpCutMix(_Mix):
     one row or column more when that is odd. Draws come from torch's RNG, timm's from NumPy's.
     """
 
-    def __init__(
-        self,
-        num_classes: int = 1000,
-        mixup_alpha: float = 0.8,
-        cutmix_alpha: float = 1.0,
-        switch_prob: float = 0.5,
-        p: float = 1.0,
-        label_smoothing: float = 0.1,
-        pairing: str = "roll",
-        generator: Optional[torch.Generator] = None,
-    ) -> None:
+    def __init__(self, num_classes: int = 1000, mixup_alpha: float = 0.8, cutmix_alpha: float = 1.0,
+                 switch_prob: float = 0.5, p: float = 1.0, label_smoothing: float = 0.1, pairing: str = "roll",
+                 generator: Optional[torch.Generator] = None) -> None:
         super().__init__(num_classes, label_smoothing, pairing, generator)
         self.mixup_alpha = _check_alpha(mixup_alpha, "mixup_alpha", allow_zero=True)
         self.cutmix_alpha = _check_alpha(cutmix_alpha, "cutmix_alpha", allow_zero=True)

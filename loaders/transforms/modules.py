@@ -1,21 +1,13 @@
 # ruff: noqa: UP006, UP035, UP045 - typing.List/Optional keep these TorchScript-compilable on older torch
 """``nn.Module`` batch transforms that draw every random parameter per sample.
 
-A torchvision v1 ``RandomHorizontalFlip`` applied to a 4-D batch tosses one coin for the whole
-batch; every module here draws one set of parameters per sample, vectorised (no Python loop over
-samples), then calls a kernel from :mod:`loaders.transforms.functional`.
-
-Randomness: pass ``generator=torch.Generator(device).manual_seed(s)`` to the constructor for a
-private stream, or leave it None for the global RNG (``torch.manual_seed``) of the images' device.
-The same seed gives the same batch on the same device. Parameters are drawn on the generator's
-device and moved to the images' device, so a CPU generator also drives a CUDA batch (with the same
-draws as on CPU).
-
-Compilation: ``torch.compile(module)`` is the recommended path. Every module is also scriptable
-(``torch.jit.script``) for older stacks; TorchScript is deprecated from torch 2.14 and warns.
-The generator is a plain module attribute, which TorchScript (checked on 2.14) accepts as an
-``Optional[torch.Generator]``; its device is recorded as a string at construction because
-TorchScript cannot read ``Generator.device``.
+A torchvision v1 ``RandomHorizontalFlip`` on a 4-D batch tosses one coin for the whole batch; every module
+here draws one set of parameters per sample, vectorised, then calls a kernel of
+:mod:`loaders.transforms.functional`. ``generator=torch.Generator(device).manual_seed(s)`` gives a private
+stream (drawn on its device and moved to the images', so a CPU generator drives a CUDA batch with the CPU's
+draws); None draws from the global RNG of the images' device. ``torch.compile(module)`` is the recommended
+path; every module also scripts (``torch.jit.script``, deprecated from torch 2.14), which is why the
+generator's device is kept as a string (TorchScript cannot read ``Generator.device``).
 """
 
 import math
@@ -27,16 +19,8 @@ from torch import Tensor, nn
 
 from . import functional as TF
 
-__all__ = [
-    "BatchTransform",
-    "CenterCrop",
-    "Compose",
-    "Normalize",
-    "RandomCrop",
-    "RandomHorizontalFlip",
-    "RandomResizedCrop",
-    "Resize",
-]
+__all__ = ["BatchTransform", "CenterCrop", "Compose", "Normalize", "RandomCrop", "RandomHorizontalFlip",
+           "RandomResizedCrop", "Resize"]
 
 
 def _size_pair(size: int | Sequence[int], name: str = "size") -> List[int]:
@@ -98,31 +82,19 @@ class BatchTransform(nn.Module):
 
 
 class RandomResizedCrop(BatchTransform):
-    """Per-sample ``RandomResizedCrop`` (+ optional fused horizontal flip) of a uint8/float batch.
+    """Per-sample ``RandomResizedCrop`` (+ an optional fused horizontal flip) of a uint8/float batch.
 
-    Boxes follow torchvision's ``RandomResizedCrop.get_params`` exactly in distribution: 10 tries of
-    (scale, log-ratio) drawn for every sample at once, the first valid one kept, else the central
-    crop fallback. Resampling is bilinear with ``antialias=False`` by default (torchvision's
-    ``resized_crop(..., antialias=False)``; see :func:`functional.resized_crop`).
-
-    ``forward(images, boxes=None)``: ``boxes`` is an optional (N, 4) integer tensor of
-    (y0, x0, y1, x1), end-exclusive, the real image inside each padded sample (caches built with
-    ``--fit pad``); crops are drawn inside it as if the image were that box.
-
-    Works eagerly, under ``torch.compile`` (recommended) and ``torch.jit.script`` (deprecated in
-    torch 2.14, kept for older stacks).
+    Boxes follow torchvision's ``RandomResizedCrop.get_params`` exactly in distribution (10 tries of scale and
+    log-ratio per sample at once, the first valid one kept, else the central fallback). Resampling is bilinear,
+    ``antialias=False`` by default (torchvision's ``resized_crop(..., antialias=False)``).
+    ``forward(images, boxes=None)``: ``boxes`` (N, 4) integer ``(y0, x0, y1, x1)``, end-exclusive, the real
+    image inside each padded sample (``--fit pad``); crops are drawn inside it. The same class says what the
+    loader's workers crop (``DatasetOptions(crop=...)``, ``loaders.worker_crop``).
     """
 
-    def __init__(
-        self,
-        size: int | Sequence[int],
-        scale: Sequence[float] = (0.08, 1.0),
-        ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0),
-        flip_p: float = 0.0,
-        antialias: bool = False,
-        method: str = "auto",
-        generator: Optional[torch.Generator] = None,
-    ) -> None:
+    def __init__(self, size: int | Sequence[int], scale: Sequence[float] = (0.08, 1.0),
+                 ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0), flip_p: float = 0.0, antialias: bool = False,
+                 method: str = "auto", generator: Optional[torch.Generator] = None) -> None:
         super().__init__(generator, geometric=True)
         self.size = _size_pair(size)
         self.scale_lo, self.scale_hi = _ordered_pair(scale, "scale")
@@ -226,13 +198,8 @@ class RandomCrop(BatchTransform):
     """CIFAR-style per-sample ``RandomCrop(size, padding)`` with zero fill (torchvision's default
     ``fill=0``), plus an optional fused horizontal flip (``flip_p``). ``boxes`` are ignored."""
 
-    def __init__(
-        self,
-        size: int | Sequence[int],
-        padding: int = 0,
-        flip_p: float = 0.0,
-        generator: Optional[torch.Generator] = None,
-    ) -> None:
+    def __init__(self, size: int | Sequence[int], padding: int = 0, flip_p: float = 0.0,
+                 generator: Optional[torch.Generator] = None) -> None:
         super().__init__(generator, geometric=True)
         self.size = _size_pair(size)
         if isinstance(padding, bool) or not isinstance(padding, int) or padding < 0:

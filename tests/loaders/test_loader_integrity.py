@@ -1,7 +1,7 @@
 """Loader-side integrity: a batch holds exactly the samples asked for, whatever path it takes.
 
 Encoded (decode="none") batches through torch's default collate, batched indices with ``batch_size=None``,
-indices that are not integers, FastLoader batches kept across a fork, and encoded batches sent to CUDA on a
+indices that are not integers, ThreadLoader batches kept across a fork, and encoded batches sent to CUDA on a
 machine without it.
 """
 
@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, Subset
 
 from cachebuild.storage.cache.reader import read_manifest
-from loaders import CachedImageDataset, DatasetOptions, FastLoader, collate_batch, device_loader
+from loaders import CachedImageDataset, DatasetOptions, ThreadLoader, collate_batch, device_loader
 from loaders.encoded import EncodedImages
 from tests.compact_fixtures import jpeg_index_cache, shard_payloads
 from tests.loaders_fixtures import decode_index, make_cache
@@ -118,16 +118,16 @@ def test_batched_indices_with_batch_size_none(tmp_path: Path, workers: int) -> N
     assert np.array_equal(collate_batch(sub.__getitems__([2, 0]))[0].numpy(), images[[30, 9]])
 
 
-# ---------------------------------------------------------------- FastLoader buffers and fork
+# ---------------------------------------------------------------- ThreadLoader buffers and fork
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_WIPEONFORK is Linux's")
-def test_fast_loader_kept_batch_reaches_a_forked_child(tmp_path: Path) -> None:
-    """FastLoader's buffers are wipe-on-fork so that a fork does not make them copy-on-write; a batch the
+def test_thread_loader_kept_batch_reaches_a_forked_child(tmp_path: Path) -> None:
+    """ThreadLoader's buffers are wipe-on-fork so that a fork does not make them copy-on-write; a batch the
     program still holds used to reach a forked child (a multiprocessing.Process, a DataLoader over kept
     batches) as zeros. Held buffers go to the child as they are; free ones are still wiped."""
     root, images, _ = make_cache(tmp_path / "c", n=96, h=32, w=32)
-    fl = FastLoader(CachedImageDataset(root), 16, num_threads=2)
+    fl = ThreadLoader(CachedImageDataset(root), 16, num_threads=2)
     kept = [x for i, (x, _) in enumerate(fl) if i in (1, 4)]
     assert len(fl._pool.bufs) > 2
     held = [any(np.shares_memory(b, k.numpy()) for k in kept) for b in fl._pool.bufs]
@@ -148,10 +148,10 @@ def test_fast_loader_kept_batch_reaches_a_forked_child(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork")
-def test_dataloader_over_kept_fast_loader_batch(tmp_path: Path) -> None:
-    """The same through a DataLoader whose forked workers read a kept FastLoader batch (TensorDataset)."""
+def test_dataloader_over_kept_thread_loader_batch(tmp_path: Path) -> None:
+    """The same through a DataLoader whose forked workers read a kept ThreadLoader batch (TensorDataset)."""
     root, images, labels = make_cache(tmp_path / "c", n=64, h=16, w=16)
-    x, y = next(iter(FastLoader(CachedImageDataset(root), 32, num_threads=1)))
+    x, y = next(iter(ThreadLoader(CachedImageDataset(root), 32, num_threads=1)))
     dl = DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8, num_workers=2,
                     multiprocessing_context="fork")
     got = list(dl)

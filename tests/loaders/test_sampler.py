@@ -1,4 +1,4 @@
-"""CacheSampler: coverage across ranks, determinism, chunk locality, resuming mid-epoch."""
+"""CacheSampler: coverage across ranks, determinism, the windowed order's locality, resuming mid-epoch."""
 
 from __future__ import annotations
 
@@ -14,14 +14,31 @@ from loaders.dataset import CachedImageDataset, collate_batch
 from loaders.sampler import CacheSampler
 from tests.loaders_fixtures import decode_index, make_cache
 
-MODES = [dict(shuffle=True), dict(shuffle=False), dict(shuffle=True, chunked=True, chunk_size=4, window=3)]
-IDS = ["shuffle", "sequential", "chunked"]
+MODES = [dict(shuffle=True), dict(shuffle=False), dict(shuffle=True, shard_window=3)]
+IDS = ["shuffle", "sequential", "windowed"]
+
+
+class Chunks:
+    """``n`` samples stored in files of ``size`` (the last one shorter), as a dataset's ``file_bounds`` says."""
+
+    def __init__(self, n: int, size: int = 4) -> None:
+        self.n, self.size = n, size
+
+    def __len__(self) -> int:
+        return self.n
+
+    def file_bounds(self) -> np.ndarray:
+        return np.r_[np.arange(0, self.n, self.size), self.n].astype(np.int64)
+
+
+def _src(n: int, mode: dict) -> object:
+    return Chunks(n) if "shard_window" in mode else range(n)
 
 
 def _epoch(n: int, world: int, epoch: int = 0, **kw) -> list[list[int]]:
     out = []
     for r in range(world):
-        s = CacheSampler(range(n), num_replicas=world, rank=r, **kw)
+        s = CacheSampler(_src(n, kw), num_replicas=world, rank=r, **kw)
         s.set_epoch(epoch)
         out.append(list(s))
     return out
@@ -36,7 +53,7 @@ def test_every_sample_once_padding(mode: dict, n: int, world: int) -> None:
     counts = Counter(itertools.chain(*per_rank))
     assert set(counts) == set(range(n))  # every sample seen
     extra = num * world - n  # padding repeats the first `extra` indices of the epoch's order
-    order = CacheSampler(range(n), **mode).global_order(0)
+    order = CacheSampler(_src(n, mode), **mode).global_order(0)
     assert sum(counts.values()) == n + extra
     assert {i for i, c in counts.items() if c > 1} == set(np.tile(order, 2)[:extra].tolist())
 
@@ -62,7 +79,7 @@ def test_matches_distributed_sampler() -> None:
             assert list(ours) == list(ref) and len(ours) == len(ref)
 
 
-@pytest.mark.parametrize("mode", [MODES[0], MODES[2]], ids=["shuffle", "chunked"])
+@pytest.mark.parametrize("mode", [MODES[0], MODES[2]], ids=["shuffle", "windowed"])
 def test_deterministic_and_differs_between_epochs(mode: dict) -> None:
     a = _epoch(100, 2, epoch=0, seed=1, **mode)
     assert a == _epoch(100, 2, epoch=0, seed=1, **mode)
@@ -70,32 +87,48 @@ def test_deterministic_and_differs_between_epochs(mode: dict) -> None:
     assert a != _epoch(100, 2, epoch=0, seed=2, **mode)
 
 
-def test_chunked_order_is_local() -> None:
-    s = CacheSampler(range(1000), chunked=True, chunk_size=10, window=4, seed=0)
+def test_windowed_order_is_local() -> None:
+    s = CacheSampler(Chunks(1000, 10), shard_window=4, seed=0)
     order = s.global_order(0)
     assert sorted(order.tolist()) == list(range(1000))
-    for w in range(0, 1000, 40):  # each window of 4 chunks x 10 samples touches exactly 4 chunks
+    for w in range(0, 1000, 40):  # each window of 4 files x 10 samples touches exactly 4 files
         assert len(set((order[w : w + 40] // 10).tolist())) == 4
     assert not np.array_equal(order, np.arange(1000))
 
 
-def test_chunk_size_from_dataset(tmp_path) -> None:
+def test_a_zarr_caches_chunks_are_its_files(tmp_path) -> None:
     root, _, _ = make_cache(tmp_path / "z", n=40, storage="zarr", shard_size=8)
     ds = CachedImageDataset(root)
-    assert CacheSampler(ds, chunked=True).chunk_size == ds.chunk_size == 8  # the zarr chunk
+    assert ds.file_bounds().tolist() == [0, 8, 16, 24, 32, 40]  # the zarr chunks
+    order = CacheSampler(ds, shard_window=1, seed=2).global_order(0)
+    assert all(len(set((order[w : w + 8] // 8).tolist())) == 1 for w in range(0, 40, 8))
+
+
+def test_the_previous_releases_chunked_order_is_named_as_shard_window() -> None:
+    for old in ({"chunked": True}, {"chunk_size": 8}, {"window": 4}):
+        with pytest.raises(TypeError, match="shard_window=W"):
+            CacheSampler(range(10), **old)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'chunky'"):
+        CacheSampler(range(10), chunky=True)
+    old_state = {"epoch": 1, "seed": 0, "position": 3, "dataset_len": 10, "chunked": True, "chunk_size": 4}
+    with pytest.raises(ValueError, match="chunked=True"):
+        CacheSampler(range(10)).load_state_dict(old_state)
+    s = CacheSampler(range(10))  # a state of the exact shuffle saved by the previous release resumes
+    s.load_state_dict(old_state | {"chunked": False, "window": 16})
+    assert (s.epoch, s.position) == (1, 3)
 
 
 @pytest.mark.parametrize("mode", MODES, ids=IDS)
 @pytest.mark.parametrize("consumed", [0, 3, 17, 24])
 def test_resume_yields_rest_of_epoch(mode: dict, consumed: int) -> None:
-    s = CacheSampler(range(50), num_replicas=2, rank=1, seed=7, **mode)
+    s = CacheSampler(_src(50, mode), num_replicas=2, rank=1, seed=7, **mode)
     s.set_epoch(2)
     full = list(s)
     s.advance(consumed)
     state = s.state_dict()
     assert state["epoch"] == 2 and state["seed"] == 7 and state["position"] == consumed
-    t = CacheSampler(range(50), num_replicas=2, rank=0, seed=0, **mode)  # rank 0's state resumes rank 1
-    t2 = CacheSampler(range(50), num_replicas=2, rank=1, seed=0, **mode)
+    t = CacheSampler(_src(50, mode), num_replicas=2, rank=0, seed=0, **mode)  # rank 0's state resumes rank 1
+    t2 = CacheSampler(_src(50, mode), num_replicas=2, rank=1, seed=0, **mode)
     t2.load_state_dict(state)
     t2.set_epoch(2)  # the loop's usual call after resuming keeps the position
     assert list(t2) == full[consumed:] and len(t2) == 25 - consumed
@@ -151,13 +184,13 @@ def test_resume_after_last_step_of_epoch_moves_on(mode: dict) -> None:
     # A checkpoint saved after the epoch's last step (the usual end-of-epoch save) holds position ==
     # num_samples: the resumed epoch has nothing left, so the loop goes on to the next one instead of
     # training the finished epoch a second time.
-    s = CacheSampler(range(21), num_replicas=2, rank=0, seed=3, **mode)
+    s = CacheSampler(_src(21, mode), num_replicas=2, rank=0, seed=3, **mode)
     s.set_epoch(4)
     for _ in s:
         s.advance(1)
     state = s.state_dict()
     assert state["position"] == s.num_samples == 11
-    t = CacheSampler(range(21), num_replicas=2, rank=0, **mode)
+    t = CacheSampler(_src(21, mode), num_replicas=2, rank=0, **mode)
     t.load_state_dict(state)
     seen = {}
     for epoch in range(t.epoch, 6):  # the module docstring's typical loop

@@ -118,8 +118,8 @@ def test_resume_checks_the_window_and_continues_the_epoch():
     assert list(t) == s.rank_indices(3)[50:].tolist()
     with pytest.raises(ValueError, match="shard_window"):
         CacheSampler(Files(), shard_window=3).load_state_dict(s.state_dict())
-    with pytest.raises(ValueError, match="shard_window"):
-        CacheSampler(Files(), shard_window=2, chunked=True)
+    with pytest.raises(ValueError, match="shard_window must be >= 1"):
+        CacheSampler(Files(), shard_window=0)
     with pytest.raises(ValueError, match="file_bounds"):
         CacheSampler(list(range(10)), shard_window=2)
 

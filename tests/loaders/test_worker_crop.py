@@ -1,5 +1,6 @@
 """Crop + resize + flip in the loader's workers (loaders.worker_crop): boxes as torchvision draws them, pixels
-as torchvision resamples them, the same batches whatever loads them, on every storage kind."""
+as torchvision resamples them, the same batches whatever loads them, on every storage kind. The crops are the
+device transforms' own classes (``loaders.transforms``); the previous release's spellings are aliases."""
 
 from __future__ import annotations
 
@@ -11,21 +12,14 @@ import torch
 import torchvision.transforms.v2.functional as TVF
 from torch.utils.data import DataLoader
 
-from loaders import batch_ring
+from loaders import batch_ring, worker_crop
 from loaders.collate import collate_batch
 from loaders.dataset import CachedImageDataset, DatasetOptions
 from loaders.sampler import CacheSampler
 from loaders.thread_loader import ThreadLoader
+from loaders.transforms import CenterCrop, Compose, RandomResizedCrop, Resize
 from loaders.transforms import functional as TF
-from loaders.worker_crop import (
-    CenterCrop,
-    EpochSampler,
-    RandomResizedCrop,
-    draw_crops,
-    progressive,
-    resize_into,
-    uniforms,
-)
+from loaders.worker_crop import draw_crops, progressive, resize_into, uniforms
 from tests.box_checks import assert_same_distribution, torchvision_boxes
 from tests.compact_fixtures import jpeg_index_cache
 from tests.loaders_fixtures import make_cache
@@ -123,7 +117,7 @@ def _cropped(ds: CachedImageDataset, idx: np.ndarray, size: int) -> np.ndarray:
 def test_gather_cropped_on_storage_kinds(tmp_path: Path, kind: str) -> None:
     root = make_cache(tmp_path / "c", n=40, h=H, w=W, shard_size=16, storage="zarr" if kind == "zarr" else "npy",
                       boxes=kind == "npy-pad")[0]
-    ds = CachedImageDataset(root, DatasetOptions(crop=RandomResizedCrop(24, scale=(0.2, 1.0)), flip=True, seed=7,
+    ds = CachedImageDataset(root, DatasetOptions(crop=RandomResizedCrop(24, scale=(0.2, 1.0), flip_p=0.5), seed=7,
                                                  in_memory=kind == "npy-in-memory"))
     ds.set_epoch(3)
     idx = np.array([31, 2, 17, 2, 39, 0])
@@ -154,9 +148,9 @@ def test_sample_views_are_read_only_views_where_samples_lie_in_memory(tmp_path: 
 def test_compact_and_url_caches(tmp_path: Path, http_server) -> None:  # type: ignore[no-untyped-def]
     root, _, _ = jpeg_index_cache(tmp_path / "site" / "j", n=40)
     url = http_server(tmp_path / "site").url_for("j")
-    crop = RandomResizedCrop(16)
-    local = CachedImageDataset(root, DatasetOptions(crop=crop, flip=True))
-    remote = CachedImageDataset(url, DatasetOptions(crop=crop, flip=True))
+    crop = RandomResizedCrop(16, flip_p=0.5)
+    local = CachedImageDataset(root, DatasetOptions(crop=crop))
+    remote = CachedImageDataset(url, DatasetOptions(crop=crop))
     idx = np.array([3, 30, 11, 0])
     a = _cropped(local, idx, 16)
     b = _cropped(remote, idx, 16)
@@ -165,22 +159,44 @@ def test_compact_and_url_caches(tmp_path: Path, http_server) -> None:  # type: i
 
 
 def test_center_crop_equals_imagenet_eval_kernels(tmp_path: Path) -> None:
-    ds = CachedImageDataset(_npy(tmp_path), DatasetOptions(crop=CenterCrop(24)))
+    ds = CachedImageDataset(_npy(tmp_path), DatasetOptions(crop=Compose([Resize(27), CenterCrop(24)])))
     idx = np.arange(8)
     got = _cropped(ds, idx, 24)
     batch = torch.from_numpy(ds.gather(idx)).permute(0, 3, 1, 2)
     ref = TF.center_crop(TF.resize(batch, [round(24 / 0.875)]), [24, 24]).permute(0, 2, 3, 1)
     assert torch.equal(torch.from_numpy(got), ref)
-    plain = CachedImageDataset(_npy(tmp_path), DatasetOptions(crop=CenterCrop(24, resize_size=0)))
+    plain = CachedImageDataset(_npy(tmp_path), DatasetOptions(crop=CenterCrop(24)))
     assert np.array_equal(_cropped(plain, idx, 24), ds.gather(idx)[:, 8:32, 12:36])
+
+
+def test_the_previous_releases_spellings_are_aliases_of_the_device_classes(tmp_path: Path) -> None:
+    assert worker_crop.RandomResizedCrop is RandomResizedCrop
+    old_eval = worker_crop.CenterCrop(24)  # resize to round(24 / 0.875), then the centre crop
+    assert isinstance(old_eval, Compose) and [type(t) for t in old_eval.transforms] == [Resize, CenterCrop]
+    assert old_eval.transforms[0].size == [27] and isinstance(worker_crop.CenterCrop(24, resize_size=0), CenterCrop)
+    root = _npy(tmp_path)
+    idx = np.array([4, 1, 33])
+    new = CachedImageDataset(root, DatasetOptions(crop=RandomResizedCrop(20, flip_p=0.5), seed=3))
+    old = CachedImageDataset(root, DatasetOptions(crop=worker_crop.RandomResizedCrop(20), flip=True, seed=3))
+    assert np.array_equal(_cropped(new, idx, 20), _cropped(old, idx, 20))
+    sampler = worker_crop.EpochSampler(old, seed=5, schedule=progressive(16, 20, 0, 1))
+    assert isinstance(sampler, CacheSampler) and old.resolution == (16, 16)
+    sampler.set_epoch(1)
+    assert old.resolution == (20, 20) and old.crop is not None and old.crop.epoch == 1
 
 
 def test_bad_arguments_are_named(tmp_path: Path) -> None:
     root = _npy(tmp_path)
-    with pytest.raises(TypeError, match=r"loaders\.worker_crop"):
-        CachedImageDataset(root, DatasetOptions(crop=object()))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"loaders\.transforms RandomResizedCrop, CenterCrop"):
+        CachedImageDataset(root, DatasetOptions(crop=object()))
+    with pytest.raises(TypeError, match="other device transforms run on the batch"):
+        DatasetOptions(crop=Compose([CenterCrop(16), Resize(20)]))
     with pytest.raises(ValueError, match="flip needs"):
         CachedImageDataset(root, DatasetOptions(crop=CenterCrop(16), flip=True))
+    with pytest.raises(ValueError, match="without antialias"):
+        DatasetOptions(crop=RandomResizedCrop(16, antialias=True))
+    with pytest.raises(ValueError, match="short side"):
+        DatasetOptions(crop=Compose([Resize([20, 30]), CenterCrop(16)]))
     with pytest.raises(ValueError, match="set_resolution needs"):
         CachedImageDataset(root).set_resolution(16)
 
@@ -195,8 +211,9 @@ def _epoch(dl: object) -> list[np.ndarray]:
 @pytest.mark.parametrize("ctx", ["fork", "spawn"])
 def test_same_batches_any_workers_persistent_resolution_and_resume(tmp_path: Path, ctx: str) -> None:
     root = _npy(tmp_path)
-    ds = CachedImageDataset(root, DatasetOptions(crop=RandomResizedCrop(24), flip=True, seed=1))
-    sampler = EpochSampler(ds, seed=5, schedule=progressive(16, 24, 0, 1))
+    ds = CachedImageDataset(root, DatasetOptions(crop=RandomResizedCrop(24, flip_p=0.5), seed=1))
+    ds.set_resolution(progressive(16, 24, 0, 1))  # each set_epoch of the sampler sets the size too
+    sampler = CacheSampler(ds, seed=5)
     plain = _epoch(DataLoader(ds, batch_size=8, sampler=sampler, collate_fn=collate_batch))  # epoch 0, 16 px
     assert plain[0].shape == (8, 16, 16, 3)
     before = set(batch_ring._registry)
@@ -212,8 +229,9 @@ def test_same_batches_any_workers_persistent_resolution_and_resume(tmp_path: Pat
     idx = sampler.rank_indices(1)
     assert np.array_equal(np.concatenate(workers), _reference(ds, idx, (24, 24), 1))
     # resume mid-epoch: the rest of the epoch is what the uninterrupted run saw
-    fresh = CachedImageDataset(root, DatasetOptions(crop=RandomResizedCrop(24), flip=True, seed=1))
-    resumed = EpochSampler(fresh, seed=5, schedule=progressive(16, 24, 0, 1))
+    fresh = CachedImageDataset(root, DatasetOptions(crop=RandomResizedCrop(24, flip_p=0.5), seed=1))
+    fresh.set_resolution(progressive(16, 24, 0, 1))
+    resumed = CacheSampler(fresh, seed=5)
     resumed.load_state_dict({**sampler.state_dict(), "position": 16})
     rest = _epoch(DataLoader(fresh, batch_size=8, sampler=resumed, num_workers=1, collate_fn=collate_batch,
                              multiprocessing_context=ctx))
@@ -222,7 +240,7 @@ def test_same_batches_any_workers_persistent_resolution_and_resume(tmp_path: Pat
 
 def test_thread_loader_crops_the_same_batches(tmp_path: Path) -> None:
     ds = CachedImageDataset(_npy(tmp_path, boxes=True),
-                            DatasetOptions(crop=RandomResizedCrop(20), flip=True, return_boxes=True))
+                            DatasetOptions(crop=RandomResizedCrop(20, flip_p=0.5), return_boxes=True))
     sampler = CacheSampler(ds, seed=2)
     ref = _epoch(DataLoader(ds, batch_size=8, sampler=sampler, collate_fn=collate_batch))
     tl = ThreadLoader(ds, 8, sampler=sampler, num_threads=2)

@@ -18,7 +18,7 @@ import torch
 from click.testing import CliRunner
 
 from cachebuild.storage.cache.writer import write_cache
-from loaders.train.checkpoints.state import CheckpointError, load_checkpoint, save_checkpoint
+from loaders.train.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
 from loaders.train.cli import train
 from loaders.train.models import build_model
 from tests.reliability.helpers import cli_env

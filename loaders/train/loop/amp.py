@@ -10,15 +10,8 @@ import torch
 from cachebuild.errors import CacheBuildError
 from loaders.train.config import AMP_CHOICES
 
-__all__ = [
-    "AMP_CHOICES",
-    "AmpUnsupportedError",
-    "autocast",
-    "cpu_has_native_bf16",
-    "cuda_has_native_bf16",
-    "make_scaler",
-    "resolve_amp",
-]
+__all__ = ["AMP_CHOICES", "AmpUnsupportedError", "autocast", "cpu_has_native_bf16", "cuda_has_native_bf16",
+           "make_scaler", "resolve_amp"]
 
 
 class AmpUnsupportedError(CacheBuildError, ValueError):

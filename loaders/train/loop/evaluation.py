@@ -29,15 +29,9 @@ def unwrap_logits(out: Any) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(
-    model: nn.Module,
-    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
-    *,
-    transform: Transform | None = None,
-    amp_dtype: torch.dtype | None = None,
-    device: torch.device | str | None = None,
-    progress: bool = False,
-) -> dict[str, float]:
+def evaluate(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], *,
+             transform: Transform | None = None, amp_dtype: torch.dtype | None = None,
+             device: torch.device | str | None = None, progress: bool = False) -> dict[str, float]:
     """Loss, top-1 and top-5 accuracy (fractions) of ``model`` on ``batches``, summed over DDP ranks.
 
     Under DDP give each rank a disjoint share of the samples (no padding): the counts are summed,

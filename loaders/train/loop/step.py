@@ -1,8 +1,7 @@
-"""The reference loop: ``train_one_epoch`` (AMP, GradScaler, accumulation, DDP ``no_sync``) and ``evaluate``
-(``loaders.train.loop.evaluation``).
+"""The reference loop: ``train_one_epoch`` (AMP, GradScaler, accumulation, DDP ``no_sync``) and ``evaluate``.
 
-Both take any iterable of ``(x, y)`` batches (``device_loader`` output, a list of tensors...) and a
-``transform`` applied to ``x`` on the device, so they work with or without the rest of ``loaders``.
+Both take any iterable of ``(x, y)`` batches and a ``transform`` applied to ``x`` on the device, so they work
+with or without the rest of ``loaders``.
 """
 
 from __future__ import annotations
@@ -23,16 +22,8 @@ from loaders.train.distributed import all_reduce_sum, is_distributed
 from loaders.train.loop.amp import autocast
 from loaders.train.loop.evaluation import Transform, evaluate, model_device, progress_bar, unwrap_logits
 
-__all__ = [
-    "BatchTransform",
-    "EpochConfig",
-    "EpochResult",
-    "StepInfo",
-    "evaluate",
-    "num_optimizer_steps",
-    "train_one_epoch",
-    "window_size",
-]
+__all__ = ["BatchTransform", "EpochConfig", "EpochResult", "StepInfo", "evaluate", "num_optimizer_steps",
+           "train_one_epoch", "window_size"]
 
 # (x, labels) -> (x, targets): a batch-level mix (MixUp, CutMix) after ``transform``; targets may be soft.
 BatchTransform = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -91,14 +82,11 @@ def _scheduler_step(scheduler: Any, quiet: bool) -> None:
 class EpochConfig:
     """The plain settings of one :func:`train_one_epoch` call (the objects it drives are its arguments).
 
-    ``num_samples`` (this process's samples in the whole epoch) weighs each micro-batch by its share of
-    its window's samples instead of 1/window, so that a short last micro-batch (the rest a loader without
-    ``drop_last`` yields) counts per sample like the others and every window equals one batch of their
-    union; every micro-batch but the epoch's last must then be full, or ValueError.
-
-    ``num_batches`` is the length of the *whole* epoch (default: ``start_batch + len(batches)``);
-    ``start_batch`` > 0 resumes mid-epoch, with ``batches`` yielding from that micro-batch on (it must
-    sit on a window boundary, as checkpoints written from ``on_step`` do).
+    ``num_batches``: the *whole* epoch's micro-batches (default ``start_batch + len(batches)``); ``start_batch``
+    > 0 resumes mid-epoch on a window boundary, ``batches`` yielding from there. ``num_samples`` (this
+    process's samples in the whole epoch) weighs each micro-batch by its share of its window's samples, not
+    1/window, so a short last micro-batch counts per sample like the others; all but the epoch's last must
+    then be full, or ValueError.
     """
 
     accum: int = 1  # micro-batches per optimizer step
@@ -140,39 +128,24 @@ class _EpochState:
     log_started: float = 0.0
 
 
-def train_one_epoch(
-    model: nn.Module,
-    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
-    optimizer: torch.optim.Optimizer,
-    config: EpochConfig | None = None,
-    *,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-    transform: Transform | None = None,
-    batch_transform: BatchTransform | None = None,
-    scheduler: Any | None = None,
-    scaler: torch.amp.GradScaler | None = None,
-    on_log: Callable[[dict[str, float]], None] | None = None,
-    on_step: Callable[[StepInfo], None] | None = None,
-) -> EpochResult:
-    """Train ``model`` on one epoch of ``batches``; returns timings and the mean loss.
+def train_one_epoch(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+                    optimizer: torch.optim.Optimizer, config: EpochConfig | None = None, *,
+                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                    transform: Transform | None = None, batch_transform: BatchTransform | None = None,
+                    scheduler: Any | None = None, scaler: torch.amp.GradScaler | None = None,
+                    on_log: Callable[[dict[str, float]], None] | None = None,
+                    on_step: Callable[[StepInfo], None] | None = None) -> EpochResult:
+    """Train ``model`` on one epoch of ``batches`` (settings: ``config``, an :class:`EpochConfig`); returns timings
+    and the mean loss.
 
-    ``config`` holds the settings (:class:`EpochConfig`: accumulation, resume point, AMP...; default: its
-    defaults), the one way to pass them: ``train_one_epoch(model, batches, opt, EpochConfig(accum=2))``.
-
-    Gradient accumulation: the optimizer steps on every ``accum``-th micro-batch and on the last one;
-    each micro-batch's loss is divided by the length of *its own* window, so a shorter last window is
-    weighed like a full one (for equal micro-batch sizes, one window = one batch of their union). The
-    scheduler steps once per optimizer step. Under DDP, micro-batches that do not update run in
-    ``no_sync()`` so gradients are all-reduced once per window.
-
-    ``transform`` maps the device batch ``x`` (and its valid boxes, where the loader yields them);
-    ``batch_transform`` then maps ``(x, y)`` to ``(x, targets)``, a batch-level mix whose targets may be
-    soft (N, C) class probabilities, which ``loss_fn`` must accept (``nn.CrossEntropyLoss``, the default,
-    does).
-
-    AMP: the forward pass and loss run under ``torch.autocast(device, amp_dtype)``; with a ``scaler``
-    (fp16) the loss is scaled, gradients are unscaled before clipping, and an inf/NaN gradient makes
-    the scaler skip the step, leaving the weights as they were.
+    Accumulation: the optimizer steps on every ``accum``-th micro-batch and on the last; each micro-batch's
+    loss is divided by the length of *its own* window, so a shorter last window weighs like a full one; the
+    scheduler steps once per optimizer step; under DDP the micro-batches that do not update run in
+    ``no_sync()``. ``transform`` maps the device batch ``x`` (and its valid boxes, when the loader yields
+    them); ``batch_transform`` then ``(x, y)`` to ``(x, targets)``, a mix whose targets may be soft (N, C),
+    which ``loss_fn`` must take (``nn.CrossEntropyLoss``, the default, does). AMP: forward and loss under
+    ``torch.autocast(device, amp_dtype)``; with a ``scaler`` (fp16) the loss is scaled, gradients unscaled
+    before clipping, and an inf/NaN gradient makes the scaler skip the step.
     """
     cfg, num_batches = _resolve(config, batches)
     device = torch.device(cfg.device) if cfg.device is not None else model_device(model)

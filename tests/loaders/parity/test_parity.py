@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +203,28 @@ def test_training_ab_runs_both_pipelines_and_plots_them(tree, tmp_path):
     assert lo <= t["difference"] <= hi and t["eval_images"] == read_manifest(cache).count
     assert (tmp_path / "html" / "training-loss.png").stat().st_size > 1000
     assert rc in (0, 1) and ("training: ok" in out) == _check(doc, "training")["passed"]
+
+
+def test_without_scipy_parity_is_one_line_naming_the_extra(tree, tmp_path, monkeypatch):
+    cache = _build(tree["root"], tmp_path / "c")
+    for name in ("scipy", "scipy.io", "scipy.stats"):  # what Python sees when scipy is not installed
+        monkeypatch.setitem(sys.modules, name, None)
+    rc, doc, out = _run(cache, Path(tree["root"]), tmp_path)
+    assert rc == 2 and not doc
+    assert out.strip().splitlines() == ["Error: cachebuild parity needs scipy for its statistical tests: "
+                                        "pip install 'cachebuild[scipy]'"]
+
+
+def test_without_matplotlib_the_page_goes_without_the_curves_and_says_so(tree, tmp_path, monkeypatch):
+    from loaders.parity.cli import ParityOptions, _curves_png
+
+    o = ParityOptions(cache="c", source=Path(tree["root"]), train_steps=3, out=tmp_path / "html")
+    assert _curves_png(o, print) == tmp_path / "html" / "training-loss.png"
+    for name in ("matplotlib", "matplotlib.pyplot"):
+        monkeypatch.setitem(sys.modules, name, None)
+    said: list[str] = []
+    assert _curves_png(o, said.append) is None
+    assert said == ["parity's training-loss.png needs matplotlib: pip install 'cachebuild[plots]'"]
 
 
 @pytest.mark.slow
