@@ -39,18 +39,18 @@ _COMMON = {"size": 224, "jobs": 2, "workers": 2, "train_model": "small_cnn", "tr
            "peer_rounds": 3}
 PROFILES: dict[str, dict[str, Any]] = {
     # < 25 min on 2 cores
-    "full": {**_COMMON, "n": 5000, "goal_n": 5000, "batch": 256, "rounds": 3, "epochs": 3, "tf_batch": 256,
-             "tf_size": 224, "compile": True, "train_n": 2000},
-    # < 3 min on 2 cores: the same tables on a small set
-    # (peers build once here: their start-up, numba's compilation included, is most of a small build).
-    # goal_n: the two whole-process build rows, which the build goal is read from, run on the full set: on 500
-    # files the bare decoder's start-up of its worker processes is a third of its time, so the ratio read 1.08x
-    # where the build's per-image cost is 0.72x of bare decode (issue 36)
-    "quick": {**_COMMON, "n": 500, "goal_n": 5000, "batch": 64, "rounds": 3, "epochs": 3, "tf_batch": 64,
-              "tf_size": 224, "compile": True, "train_n": 256, "child_timeout": 300, "peer_rounds": 1},
+    "full": {**_COMMON, "n": 5000, "steady_base": 2000, "steady_n": 20000, "batch": 256, "rounds": 5, "epochs": 3,
+             "tf_batch": 256, "tf_size": 224, "compile": True, "train_n": 2000},
+    # < 5 min on 2 cores: the same tables on a small set, but the build goal's (peers build once here: their
+    # start-up, numba's compilation included, is most of a small build). steady_base, steady_n: the two sets of
+    # the whole-process build rows, whose difference is the steady state the build goal is read from
+    "quick": {**_COMMON, "n": 500, "steady_base": 2000, "steady_n": 20000, "batch": 64, "rounds": 3, "epochs": 3,
+              "tf_batch": 64, "tf_size": 224, "compile": True, "train_n": 256, "child_timeout": 300,
+              "peer_rounds": 1},
     # seconds: the test of the harness's code path (tiny images, one run each: no figures to read)
-    "tiny": {**_COMMON, "n": 40, "goal_n": 40, "size": 64, "batch": 8, "rounds": 1, "epochs": 1, "tf_batch": 8,
-             "tf_size": 56, "compile": False, "train_n": 32, "train_crop": 48, "child_timeout": 120},
+    "tiny": {**_COMMON, "n": 40, "steady_base": 20, "steady_n": 40, "size": 64, "batch": 8, "rounds": 1,
+             "epochs": 1, "tf_batch": 8, "tf_size": 56, "compile": False, "train_n": 32, "train_crop": 48,
+             "child_timeout": 120},
 }
 
 
@@ -148,9 +148,10 @@ def _run_sections(cfg: dict[str, Any], res: dict[str, Any], work: Path, sections
     files = file_list(src, work / f"files-{cfg['n']}.json")
     outputs: dict[str, Path] = {}
     if "build" in sections:
-        goal_n = cfg.get("goal_n", cfg["n"])
-        log("== build" + ("" if goal_n == cfg["n"] else f" (whole-process rows on {goal_n} files)"))
-        res["build"], outputs = run_build(cfg, work, src, work / f"files-{cfg['n']}.json", log, tree(goal_n))
+        big = tree(cfg["steady_n"])
+        base = subset_tree(big, cfg["steady_base"], work / f"set-{cfg['steady_base']}-of-{cfg['steady_n']}")
+        log(f"== build (whole-process rows on {cfg['steady_base']:,} and {cfg['steady_n']:,} files)")
+        res["build"], outputs = run_build(cfg, work, src, work / f"files-{cfg['n']}.json", log, (base, big))
         save()
     elif set(sections) & {"load", "train", "gpu"}:  # their caches, built once and not reported
         log("== caches (the build section's contenders, one round, not reported)")
@@ -207,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}")
     ap.add_argument("--no-peers", dest="peers", action="store_false", help="skip the peers (bench/peers)")
     ap.add_argument("--no-gpu", dest="gpu", action="store_false", help="skip the CUDA section even with a GPU")
-    for name in ("n", "goal_n", "batch", "workers", "jobs", "rounds", "epochs", "size"):
+    for name in ("n", "steady_base", "steady_n", "batch", "workers", "jobs", "rounds", "epochs", "size"):
         ap.add_argument(f"--{name}", type=int, help=f"override the profile's {name}")
     a = ap.parse_args(argv)
     sections = tuple(s.strip() for s in a.sections.split(",") if s.strip())
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"unknown section(s) {', '.join(bad)}; choose from {', '.join(SECTIONS)}")
     cfg = {**PROFILES[a.profile], "profile": a.profile, "peers": a.peers, "gpu": a.gpu}
-    for name in ("n", "goal_n", "batch", "workers", "jobs", "rounds", "epochs", "size"):
+    for name in ("n", "steady_base", "steady_n", "batch", "workers", "jobs", "rounds", "epochs", "size"):
         if getattr(a, name) is not None:
             cfg[name] = getattr(a, name)
     if a.out is None:
