@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cachebuild.format.digests import SHA256, XXH3_128, Digest
+from cachebuild.format.manifest import SHA256, XXH3_128, Digest
 from cachebuild.storage.kinds.npy.backend import NpyShardSink
 
 ALGORITHMS = (SHA256, XXH3_128)

@@ -19,8 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from cachebuild.errors import CacheBuildError, CacheExistsError
-from cachebuild.format.digests import BUILD
-from cachebuild.format.manifest import ColumnInfo, Manifest
+from cachebuild.format.manifest import BUILD, ColumnInfo, Manifest
 from cachebuild.storage import Location
 from cachebuild.storage.cache.columns import write_column_file
 

@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cachebuild.errors import CacheBuildError, CacheExistsError, OptionError, OutputError
-from cachebuild.format.manifest import FORMAT_NAME, MANIFEST_NAME
-from cachebuild.format.pathnames import CACHE_SUBFOLDER
+from cachebuild.format.manifest import CACHE_SUBFOLDER, FORMAT_NAME, MANIFEST_NAME
 from cachebuild.storage import cache_names, staging_names
 from cachebuild.storage.cache.columns import COLUMNS_DIR, is_own_columns_folder
 

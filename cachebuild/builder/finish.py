@@ -14,8 +14,7 @@ from cachebuild.builder.carry_columns import CarriedColumns
 from cachebuild.builder.options import BuildOptions
 from cachebuild.builder.sample.geometry import ResizeSpec
 from cachebuild.errors import CacheBuildError
-from cachebuild.format.manifest import Failure, Manifest
-from cachebuild.format.pathnames import decode_path
+from cachebuild.format.manifest import Failure, Manifest, decode_path
 from cachebuild.sources.plan import Plan
 from cachebuild.storage import get_backend, is_url
 from cachebuild.storage.cache.source_inputs import save_source_inputs

@@ -47,8 +47,7 @@ import numpy as np
 
 from cachebuild.builder.carry_columns import CarriedColumns, plan_columns
 from cachebuild.errors import CacheBuildError, CacheExistsError
-from cachebuild.format.digests import BUILD
-from cachebuild.format.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from cachebuild.format.manifest import BUILD, MANIFEST_NAME, Manifest, ShardInfo
 from cachebuild.sources.plan import Plan
 from cachebuild.storage import get_backend, open_location
 from cachebuild.storage.cache.reader import open_cache, read_manifest

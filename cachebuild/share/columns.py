@@ -14,7 +14,7 @@ import click
 from cachebuild.builder.locks import exclusive_lock
 from cachebuild.cli_common import WAIT
 from cachebuild.errors import CacheBuildError
-from cachebuild.format.digests import entry_key
+from cachebuild.format.manifest import entry_key
 
 __all__ = ["columns"]
 

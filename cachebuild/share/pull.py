@@ -34,8 +34,7 @@ from cachebuild.errors import (
     OutputError,
     TransferError,
 )
-from cachebuild.format.identity import different_cache
-from cachebuild.format.manifest import MANIFEST_NAME, Manifest
+from cachebuild.format.manifest import MANIFEST_NAME, Manifest, different_cache
 from cachebuild.share.contents import CacheContents, read_contents, read_manifest_bytes, split_caches
 from cachebuild.share.transfer import DEFAULT_JOBS, download
 from cachebuild.storage import LocalLocation, Location, open_location

@@ -39,8 +39,7 @@ from cachebuild.errors import (
     RemoteNotFoundError,
     TransferError,
 )
-from cachebuild.format.identity import different_cache
-from cachebuild.format.manifest import FORMAT_NAME, MANIFEST_NAME
+from cachebuild.format.manifest import FORMAT_NAME, MANIFEST_NAME, different_cache
 from cachebuild.share.claim import ClaimRaced, PushClaim
 from cachebuild.share.contents import PUSH_MARKER, CacheContents, read_contents, split_caches
 from cachebuild.share.transfer import DEFAULT_JOBS, upload

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cachebuild.errors import SourceError
-from cachebuild.format.pathnames import CACHE_SUBFOLDER
+from cachebuild.format.manifest import CACHE_SUBFOLDER
 from cachebuild.sources.image_files import IMG_EXTENSIONS
 from cachebuild.sources.plan import Plan
 from cachebuild.storage import FsspecLocation, redact

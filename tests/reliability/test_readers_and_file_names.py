@@ -3,7 +3,7 @@ names that are not UTF-8):
 
 - readers under load: 8 reader processes on one cache while ``--force`` rebuilds it with other
   parameters; every batch whole and from the cache each reader opened, or a named error; none mixed.
-- file names that are not valid UTF-8, end to end (``cachebuild/format/pathnames.py`` is the codec;
+- file names that are not valid UTF-8, end to end (``cachebuild/format/manifest.py::encode_path`` is the codec;
   ``save_paths``/``load_paths``, the block records' and the manifest's failure paths must use it).
 """
 

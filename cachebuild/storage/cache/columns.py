@@ -31,15 +31,16 @@ import numpy as np
 
 from cachebuild.atomic import write_bytes_atomic
 from cachebuild.errors import CacheBuildError, OptionError
-from cachebuild.format.digests import DIGEST_VERSION, Digest
 from cachebuild.format.manifest import (
     COLUMN_DTYPES,
     COLUMN_NAME,
     COLUMNS_DIR,
     COLUMNS_VERSION,
+    DIGEST_VERSION,
     MANIFEST_NAME,
     PLAIN_VERSION,
     ColumnInfo,
+    Digest,
     Manifest,
     manifest_bytes,
 )

@@ -28,8 +28,7 @@ from pathlib import Path
 
 from cachebuild.atomic import is_temporary_name, write_bytes_atomic
 from cachebuild.errors import CacheCorruptError, RemoteError
-from cachebuild.format.digests import DIGEST_VERSION, Digest
-from cachebuild.format.manifest import COLUMNS_DIR, MANIFEST_NAME, Manifest
+from cachebuild.format.manifest import COLUMNS_DIR, DIGEST_VERSION, MANIFEST_NAME, Digest, Manifest
 from cachebuild.storage import Location, check_name, get_backend
 from cachebuild.storage.kinds.base import digest_file
 

@@ -19,8 +19,7 @@ import numpy as np
 
 from cachebuild.atomic import write_bytes_atomic
 from cachebuild.errors import CacheCorruptError, RemoteError
-from cachebuild.format.digests import BUILD, entry_key
-from cachebuild.format.manifest import FORMAT_VERSION, Manifest
+from cachebuild.format.manifest import BUILD, FORMAT_VERSION, Manifest, entry_key
 from cachebuild.storage import Location, check_name
 
 __all__ = ["INPUTS_FORMAT", "SOURCE_INPUTS", "SourceInputs", "load_source_inputs", "save_source_inputs"]

@@ -15,8 +15,7 @@ import numpy as np
 
 from cachebuild.atomic import fsync_dir, write_bytes_atomic
 from cachebuild.errors import CacheExistsError, OptionError
-from cachebuild.format.digests import SHA256
-from cachebuild.format.manifest import MANIFEST_NAME, ArrayInfo, Failure, Manifest, ShardInfo, manifest_bytes
+from cachebuild.format.manifest import MANIFEST_NAME, SHA256, ArrayInfo, Failure, Manifest, ShardInfo, manifest_bytes
 from cachebuild.storage import get_backend
 from cachebuild.storage.cache.file_table import is_unfinished_write, with_file_table
 from cachebuild.storage.cache.provenance import built_by

@@ -24,8 +24,7 @@ from cachebuild.storage.locations import Location
 from cachebuild.storage.remote.block_cache import BlockCache
 
 if TYPE_CHECKING:
-    from cachebuild.format.digests import Digest
-    from cachebuild.format.manifest import Manifest, ShardInfo
+    from cachebuild.format.manifest import Digest, Manifest, ShardInfo
 
 __all__ = ["Backend", "BlockFailure", "BlockRecord", "ImageStore", "Sink", "StorageParams", "adopt_file", "digest_file",
            "digest_of_file", "link_shard", "one_file_per_block"]

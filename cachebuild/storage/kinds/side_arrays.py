@@ -19,9 +19,7 @@ import numpy as np
 
 from cachebuild.atomic import AtomicFile, write_bytes_atomic
 from cachebuild.errors import CacheCorruptError, RemoteError
-from cachebuild.format.digests import BUILD, Digest
-from cachebuild.format.manifest import ArrayInfo, ColumnInfo, Manifest
-from cachebuild.format.pathnames import decode_paths, encode_paths
+from cachebuild.format.manifest import BUILD, ArrayInfo, ColumnInfo, Digest, Manifest, decode_paths, encode_paths
 from cachebuild.storage.kinds.rows import NPY_HEADER_ERRORS, npy_header
 from cachebuild.storage.locations import Location
 

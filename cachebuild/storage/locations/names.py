@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit, urlunsplit
 
-from cachebuild.format.pathnames import URL_SCHEME, check_name
+from cachebuild.format.manifest import URL_SCHEME, check_name
 
 __all__ = ["check_name", "is_url", "is_web_url", "redact"]
 

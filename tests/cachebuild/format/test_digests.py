@@ -15,8 +15,7 @@ from click.testing import CliRunner
 
 from cachebuild.cli import main
 from cachebuild.errors import CacheCorruptError, UnsupportedFormatError
-from cachebuild.format.digests import SHA256, XXH3_128
-from cachebuild.format.manifest import Manifest, manifest_bytes, parse_manifest
+from cachebuild.format.manifest import SHA256, XXH3_128, Manifest, manifest_bytes, parse_manifest
 from cachebuild.storage.cache.columns import add_column, remove_column
 from cachebuild.storage.cache.reader import open_cache, read_manifest
 from cachebuild.storage.cache.writer import write_cache

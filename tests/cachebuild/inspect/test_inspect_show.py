@@ -17,7 +17,7 @@ from PIL import Image
 
 import cachebuild.cli as cli
 from cachebuild.errors import CacheCorruptError, OptionError
-from cachebuild.format.pathnames import encode_paths
+from cachebuild.format.manifest import encode_paths
 from cachebuild.inspect import Selection, paths_at, pick_per_class, select, show
 from cachebuild.inspect.paths import element_bounds
 from cachebuild.inspect.sheet import BACKGROUND

@@ -15,7 +15,7 @@ import xxhash
 from torch.utils.data import DataLoader
 
 from cachebuild.errors import CacheCorruptError, CacheExistsError, UnsupportedFormatError
-from cachebuild.format.digests import BUILD
+from cachebuild.format.manifest import BUILD
 from cachebuild.storage import Backend, ImageStore, get_backend, register_backend
 from cachebuild.storage.cache.reader import open_cache
 from cachebuild.storage.cache.writer import write_cache

@@ -30,7 +30,7 @@ import numpy as np
 
 from cachebuild.atomic import AtomicFile
 from cachebuild.errors import CacheCorruptError, OptionError, RemoteError
-from cachebuild.format.digests import BUILD
+from cachebuild.format.manifest import BUILD
 from cachebuild.settings import settings
 from cachebuild.storage.kinds.base import (
     Backend,

@@ -27,7 +27,7 @@ from typing import IO, Any
 import numpy as np
 
 from cachebuild.errors import CacheCorruptError
-from cachebuild.format.digests import Digest
+from cachebuild.format.manifest import Digest
 from cachebuild.storage.kinds.rows import NPY_HEADER_ERRORS, ShardHandles
 from cachebuild.storage.locations import Location
 from cachebuild.storage.remote.block_cache import BlockCache

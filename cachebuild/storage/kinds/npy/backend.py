@@ -24,7 +24,7 @@ import numpy as np
 
 from cachebuild.atomic import AtomicFile
 from cachebuild.errors import CacheCorruptError, OptionError
-from cachebuild.format.digests import BUILD, Digest
+from cachebuild.format.manifest import BUILD, Digest
 from cachebuild.storage.kinds.base import (
     Backend,
     BlockRecord,

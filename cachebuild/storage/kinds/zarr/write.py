@@ -21,7 +21,7 @@ from joblib import Parallel, delayed
 
 from cachebuild.atomic import write_json_atomic
 from cachebuild.errors import CacheBuildError, OptionError
-from cachebuild.format.digests import BUILD
+from cachebuild.format.manifest import BUILD
 from cachebuild.storage.kinds.base import BlockRecord
 
 if TYPE_CHECKING:
