@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+
 __all__ = [
     "CacheBuildError",
     "CacheChangedError",
@@ -11,6 +14,7 @@ __all__ = [
     "DecodeError",
     "FingerprintMismatchError",
     "LockHeldError",
+    "MissingExtraError",
     "OptionError",
     "OutputError",
     "RemoteError",
@@ -19,6 +23,7 @@ __all__ = [
     "SourceError",
     "TransferError",
     "UnsupportedFormatError",
+    "require_extra",
 ]
 
 
@@ -104,3 +109,17 @@ class DecodeError(CacheBuildError, ValueError):
 
     def __reduce__(self):  # keep both fields across process boundaries (joblib workers)
         return (type(self), (self.path, self.reason))
+
+
+class MissingExtraError(CacheBuildError, ImportError):
+    """A feature whose optional package is not installed; the message names the extra that installs it."""
+
+
+def require_extra(module: str, extra: str, purpose: str) -> ModuleType:
+    """``module`` imported, or a :class:`MissingExtraError` saying that ``purpose`` needs it and how to install it
+    (``pip install 'cachebuild[EXTRA]'``). Optional packages are imported only where a feature uses them."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise MissingExtraError(f"{purpose} needs the optional package {module!r} ({e}); install it with "
+                                f"pip install 'cachebuild[{extra}]'") from None

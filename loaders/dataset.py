@@ -36,9 +36,8 @@ from cachebuild.errors import CacheChangedError
 from cachebuild.format import Manifest
 from cachebuild.format.manifest import check_fingerprint
 from cachebuild.storage import ImageStore
-from cachebuild.storage.cache.reader import open_cache
-from cachebuild.storage.kinds.side_arrays import load_column, load_paths, map_array
-from cachebuild.storage.locations.replacement import ReaderLock
+from cachebuild.storage.cache import load_column, load_paths, map_array, open_cache
+from cachebuild.storage.locations import ReaderLock
 from loaders.batch_ring import InlineTensor, ProcessRing
 from loaders.collate import CacheBatch, collate_batch
 from loaders.dataset_options import DatasetOptions

@@ -26,7 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import torch
 
-from cachebuild.storage.kinds.jpeg.backend import decode_in_this_thread
+from cachebuild.storage.kinds.jpeg import decode_in_this_thread
 from loaders.dataset import CachedImageDataset
 
 __all__ = ["ThreadLoader"]

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from cachebuild.errors import RemoteError
-from cachebuild.storage.cache.reader import open_cache
+from cachebuild.storage.cache import open_cache
 from cachebuild.storage.locations import FsspecLocation
 from tests.loaders_fixtures import make_cache
 from tests.repo import REPO

@@ -30,7 +30,7 @@ STAGES = {  # stage name -> (module, attribute) of the function whose time is th
     "decode": ("cachebuild.builder.sample.decode", "_turbo_rgb"),
     "resize_bilinear": ("cachebuild.builder.sample.decode", "_linear_into"),
     "resize_antialias": ("cachebuild.builder.sample.decode", "_antialias_into"),
-    "write_and_hash": ("cachebuild.storage.kinds.npy.backend", "NpyShardSink.commit"),
+    "write_and_hash": ("cachebuild.storage.kinds.npy", "NpyShardSink.commit"),
 }
 
 

@@ -44,8 +44,8 @@ sys.path.insert(0, str(ROOT))
 
 from cachebuild.builder.pipeline import BuildOptions, build  # noqa: E402
 from cachebuild.sources.folder import folder_plan  # noqa: E402
-from cachebuild.storage.cache.reader import open_cache  # noqa: E402
-from cachebuild.storage.kinds.jpeg.backend import JpegImages  # noqa: E402
+from cachebuild.storage.cache import open_cache  # noqa: E402
+from cachebuild.storage.kinds.jpeg import JpegImages  # noqa: E402
 from loaders.dataset import CachedImageDataset, collate_batch  # noqa: E402
 from loaders.device import FastLoader  # noqa: E402
 from loaders.encoded import EncodedImages  # noqa: E402

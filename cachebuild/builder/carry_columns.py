@@ -21,7 +21,7 @@ import numpy as np
 from cachebuild.errors import CacheBuildError, CacheExistsError
 from cachebuild.format.manifest import BUILD, ColumnInfo, Manifest
 from cachebuild.storage import Location
-from cachebuild.storage.cache.columns import write_column_file
+from cachebuild.storage.columns import write_column_file
 
 __all__ = ["CarriedColumns", "plan_columns"]
 

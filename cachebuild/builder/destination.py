@@ -26,7 +26,7 @@ from typing import Any
 from cachebuild.errors import CacheBuildError, CacheExistsError, OptionError, OutputError
 from cachebuild.format.manifest import CACHE_SUBFOLDER, FORMAT_NAME, MANIFEST_NAME
 from cachebuild.storage import cache_names, staging_names
-from cachebuild.storage.cache.columns import COLUMNS_DIR, is_own_columns_folder
+from cachebuild.storage.columns import COLUMNS_DIR, is_own_columns_folder
 
 __all__ = [
     "CACHE_SUBFOLDER",

@@ -17,8 +17,7 @@ from cachebuild.errors import CacheBuildError
 from cachebuild.format.manifest import Failure, Manifest, decode_path
 from cachebuild.sources.plan import Plan
 from cachebuild.storage import get_backend, is_url
-from cachebuild.storage.cache.source_inputs import save_source_inputs
-from cachebuild.storage.cache.writer import commit_cache, save_side_arrays, tool_versions, utc_now
+from cachebuild.storage.cache import commit_cache, save_side_arrays, save_source_inputs, tool_versions, utc_now
 from cachebuild.storage.kinds.base import BlockRecord
 
 __all__ = ["finish"]

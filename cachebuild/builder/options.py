@@ -10,8 +10,8 @@ from cachebuild.builder.sample.geometry import DEFAULT_MAX_PIXELS, FITS, INTERPO
 from cachebuild.errors import OptionError
 from cachebuild.options import parse_bool, parse_choice, parse_float, parse_int, parse_optional_bool
 from cachebuild.storage import DEFAULT_STORAGE, backend_names, get_backend
-from cachebuild.storage.kinds.jpeg import codec as jpeg_codec
-from cachebuild.storage.kinds.zarr import write as zarr_write
+from cachebuild.storage.kinds import jpeg as jpeg_codec
+from cachebuild.storage.kinds import zarr as zarr_write
 
 __all__ = ["COMPRESSIONS", "DECODE_DEVICES", "MAX_SIZE", "ON_ERROR", "SUBSAMPLINGS", "WORKERS", "BuildOptions",
            "BuildResult"]

@@ -39,7 +39,7 @@ from cachebuild.builder.worker_kind import use_threads
 from cachebuild.errors import CacheBuildError
 from cachebuild.sources.plan import Plan, block_reader
 from cachebuild.storage import get_backend, is_url
-from cachebuild.storage.cache.writer import staging_path
+from cachebuild.storage.cache import staging_path
 
 __all__ = ["COMPRESSIONS", "MAX_SIZE", "ON_ERROR", "BuildOptions", "BuildResult", "build"]
 

@@ -19,7 +19,7 @@ from cachebuild.errors import CacheBuildError, CacheExistsError
 from cachebuild.format.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest
 from cachebuild.sources.plan import Plan
 from cachebuild.storage import get_backend
-from cachebuild.storage.cache.reader import read_manifest
+from cachebuild.storage.cache import read_manifest
 from cachebuild.storage.kinds.base import BlockRecord
 
 __all__ = ["build_key", "check_destination", "prepare_staging"]

@@ -50,11 +50,8 @@ from cachebuild.errors import CacheBuildError, CacheExistsError
 from cachebuild.format.manifest import BUILD, MANIFEST_NAME, Manifest, ShardInfo
 from cachebuild.sources.plan import Plan
 from cachebuild.storage import get_backend, open_location
-from cachebuild.storage.cache.reader import open_cache, read_manifest
-from cachebuild.storage.cache.source_inputs import load_source_inputs
-from cachebuild.storage.cache.writer import tool_versions
+from cachebuild.storage.cache import load_paths, load_source_inputs, map_array, open_cache, read_manifest, tool_versions
 from cachebuild.storage.kinds.base import BlockRecord
-from cachebuild.storage.kinds.side_arrays import load_paths, map_array
 
 __all__ = ["RACY_NS", "BlockReuse", "Reuse", "gc_paused", "plan_reuse", "racy_files", "release_reader"]
 

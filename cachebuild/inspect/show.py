@@ -16,7 +16,7 @@ from cachebuild.errors import OptionError
 from cachebuild.inspect.paths import PathTable
 from cachebuild.inspect.select import parse_class_spec, parse_index_spec, pick_per_class, pick_random
 from cachebuild.inspect.sheet import Sheet, compose_sheet
-from cachebuild.storage.cache.reader import CacheReader
+from cachebuild.storage.cache import CacheReader
 
 __all__ = ["Augment", "Selection", "class_label", "select", "show"]
 

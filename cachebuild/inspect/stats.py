@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cachebuild.inspect.select import pick_random
-from cachebuild.storage.cache.reader import CacheReader
+from cachebuild.storage.cache import CacheReader
 
 __all__ = ["PixelStats", "pixel_stats"]
 

@@ -20,8 +20,7 @@ from cachebuild.storage.kinds import (
     register_backend,
     staging_names,
 )
-from cachebuild.storage.locations import LocalLocation, Location, open_location
-from cachebuild.storage.locations.names import check_name, is_url, redact
+from cachebuild.storage.locations import LocalLocation, Location, check_name, is_url, open_location, redact
 from cachebuild.storage.remote.block_cache import BlockCache, BlockCacheFullError
 
 if TYPE_CHECKING:

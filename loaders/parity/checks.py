@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from cachebuild.storage.cache.reader import CacheReader
+from cachebuild.storage.cache import CacheReader
 from loaders.parity.pixels import PixelResult, psnr, reference_pixels
 from loaders.parity.recipe import Recipe
 from loaders.parity.references import Listing

@@ -22,8 +22,7 @@ import pytest
 from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.samples.broken import write_truncated_jpeg
 from cachebuild.sources.folder import folder_plan
-from cachebuild.storage.cache.reader import open_cache, read_manifest
-from cachebuild.storage.cache.writer import write_cache
+from cachebuild.storage.cache import open_cache, read_manifest, write_cache
 from tests.reliability.helpers import read_under_load
 
 READERS = 8

@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from cachebuild.storage.locations.names import is_url
+from cachebuild.storage.locations import is_url
 from cachebuild.storage.locations.url import FsspecLocation
 from cachebuild.storage.remote import retry
 

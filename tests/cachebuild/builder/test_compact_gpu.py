@@ -25,7 +25,7 @@ from cachebuild.builder.sample.geometry import ResizeSpec, reduction
 from cachebuild.builder.sample.probe import probe
 from cachebuild.errors import DecodeError
 from cachebuild.sources.imagenet import imagenet_plans
-from cachebuild.storage.cache.reader import open_cache, read_manifest
+from cachebuild.storage.cache import open_cache, read_manifest
 from loaders.dataset import CachedImageDataset, collate_batch
 from loaders.device import device_loader
 from tests.compact_fixtures import jpeg_index_cache, read_index

@@ -18,7 +18,7 @@ from cachebuild.builder.sample.geometry import ANTIALIAS_FROM, ResizeSpec, reduc
 from cachebuild.builder.sample.probe import _jpeg_or_png_size, _pil_size, probe
 from cachebuild.errors import DecodeError
 from cachebuild.sources.imagenet import imagenet_plans
-from cachebuild.storage.cache.reader import open_cache
+from cachebuild.storage.cache import open_cache
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:

@@ -15,7 +15,7 @@ import numpy as np
 from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.builder.small_plan import IN_PROCESS_MAX, IN_PROCESS_MAX_BYTES, in_process, runs_in_process
 from cachebuild.sources.imagenet import imagenet_plans
-from cachebuild.storage.cache.reader import read_manifest
+from cachebuild.storage.cache import read_manifest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +119,7 @@ def test_the_build_parent_starts_its_workers_without_importing_opencv() -> None:
 
     code = ("import sys\n"
             "import cachebuild.cli, cachebuild.cli_build, cachebuild.builder.pipeline, cachebuild.sources.folder\n"
-            "import cachebuild.sources.imagenet, cachebuild.storage.kinds.npy.backend\n"
+            "import cachebuild.sources.imagenet, cachebuild.storage.kinds.npy\n"
             "from cachebuild.builder.sample import geometry, probe\n"
             "print(sorted(m for m in ('cv2', 'simplejpeg', 'torch', 'scipy') if m in sys.modules))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

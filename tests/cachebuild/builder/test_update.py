@@ -18,8 +18,8 @@ from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.builder.status import cache_status
 from cachebuild.errors import CacheBuildError, CacheExistsError
 from cachebuild.sources.folder import folder_plan
-from cachebuild.storage.cache.columns import add_column
-from cachebuild.storage.cache.reader import open_cache, read_manifest
+from cachebuild.storage.cache import open_cache, read_manifest
+from cachebuild.storage.columns import add_column
 from tests.legacy_caches import as_sha256_cache
 
 HOUR_NS = 3600 * 10**9
@@ -259,7 +259,7 @@ def test_an_update_carries_columns_over_by_path(imagenet_tree, tmp_path):
     """A column's rows follow their samples' paths into the updated cache: a file rewritten keeps its row, a
     removed one's row goes, the rows are in the new sample order, and the cache verifies; the columns commit
     with the cache (no moment without them)."""
-    from cachebuild.storage.cache.columns import add_column
+    from cachebuild.storage.columns import add_column
 
     src = _copy_tree(imagenet_tree["root"] / "val", tmp_path / "src")
     opts = dict(size=16, jobs=1, progress=False)
@@ -289,7 +289,7 @@ def test_an_update_carries_columns_over_by_path(imagenet_tree, tmp_path):
 def test_an_update_with_a_file_a_column_has_no_row_for_is_refused(imagenet_tree, tmp_path):
     """A file added since has no row in the columns: refused by name before anything is written (the cache is
     left as it was); a damaged column file is refused, not carried."""
-    from cachebuild.storage.cache.columns import add_column
+    from cachebuild.storage.columns import add_column
 
     src = _copy_tree(imagenet_tree["root"] / "val", tmp_path / "src")
     opts = dict(size=16, jobs=1, progress=False)

@@ -15,7 +15,7 @@ from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.builder.worker_kind import THREADS_FROM_BYTES, THREADS_MAX_FILES, use_threads
 from cachebuild.errors import OptionError
 from cachebuild.sources.imagenet import imagenet_plans
-from cachebuild.storage.cache.reader import read_manifest
+from cachebuild.storage.cache import read_manifest
 from tests.cachebuild.builder.test_small_plan import _PidReader, _pids
 
 

@@ -16,9 +16,8 @@ from click.testing import CliRunner
 from cachebuild.cli import main
 from cachebuild.errors import CacheCorruptError, UnsupportedFormatError
 from cachebuild.format.manifest import SHA256, XXH3_128, Manifest, manifest_bytes, parse_manifest
-from cachebuild.storage.cache.columns import add_column, remove_column
-from cachebuild.storage.cache.reader import open_cache, read_manifest
-from cachebuild.storage.cache.writer import write_cache
+from cachebuild.storage.cache import open_cache, read_manifest, write_cache
+from cachebuild.storage.columns import add_column, remove_column
 from tests.legacy_caches import LEGACY, as_sha256_cache, legacy_copy, legacy_images, seal
 from tests.manifest_edits import load_unsealed
 

@@ -11,9 +11,8 @@ import xxhash
 
 from cachebuild.errors import CacheCorruptError, CacheNotFoundError, UnsupportedFormatError
 from cachebuild.format import FORMAT_VERSION, Manifest
-from cachebuild.storage.cache.reader import open_cache, read_manifest
-from cachebuild.storage.cache.writer import write_cache
-from cachebuild.storage.kinds.npy.backend import shrink_npy_shard
+from cachebuild.storage.cache import open_cache, read_manifest, write_cache
+from cachebuild.storage.kinds.npy import shrink_npy_shard
 from tests.legacy_caches import as_sha256_cache
 from tests.manifest_edits import load_unsealed
 

@@ -18,7 +18,7 @@ from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.inspect import ReportOptions, Selection, pick_per_class, pick_random, pixel_stats, show, write_report
 from cachebuild.inspect.report import FILE_LIST
 from cachebuild.sources.folder import folder_plan
-from cachebuild.storage.cache.reader import open_cache
+from cachebuild.storage.cache import open_cache
 from loaders.inspect_cli import report as report_command
 from loaders.inspect_cli import run_curves
 from loaders.train.metrics import MetricsWriter

@@ -21,7 +21,7 @@ from cachebuild.format.manifest import encode_paths
 from cachebuild.inspect import Selection, paths_at, pick_per_class, select, show
 from cachebuild.inspect.paths import element_bounds
 from cachebuild.inspect.sheet import BACKGROUND
-from cachebuild.storage.cache.reader import open_cache
+from cachebuild.storage.cache import open_cache
 from loaders import inspect_cli
 from loaders.augment_view import PRESETS, augment_view
 from loaders.inspect_cli import show as show_command
@@ -72,7 +72,7 @@ def test_tiles_are_the_stored_pixels_and_captions_name_the_sample(tmp_path: Path
 def test_long_names_are_shortened_in_the_middle(tmp_path: Path) -> None:
     root, *_ = inspect_cache(tmp_path / "c", h=16, w=16)
     long_path = "n01440764/" + "x" * 80 + "_10026.JPEG"
-    from cachebuild.storage.cache.writer import write_cache
+    from cachebuild.storage.cache import write_cache
 
     reader = open_cache(root)
     write_cache(tmp_path / "long", reader.read(range(3)), np.zeros(3, np.int64), ["a" * 60], paths=[long_path] * 3)

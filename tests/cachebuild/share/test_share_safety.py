@@ -171,7 +171,7 @@ def test_push_force_interrupted_while_taking_the_old_cache_down_resumes(tmp_path
 
 def _inverted(root: Path, images: np.ndarray) -> None:
     """Replace the cache at ``root`` by one of the same layout and names, every pixel other."""
-    from cachebuild.storage.cache.writer import write_cache
+    from cachebuild.storage.cache import write_cache
 
     write_cache(root, 255 - images, (np.arange(len(images)) * 3) % 5, [f"class{k}" for k in range(5)],
                 storage="npy", shard_size=16, replace=True)

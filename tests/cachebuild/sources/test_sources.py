@@ -16,7 +16,7 @@ from cachebuild.samples.imagenet_layout import write_imagenet
 from cachebuild.sources.cifar import cifar_plans
 from cachebuild.sources.folder import folder_plan
 from cachebuild.sources.imagenet import imagenet_plans
-from cachebuild.storage.cache.reader import open_cache
+from cachebuild.storage.cache import open_cache
 
 
 def test_folder_order_and_labels_equal_imagefolder(tmp_path):

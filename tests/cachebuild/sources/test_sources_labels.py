@@ -17,7 +17,7 @@ from cachebuild.samples.imagenet_layout import write_imagenet
 from cachebuild.samples.photos import photo_bank, render_sample
 from cachebuild.sources.folder import folder_plan
 from cachebuild.sources.imagenet import imagenet_plans
-from cachebuild.storage.cache.reader import open_cache
+from cachebuild.storage.cache import open_cache
 
 # Class names as users name them: sorted by code point, 'cafz' < 'café', but percent-encoded (as HTTP index
 # pages link them) 'caf%C3%A9' < 'cafz': a plan of the encoded names swaps the two classes' labels.

@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 import cachebuild.sources.registry as registry
-import cachebuild.storage.kinds as storage
+import cachebuild.storage.kinds.base as storage
 from cachebuild.builder.pipeline import BuildOptions
 from cachebuild.cli import main
 from cachebuild.cli_build import build_params
@@ -38,8 +38,8 @@ from cachebuild.sources.registry import (
 )
 from cachebuild.sources.shards.parquet import ParquetOptions
 from cachebuild.sources.shards.wds import WdsOptions
-from cachebuild.storage.cache.reader import open_cache
-from cachebuild.storage.kinds.jpeg.backend import JpegBackend
+from cachebuild.storage.cache import open_cache
+from cachebuild.storage.kinds.jpeg import JpegBackend
 from tests.repo import REPO
 
 

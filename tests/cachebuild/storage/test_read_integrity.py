@@ -24,7 +24,7 @@ import pytest
 
 from cachebuild.errors import RemoteError
 from cachebuild.storage import BlockCache
-from cachebuild.storage.cache.reader import open_cache
+from cachebuild.storage.cache import open_cache
 from tests.compact_fixtures import jpeg_index_cache, read_index
 from tests.loaders_fixtures import decode_index, make_cache
 from tests.repo import REPO
@@ -64,7 +64,7 @@ def _mounts(kind: str, tmp_path: Path) -> str | None:
 _FULL_DISK = """
 import json, logging, os, shutil, sys
 import numpy as np
-from cachebuild.storage.cache.reader import open_cache
+from cachebuild.storage.cache import open_cache
 from cachebuild.storage import BlockCache
 from tests.loaders_fixtures import make_images
 url, mnt, free = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -124,7 +124,7 @@ def test_readers_with_other_block_sizes_share_a_block_cache_folder(tmp_path, htt
     code = """
     import sys
     import numpy as np
-    from cachebuild.storage.cache.reader import open_cache
+    from cachebuild.storage.cache import open_cache
     from cachebuild.storage import BlockCache
     from tests.loaders_fixtures import decode_index
     url, folder = sys.argv[1], sys.argv[2]

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from cachebuild.cli import main
 from cachebuild.errors import CacheChangedError, CacheCorruptError, CacheNotFoundError, RemoteError
-from cachebuild.storage.cache.reader import open_cache
+from cachebuild.storage.cache import open_cache
 from loaders.dataset import CachedImageDataset, DatasetOptions, collate_batch
 from loaders.sampler import CacheSampler
 from tests.loaders_fixtures import decode_index, make_cache

@@ -11,7 +11,7 @@ import threading
 import numpy as np
 
 from cachebuild.storage import BlockCache
-from cachebuild.storage.kinds.rows import RowFiles, Segment
+from cachebuild.storage.kinds.npy import RowFiles, Segment
 from cachebuild.storage.locations import FsspecLocation
 
 FILES = 6

@@ -17,11 +17,10 @@ from torch.utils.data import DataLoader
 from cachebuild.errors import CacheCorruptError, CacheExistsError, UnsupportedFormatError
 from cachebuild.format.manifest import BUILD
 from cachebuild.storage import Backend, ImageStore, get_backend, register_backend
-from cachebuild.storage.cache.reader import open_cache
-from cachebuild.storage.cache.writer import write_cache
+from cachebuild.storage.cache import open_cache, write_cache
 from cachebuild.storage.kinds.base import one_file_per_block
-from cachebuild.storage.kinds.rows import RowFiles, Segment
-from cachebuild.storage.locations.replacement import replaced_folders
+from cachebuild.storage.kinds.npy import RowFiles, Segment
+from cachebuild.storage.locations import replaced_folders
 from loaders.dataset import CachedImageDataset, collate_batch
 from tests.loaders_fixtures import decode_index, make_cache, make_images
 from tests.manifest_edits import load_unsealed

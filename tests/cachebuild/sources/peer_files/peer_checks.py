@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.cli import main
 from cachebuild.sources.registry import plan_source
-from cachebuild.storage.cache.reader import open_cache
+from cachebuild.storage.cache import open_cache
 from tests.cachebuild.sources.peer_files.make_peer_files import HERE, LABELS, ORIGINALS, originals
 
 __all__ = ["HERE", "LABELS", "SIZE", "build_folder", "cache_samples", "cli", "converts_and_reads", "copy_of",

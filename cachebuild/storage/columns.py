@@ -45,9 +45,8 @@ from cachebuild.format.manifest import (
     manifest_bytes,
 )
 from cachebuild.storage import open_location
-from cachebuild.storage.cache.reader import read_manifest
-from cachebuild.storage.kinds.side_arrays import load_paths
-from cachebuild.storage.locations.replacement import is_locked
+from cachebuild.storage.cache import load_paths, read_manifest
+from cachebuild.storage.locations import is_locked
 
 __all__ = ["COLUMNS_DIR", "ColumnError", "add_column", "columns_version", "is_own_columns_folder", "local_folder",
            "read_values", "remove_column", "sweep_columns", "write_column_file"]
