@@ -19,7 +19,7 @@ from typing import Any
 import click
 
 from cachebuild.cli_common import WAIT, setup_logging
-from cachebuild.errors import CacheBuildError, DecodeError, OptionError, SourceError
+from cachebuild.errors import CacheBuildError, DecodeError, MissingExtraError, OptionError, SourceError
 from cachebuild.flags import field_options
 from cachebuild.settings import settings
 from cachebuild.sources.kind import SourceKind
@@ -220,6 +220,8 @@ def _build_options(size: int, kw: dict[str, Any]) -> Any:
         return BuildOptions(size=size, **{**{k: v for k, v in kw.items() if k in fields}, "storage": storage})
     except OptionError as e:  # the storage kind's own checks included (e.g. jpeg takes no --compression)
         raise click.UsageError(str(e)) from None
+    except MissingExtraError as e:  # a storage kind whose optional package is not installed (zarr)
+        raise click.ClickException(str(e)) from None
 
 
 def _run_builds(plans_fn: Callable[[], list[Plan]], size: int, *, out: Path | None, quiet: bool, verbose: bool,

@@ -47,7 +47,7 @@ class CacheView:
         c = open_cache(path)
         self.manifest = c.manifest
         self.paths = c.paths()
-        pixels = c.read(np.arange(len(c)))
+        pixels = c.gather(np.arange(len(c)))
         labels = c.labels.tolist()
         self.by_name = {name_of[p]: (pixels[i], labels[i]) for i, p in enumerate(self.paths)}
         self.failures = {f.path: f.reason for f in c.manifest.failures}

@@ -129,4 +129,4 @@ def kill_during(src: Path, url: str, after_s: float, *flags: str) -> int:
 
 
 def served(url: str, n: int) -> np.ndarray:
-    return open_cache(url).read(np.arange(n))
+    return open_cache(url).gather(np.arange(n))

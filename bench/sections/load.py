@@ -238,7 +238,7 @@ def _bare_gather(path: Path, batch: int) -> Epoch:
     from cachebuild.storage.cache import open_cache
 
     reader = open_cache(path)
-    starts = reader.shard_starts
+    starts = reader.images.file_bounds()
     n = reader.manifest.count
     # plain numpy memory maps of the npy shards: the limit owes nothing to cachebuild's reader
     shards = [np.load(path / s.file, mmap_mode="r") for s in reader.manifest.shards]

@@ -125,14 +125,28 @@ def not_a_cache(location: Location, hint: str = "") -> CacheNotFoundError:
 
 
 class CacheReader:
-    """A read-only view of one cache.
+    """A read-only view of one cache, local or at a URL (:func:`open_cache`)::
 
-    Opening validates the manifest and checks every shard or chunk against it (headers, sizes, a listing:
-    no pixel is read), so a missing, truncated or mis-shaped file is a named error here, not a crash later
-    in a DataLoader worker. A local cache is pinned to the folder it opened and holds a shared lock on it
-    while this object lives: a ``--force`` rebuild of the same path leaves it reading the old cache whole.
-    A cache at a URL is pinned to the versions of its files (``If-Match``): after a ``push --force`` to the
-    same URL, a read raises :class:`~cachebuild.errors.CacheChangedError` instead of serving the new bytes.
+        from cachebuild.storage.cache import open_cache
+
+        reader = open_cache("/caches/imagenet-224/train")  # or "s3://bucket/caches/imagenet-224/train"
+        len(reader), reader.manifest.shape, reader.manifest.classes[:3]
+        batch = reader.gather([3, 1, 4])  # uint8 (3, 224, 224, 3), NHWC, in that order
+        labels = reader.labels[[3, 1, 4]]  # int64 class indices into manifest.classes
+        assert reader.verify() == []  # every byte of the cache against its manifest
+
+    Its surface: :attr:`manifest` (:class:`~cachebuild.format.manifest.Manifest`), ``len()``, :attr:`labels`,
+    :meth:`gather`, :meth:`verify`; and what else a cache holds: :attr:`sizes` (each source image's (height,
+    width)), :attr:`boxes` (``--fit pad`` only), :meth:`paths`, :meth:`array`, :meth:`column`, :attr:`location`
+    (where it was opened). :attr:`images` (the storage kind's store) and :meth:`verify_arrays` serve
+    cachebuild's own loaders and build.
+
+    Opening validates the manifest and checks every shard or chunk against it (headers, sizes, a listing: no
+    pixel is read), so a missing, truncated or mis-shaped file is a named error here, not a crash later in a
+    DataLoader worker. A local cache is pinned to the folder it opened and holds a shared lock on it while this
+    object lives: a ``--force`` rebuild of the same path leaves it reading the old cache whole. A cache at a URL
+    is pinned to the versions of its files (``If-Match``): after a ``push --force`` to the same URL, a read
+    raises :class:`~cachebuild.errors.CacheChangedError` instead of serving the new bytes.
 
     Args:
         where: a cache folder, or a URL (``s3://``, ``gs://``, ``https://``, ``file://``...).
@@ -166,7 +180,7 @@ class CacheReader:
             kw = {"max_bytes": int(local_cache_bytes)} if local_cache_bytes else {}
             self.block_cache = BlockCache(local_cache, **kw)
         self.images: ImageStore = self.backend.open(location, self.manifest, block_cache=self.block_cache)
-        # Memory-mapped in a local folder (read-only), read whole at a URL: storage.side_arrays.map_array.
+        # Memory-mapped in a local folder (copy-on-write), read whole at a URL (map_array).
         self.labels: np.ndarray = map_array(location, self.manifest, "labels")
         self.sizes: np.ndarray = map_array(location, self.manifest, "sizes")
         self.boxes: np.ndarray | None = (
@@ -181,16 +195,8 @@ class CacheReader:
     def __len__(self) -> int:
         return self.manifest.count
 
-    @property
-    def chunk_size(self) -> int:
-        return self.images.chunk_size
-
-    @property
-    def shard_starts(self) -> np.ndarray:
-        """Start index of every shard, plus ``count`` at the end (for ``np.searchsorted``)."""
-        return np.array([s.start for s in self.manifest.shards] + [self.manifest.count], dtype=np.int64)
-
     def array(self, name: str) -> np.ndarray:
+        """Side array ``name`` (``labels``, ``sizes``, ``boxes``, ``coarse_labels``...) read whole."""
         return load_array(self.location, self.manifest, name)
 
     def column(self, name: str) -> np.ndarray:
@@ -201,8 +207,9 @@ class CacheReader:
         """Provenance: the source path (relative to the source root) of every sample."""
         return load_paths(self.location, self.manifest)
 
-    def read(self, indices: np.ndarray | list[int], out: np.ndarray | None = None) -> np.ndarray:
-        """Samples ``indices`` (in that order) as one uint8 (N, H, W, 3) array."""
+    def gather(self, indices: Sequence[int] | np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Samples ``indices`` (any order) as one uint8 (N, H, W, 3) array, into ``out`` when
+        given (a reused buffer of that shape); ``IndexError`` for an index outside ``[0, len)``."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         if out is None:
             out = np.empty((len(idx), *self.manifest.shape), dtype=np.uint8)

@@ -123,7 +123,7 @@ def pixels(reader: CacheReader, listing: Listing, match: Matching, recipe: Recip
     boxes = reader.boxes
     for lo in range(0, len(picks), 64):
         idx = picks[lo : lo + 64]
-        ours = reader.read(idx)
+        ours = reader.gather(idx)
         for k, i in enumerate(idx):
             ref, box = reference_pixels(listing.open(int(match.ref_index[i])), recipe)
             res.indices.append(int(i))

@@ -116,7 +116,7 @@ def test_a_new_source_kind_is_one_module_and_one_registry_line(imagenet_clean, t
     assert r.exit_code == 0, r.output
     ref = open_cache(tmp_path / "ref" / "train")
     assert len(cache) == len(ref) == len(rows)
-    assert np.array_equal(cache.read(np.arange(len(cache))), ref.read(np.arange(len(ref))))
+    assert np.array_equal(cache.gather(np.arange(len(cache))), ref.gather(np.arange(len(ref))))
     assert cache.labels.tolist() == ref.labels.tolist()
 
     # status re-plans it through the registry: up to date, then stale naming the file

@@ -50,7 +50,7 @@ def _psnr(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _all(path: Path) -> np.ndarray:
     c = open_cache(path)
-    return c.read(np.arange(len(c)))
+    return c.gather(np.arange(len(c)))
 
 
 def _image_files(path: Path) -> dict[str, bytes]:

@@ -1,5 +1,5 @@
-"""Hedged range reads (cachebuild.storage.remote.retry.hedged): a read that has not answered long after its peers did gets
-a second request, so a stalled answer costs a fraction of a second, not the socket-read timeout.
+"""Hedged range reads (cachebuild.storage.remote.retry.hedged): a read that has not answered long after its peers
+did gets a second request, so a stalled answer costs a fraction of a second, not the socket-read timeout.
 
 Through the fault proxy's stall mode (tests/fault_proxy.py: no answer for 20 s) in front of the range server.
 """

@@ -323,7 +323,7 @@ def test_force_rebuild_leaves_an_open_dataset_reading_the_old_cache_whole(tmp_pa
     assert np.array_equal(first, old[decode_index(first)])
     new = make_images(40, 12, 10)[::-1].copy()  # another size, other pixels
     write_cache(root, new, np.zeros(40, int), ["x"], storage=storage, shard_size=8, replace=True)
-    assert np.array_equal(open_cache(root).read(np.arange(40)), new)  # the path now holds the new cache
+    assert np.array_equal(open_cache(root).gather(np.arange(40)), new)  # the path now holds the new cache
     for _ in range(2):  # new worker processes each epoch open the shards they touch after the swap
         got = np.concatenate([x.numpy() for x, _ in dl])
         assert got.shape == old.shape and np.array_equal(np.sort(decode_index(got)), np.arange(48))

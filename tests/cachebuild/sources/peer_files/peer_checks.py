@@ -45,7 +45,7 @@ def payload_shas(folder: Path) -> dict[str, list[str]]:
 def cache_samples(path: Path) -> tuple[np.ndarray, list[int], list[str]]:
     """(pixels, labels, provenance) of a cache, in cache order."""
     cache = open_cache(path)
-    return cache.read(np.arange(len(cache))), cache.labels.tolist(), list(cache.paths())
+    return cache.gather(np.arange(len(cache))), cache.labels.tolist(), list(cache.paths())
 
 
 def reference_pixels(dest: Path) -> dict[str, Any]:
