@@ -17,7 +17,7 @@ import pytest
 
 from cachebuild.errors import RemoteError
 from cachebuild.storage.cache import open_cache
-from cachebuild.storage.locations import FsspecLocation
+from cachebuild.storage.locations.url import FsspecLocation
 from tests.loaders_fixtures import make_cache
 from tests.repo import REPO
 

@@ -14,13 +14,5 @@ from cachebuild.format.manifest import (
     ShardInfo,
 )
 
-__all__ = [
-    "FORMAT_NAME",
-    "FORMAT_VERSION",
-    "MANIFEST_NAME",
-    "ArrayInfo",
-    "ColumnInfo",
-    "Failure",
-    "Manifest",
-    "ShardInfo",
-]
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "MANIFEST_NAME", "ArrayInfo", "ColumnInfo", "Failure", "Manifest",
+           "ShardInfo"]

@@ -24,44 +24,12 @@ from cachebuild.errors import CacheCorruptError, FingerprintMismatchError, Optio
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer  # bytes, memoryview, a C-contiguous ndarray...
 
-__all__ = [
-    "ALGORITHMS",
-    "BUILD",
-    "CACHE_SUBFOLDER",
-    "CHECKSUM_FIELD",
-    "COLUMNS_DIR",
-    "COLUMNS_VERSION",
-    "COLUMN_DTYPES",
-    "COLUMN_NAME",
-    "DIGEST_VERSION",
-    "FORMAT_NAME",
-    "FORMAT_VERSION",
-    "MANIFEST_NAME",
-    "PLAIN_VERSION",
-    "READ_VERSIONS",
-    "SHA256",
-    "SHOWN_DIGITS",
-    "URL_SCHEME",
-    "XXH3_128",
-    "ArrayInfo",
-    "ColumnInfo",
-    "Digest",
-    "Failure",
-    "Hasher",
-    "Manifest",
-    "ShardInfo",
-    "check_fingerprint",
-    "check_name",
-    "decode_path",
-    "decode_paths",
-    "different_cache",
-    "digest_for",
-    "encode_path",
-    "encode_paths",
-    "entry_key",
-    "manifest_bytes",
-    "parse_manifest",
-]
+__all__ = ["ALGORITHMS", "BUILD", "CACHE_SUBFOLDER", "CHECKSUM_FIELD", "COLUMNS_DIR", "COLUMNS_VERSION",
+           "COLUMN_DTYPES", "COLUMN_NAME", "DIGEST_VERSION", "FORMAT_NAME", "FORMAT_VERSION", "MANIFEST_NAME",
+           "PLAIN_VERSION", "READ_VERSIONS", "SHA256", "SHOWN_DIGITS", "URL_SCHEME", "XXH3_128", "ArrayInfo",
+           "ColumnInfo", "Digest", "Failure", "Hasher", "Manifest", "ShardInfo", "check_fingerprint", "check_name",
+           "decode_path", "decode_paths", "different_cache", "digest_for", "encode_path", "encode_paths", "entry_key",
+           "manifest_bytes", "parse_manifest"]
 
 FORMAT_NAME = "cachebuild"
 MANIFEST_NAME = "manifest.json"
@@ -240,6 +208,7 @@ def check_name(name: object, what: str = "file name") -> str:
 
 
 # ---------------------------------------------------------------- the manifest
+
 # The manifest's own sha256 (optional: older caches lack it): of the file's bytes with the field's 64 hex
 # digits read as zeros. The other checksums cover every other file; this one covers the manifest, so a
 # flipped byte in a class name or a shard's checksum is found too. Raw bytes, not a canonical JSON form:

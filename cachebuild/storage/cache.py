@@ -79,13 +79,13 @@ from cachebuild.storage.kinds.npy import NPY_HEADER_ERRORS, npy_header
 from cachebuild.storage.locations import Location, ReaderLock, is_url, open_location, redact, set_aside, sweep_replaced
 from cachebuild.storage.remote.block_cache import BlockCache
 
-__all__ = ["FILE_TABLE", "INPUTS_FORMAT", "PATHS_FILE", "SOURCE_INPUTS", "TABLE_FORMAT", "CacheReader",
-           "FileEntry", "QuickReport", "SourceInputs", "array_digest", "built_by", "command_line", "commit_cache",
-           "compute_file_table", "current_host", "current_user", "install_staged", "is_unfinished_write",
-           "load_array", "load_column", "load_paths", "load_source_inputs", "local_files", "map_array",
-           "not_a_cache", "open_cache", "parse_file_table", "parse_manifest", "quick_check", "read_file_table",
-           "read_manifest", "remove_unfinished_writes", "save_array", "save_paths", "save_side_arrays",
-           "save_source_inputs", "staging_path", "tool_versions", "utc_now", "with_file_table", "write_cache"]
+__all__ = ["FILE_TABLE", "INPUTS_FORMAT", "PATHS_FILE", "SOURCE_INPUTS", "TABLE_FORMAT", "CacheReader", "FileEntry",
+           "QuickReport", "SourceInputs", "array_digest", "built_by", "command_line", "commit_cache",
+           "compute_file_table", "current_host", "current_user", "install_staged", "is_unfinished_write", "load_column",
+           "load_paths", "load_source_inputs", "local_files", "map_array", "not_a_cache", "open_cache",
+           "parse_file_table", "parse_manifest", "quick_check", "read_file_table", "read_manifest",
+           "remove_unfinished_writes", "save_array", "save_paths", "save_side_arrays", "save_source_inputs",
+           "staging_path", "tool_versions", "utc_now", "with_file_table", "write_cache"]
 
 
 # ---------------------------------------------------------------- reading a cache
@@ -196,8 +196,8 @@ class CacheReader:
         return self.manifest.count
 
     def array(self, name: str) -> np.ndarray:
-        """Side array ``name`` (``labels``, ``sizes``, ``boxes``, ``coarse_labels``...) read whole."""
-        return load_array(self.location, self.manifest, name)
+        """Side array ``name`` (``labels``, ``sizes``, ``boxes``, ``coarse_labels``...)."""
+        return map_array(self.location, self.manifest, name)
 
     def column(self, name: str) -> np.ndarray:
         """Column ``name`` (format version 3: added after the build) as the manifest opened names it."""
@@ -244,7 +244,7 @@ class CacheReader:
                 if info.dtype == "str":
                     digest = algorithm.of(self.location.read_bytes(info.file))
                 else:
-                    digest = array_digest(load_array(self.location, self.manifest, name), algorithm)
+                    digest = array_digest(map_array(self.location, self.manifest, name), algorithm)
             except (OSError, RemoteError, CacheCorruptError) as e:
                 problems.append(f"{info.file}: {e}")
                 continue
@@ -316,62 +316,50 @@ def _read(location: Location, file: str, what: str) -> bytes:
                                 f"{e.strerror if isinstance(e, FileNotFoundError) else e}") from None
 
 
-def load_array(location: Location, manifest: Manifest, name: str) -> np.ndarray:
+def map_array(location: Location, manifest: Manifest, name: str) -> np.ndarray:
+    """Side array ``name``, memory-mapped (copy-on-write) from a local cache (the pinned folder: a rebuild renaming
+    it aside does not change what is mapped), read whole at a URL; ``paths``: its decoded names."""
     info = manifest.arrays.get(name)
     if info is None:
         raise CacheCorruptError(f"{location.describe()} has no {name!r} array (it has {sorted(manifest.arrays)})")
     if info.dtype == "str":
         return np.asarray(load_paths(location, manifest), dtype=object)
-    data = _read(location, info.file, "array file")
-    where = location.describe(info.file)
-    try:
-        arr = np.load(io.BytesIO(data), allow_pickle=False)
-    except NPY_HEADER_ERRORS as e:
-        raise CacheCorruptError(f"array file {where} is truncated or unreadable: {e}") from None
-    if str(arr.dtype) != info.dtype or tuple(arr.shape) != info.shape:
-        raise CacheCorruptError(
-            f"{where} holds {arr.dtype}{list(arr.shape)}, the manifest says {info.dtype}{list(info.shape)}"
-        )
-    return arr
-
-
-def map_array(location: Location, manifest: Manifest, name: str) -> np.ndarray:
-    """``name`` memory-mapped (copy-on-write) from a local cache (the pinned folder: a rebuild renaming it aside does
-    not change what is mapped); :func:`load_array` for a URL, a string array or an empty one."""
-    info = manifest.arrays.get(name)
-    if info is None or info.dtype == "str" or not location.is_local or 0 in info.shape:
-        return load_array(location, manifest, name)
-    return _map(location, info)
+    return _npy(location, info, "array file")
 
 
 def load_column(location: Location, manifest: Manifest, name: str) -> np.ndarray:
-    """Column ``name`` of the cache as ``manifest`` describes it: memory-mapped from a local cache, read whole
-    (and checked against its digest) at a URL. The file name holds a prefix of its checksum, so a column added
-    or replaced later never takes the place of the one this manifest names."""
+    """Column ``name`` as ``manifest`` names it, as :func:`map_array` reads a side array (and checked against its
+    whole-file digest when read whole). Its file name holds a prefix of its checksum, so a column added or
+    replaced later never takes the place of the one this manifest names."""
     info = manifest.columns.get(name)
     if info is None:
         have = ", ".join(sorted(manifest.columns)) or "none"
         raise CacheCorruptError(f"{location.describe()} has no column {name!r} (its columns: {have}); add it with "
                                 f"`cachebuild columns add CACHE {name} FILE`")
-    if location.is_local and 0 not in info.shape:
-        return _map(location, info)
-    data = _read(location, info.file, "column file")
+    return _npy(location, info, "column file", manifest.digest)
+
+
+def _npy(location: Location, info: ArrayInfo | ColumnInfo, what: str, whole: Digest | None = None) -> np.ndarray:
+    """The ``.npy`` file ``info`` names, checked against its dtype and shape: mapped locally (not an empty one),
+    else read whole (and checked against ``info.digest`` by ``whole``, for columns)."""
     where = location.describe(info.file)
-    if manifest.digest.of(data) != info.digest:
-        raise CacheCorruptError(f"column file {where} does not match the checksum its manifest records; "
-                                f"re-fetch the cache or add the column again")
+    if location.is_local and 0 not in info.shape:
+        return _map(location, info, where)
+    data = _read(location, info.file, what)
+    if whole is not None and whole.of(data) != info.digest:
+        raise CacheCorruptError(f"{what} {where} does not match the checksum its manifest records; re-fetch the "
+                                f"cache or add the column again")
     try:
         arr = np.load(io.BytesIO(data), allow_pickle=False)
     except NPY_HEADER_ERRORS as e:
-        raise CacheCorruptError(f"column file {where} is truncated or unreadable: {e}") from None
+        raise CacheCorruptError(f"{what} {where} is truncated or unreadable: {e}") from None
     if str(arr.dtype) != info.dtype or tuple(arr.shape) != info.shape:
         raise CacheCorruptError(f"{where} holds {arr.dtype}{list(arr.shape)}, the manifest says "
                                 f"{info.dtype}{list(info.shape)}")
     return arr
 
 
-def _map(location: Location, info: ArrayInfo | ColumnInfo) -> np.ndarray:
-    where = location.describe(info.file)
+def _map(location: Location, info: ArrayInfo | ColumnInfo, where: str) -> np.ndarray:
     try:
         with location.open_file(info.file) as f:
             offset, shape, dtype = npy_header(f.read(4096), where)
@@ -381,8 +369,8 @@ def _map(location: Location, info: ArrayInfo | ColumnInfo) -> np.ndarray:
                                         f"{info.dtype}{list(info.shape)}")
             if size < offset + dtype.itemsize * int(np.prod(shape)):
                 raise CacheCorruptError(f"array file {where} is truncated: {size} bytes")
-            # copy-on-write: writable as an array read whole was (torch.from_numpy takes it without a warning),
-            # a write stays in this process's copy of that page, and the file is never written
+            # copy-on-write: writable as an array read whole is (torch.from_numpy takes it without a warning), a
+            # write stays in this process's copy of that page, and the file is never written
             mm = np.memmap(f, dtype=dtype, mode="c", offset=offset, shape=shape)
     except FileNotFoundError:
         raise CacheCorruptError(f"array file {where}, listed in the manifest, cannot be read: it is missing") from None

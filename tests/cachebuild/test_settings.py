@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from cachebuild import settings as knobs
 from cachebuild.errors import OptionError
 from cachebuild.settings import KNOBS, Settings, defaults, settings
 from tests.repo import REPO
@@ -78,25 +77,16 @@ def test_values_are_read_when_asked(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     monkeypatch.setenv("CACHEBUILD_HOME", str(tmp_path / "a"))
     monkeypatch.setenv("CACHEBUILD_PUSH_STALE_S", "40")
     claim = PushClaim(open_location(tmp_path), "marker.json")
-    assert (settings().retries, retry.settings().attempts) == (3, 3)
+    assert (settings().retries, retry.Budget().settings.retries) == (3, 3)
     assert default_out("cifar10", 32, "crop", "npy") == tmp_path / "a" / "cifar10-32"
     assert (claim.stale_s, claim.hold_s, claim.heartbeat_s) == (40.0, 20.0, 4.0)  # renewed well within its hold
     monkeypatch.setenv("CACHEBUILD_RETRIES", "7")
     monkeypatch.setenv("CACHEBUILD_HOME", str(tmp_path / "b"))
     monkeypatch.setenv("CACHEBUILD_PUSH_STALE_S", "600")
-    assert (settings().retries, retry.settings().attempts) == (7, 7)
+    assert (settings().retries, retry.Budget().settings.retries) == (7, 7)
     assert default_out("cifar10", 32, "crop", "npy") == tmp_path / "b" / "cifar10-32"
     claim = PushClaim(open_location(tmp_path), "marker.json")
     assert (claim.stale_s, claim.hold_s, claim.heartbeat_s) == (600.0, 300.0, 30.0)
     monkeypatch.setenv("CACHEBUILD_HTTP_TIMEOUT", "zero")
     with pytest.raises(OptionError, match=r"^CACHEBUILD_HTTP_TIMEOUT='zero' is not a number"):
-        retry.settings()
-
-
-def test_the_remote_policy_defaults_are_the_knobs() -> None:
-    from cachebuild.storage.remote.retry import RemoteSettings
-
-    d, r = defaults(), RemoteSettings()
-    assert (r.attempts, r.budget_s, r.http_timeout_s, r.pin_versions, r.hedge, r.hedge_after_s, r.hedge_factor) == \
-        (d.retries, d.retry_budget_s, d.http_timeout_s, d.pin_versions, d.hedge, d.hedge_after_s, d.hedge_factor)
-    assert knobs.knobs()[0] == ("retries", KNOBS[0])
+        retry.Budget()

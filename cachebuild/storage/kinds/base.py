@@ -190,16 +190,12 @@ class StorageParams(Protocol):
 
     @property
     def size(self) -> int: ...
-
     @property
     def chunk_size(self) -> int | None: ...
-
     @property
     def compression(self) -> str: ...
-
     @property
     def quality(self) -> int: ...  # kinds that encode samples (jpeg)
-
     @property
     def subsampling(self) -> str: ...
 

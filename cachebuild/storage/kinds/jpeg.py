@@ -58,7 +58,7 @@ from cachebuild.storage.kinds.base import (
     digest_of_file,
     one_file_per_block,
 )
-from cachebuild.storage.kinds.npy import NPY_HEADER_ERRORS
+from cachebuild.storage.kinds.npy import npy_header, npy_header_bytes
 from cachebuild.storage.locations import Location
 from cachebuild.storage.remote.block_cache import BlockCache
 
@@ -127,13 +127,6 @@ INDEX_HEAD_BYTES = 3 * 128  # the three .npy headers cachebuild writes are 128 b
 _SLACK = 4096  # headers written by other tools may be longer (numpy pads to 64 bytes)
 
 
-def _header(dtype: np.dtype, n: int) -> bytes:
-    buf = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buf, {"descr": np.lib.format.dtype_to_descr(dtype),
-                                               "fortran_order": False, "shape": (n,)})
-    return buf.getvalue()
-
-
 def write_shard(f: IO[bytes], payloads: Sequence[bytes], crcs: Sequence[int], algorithm: Digest) -> tuple[str, int]:
     """Write one shard (see the module doc) to ``f``; returns (``algorithm``'s digest of every byte written, size)."""
     offsets = np.zeros(len(payloads) + 1, dtype=_OFFSETS)
@@ -141,9 +134,9 @@ def write_shard(f: IO[bytes], payloads: Sequence[bytes], crcs: Sequence[int], al
     h = algorithm.new()
     size = 0
     parts: list[bytes | memoryview] = [
-        _header(_OFFSETS, len(offsets)), offsets.tobytes(),
-        _header(_CRC, len(crcs)), np.asarray(crcs, dtype=_CRC).tobytes(),
-        _header(_PAYLOAD, int(offsets[-1])), *payloads,
+        npy_header_bytes(_OFFSETS, (len(offsets),)), offsets.tobytes(),
+        npy_header_bytes(_CRC, (len(crcs),)), np.asarray(crcs, dtype=_CRC).tobytes(),
+        npy_header_bytes(_PAYLOAD, (int(offsets[-1]),)), *payloads,
     ]
     for part in parts:
         f.write(part)
@@ -177,14 +170,8 @@ class ShardIndex:
 
 def _read_header(f: io.BytesIO, dtype: np.dtype, where: str, what: str) -> int:
     """The length of the 1-D ``dtype`` .npy record starting at ``f``'s position (left after its header)."""
-    fmt = np.lib.format
-    try:
-        version = fmt.read_magic(f)
-        read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
-        shape, fortran, got = read(f)
-    except NPY_HEADER_ERRORS as e:
-        raise CacheCorruptError(f"{where}: the {what} record is not a readable .npy header: {e}") from None
-    if got != dtype or fortran or len(shape) != 1:
+    _, shape, got = npy_header(f, f"{where}: the {what} record")
+    if got != dtype or len(shape) != 1:
         raise CacheCorruptError(f"{where}: the {what} record holds {got}{list(shape)}, expected a 1-D {dtype} array")
     return int(shape[0])
 

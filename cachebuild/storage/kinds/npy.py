@@ -47,8 +47,8 @@ from cachebuild.storage.remote.block_cache import BlockCache
 if TYPE_CHECKING:
     from cachebuild.format.manifest import Manifest, ShardInfo
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "NPY_HEADER_ERRORS", "NpyBackend", "NpyImages", "NpyShardSink", "RowFiles",
-           "Segment", "npy_header", "shard_file_name", "shrink_npy_shard"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "NPY_HEADER_ERRORS", "NpyBackend", "NpyImages", "NpyShardSink", "RowFiles", "Segment",
+           "npy_header", "shard_file_name", "shrink_npy_shard"]
 
 # Samples the chunk-aware sampler keeps together for npy caches: ~8 MB, the block size FFCV's
 # quasi-random order uses.
@@ -62,10 +62,11 @@ _HEAD_BYTES = 4096  # every .npy header cachebuild writes is 128 bytes; numpy's 
 NPY_HEADER_ERRORS = (ValueError, EOFError, SyntaxError, tokenize.TokenError)
 
 
-def npy_header(head: bytes, where: str) -> tuple[int, tuple[int, ...], np.dtype]:
-    """(data offset, shape, dtype) of a ``.npy`` from its first bytes; a named error for anything else."""
+def npy_header(head: bytes | io.BytesIO, where: str) -> tuple[int, tuple[int, ...], np.dtype]:
+    """(data offset, shape, dtype) of a ``.npy`` from its first bytes (or of the record at a stream's position,
+    left after its header); a named error for anything else."""
     fmt = np.lib.format
-    f = io.BytesIO(head)
+    f = head if isinstance(head, io.BytesIO) else io.BytesIO(head)
     try:
         version = fmt.read_magic(f)
         read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
@@ -81,10 +82,11 @@ def shard_file_name(index: int) -> str:
     return f"images-{index:05d}.npy"
 
 
-def _header(count: int, sample_shape: tuple[int, ...]) -> bytes:
+def npy_header_bytes(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """The ``.npy`` (version 1.0) header of a C-ordered ``dtype`` array of ``shape``."""
     buf = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buf, {"descr": "|u1", "fortran_order": False,
-                                               "shape": (count, *sample_shape)})
+    np.lib.format.write_array_header_1_0(buf, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
+                                               "shape": shape})
     return buf.getvalue()
 
 
@@ -97,7 +99,7 @@ def shrink_npy_shard(path: Path, count: int) -> None:
     """
     with open(path, "r+b") as f:
         offset, shape, _ = npy_header(f.read(_HEAD_BYTES), str(path))
-        head = _header(count, shape[1:])
+        head = npy_header_bytes(np.dtype(np.uint8), (count, *shape[1:]))
         row = int(np.prod(shape[1:]))
         if len(head) == offset:
             f.seek(0)
@@ -115,7 +117,7 @@ class NpyShardSink:
     def __init__(self, staging: Path, block: int, planned: int, sample_shape: tuple[int, int, int],
                  algorithm: Digest = BUILD) -> None:
         self.out = AtomicFile(staging / shard_file_name(block))
-        head = _header(planned, sample_shape)
+        head = npy_header_bytes(np.dtype(np.uint8), (planned, *sample_shape))
         self.out.file.write(head)
         self.algorithm = algorithm  # a build's; another only in the sink's benchmark
         self.digest = algorithm.new()  # of the file as written, while each slot is hot in cache

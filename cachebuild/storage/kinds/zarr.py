@@ -29,7 +29,7 @@ import shutil
 from collections.abc import Callable, Collection
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from joblib import Parallel, delayed
@@ -252,12 +252,11 @@ def chunk_name(k: int) -> str:
     return f"{ZARR_NAME}/c/{k}/0/0/0"
 
 
-class ZarrLayout:
+class ZarrLayout(NamedTuple):
     """What the cache's ``images.zarr/zarr.json`` says, checked against the manifest."""
 
-    def __init__(self, chunk: int, raw: bool) -> None:
-        self.chunk = chunk
-        self.raw = raw  # only the bytes codec and default "/" chunk keys: chunk files are plain rows
+    chunk: int
+    raw: bool  # only the bytes codec and default "/" chunk keys: chunk files are plain rows
 
 
 def read_layout(location: Location, manifest: Manifest) -> ZarrLayout:

@@ -34,31 +34,18 @@ import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO
 from urllib.parse import urlsplit, urlunsplit
 
 from cachebuild.atomic import AtomicFile, write_bytes_atomic
 from cachebuild.errors import CacheChangedError, CacheCorruptError
 from cachebuild.format.manifest import MANIFEST_NAME, URL_SCHEME, check_name
 
-if TYPE_CHECKING:
-    from cachebuild.storage.locations.url import FsspecLocation
-
-__all__ = ["REPLACED_MARK", "FsspecLocation", "LocalLocation", "Location", "ReaderLock", "check_name",
-           "find_pinned", "folder_identity", "is_locked", "is_url", "is_web_url", "open_location", "redact",
-           "replaced_folders", "set_aside", "sweep_replaced"]
+__all__ = ["REPLACED_MARK", "LocalLocation", "Location", "ReaderLock", "check_name", "find_pinned", "folder_identity",
+           "is_locked", "is_url", "is_web_url", "open_location", "redact", "replaced_folders", "set_aside",
+           "sweep_replaced"]
 
 log = logging.getLogger("cachebuild")
-
-
-def __getattr__(name: str) -> Any:
-    """``FsspecLocation`` is imported where it is asked for: the fsspec side (asyncio, ssl, the retry layer)
-    comes in where a URL is opened, not in every local build worker and reader."""
-    if name == "FsspecLocation":
-        from cachebuild.storage.locations.url import FsspecLocation
-
-        return FsspecLocation
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def open_location(where: str | os.PathLike[str] | Location,

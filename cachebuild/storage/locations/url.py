@@ -28,6 +28,7 @@ from cachebuild.errors import (
     RemoteUnavailableError,
     require_extra,
 )
+from cachebuild.settings import settings
 from cachebuild.storage.locations import Location, check_name, is_url, redact
 from cachebuild.storage.remote import retry
 from cachebuild.storage.remote.pinning import (
@@ -132,7 +133,7 @@ class FsspecLocation(Location):
         location unpinned where the protocol or the server cannot do it (no strong ETag on the anchor);
         raises :class:`RemoteNotFoundError` when there is no anchor."""
         if (self.pins is not None or not anchor or self.protocol not in PINNABLE_PROTOCOLS
-                or not retry.settings().pin_versions):
+                or not settings().pin_versions):
             return self
         path = self._path(anchor)
         # The pinned location asks for the anchor's version with its own filesystem (the S3 hook installed
@@ -226,17 +227,26 @@ class FsspecLocation(Location):
         return self.read_many([(name, ranges)])[0]
 
     def read_many(self, wanted: Sequence[tuple[str, Sequence[tuple[int, int]]]]) -> list[list[bytes]]:
+        return self._ranges(wanted, "read byte ranges of it", exact=True)
+
+    def read_heads(self, names: Sequence[str], nbytes: int) -> list[bytes]:
+        got = self._ranges([(n, [(0, nbytes)]) for n in names], f"read the headers of {len(names)} file(s)")
+        return [g[0] for g in got]
+
+    def _ranges(self, wanted: Sequence[tuple[str, Sequence[tuple[int, int]]]], what: str,
+                exact: bool = False) -> list[list[bytes]]:
+        """Every range of every file, pinned, each request retried on its own (one group on an async filesystem,
+        hedged when late). ``exact``: an answer of another length than asked is an error (a head may be short,
+        and a server that ignores ranges still answers it)."""
         if not any(ranges for _, ranges in wanted):
             return [[] for _ in wanted]
         kws = self._pinned_reads([name for name, _ in wanted])
-        paths = [self._path(name) for name, _ in wanted]
         fs = self.fs
-        what = "read byte ranges of it"
 
         def check(start: int, end: int, data: bytes) -> bytes:
-            if len(data) > end - start:
+            if exact and len(data) > end - start:
                 raise RangeIgnored(f"bytes [{start}, {end}) came back as {len(data)} bytes")
-            if len(data) != end - start:  # a whole answer (its Content-Length), short: the file is shorter
+            if exact and len(data) != end - start:  # a whole answer (its Content-Length), short: the file is shorter
                 raise ShortRead(f"bytes [{start}, {end}) came back as {len(data)} bytes")
             return bytes(data)
 
@@ -246,38 +256,18 @@ class FsspecLocation(Location):
         async def one(path: str, kw: dict[str, Any], start: int, end: int) -> bytes:
             return check(start, end, await fs._cat_file(path, start=start, end=end, **kw))
 
-        if not self._async:
-            return [[self._call(name, what, functools.partial(one_sync, path, kw, s, e)) for s, e in ranges]
-                    for (name, ranges), path, kw in zip(wanted, paths, kws, strict=True)]
-        flat = [(name, path, kw, s, e) for (name, ranges), path, kw in zip(wanted, paths, kws, strict=True)
+        flat = [(name, self._path(name), kw, s, e) for (name, ranges), kw in zip(wanted, kws, strict=True)
                 for s, e in ranges]
-        got = self._group([f[0] for f in flat], what, [functools.partial(one, *f[1:]) for f in flat],
-                          hedge_bytes=[e - s for *_, s, e in flat])
+        if self._async:
+            got = self._group([f[0] for f in flat], what, [functools.partial(one, *f[1:]) for f in flat],
+                              hedge_bytes=[e - s for *_, s, e in flat])
+        else:
+            got = [self._call(f[0], what, functools.partial(one_sync, *f[1:])) for f in flat]
         out, i = [], 0
         for _, ranges in wanted:
             out.append(got[i : i + len(ranges)])
             i += len(ranges)
         return out
-
-    def read_heads(self, names: Sequence[str], nbytes: int) -> list[bytes]:
-        if not names:
-            return []
-        matches = self._pinned_reads(names)
-        fs = self.fs
-        what = f"read the headers of {len(names)} file(s)"
-        paths = [self._path(n) for n in names]
-        def one_sync(path: str, kw: dict[str, Any]) -> bytes:
-            return bytes(fs.cat_file(path, start=0, end=nbytes, **kw))
-
-        async def one(path: str, kw: dict[str, Any]) -> bytes:
-            return bytes(await fs._cat_file(path, start=0, end=nbytes, **kw))
-
-        if not self._async:
-            return [self._call(n, what, functools.partial(one_sync, p, kw))
-                    for n, p, kw in zip(names, paths, matches, strict=True)]
-        return self._group(list(names), what, [functools.partial(one, p, kw)
-                                               for p, kw in zip(paths, matches, strict=True)],
-                           hedge_bytes=[nbytes] * len(names))
 
     # ---------------------------------------------------------------- listings
     def list_files(self) -> dict[str, int]:
@@ -475,7 +465,7 @@ def fs_options(protocol: str, storage_options: dict[str, Any]) -> dict[str, Any]
     stalled server must not hang a worker), and for S3 no retries of botocore's or s3fs's own (the remote
     layer's one policy retries each request)."""
     opts = dict(storage_options)
-    timeout = retry.settings().http_timeout_s
+    timeout = settings().http_timeout_s
     if protocol in ("http", "https"):
         import aiohttp
 

@@ -19,6 +19,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+from cachebuild.settings import settings
 from cachebuild.storage.locations import is_url
 from cachebuild.storage.locations.url import FsspecLocation
 from cachebuild.storage.remote import retry
@@ -122,7 +123,7 @@ os.register_at_fork(after_in_child=_unlock_in_child)
 def url_files(url: str) -> UrlFiles:
     """The :class:`UrlFiles` of ``url``'s protocol in this process, one per protocol and socket timeout (read
     now: a changed ``CACHEBUILD_HTTP_TIMEOUT`` gets a filesystem of its own), shared by its threads."""
-    key = (url.split("://", 1)[0].lower(), retry.settings().http_timeout_s)
+    key = (url.split("://", 1)[0].lower(), settings().http_timeout_s)
     with _lock:
         files = _shared.get(key)
         if files is None:

@@ -1,29 +1,20 @@
-"""A local on-disk cache of remote cache files, so that epoch 2 of a job reading a URL reads local disk, and the
+"""A bounded local cache of remote cache files, so that epoch 2 of a job reading a URL reads local disk, and the
 readahead that fills it in the background for sequential and shard-windowed reads.
 
 Why not a library: fsspec's ``blockcache``/``filecache`` keep one metadata file that every process rewrites
-(unsafe with several DataLoader workers and jobs), have no size bound and no checksums; ``diskcache``
-stores one value per key, so a shuffled batch would read a whole block file per sample. Here each remote
-file is mirrored by a sparse local file of the same size plus a table of per-block checksums:
+(unsafe with several DataLoader workers and jobs), have no size bound and no checksums; ``diskcache`` stores one
+value per key, so a shuffled batch would read a whole block file per sample. Here each remote file is mirrored by
+a sparse local file of the same size (``<key>.data``: only fetched blocks take disk space) and a table of
+per-block checksums (``<key>.crc``: one uint64 per block, 0 = not fetched, else ``1 << 32 | crc32(block)``).
+A block is written before its table entry, so a partly written block is never trusted; each process checks a
+block's checksum the first time it uses it (a damaged one is fetched again), then reads it through a memory map.
+Whole remote objects (compressed zarr chunks) are ``<key>.obj`` files with a checksum trailer, written
+atomically. A disk with no room is a :class:`BlockCacheFullError` naming the folder; the reader then warns once
+and reads on uncached.
 
-* ``<key>.data``: the remote bytes at their own offsets; only fetched blocks take disk space.
-* ``<key>.crc``: one uint64 per block: 0 = not fetched, else ``1 << 32 | crc32(block)``.
-
-A block is written (``pwrite``) before its table entry, so a reader never trusts a block that is not
-there; concurrent fetches of one block write identical bytes. Each process checks a block's checksum the
-first time it uses it (a damaged or half-written block is fetched again), then reads rows straight from
-the page cache through a memory map. Whole remote objects (compressed zarr chunks) are kept as
-``<key>.obj`` files with a checksum trailer, written atomically. A disk with no room for a block (or for a
-table, whose pages are allocated when it is opened) is a :class:`BlockCacheFullError` naming the folder
-inside this module; a reader then goes on without the cache: that process warns once, naming the folder,
-and reads the rest uncached (the blocks it holds are still used). A block is trusted only once its table
-entry is written, after the whole block: a partly written one is never served.
-
-Keys name immutable content: the reader derives them from the cache's content id and the file name, so
-a rebuilt cache never meets another cache's blocks (and a block size other than the default is part of the
-key: a table means something at one block size only). The folder is bounded: when it holds more than
-``max_bytes`` one process at a time (``flock``) deletes the least recently opened files. A file deleted
-while another process has it mapped stays valid for that process (POSIX keeps the inode).
+Keys name immutable content (the cache's content id and the file name, and a block size other than the
+default), so a rebuilt cache never meets another cache's blocks. Past ``max_bytes`` one process at a time
+(``flock``) deletes the least recently opened files; one deleted while another process maps it stays valid there.
 """
 
 from __future__ import annotations
@@ -64,8 +55,8 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a disk (or a quota) too full for the
 Fetch = Callable[[Sequence[tuple[int, int]]], list[bytes]]
 
 
-# Guards a BlockCache's per-process counters and flag: threads of one process read the files of a batch at
-# once. Made anew in a forked child (another thread may have held it at the fork).
+# Guards a BlockCache's per-process counters and flag (a batch's files are read by threads at once); made anew in
+# a forked child (another thread may have held it at the fork).
 _STATE_GUARD = threading.Lock()
 
 

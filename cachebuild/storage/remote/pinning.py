@@ -90,8 +90,6 @@ class Pins:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.__dict__.setdefault("versions", {})
-        self.__dict__.setdefault("anchor_key", "")
         self._lock = threading.Lock()
 
     def missing(self, paths: Sequence[str]) -> list[str]:

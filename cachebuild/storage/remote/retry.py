@@ -17,7 +17,8 @@ request never makes the others run again, and what arrived is kept).
 - A range read that has not answered when most reads of its size have is hedged (:func:`hedged`): a second,
   identical request, the first good answer wins. A stalled answer otherwise costs a whole socket-read timeout,
   and a batch waits for its slowest request ("The Tail at Scale", Dean & Barroso 2013).
-- Settings are read from the environment when a call starts (:func:`settings`), never at import.
+- Settings (``CACHEBUILD_RETRIES``, ``CACHEBUILD_RETRY_BUDGET``, ``CACHEBUILD_HTTP_TIMEOUT``, ``CACHEBUILD_HEDGE*``)
+  are read when a call starts (:class:`Budget`), never at import.
 """
 
 from __future__ import annotations
@@ -34,45 +35,18 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from cachebuild.settings import defaults as knob_defaults
-from cachebuild.settings import settings as read_knobs
+from cachebuild.settings import Settings, settings
 
 __all__ = ["LATENCIES", "MAX_HEDGED_BYTES", "Budget", "Exhausted", "Failure", "Latencies", "RangeIgnored",
-           "RemoteSettings", "ShortRead", "acall", "call", "classify", "each", "first_error", "hedged", "is_transient",
-           "parse_retry_after", "settings"]
+           "ShortRead", "acall", "call", "classify", "each", "first_error", "hedged", "is_transient",
+           "parse_retry_after"]
 
 T = TypeVar("T")
 
 
-_D = knob_defaults()
-
-
-@dataclass(frozen=True)
-class RemoteSettings:
-    """The remote layer's policy: the knobs it reads (:mod:`cachebuild.settings`, defaults from there) and
-    the spacing of tries, which is not a knob."""
-
-    attempts: int = _D.retries  # tries of one request; at a steady 33% failure rate 10 fail together once in 60,000
-    budget_s: float = _D.retry_budget_s  # wall time of one call (a request, or a group of them), waits included
-    http_timeout_s: float = _D.http_timeout_s  # a socket read that long with no byte: a stalled response
-    pin_versions: bool = _D.pin_versions
-    backoff_s: float = 0.05  # the first wait is up to this, doubling each try
-    backoff_max_s: float = 5.0
-    retry_after_max_s: float = 30.0  # a server asking for longer gets this much
-    hedge: bool = _D.hedge  # a second request for a range read that is late (hedged)
-    hedge_after_s: float = _D.hedge_after_s  # never hedge sooner than this
-    hedge_factor: float = _D.hedge_factor  # hedge a read this many times slower than the median of its size class
-
-
-def settings() -> RemoteSettings:
-    """The remote layer's settings from the environment as it is now (``CACHEBUILD_RETRIES``,
-    ``CACHEBUILD_RETRY_BUDGET`` seconds, ``CACHEBUILD_HTTP_TIMEOUT`` seconds, ``CACHEBUILD_PIN_VERSIONS=0``,
-    ``CACHEBUILD_HEDGE=0``, ``CACHEBUILD_HEDGE_AFTER`` seconds, ``CACHEBUILD_HEDGE_FACTOR``), read through
-    :func:`cachebuild.settings.settings`."""
-    s = read_knobs()
-    return RemoteSettings(attempts=s.retries, budget_s=s.retry_budget_s, http_timeout_s=s.http_timeout_s,
-                          pin_versions=s.pin_versions, hedge=s.hedge, hedge_after_s=s.hedge_after_s,
-                          hedge_factor=s.hedge_factor)
+BACKOFF_S = 0.05  # the first wait between tries is up to this, doubling each try
+BACKOFF_MAX_S = 5.0
+RETRY_AFTER_MAX_S = 30.0  # a server asking for a longer wait gets this much
 
 
 class ShortRead(OSError):
@@ -204,16 +178,16 @@ class Exhausted(Exception):
         super().__init__(f"{type(last).__name__} after {attempts} attempts in {elapsed:.1f} s")
         self.last, self.attempts, self.elapsed = last, attempts, elapsed
         self.status = classify(last).status
-        self.budget_s = budget.settings.budget_s
+        self.budget_s = budget.settings.retry_budget_s
         self.out_of_time = budget.remaining() <= 0
 
 
 class Budget:
     """The tries and the wall time of one call, shared by every request of a group."""
 
-    def __init__(self, s: RemoteSettings | None = None) -> None:
-        self.settings = s or settings()
-        self.deadline = time.monotonic() + self.settings.budget_s
+    def __init__(self, s: Settings | None = None) -> None:
+        self.settings = s or settings()  # the knobs as they are when the call starts
+        self.deadline = time.monotonic() + self.settings.retry_budget_s
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
@@ -223,16 +197,15 @@ class Budget:
         ``Retry-After`` (capped), never past the deadline. A first failure without an answer (a connection
         reset, a body cut short, a timeout) is tried again at once, on a fresh connection: it says nothing
         about the server's load, and a batch waits for its slowest request."""
-        s = self.settings
         if attempt == 1 and failure.status is None:
             return 0.0
-        w = random.uniform(0, min(s.backoff_max_s, s.backoff_s * 2 ** (attempt - 1)))
+        w = random.uniform(0, min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (attempt - 1)))
         if failure.retry_after is not None:
-            w = max(w, min(failure.retry_after, s.retry_after_max_s))
+            w = max(w, min(failure.retry_after, RETRY_AFTER_MAX_S))
         return max(0.0, min(w, self.remaining()))
 
     def gives_up(self, attempt: int, failure: Failure) -> bool:
-        return not failure.transient or attempt >= self.settings.attempts or self.remaining() <= 0
+        return not failure.transient or attempt >= self.settings.retries or self.remaining() <= 0
 
 
 def call(fn: Callable[[], T], budget: Budget | None = None,
@@ -271,7 +244,7 @@ async def acall(fn: Callable[[], Awaitable[T]], budget: Budget, hedge_bytes: int
 
     def may_hedge() -> bool:  # a hedge is a try: it needs one left
         nonlocal attempt
-        if attempt >= s.attempts or not LATENCIES.allow_hedge():
+        if attempt >= s.retries or not LATENCIES.allow_hedge():
             return False
         attempt += 1
         return True
@@ -280,7 +253,7 @@ async def acall(fn: Callable[[], Awaitable[T]], budget: Budget, hedge_bytes: int
         attempt += 1
         try:
             async with held:
-                if hedge_bytes is None or hedge_bytes > MAX_HEDGED_BYTES or not s.hedge or attempt >= s.attempts:
+                if hedge_bytes is None or hedge_bytes > MAX_HEDGED_BYTES or not s.hedge or attempt >= s.retries:
                     return await fn()
                 patience = max(s.hedge_after_s, s.http_timeout_s / 4)
                 delay = LATENCIES.delay(hedge_bytes, s.hedge_after_s, s.hedge_factor, patience)

@@ -134,7 +134,7 @@ def test_push_force_never_replaces_a_manifest_cachebuild_did_not_write(tmp_path,
 def test_push_force_interrupted_while_taking_the_old_cache_down_resumes(tmp_path, s3):
     # Before: the rerun found files but no manifest and no marker, and refused for good ("no cachebuild cache").
     from cachebuild.errors import RemoteError
-    from cachebuild.storage.locations import FsspecLocation
+    from cachebuild.storage.locations.url import FsspecLocation
 
     a, _, _ = make_cache(tmp_path / "a", n=70, shard_size=16, h=16, w=12)
     b, images_b, _ = make_cache(tmp_path / "b", n=30, shard_size=16, h=16, w=10)

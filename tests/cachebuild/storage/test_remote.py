@@ -299,7 +299,7 @@ def test_s3_locations_parse_botocore_models_once_per_process(tmp_path, s3, monke
     parsed once: a fresh session per filesystem cost 0.18 s of CPU each, every cache opened, every worker."""
     import botocore.loaders
 
-    from cachebuild.storage.locations import FsspecLocation
+    from cachebuild.storage.locations.url import FsspecLocation
 
     root, images, _ = make_cache(tmp_path / "c", n=20, shard_size=8, h=8, w=8)
     s3.fs.put(str(root), s3.url("caches/c"), recursive=True)
