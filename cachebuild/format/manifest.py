@@ -183,12 +183,9 @@ def decode_paths(entries: list[Any], where: str = "paths.json") -> list[str]:
 
 
 def check_name(name: object, what: str = "file name") -> str:
-    """A name a manifest gives for a file of the cache: plain, relative, inside the cache.
-
-    Refused: absolute paths, ``..`` or ``.`` segments, empty segments, backslashes, URLs, control
-    characters. A backend only ever opens ``<cache>/<name>`` for names that pass, so a crafted manifest
-    cannot make a reader open ``/etc/passwd``, a sibling folder or another host.
-    """
+    """A name a manifest gives for a file of the cache: plain, relative, inside the cache (no absolute path, ``..``,
+    ``.`` or empty segment, backslash, URL or control character), so a crafted manifest cannot make a reader
+    open ``/etc/passwd``, a sibling folder or another host."""
     if not isinstance(name, str) or not name:
         raise CacheCorruptError(f"manifest {what} must be a non-empty string, got {name!r}")
     bad = (
@@ -352,13 +349,9 @@ class Manifest:
 
     @property
     def content_id(self) -> str:
-        """A sha256 naming what the cache holds: its build key and every checksum the manifest records.
-
-        The build key names source and parameters, not bytes: a source file rewritten with its size and
-        mtime kept, or a build with another OpenCV, gives the same key and other pixels. Local copies of
-        a cache's files (the block cache of URL reads) are keyed by this instead, so they never serve one
-        cache's bytes to a reader of another.
-        """
+        """A sha256 naming what the cache holds: its build key and every checksum the manifest records. The build
+        key names source and parameters, not bytes (a source file rewritten keeping its size and mtime, another
+        OpenCV), so local copies of a cache's files are keyed by this: never one cache's bytes for another's."""
         blob = json.dumps({
             "build": self.build_key,
             "shards": [(s.file, s.start, s.count, s.digest) for s in self.shards],
@@ -403,28 +396,16 @@ class Manifest:
             if len(shape) != 3 or shape[2] != 3:
                 raise CacheCorruptError(f"manifest field 'shape' must be [H, W, 3], got {list(shape)}")
             if d.get("dtype") != "uint8" or d.get("layout") != "NHWC":
-                raise CacheCorruptError(
-                    f"manifest says dtype={d.get('dtype')!r} layout={d.get('layout')!r}; version "
-                    f"{version} caches are uint8 NHWC"
-                )
-            shards = tuple(
-                ShardInfo(
-                    file=check_name(s["file"], "shards.file"),
-                    start=_parse_int("shards.start", s["start"]),
-                    count=_parse_int("shards.count", s["count"]),
-                    digest=_parse_str(f"shards.{key}", s[key]),
-                )
-                for s in d["shards"]
-            )
-            arrays = {
-                _parse_str("arrays key", k): ArrayInfo(
-                    file=check_name(a["file"], "arrays.file"),
-                    dtype=_parse_str("arrays.dtype", a["dtype"]),
-                    shape=_parse_shape("arrays.shape", a["shape"]),
-                    digest=_parse_str(f"arrays.{key}", a[key]),
-                )
-                for k, a in _parse_mapping("arrays", d["arrays"]).items()
-            }
+                raise CacheCorruptError(f"manifest says dtype={d.get('dtype')!r} layout={d.get('layout')!r}; version "
+                                        f"{version} caches are uint8 NHWC")
+            shards = tuple(ShardInfo(check_name(s["file"], "shards.file"), _parse_int("shards.start", s["start"]),
+                                     _parse_int("shards.count", s["count"]), _parse_str(f"shards.{key}", s[key]))
+                           for s in d["shards"])
+            arrays = {_parse_str("arrays key", k): ArrayInfo(check_name(a["file"], "arrays.file"),
+                                                             _parse_str("arrays.dtype", a["dtype"]),
+                                                             _parse_shape("arrays.shape", a["shape"]),
+                                                             _parse_str(f"arrays.{key}", a[key]))
+                      for k, a in _parse_mapping("arrays", d["arrays"]).items()}
             m = cls(
                 format_version=version,
                 dataset=_parse_str("dataset", d["dataset"]),

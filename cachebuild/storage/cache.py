@@ -1,26 +1,20 @@
-"""A cache's own files, whatever its storage kind: open and verify a finished cache (local or at a URL), and
-commit a staged one. The pixels are the storage kind's business (:mod:`cachebuild.storage.kinds`); this module
-holds everything around them:
+"""A cache's own files, whatever its storage kind (the pixels are :mod:`cachebuild.storage.kinds`'): open and
+verify a finished cache, local or at a URL (:class:`CacheReader`, :func:`open_cache`), and commit a staged one
+(:func:`commit_cache`; :func:`write_cache` for in-memory images).
 
-- ``manifest.json``, read and validated (:func:`read_manifest`), written last (:func:`commit_cache`);
-- the per-sample side arrays: ``labels.npy``, ``sizes.npy``, optional ``boxes.npy`` / ``coarse_labels.npy``
-  (plain ``.npy``, read with ``allow_pickle=False``), ``paths.json`` (provenance) and the columns added after the
-  build (``columns/NAME-<digest prefix>.npy``). At a URL they are read whole; in a local folder the numeric ones
-  are memory-mapped (:func:`map_array`), so a reader and each of its DataLoader workers share one copy in the
-  page cache;
-- ``files.json``, the size and checksum of every file as bytes on disk: the manifest's checksums are of
-  *content* (a zarr shard range spans many chunk files), which a transfer cannot check one file at a time, so
-  ``pull`` and ``push`` check each file whole against this table, and ``verify --quick`` checks every size. The
-  manifest's ``files`` field names the table and holds its checksum, so the table is as trustworthy as the
-  manifest; caches built before it existed have no ``files`` field;
-- ``source_files.json``, the per-file inputs of the source digest (relative path, label, size, mtime in ns; size
-  -1 for an entry that could not be stat'ed), so ``cachebuild status`` says *what* changed, not only *whether*;
-- who built it (``built_by``: a user and host name, nothing secret).
+- ``manifest.json``: read and validated first, written last.
+- Side arrays: ``labels.npy``, ``sizes.npy``, optional ``boxes.npy`` / ``coarse_labels.npy``, ``paths.json``, and
+  columns added after the build; memory-mapped from a local cache (a reader and its DataLoader workers share one
+  copy in the page cache), read whole at a URL.
+- ``files.json``: the size and checksum of every file as bytes on disk, which a transfer checks file by file (a
+  zarr shard's content spans many chunk files) and ``verify --quick`` by size; the manifest's ``files`` field
+  holds its checksum. Caches built before it have none.
+- ``source_files.json``: the per-file inputs of the source digest (path, label, size, mtime), so ``status`` says
+  *what* changed.
+- ``built_by``: a user and host name, nothing secret.
 
-Every reader of a cache (``info``, ``verify``, ``CachedImageDataset``, the benches) goes through
-:class:`CacheReader` (:func:`open_cache`). Every writer goes through :func:`commit_cache`: builds, and
-:func:`write_cache` for in-memory images. Written files are hashed with the build's algorithm
-(``format.manifest.BUILD``), read ones checked with the manifest's (``Manifest.digest``).
+Written files are hashed with the build's algorithm (``format.manifest.BUILD``), read ones checked with the
+manifest's (``Manifest.digest``).
 """
 
 from __future__ import annotations
@@ -64,7 +58,6 @@ from cachebuild.format.manifest import (
     ArrayInfo,
     ColumnInfo,
     Digest,
-    Failure,
     Manifest,
     ShardInfo,
     check_name,
@@ -564,6 +557,8 @@ _HEAD = 4096
 
 @dataclass
 class QuickReport:
+    """What ``verify --quick`` found: ``problems`` (empty: none), and how many sizes and headers it checked."""
+
     manifest: Manifest
     location: Location
     problems: list[str] = field(default_factory=list)
@@ -660,27 +655,17 @@ def tool_versions() -> dict[str, Any]:
 
     from cachebuild import __version__
 
-    return {
-        "name": "cachebuild",
-        "version": __version__,
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "opencv": cv2.__version__,
-    }
+    return {"name": "cachebuild", "version": __version__, "python": platform.python_version(),
+            "numpy": np.__version__, "opencv": cv2.__version__}
 
 
 def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def save_side_arrays(
-    staging: Path,
-    labels: np.ndarray,
-    sizes: np.ndarray,
-    paths: list[str],
-    boxes: np.ndarray | None = None,
-    extra_labels: dict[str, np.ndarray] | None = None,
-) -> dict[str, ArrayInfo]:
+def save_side_arrays(staging: Path, labels: np.ndarray, sizes: np.ndarray, paths: list[str],
+                     boxes: np.ndarray | None = None,
+                     extra_labels: dict[str, np.ndarray] | None = None) -> dict[str, ArrayInfo]:
     """The per-sample arrays beside the images, in their on-disk dtypes; returns the manifest's ``arrays``."""
     arrays = {
         "labels": save_array(staging, "labels", np.asarray(labels, dtype=np.int64)),
@@ -695,13 +680,9 @@ def save_side_arrays(
 
 
 def commit_cache(staging: Path, out: Path, manifest: Manifest, *, replace: bool = False) -> Manifest:
-    """Write ``files.json`` and ``manifest.json`` into ``staging`` and rename it to ``out``; returns the
-    manifest as written (with its file table and who built it).
-
-    The manifest is the last file written, and the folder appears at ``out`` only complete. With
-    ``replace``, an existing cache at ``out`` is renamed aside first and kept until no job reads it any
-    more (:func:`~cachebuild.storage.locations.set_aside`): readers of the old cache keep reading it whole.
-    """
+    """Write ``files.json`` and, last, ``manifest.json`` into ``staging`` and rename it to ``out`` (it appears only
+    complete); returns the manifest as written. With ``replace``, a cache at ``out`` is renamed aside first and
+    kept while jobs read it (:func:`~cachebuild.storage.locations.set_aside`)."""
     manifest.check_consistent()
     get_backend(manifest.storage).finalize_folder(staging, manifest)
     remove_unfinished_writes(staging)
@@ -736,8 +717,7 @@ def install_staged(staging: Path, out: Path, *, replace: bool = False) -> None:
     sweep_replaced(out)
 
 
-@dataclass(frozen=True)
-class _ArrayOptions:
+class _ArrayOptions(NamedTuple):
     """The ``StorageParams`` of in-memory images."""
 
     size: int
@@ -749,12 +729,12 @@ class _ArrayOptions:
 
 def _write_through_sinks(staging: Path, images: np.ndarray, storage: str, shard_size: int,
                          compression: str) -> list[ShardInfo]:
-    backend = get_backend(storage)
-    sample_shape = (int(images.shape[1]), int(images.shape[2]), 3)
     from cachebuild.storage.kinds import jpeg  # its defaults, for a jpeg cache
 
-    opts = _ArrayOptions(size=sample_shape[0], chunk_size=min(shard_size, 64), compression=compression,
-                         quality=jpeg.DEFAULT_QUALITY, subsampling=jpeg.DEFAULT_SUBSAMPLING)
+    backend = get_backend(storage)
+    sample_shape = (int(images.shape[1]), int(images.shape[2]), 3)
+    opts = _ArrayOptions(sample_shape[0], min(shard_size, 64), compression, jpeg.DEFAULT_QUALITY,
+                         jpeg.DEFAULT_SUBSAMPLING)
     try:
         params = backend.build_params(opts)
     except ValueError as e:  # what only the storage kind knows (npy and jpeg shards take no compression)
@@ -779,23 +759,10 @@ def _write_through_sinks(staging: Path, images: np.ndarray, storage: str, shard_
     return shards
 
 
-def write_cache(
-    out: str | os.PathLike[str],
-    images: np.ndarray,
-    labels: np.ndarray,
-    classes: list[str],
-    *,
-    storage: str = "npy",
-    shard_size: int = 1024,
-    sizes: np.ndarray | None = None,
-    boxes: np.ndarray | None = None,
-    paths: list[str] | None = None,
-    dataset: str = "arrays",
-    split: str = "train",
-    fit: str = "crop",
-    compression: str = "none",
-    replace: bool = False,
-) -> Manifest:
+def write_cache(out: str | os.PathLike[str], images: np.ndarray, labels: np.ndarray, classes: list[str], *,
+                storage: str = "npy", shard_size: int = 1024, sizes: np.ndarray | None = None,
+                boxes: np.ndarray | None = None, paths: list[str] | None = None, dataset: str = "arrays",
+                split: str = "train", fit: str = "crop", compression: str = "none", replace: bool = False) -> Manifest:
     """Write an in-memory (N, H, W, 3) uint8 array as a cache (tests, tools, small synthetic sets), through
     the storage kind's build path (prepare, one sink per block of ``shard_size`` samples, finish, commit):
     the files are those a build writes. jpeg: at the default quality and subsampling; zarr: chunks of
@@ -814,24 +781,12 @@ def write_cache(
         sizes = np.tile(np.array(sample_shape[:2], dtype=np.int32), (n, 1))
     arrays = save_side_arrays(staging, labels, sizes,
                               paths if paths is not None else [f"sample-{i}" for i in range(n)], boxes)
-    manifest = Manifest(
-        dataset=dataset,
-        split=split,
-        count=n,
-        shape=sample_shape,
-        storage=storage,
-        classes=tuple(classes),
-        fit=fit,
-        interpolation="none",
-        # identity, not a checksum: sha256 in every format version (format.digests)
-        source={"root": "", "fingerprint": array_digest(images, SHA256), "files": n},
-        build={"key": array_digest(images, SHA256), "writer": "write_cache", "shard_size": shard_size},
-        tool=tool_versions(),
-        shards=tuple(shards),
-        arrays=arrays,
-        failures=tuple[Failure, ...](),
-        created=utc_now(),
-    )
+    key = array_digest(images, SHA256)  # identity, not a checksum: sha256 in every format version
+    manifest = Manifest(dataset=dataset, split=split, count=n, shape=sample_shape, storage=storage,
+                        classes=tuple(classes), fit=fit, interpolation="none",
+                        source={"root": "", "fingerprint": key, "files": n},
+                        build={"key": key, "writer": "write_cache", "shard_size": shard_size}, tool=tool_versions(),
+                        shards=tuple(shards), arrays=arrays, created=utc_now())
     return commit_cache(staging, out, manifest, replace=replace)
 
 

@@ -1,16 +1,11 @@
 """What a storage kind is, their one registry, and the read mechanics the kinds of shard files share.
 
-A kind is one :class:`Backend` subclass per way of laying out a cache's pixels, owning both sides. Write side
-(the build, and ``storage.cache.write_cache`` for in-memory images: one path): ``prepare`` the staging folder,
-give each worker a :class:`Sink` for its block, ``resume`` after a kill, ``finish`` the :class:`BlockRecord` s
-into the manifest's shard list. Each backend lists the names it writes (``staging_names``, ``cache_names``), so
-the build's destination rules never name a kind's files. Read side: ``open`` a location + manifest into an
-:class:`ImageStore` that gathers samples into a caller's buffer, tells its read geometry and verifies itself.
-Nothing outside the backends asks which kind a cache is.
-
-A manifest's ``storage`` field names its backend; adding a kind is one module with a :class:`Backend` subclass
-and one line in ``_BACKENDS`` (or a call to :func:`register_backend`). Backends are imported on first use, so
-reading an npy cache never imports zarr.
+A kind is one :class:`Backend` per way of laying out a cache's pixels, owning both sides. Write (builds and
+``storage.cache.write_cache``: one path): ``prepare`` the staging folder, a :class:`Sink` per worker's block,
+``resume`` after a kill, ``finish`` the :class:`BlockRecord` s into the manifest's shards; the names it writes
+(``staging_names``, ``cache_names``) so the build's destination rules never name a kind's files. Read: ``open`` a
+location + manifest into an :class:`ImageStore`. Nothing outside the backends asks which kind a cache is. A new
+kind is one module and one line in ``_BACKENDS`` (or :func:`register_backend`); kinds are imported on first use.
 """
 
 from __future__ import annotations
@@ -95,11 +90,9 @@ def _decode_array(value: Any, dtype: type[np.signedinteger[Any]], cols: int) -> 
 
 @dataclass(frozen=True, eq=False)
 class BlockRecord:
-    """A finished block, as its worker returns it and ``blocks/block-NNNNN.json`` keeps it (a killed build
-    resumes by skipping the blocks that have one). ``ok``, ``sizes``, ``boxes``: per kept sample, its plan
-    position, source (height, width) and placement box, as arrays (int64 (n,), int32 (n, 2), int32 (n, 4);
-    read-only; any sequence given is converted): per-sample tuples would cost every block and an ``--update``
-    at ImageNet count their JSON, building and concatenation."""
+    """A finished block, as its worker returns it and ``blocks/block-NNNNN.json`` keeps it (a killed build resumes
+    by skipping the blocks that have one). ``ok``, ``sizes``, ``boxes``: per kept sample, its plan position, source
+    (height, width) and placement box, as read-only arrays (int64 (n,), int32 (n, 2), int32 (n, 4)), not tuples."""
 
     block: int
     start: int  # plan position of the block's first file
@@ -128,9 +121,8 @@ class BlockRecord:
     __hash__ = None  # type: ignore[assignment]  # equal by value, and the arrays are not hashable
 
     def to_json(self) -> dict[str, Any]:
-        """The record for ``json.dumps``: the per-sample arrays as base64 of their little-endian bytes (one
-        string each, no number per sample for json to write or parse; the record stays one file, written
-        atomically)."""
+        """The record for ``json.dumps``: the per-sample arrays as base64 of their little-endian bytes (one string
+        each, no number per sample for json to write or parse)."""
         d: dict[str, Any] = {"block": self.block, "start": self.start, "planned": self.planned, "count": self.count,
                              "file": self.file, "digest": self.digest}
         for name, (dtype, _) in _PER_SAMPLE.items():
@@ -456,12 +448,10 @@ os.register_at_fork(after_in_child=_new_table_guard)
 
 
 class ShardHandles:
-    """A cache's shard files under ``location``, each opened once per process, lazily: fork or unpickle and
-    the next use opens them again (another process's maps are not ours). A handle is what
-    :meth:`_open_local` makes of a local file, a :class:`CachedFile` mirror for a URL with a block cache,
-    or False for a URL without one (plain range reads through :meth:`_fetch`). Shared by every reader of
-    shard files (raw rows, stored JPEGs). Threads of one process open each file once: two handles of one
-    file would leak the loser's descriptors (a :class:`CachedFile` holds two until closed)."""
+    """A cache's shard files under ``location``, each opened once per process, lazily (after a fork or unpickling
+    the next use opens them again): what :meth:`_open_local` makes of a local file, a :class:`CachedFile` mirror
+    for a URL with a block cache, or False for a URL without one (plain range reads). Threads of one process open
+    each file once: two handles of one file would leak the loser's descriptors."""
 
     def __init__(self, location: Location, count: int, block_cache: BlockCache | None, cache_id: str) -> None:
         self.location = location

@@ -1,29 +1,19 @@
 """The ``jpeg`` storage kind ("compact caches"): each fixed-shape sample stored as one JPEG, decoded on read.
 
-Write side: a worker's block becomes one shard ``images-NNNNN.jpegs``: each committed slot (resized exactly as
-for raw caches) is encoded and kept in memory (~20 MB a block at 224 px), and the shard is written when the
-block closes, under a temporary name. A shard is three ``.npy`` records back to back (``np.load`` on an open
-file reads them in turn)::
+A worker's block becomes one shard ``images-NNNNN.jpegs``, written when the block closes (its encoded samples are
+kept in memory until then): three ``.npy`` records back to back (``np.load`` on an open file reads them in turn)::
 
     offsets  int64  (n + 1,)   sample j is payload[offsets[j]:offsets[j + 1]]; offsets[0] = 0
     crc32    uint32 (n,)       zlib.crc32 of each sample's bytes, checked before every decode
     payload  uint8  (bytes,)   the samples' JPEG files, back to back
 
-The manifest's per-shard digest covers every byte of the shard file, so ``verify`` needs no decode and finds
-any flipped byte; each sample's crc32 is checked before every decode, so a damaged sample is an error naming
-it at read time, never a silently wrong image.
-
-Read side: the index (12 bytes a sample) is read once when a cache is opened; :class:`JpegImages` then reads a
-batch's samples' bytes (zero-copy views of memory maps locally, byte ranges remotely, consecutive samples
-coalesced) and decodes them straight into the caller's buffer, with a small pool of threads per process
-(libjpeg-turbo releases the GIL; :func:`decode_threads` is the one rule of how many). ``read_encoded`` hands the
-checked bytes over undecoded instead, for decoding on a GPU (:func:`decode_jpegs`, nvJPEG).
-
-The codec is libjpeg-turbo through simplejpeg rather than ``cv2.imdecode``: it decodes straight into a caller's
-buffer, scales across threads, and with ``strict=True`` turns libjpeg's "corrupt data" warnings into errors
-instead of grey fill; both give the same pixels for the same bytes (tested). Decoding always uses libjpeg's
-accurate integer IDCT and fancy upsampling (its defaults), so "decode the stored bytes with any libjpeg-turbo"
-gives exactly what cachebuild serves.
+The manifest's digest covers every byte of the shard, so ``verify`` finds any flipped byte without decoding; the
+crc32 makes a damaged sample an error naming it at read time, never a wrong image. A reader reads the index once
+and then only its batch's samples' bytes (memory-map views locally, coalesced byte ranges remotely), decoded
+straight into the caller's buffer by a few threads (:func:`decode_threads`), or handed over undecoded
+(``read_encoded``) for nvJPEG (:func:`decode_jpegs`). The codec is libjpeg-turbo through simplejpeg: it decodes
+into a caller's buffer, scales across threads, and with ``strict=True`` turns libjpeg's "corrupt data" warnings
+into errors; accurate IDCT and fancy upsampling, so any libjpeg-turbo decodes the stored bytes to the same pixels.
 """
 
 from __future__ import annotations

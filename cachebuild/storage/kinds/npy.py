@@ -1,19 +1,13 @@
 """The ``npy`` storage kind: plain ``.npy`` shards of uint8 (n_k, H, W, 3), one per build block, and the reader of
-fixed-size rows in files that it shares with uncompressed zarr chunks.
+fixed-size rows in files (:class:`RowFiles`) that uncompressed zarr chunks share.
 
-Write side: a worker appends its block's samples to ``images-NNNNN.npy`` (under a temporary name, renamed when
-the block is done) with plain ``write`` calls from one reused buffer (cheaper than page-faulting a fresh
-memmap), hashing every byte it writes; a block that lost samples to bad files is shrunk in place (and hashed
-again, a rare path). Since format version 2 a shard's manifest checksum is that of its whole file, header
-included, so the build hashes each byte once and the file table reuses it (version 1: of the pixel rows alone).
-
-Read side (:class:`RowFiles`): locally each file is memory-mapped once per process and a batch is one sorted pass
-copying each row once into the caller's buffer; remotely the rows a batch needs become byte ranges (adjacent
-rows coalesced into one range), fetched together through the location, optionally through a local
-:class:`~cachebuild.storage.remote.block_cache.BlockCache`. Why a per-row copy loop and not one vectorised
-gather: the rows of a batch live in different files (different maps), and numpy has no scatter-from-many-arrays
-primitive; a fancy read per file followed by a scatter moves every byte twice. When all rows come from one file
-a single ``np.take`` is used.
+A worker appends its block's samples to ``images-NNNNN.npy`` (a temporary name until the block is done) from one
+reused buffer, hashing every byte it writes; a block that lost samples to bad files is shrunk in place. Since
+format version 2 a shard's checksum is that of its whole file, so the file table reuses it (version 1: of the
+pixel rows). Locally each file is memory-mapped once per process and a batch copies each row once into the
+caller's buffer (one ``np.take`` when all rows are in one file: numpy has no gather from several arrays);
+remotely the rows become byte ranges, adjacent rows coalesced, through the location and optionally a local
+:class:`~cachebuild.storage.remote.block_cache.BlockCache`.
 """
 
 from __future__ import annotations
@@ -91,12 +85,8 @@ def npy_header_bytes(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
 
 
 def shrink_npy_shard(path: Path, count: int) -> None:
-    """Drop the unused tail rows of a shard in place: rewrite its header for ``count`` rows and truncate.
-
-    Rows are fixed-size and C-ordered, so the first ``count`` rows are already where a shard of ``count``
-    rows keeps them; only the header's shape changes (numpy pads headers to 64 bytes, so its length
-    normally stays the same; when it does not, the data is rewritten behind the new header).
-    """
+    """Drop the unused tail rows of a shard in place: the first ``count`` rows are already where a shard of
+    ``count`` rows keeps them, so only the header changes (its length too, rarely: the rows are then rewritten)."""
     with open(path, "r+b") as f:
         offset, shape, _ = npy_header(f.read(_HEAD_BYTES), str(path))
         head = npy_header_bytes(np.dtype(np.uint8), (count, *shape[1:]))

@@ -1,22 +1,13 @@
-"""The ``zarr`` storage kind: one zarr v3 uint8 array (N, H, W, 3) in ``images.zarr``, chunked along samples.
+"""The ``zarr`` storage kind: one zarr v3 uint8 array (N, H, W, 3) in ``images.zarr``, chunked along samples; the
+folder is also a zarr group with consolidated metadata, so ``xarray.open_zarr(cache)`` opens it. zarr-python is
+the ``zarr`` extra, imported only here (a :class:`~cachebuild.errors.MissingExtraError` without it).
 
-The cache folder is also made a zarr v3 group with consolidated metadata, so ``xarray.open_zarr(cache)`` opens it
-(variable ``images.zarr``, dimensions ``sample, y, x, channel``). zarr-python is the ``zarr`` extra: imported
-only here, where a zarr cache is built or read (a :class:`~cachebuild.errors.MissingExtraError` without it).
-
-Write side: workers write whole chunks straight into the one array, from their block's plan position (blocks are
-a whole number of chunks, so no two workers touch one chunk). When files failed, one task afterwards moves the
-later blocks down so that sample i stays the i-th readable file (no copy at all when every file decoded).
-
-Read side: uncompressed arrays (only the ``bytes`` codec, default chunk keys) are read like npy shards: each chunk
-file *is* its C-order rows, so chunks are memory-mapped locally and read by byte range remotely
-(:class:`~cachebuild.storage.kinds.npy.RowFiles`); a random sample then costs its own bytes, not a whole chunk.
-Compressed arrays go through zarr-python (a ``LocalStore``, or zarr's ``FsspecStore`` for URLs) behind a strict
-store that turns a missing chunk into an error naming it (zarr alone would serve the fill value: black
-images), retries transient failures, and keeps fetched chunks in the local block cache when one is given. For a
-pinned cache (a local folder by identity, a URL by file versions) whole keys are fetched through its location:
-after a ``--force`` rebuild of the folder the old chunks are still read from where the old folder went, and a
-chunk replaced at a URL is a ``CacheChangedError``; never another cache's pixels.
+Workers write whole chunks into the one array from their block's plan position (blocks are whole chunks, so no
+two share one); when files failed, one task moves the later blocks down afterwards (kill-safe: a marker).
+Uncompressed arrays are read like npy shards (each chunk file *is* its rows: :class:`~cachebuild.storage.kinds.
+npy.RowFiles`). Compressed ones go through zarr-python behind a strict store that turns a missing chunk into an
+error naming it (zarr alone serves the fill value: black images), retries transient failures, keeps chunks in
+the block cache, and reads a pinned cache's keys through its location: never another cache's pixels.
 """
 
 from __future__ import annotations
@@ -100,30 +91,17 @@ def create_zarr_images(path: Path, count: int, sample_shape: tuple[int, int, int
         compressors = BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle")
     elif compression != "none":
         raise OptionError(f"unknown compression {compression!r}: expected one of {', '.join(COMPRESSIONS)}")
-    return zarr.create_array(
-        store=str(path),
-        shape=(count, *sample_shape),
-        chunks=(max(1, chunk), *sample_shape),
-        dtype="uint8",
-        compressors=compressors,
-        fill_value=0,
-        zarr_format=3,
-        dimension_names=DIMENSIONS,
-        overwrite=True,
-        # Every chunk is written, even an all-zero one: readers rely on the files being there, and
-        # zarr's emptiness check costs several times the write itself.
-        config={"write_empty_chunks": True},
-    )
+    # Every chunk is written, even an all-zero one: readers rely on the files being there, and zarr's emptiness
+    # check costs several times the write itself.
+    return zarr.create_array(store=str(path), shape=(count, *sample_shape), chunks=(max(1, chunk), *sample_shape),
+                             dtype="uint8", compressors=compressors, fill_value=0, zarr_format=3,
+                             dimension_names=DIMENSIONS, overwrite=True, config={"write_empty_chunks": True})
 
 
 def open_zarr_for_writing(path: Path) -> Any:
-    """Reopen an array made by :func:`create_zarr_images` to write whole chunks into it.
-
-    ``write_empty_chunks`` is a runtime setting, not stored with the array: without it here, zarr scans
-    every chunk for emptiness before writing it, several times slower than the write.
-    """
+    """Reopen an array made by :func:`create_zarr_images` to write whole chunks into it (``write_empty_chunks`` is
+    a runtime setting, not stored with the array)."""
     zarr = zarr_module()
-
     with zarr.config.set({"array.write_empty_chunks": True}):
         arr = zarr.open_array(str(path), mode="r+")
     if not arr.config.write_empty_chunks:  # the setting must have been taken when the array was opened
@@ -186,14 +164,10 @@ def create_staging_zarr(staging: Path, planned: int, sample_shape: tuple[int, in
 
 
 def place_zarr_blocks(staging: Path, ordered: list[BlockRecord], count: int, planned: int) -> list[ShardInfo]:
-    """Shard entries of a zarr cache: one range per block. Blocks after a failed file move down to their
-    output place in one worker task (nothing moves when every file decoded).
-
-    Moving in place cannot be redone after a kill (a move overwrites samples a later one reads), so a
-    marker names the blocks involved first; a resumed build finding it unfinished decodes those blocks
-    again, and one finding it done (killed before the commit) does not move anything twice. The marker
-    goes with the staging folder's other bookkeeping just before the commit.
-    """
+    """Shard entries of a zarr cache: one range per block. Blocks after a failed file move down to their output
+    place in one worker task (nothing moves when every file decoded). Moving in place cannot be redone after a
+    kill (a move overwrites samples a later one reads), so a marker names the blocks involved first: a resumed
+    build finding it unfinished decodes them again, one finding it done moves nothing twice."""
     shards, moves, pos = [], [], 0
     for r in ordered:
         if r.count:
@@ -230,10 +204,8 @@ def undo_interrupted_compaction(staging: Path, forget_block: Callable[[int], Non
 
 
 def compact_zarr(staging: str, moves: list[tuple[int, int, int]], count: int) -> None:
-    """Move each (plan start, output start, n) run of samples down to its output place, in order (a
-    run only ever moves down, onto samples already moved), zero what follows the last sample in its
-    chunk, and cut the array (one row per planned file) to ``count`` samples. One block in memory at
-    a time."""
+    """Move each (plan start, output start, n) run of samples down to its output place, in order (a run only
+    moves onto samples already moved), zero the rest of the last chunk, and cut the array to ``count`` samples."""
     arr = open_zarr_for_writing(Path(staging) / ZARR_NAME)
     planned = arr.shape[0]
     for src, dst, n in moves:

@@ -1,21 +1,15 @@
-"""Where a cache lives, apart from how its pixels are laid out: a local folder or any fsspec URL.
+"""Where a cache lives, apart from how its pixels are laid out: a local folder (:class:`LocalLocation`: plain
+files and memory maps, zero copy) or any fsspec URL (:class:`~cachebuild.storage.locations.url.FsspecLocation`,
+imported where a URL is opened). A :class:`Location` hands out the bytes of the files a manifest names, and
+nothing else: every name goes through :func:`~cachebuild.format.manifest.check_name` first.
 
-A :class:`Location` hands out the bytes of the files a manifest names, and nothing else: every name goes through
-:func:`~cachebuild.format.manifest.check_name` first. A local folder is read through plain files and memory maps
-(zero copy, :class:`LocalLocation`); ``s3://``, ``gs://``, ``http(s)://`` and every other fsspec protocol go
-through fsspec (:class:`~cachebuild.storage.locations.url.FsspecLocation`, imported where a URL is opened), with
-range reads, each request retried by the one remote layer (:mod:`cachebuild.storage.remote.retry`).
-
-Replacing a local cache while jobs read it: ``--force`` (or a pull over a different cache) renames the old
-folder to ``<name>.replaced-<time>-<pid>`` beside the new one instead of deleting it (:func:`set_aside`). A
-reader pins the folder it opened by its identity (device, inode): every file it opens later, in any process
-(DataLoader workers, fork or spawn), comes from that folder, found again by identity among the ``.replaced-*``
-siblings after a rename. Each reader process holds a shared ``flock`` on the folder's ``manifest.json``
-(:class:`ReaderLock`); a replaced folder is deleted only when an exclusive lock on it succeeds
-(:func:`sweep_replaced`), i.e. by the next build or pull of that output once no reader is left. On NFS, Linux
-emulates ``flock`` with POSIX locks that the server sees, so the rule holds across clients (NFSv4, or v3 with
-lockd); on a filesystem without working locks a replaced cache may be deleted under a reader, which then fails
-with a named error when it opens a file it had not opened yet.
+Replacing a local cache while jobs read it: ``--force`` (or a pull over a different cache) renames the old folder
+to ``<name>.replaced-<time>-<pid>`` beside the new one (:func:`set_aside`). A reader pins the folder it opened by
+identity (device, inode), so every file it opens later, in any process, comes from that folder, found again among
+the ``.replaced-*`` siblings after a rename; each reader process holds a shared ``flock`` on its
+``manifest.json`` (:class:`ReaderLock`), and a replaced folder is deleted only once an exclusive lock on it
+succeeds (:func:`sweep_replaced`: the next build or pull of that output). NFS: Linux emulates ``flock`` with POSIX
+locks the server sees; on a filesystem without working locks, a reader whose folder was deleted fails by name.
 """
 
 from __future__ import annotations
@@ -191,11 +185,8 @@ class Location(ABC):
 # ---------------------------------------------------------------- a local folder
 
 class LocalLocation(Location):
-    """A local (or NFS-mounted) folder.
-
-    :meth:`pinned` ties the location to the folder it names now, by identity: if the folder is later
-    renamed aside by a rebuild (:func:`set_aside`), every file is still opened from it.
-    """
+    """A local (or NFS-mounted) folder. :meth:`pinned` ties it to the folder it names now, by identity: renamed
+    aside by a rebuild (:func:`set_aside`), every file is still opened from it."""
 
     def __init__(self, root: str | os.PathLike[str], identity: tuple[int, int] | None = None) -> None:
         self.root = Path(root)

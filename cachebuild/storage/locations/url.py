@@ -1,11 +1,8 @@
 """A cache (or a source's files) behind any fsspec URL (``s3://``, ``gs://``, ``http(s)://``...): range reads,
-each request retried on its own by the remote layer (:mod:`cachebuild.storage.remote.retry`), reads pinned to the
-versions the cache had when it was opened (:mod:`cachebuild.storage.remote.pinning`), and one-line errors that name
-the URL without its credentials. Credentials come from each store's own standard environment and config files
-(``AWS_*``, ``~/.aws``, ``GOOGLE_APPLICATION_CREDENTIALS``...), or ``storage_options``.
-
-fsspec and the filesystems under it are the ``remote`` extra: imported here, when a URL is opened, and named
-by a :class:`~cachebuild.errors.MissingExtraError` when missing.
+each request retried by the remote layer (:mod:`cachebuild.storage.remote.retry`), reads pinned to the versions
+the cache had when opened (:mod:`cachebuild.storage.remote.pinning`), and one-line errors naming the URL without
+its credentials (which come from each store's own environment and config files, or ``storage_options``). fsspec
+is the ``remote`` extra: imported here, when a URL is opened.
 """
 
 from __future__ import annotations
@@ -49,11 +46,8 @@ T = TypeVar("T")
 
 
 class FsspecLocation(Location):
-    """A folder behind any fsspec URL. The filesystem object is made lazily in each process (so the
-    location pickles into DataLoader workers, fork or spawn, without an event loop or sockets).
-
-    :meth:`pinned` ties its reads to the versions of the files it holds now (``cachebuild.storage.remote.pinning``).
-    """
+    """A folder behind any fsspec URL; its filesystem is made lazily in each process (the location pickles into
+    DataLoader workers without an event loop or sockets). :meth:`pinned` ties its reads to its files' versions."""
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None, pins: Pins | None = None) -> None:
         self.url = url.rstrip("/")

@@ -1,12 +1,7 @@
-"""Files at URLs as a source reads them: listed (glob, a prefix's files, named files) with their sizes and
-versions, opened with readahead, and read by range through handles kept open per thread.
-
-Every request goes through an :class:`~cachebuild.storage.locations.url.FsspecLocation`'s filesystem (so with its
-socket read timeout, ``CACHEBUILD_HTTP_TIMEOUT``, no retries of botocore's or s3fs's own, and the shared S3
-session models) and is retried by the one remote layer (:mod:`cachebuild.storage.remote.retry`). Failures are
-raised as :func:`~cachebuild.storage.remote.retry.call` raises them: a permanent one as it came (its type and
-HTTP status tell what it was: :func:`~cachebuild.storage.remote.retry.classify`), a transient one that outlasted
-the tries as :class:`~cachebuild.storage.remote.retry.Exhausted`; the source names them in its own words.
+"""Files at URLs as a source reads them: listed (glob, a prefix's files, named files) with sizes and versions,
+opened with readahead, and read by range through handles kept open per thread. Every request goes through an
+:class:`~cachebuild.storage.locations.url.FsspecLocation`'s filesystem and the one remote layer's retries; a
+failure is raised as :func:`~cachebuild.storage.remote.retry.call` raises it, for the source to word.
 """
 
 from __future__ import annotations

@@ -1,24 +1,16 @@
 """The one remote layer's policy: which failures are worth another try, how tries are spaced, when to give up,
-and when a late read gets a second request.
+and when a late read gets a second request. Every request to a URL goes through :func:`call` (one request, in a
+thread) or :func:`each` (a group on an fsspec event loop, each retried on its own: one failing request never
+makes the others run again).
 
-Every request to a URL (a cache's files through :class:`~cachebuild.storage.locations.url.FsspecLocation`, a
-source's files through :mod:`cachebuild.storage.locations.url_files`) goes through :func:`call` (one request,
-in a thread) or :func:`each` (a group of requests on an fsspec event loop, each retried on its own: one failing
-request never makes the others run again, and what arrived is kept).
-
-- Failures are told apart by type and HTTP status (:func:`classify`), never by message text: aiohttp's
-  response and connection errors, botocore's ``ClientError`` (status and error code) and connection errors,
-  timeouts, and the causes that fsspec and s3fs wrap them in. 408, 429 and 5xx, dropped connections, bodies
-  cut short and timeouts are transient; 404, 403, 412 and anything unrecognised are not.
-- Tries are spaced by exponential backoff with full jitter, never shorter than a ``Retry-After`` the server
-  sent (capped), and stop after ``CACHEBUILD_RETRIES`` tries or ``CACHEBUILD_RETRY_BUDGET`` seconds for the
-  whole call, whichever comes first; then :class:`Exhausted` carries the last failure, its status and the
-  tries, for the caller to name its URL in a :class:`~cachebuild.errors.RemoteUnavailableError`.
+- Failures are told apart by type and HTTP status (:func:`classify`), never by message text: 408, 429 and 5xx,
+  dropped connections, bodies cut short and timeouts are transient; 404, 403, 412 and the unrecognised are not.
+- Tries are spaced by exponential backoff with full jitter, never shorter than a ``Retry-After`` the server sent
+  (capped), and stop after ``CACHEBUILD_RETRIES`` tries or ``CACHEBUILD_RETRY_BUDGET`` seconds for the whole
+  call; then :class:`Exhausted` carries the last failure for the caller to name its URL.
 - A range read that has not answered when most reads of its size have is hedged (:func:`hedged`): a second,
-  identical request, the first good answer wins. A stalled answer otherwise costs a whole socket-read timeout,
-  and a batch waits for its slowest request ("The Tail at Scale", Dean & Barroso 2013).
-- Settings (``CACHEBUILD_RETRIES``, ``CACHEBUILD_RETRY_BUDGET``, ``CACHEBUILD_HTTP_TIMEOUT``, ``CACHEBUILD_HEDGE*``)
-  are read when a call starts (:class:`Budget`), never at import.
+  identical request, the first good answer wins ("The Tail at Scale", Dean & Barroso 2013).
+- The knobs are read when a call starts (:class:`Budget`), never at import.
 """
 
 from __future__ import annotations
@@ -393,12 +385,10 @@ async def _quietly(tasks: set[asyncio.Future[Any]]) -> None:
 async def hedged(fn: Callable[[], Awaitable[T]], nbytes: int, delay: float, patience: float,
                  may_hedge: Callable[[], bool], transient: Callable[[BaseException], bool],
                  latencies: Latencies | None = None) -> T:
-    """``fn()``, and another ``fn()`` (if ``may_hedge()``) once it is late: no answer after ``delay`` seconds
-    while reads that started after it have answered (``_OVERTAKEN``) or none that started before it waits
-    unhedged, or none after ``patience`` seconds; then another after ``delay``, twice that, ... while none
-    answers (a refused hedge is asked for again at the next of these times). Returns
-    the first good answer (the other requests cancelled). A permanent failure of any ends it at once; a
-    transient one waits for the others; all failing raises the last one."""
+    """``fn()``, and another ``fn()`` (if ``may_hedge()``) once it is late (no answer after ``delay`` seconds while
+    later reads have answered or none before it waits, or after ``patience``); then again after ``delay``, twice
+    that... The first good answer wins (the others cancelled); a permanent failure ends it at once; all failing
+    raises the last one."""
     lat = latencies or LATENCIES
     number = lat.begin()
     t0 = time.monotonic()
