@@ -6,7 +6,7 @@ The library's public names; everything else is private and free to move::
 
     results = cachebuild.build("imagenet", "/data/ILSVRC2012", "/caches/in-224", size=224)  # train/ and val/
     cache = cachebuild.open("/caches/in-224/train")   # a folder or a URL; loaders.CachedImageDataset reads it too
-    cache.manifest.count, cache.read([3, 1, 4])      # the manifest; samples as (n, S, S, 3) uint8
+    cache.manifest.count, cache.gather([3, 1, 4])    # the manifest; samples as (n, S, S, 3) uint8
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from cachebuild.errors import CacheBuildError
 
 if TYPE_CHECKING:
     from cachebuild.builder.options import BuildResult
-    from cachebuild.storage.cache.reader import CacheReader
+    from cachebuild.storage.cache import CacheReader
 
 __version__ = "0.1.0"
 
@@ -40,8 +40,8 @@ def build(kind: str, src: str | os.PathLike[str], out: str | os.PathLike[str] | 
 
 def open(where: str | os.PathLike[str], **options: Any) -> CacheReader:
     """Open and check the cache at ``where`` (a folder holding ``manifest.json``, or its URL): its ``manifest``,
-    ``len()``, ``array("labels")``, ``read(indices)`` and ``verify()``. ``options``: ``local_cache=`` (a folder for a
+    ``len()``, ``labels``, ``gather(indices)`` and ``verify()``. ``options``: ``local_cache=`` (a folder for a
     URL's blocks), ``storage_options=`` (fsspec's)."""
-    from cachebuild.storage.cache.reader import open_cache
+    from cachebuild.storage.cache import open_cache
 
     return open_cache(where, **options)

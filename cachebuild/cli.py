@@ -87,7 +87,7 @@ def main() -> None:
 
 
 def _open(where: str):
-    from cachebuild.storage.cache.reader import open_cache
+    from cachebuild.storage.cache import open_cache
 
     try:
         return open_cache(where)

@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = [
-    "CacheBuildError",
-    "CacheChangedError",
-    "CacheCorruptError",
-    "CacheExistsError",
-    "CacheNotFoundError",
-    "DecodeError",
-    "FingerprintMismatchError",
-    "LockHeldError",
-    "OptionError",
-    "OutputError",
-    "RemoteError",
-    "RemoteNotFoundError",
-    "RemoteUnavailableError",
-    "SourceError",
-    "TransferError",
-    "UnsupportedFormatError",
-]
+import importlib
+from types import ModuleType
+
+__all__ = ["CacheBuildError", "CacheChangedError", "CacheCorruptError", "CacheExistsError", "CacheNotFoundError",
+           "DecodeError", "FingerprintMismatchError", "LockHeldError", "MissingExtraError", "OptionError",
+           "OutputError", "RemoteError", "RemoteNotFoundError", "RemoteUnavailableError", "SourceError",
+           "TransferError", "UnsupportedFormatError", "require_extra"]
 
 
 class CacheBuildError(Exception):
@@ -104,3 +93,17 @@ class DecodeError(CacheBuildError, ValueError):
 
     def __reduce__(self):  # keep both fields across process boundaries (joblib workers)
         return (type(self), (self.path, self.reason))
+
+
+class MissingExtraError(CacheBuildError, ImportError):
+    """A feature whose optional package is not installed; the message names the extra that installs it."""
+
+
+def require_extra(module: str, extra: str, purpose: str) -> ModuleType:
+    """``module`` imported, or a :class:`MissingExtraError` saying that ``purpose`` needs it and how to install it
+    (``pip install 'cachebuild[EXTRA]'``). Optional packages are imported only where a feature uses them."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise MissingExtraError(f"{purpose} needs the optional package {module!r} ({e}); install it with "
+                                f"pip install 'cachebuild[{extra}]'") from None

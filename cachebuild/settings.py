@@ -63,10 +63,6 @@ def _folder(text: str) -> Path:
     return Path(text).expanduser()
 
 
-def _threads(text: str) -> int | None:
-    return None if text.strip().lower() == "auto" else _count(text)
-
-
 @dataclass(frozen=True)
 class Knob:
     """One environment variable: ``default`` is written as a user would set it (the docs' table shows it)."""
@@ -115,10 +111,6 @@ class Settings:
     readahead_files: int = _knob("CACHEBUILD_READAHEAD_FILES", "1", "Files read ahead, whole, past the one a "
                                  "sequential read of a URL cache with a block cache is in; 0 turns readahead off.",
                                  _files, example="2")
-    decode_threads: int | None = _knob("CACHEBUILD_DECODE_THREADS", "auto", "Threads decoding a compact (JPEG) "
-                                       "cache in each reading process; auto: the CPUs it may use, shared among "
-                                       "the DataLoader's workers, at most 4; in ThreadLoader's threads 1 (each "
-                                       "decodes its own samples).", _threads, example="2")
     push_stale_s: float = _knob("CACHEBUILD_PUSH_STALE_S", "300", "Seconds after its last renewal that a push's "
                                 "claim on a URL counts as abandoned (another host may take it over); the "
                                 "holder stops at half of it and renews it every tenth of it, at most 30 s.",

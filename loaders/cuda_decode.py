@@ -15,7 +15,7 @@ __all__ = ["decode_on_cuda"]
 def decode_on_cuda(payloads: list[torch.Tensor], shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """Decode JPEGs (1-D uint8 CPU tensors, pinned for a fast copy) on ``device``: uint8 (B, 3, H, W), a
     channels_last view of NHWC storage."""
-    from cachebuild.storage.kinds.jpeg.nvjpeg import decode_jpegs
+    from cachebuild.storage.kinds.jpeg import decode_jpegs
 
     h, w, _ = shape
     if not payloads:

@@ -29,11 +29,10 @@ from torch.utils.data import Dataset, get_worker_info
 
 from cachebuild.errors import CacheChangedError
 from cachebuild.format import Manifest
-from cachebuild.format.identity import check_fingerprint
+from cachebuild.format.manifest import check_fingerprint
 from cachebuild.storage import ImageStore
-from cachebuild.storage.cache.reader import open_cache
-from cachebuild.storage.kinds.side_arrays import load_column, load_paths, map_array
-from cachebuild.storage.locations.replacement import ReaderLock
+from cachebuild.storage.cache import load_column, load_paths, map_array, open_cache
+from cachebuild.storage.locations import ReaderLock
 from loaders.collate import CacheBatch, collate_batch
 from loaders.dataset_options import DatasetOptions
 

@@ -48,8 +48,10 @@ class DatasetOptions:
             normalize too and batches are float32, what a CPU training step takes. Leave it None on CUDA,
             where the uint8 batch is 4x fewer bytes to copy and normalizing is free.
         decode: for compact caches (``--codec jpeg``): ``"cpu"`` decodes each batch where it is read (a small
-            pool of threads per process, ``decode_threads`` of them; default: the CPUs divided among the
-            DataLoader's workers, at most 4); ``"none"`` makes batches carry the stored JPEGs undecoded
+            pool of threads per process, ``decode_threads`` of them: the one setting of how many; default, by
+            ``cachebuild.storage.kinds.jpeg.decode_threads``: the CPUs divided among the DataLoader's workers, at
+            most 4, and none in ``ThreadLoader``'s threads, which decode their own samples); ``"none"`` makes
+            batches carry the stored JPEGs undecoded
             (:class:`~loaders.encoded.EncodedImages`) for ``device_loader(..., decode="cuda")``, which sets
             it. Raw caches have nothing to decode and ignore both.
 

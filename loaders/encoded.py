@@ -63,7 +63,7 @@ class EncodedImages:
             from loaders.cuda_decode import decode_on_cuda
 
             return decode_on_cuda(self.payloads(), self.shape, device)
-        from cachebuild.storage.kinds.jpeg.codec import decode_into
+        from cachebuild.storage.kinds.jpeg import decode_into
 
         out = np.empty((len(self), *self.shape), dtype=np.uint8)
         data = self.data.numpy()

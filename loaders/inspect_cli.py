@@ -28,7 +28,7 @@ _PRESETS = ("auto", "imagenet", "imagenet-eval", "cifar", "cifar-eval")  # loade
 
 
 def _open(where: str) -> Any:
-    from cachebuild.storage.cache.reader import open_cache
+    from cachebuild.storage.cache import open_cache
 
     try:
         return open_cache(where)

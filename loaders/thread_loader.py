@@ -23,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import torch
 
-from cachebuild.storage.kinds.jpeg.backend import decode_in_this_thread
+from cachebuild.storage.kinds.jpeg import decode_in_this_thread
 from loaders.dataset import CachedImageDataset
 from loaders.sampler import CacheSampler
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cachebuild.storage.cache.writer import write_cache
+from cachebuild.storage.cache import write_cache
 
 __all__ = ["jpeg_index_cache", "jpeg_index_images", "read_index", "shard_payloads"]
 

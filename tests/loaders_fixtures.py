@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cachebuild.storage.cache.writer import write_cache
+from cachebuild.storage.cache import write_cache
 
 __all__ = ["decode_index", "make_cache", "make_images"]
 

@@ -15,7 +15,7 @@ import numpy as np
 from click.testing import CliRunner
 
 from cachebuild.cli import main
-from cachebuild.storage.cache.reader import read_manifest
+from cachebuild.storage.cache import read_manifest
 
 __all__ = ["same_key_caches"]
 

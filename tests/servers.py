@@ -86,7 +86,7 @@ def s3(s3_server: S3Server, aws_session_env: dict[str, str]) -> Iterator[S3Bucke
     loopback server) comes with it for subprocesses."""
     import s3fs
 
-    from cachebuild.storage.remote.s3_session import new_s3_session
+    from cachebuild.storage.locations.url import new_s3_session
 
     fs = s3fs.S3FileSystem(endpoint_url=s3_server.endpoint_url, key=DUMMY_KEY, secret=DUMMY_SECRET,
                            skip_instance_cache=True, use_listings_cache=False, session=new_s3_session())

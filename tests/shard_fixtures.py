@@ -13,7 +13,7 @@ from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.samples.parquet_layout import write_hf_parquet
 from cachebuild.samples.wds_layout import images_of_tree, write_wds
 from cachebuild.sources.folder import folder_plan
-from cachebuild.storage.cache.reader import open_cache
+from cachebuild.storage.cache import open_cache
 
 __all__ = ["CacheView", "cache_view", "folder_cache", "hf_set", "wds_set"]
 
@@ -47,7 +47,7 @@ class CacheView:
         c = open_cache(path)
         self.manifest = c.manifest
         self.paths = c.paths()
-        pixels = c.read(np.arange(len(c)))
+        pixels = c.gather(np.arange(len(c)))
         labels = c.labels.tolist()
         self.by_name = {name_of[p]: (pixels[i], labels[i]) for i, p in enumerate(self.paths)}
         self.failures = {f.path: f.reason for f in c.manifest.failures}

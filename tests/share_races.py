@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from cachebuild.errors import RemoteError
-from cachebuild.storage.cache.reader import open_cache
-from cachebuild.storage.locations import FsspecLocation
+from cachebuild.storage.cache import open_cache
+from cachebuild.storage.locations.url import FsspecLocation
 from tests.loaders_fixtures import make_cache
 from tests.repo import REPO
 
@@ -129,4 +129,4 @@ def kill_during(src: Path, url: str, after_s: float, *flags: str) -> int:
 
 
 def served(url: str, n: int) -> np.ndarray:
-    return open_cache(url).read(np.arange(n))
+    return open_cache(url).gather(np.arange(n))

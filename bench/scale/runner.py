@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def cache_checksums(cache: Path) -> list[str]:
     """Every checksum a cache's manifest records for its pixels and side arrays, in order."""
     m = json.loads((cache / "manifest.json").read_text())
-    key = "digest" if m.get("format_version", 0) >= 4 else "sha256"  # cachebuild.format.digests.entry_key
+    key = "digest" if m.get("format_version", 0) >= 4 else "sha256"  # cachebuild.format.manifest.entry_key
     return [s[key] for s in m["shards"]] + [a[key] for _, a in sorted(m.get("arrays", {}).items())]
 
 

@@ -30,7 +30,7 @@ STAGES = {  # stage name -> (module, attribute) of the function whose time is th
     "decode": ("cachebuild.builder.sample", "_decode"),
     "resize": ("cachebuild.builder.sample", "_resize_into"),
     "antialias": ("cachebuild.builder.sample", "_torch"),  # called once per antialiased resize: its count
-    "write_and_hash": ("cachebuild.storage.kinds.npy.backend", "NpyShardSink.commit"),
+    "write_and_hash": ("cachebuild.storage.kinds.npy", "NpyShardSink.commit"),
 }
 
 

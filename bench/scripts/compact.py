@@ -44,8 +44,8 @@ sys.path.insert(0, str(ROOT))
 
 from cachebuild.builder.pipeline import BuildOptions, build  # noqa: E402
 from cachebuild.sources.folder import folder_plan  # noqa: E402
-from cachebuild.storage.cache.reader import open_cache  # noqa: E402
-from cachebuild.storage.kinds.jpeg.backend import JpegImages  # noqa: E402
+from cachebuild.storage.cache import open_cache  # noqa: E402
+from cachebuild.storage.kinds.jpeg import JpegImages  # noqa: E402
 from loaders.dataset import CachedImageDataset, collate_batch  # noqa: E402
 from loaders.device import FastLoader  # noqa: E402
 from loaders.encoded import EncodedImages  # noqa: E402
@@ -190,7 +190,7 @@ def _quality(ds: CachedImageDataset, ref: Any, payloads: list[np.ndarray], res: 
     for lo in range(0, n, 512):
         idx = np.arange(lo, min(n, lo + 512))
         got = ds.gather(idx)
-        psnr.append(_psnr(got, ref.read(idx)))
+        psnr.append(_psnr(got, ref.gather(idx)))
         for k, i in enumerate(idx.tolist()):
             exact &= np.array_equal(got[k], simplejpeg.decode_jpeg(payloads[i]))
             if i % 10 == 0:
@@ -275,7 +275,7 @@ def _ffcv(a: argparse.Namespace, ref: Any, n: int, tmp: Path, res: dict[str, Any
         res["ffcv_jpeg"] = {"skipped": f"no FFCV python at {ffcv_py} (--ffcv-python, $FFCV_PYTHON)"}
         print(f"ffcv: skipped, no FFCV python at {ffcv_py}", flush=True)
         return
-    np.save(tmp / "images.npy", ref.read(np.arange(n)))
+    np.save(tmp / "images.npy", ref.gather(np.arange(n)))
     np.save(tmp / "labels.npy", ref.labels)
     r = subprocess.run([ffcv_py, str(ROOT / "bench" / "scripts" / "ffcv_jpeg_contender.py"), "--images",
                         str(tmp / "images.npy"), "--labels", str(tmp / "labels.npy"), "--quality",

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from cachebuild.storage.cache.writer import write_cache
+from cachebuild.storage.cache import write_cache
 from loaders import CachedImageDataset, CacheSampler, collate_batch, device_loader
 from loaders.transforms import IMAGENET_MEAN, IMAGENET_STD, Compose, Normalize
 

@@ -49,7 +49,7 @@ def make_cache(dest: Path, n: int, size: int) -> Path:
     import cv2
 
     from cachebuild.samples.photos import photo_bank
-    from cachebuild.storage.cache.writer import write_cache
+    from cachebuild.storage.cache import write_cache
 
     bank = [cv2.resize(img, (size, size), interpolation=cv2.INTER_AREA) for _, img in photo_bank()]
     rng = np.random.default_rng(0)

@@ -25,7 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from cachebuild.share.pull import pull
-from cachebuild.storage.cache.writer import write_cache
+from cachebuild.storage.cache import write_cache
 from support.http_server import HttpServer
 from support.loopback import EventLoopThread
 

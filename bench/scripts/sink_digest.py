@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cachebuild.format.digests import SHA256, XXH3_128, Digest
-from cachebuild.storage.kinds.npy.backend import NpyShardSink
+from cachebuild.format.manifest import SHA256, XXH3_128, Digest
+from cachebuild.storage.kinds.npy import NpyShardSink
 
 ALGORITHMS = (SHA256, XXH3_128)
 

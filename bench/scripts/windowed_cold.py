@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.sections.peers_remote import _cachebuild_epochs, _http_server, _s3_server, _upload
-from cachebuild.storage.cache.writer import write_cache
+from cachebuild.storage.cache import write_cache
 
 
 def _load() -> float:

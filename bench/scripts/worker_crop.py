@@ -32,7 +32,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from cachebuild.storage.cache.writer import write_cache  # noqa: E402
+from cachebuild.storage.cache import write_cache  # noqa: E402
 from loaders import transforms as T  # noqa: E402
 from loaders.collate import collate_batch  # noqa: E402
 from loaders.dataset import CachedImageDataset, DatasetOptions  # noqa: E402

@@ -235,10 +235,10 @@ def _bare_gather(path: Path, batch: int) -> Epoch:
     """numpy fancy index of the memmapped shards at each batch's sorted indices, one thread: the limit.
     An epoch like the contenders', so it runs interleaved with them (the machine's state between epochs
     is then the same for the limit as for what is divided by it)."""
-    from cachebuild.storage.cache.reader import open_cache
+    from cachebuild.storage.cache import open_cache
 
     reader = open_cache(path)
-    starts = reader.shard_starts
+    starts = reader.images.file_bounds()
     n = reader.manifest.count
     # plain numpy memory maps of the npy shards: the limit owes nothing to cachebuild's reader
     shards = [np.load(path / s.file, mmap_mode="r") for s in reader.manifest.shards]

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from bench.sections.load import COPY_BOUND, _bare_gather, _interleaved, _loaders
-from cachebuild.storage.cache.reader import open_cache
+from cachebuild.storage.cache import open_cache
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ cachebuild reads ``CachedImageDataset(url, DatasetOptions(local_cache=DIR))`` (i
 DataLoader with collate_batch, three times from a fresh DIR: shuffled (``CacheSampler(shuffle=True)``: every
 row fetched as its batch needs it), shard-windowed (``CacheSampler(shard_window=4)``: shards shuffled, then rows
 within groups of 4 shards, each shard fetched whole; not a uniform shuffle, as Streaming's block shuffle is not)
-and sequential (``shuffle=False``: the shards read ahead whole, ``cachebuild.storage.remote.readahead``).
+and sequential (``shuffle=False``: the shards read ahead whole, ``cachebuild.storage.remote.block_cache.Readahead``).
 The peers read with their own local copy: Streaming
 ``StreamingDataset(remote=url, local=DIR)``, LitData ``StreamingDataset(url, cache_dir=DIR)``, WebDataset
 ``WebDataset(urls, cache_dir=DIR)`` (S3 through ``pipe:aws s3 cp``, HTTP through its curl opener); every peer

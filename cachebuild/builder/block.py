@@ -20,7 +20,7 @@ import numpy as np
 from cachebuild.atomic import write_bytes_atomic
 from cachebuild.builder.sample import Placement, ResizeSpec, decode_into, one_thread_each
 from cachebuild.errors import DecodeError, SourceError
-from cachebuild.format.pathnames import encode_path
+from cachebuild.format.manifest import encode_path
 from cachebuild.storage import get_backend
 from cachebuild.storage.kinds.base import BlockFailure, BlockRecord, Sink
 

@@ -30,11 +30,10 @@ from cachebuild.atomic import write_json_atomic
 from cachebuild.builder.block import record_path
 from cachebuild.builder.options import PIXEL_RECIPE, pixel_recipe, recipe_differences
 from cachebuild.errors import CacheBuildError, CacheExistsError, OutputError
-from cachebuild.format.manifest import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, Manifest
-from cachebuild.format.pathnames import CACHE_SUBFOLDER
+from cachebuild.format.manifest import CACHE_SUBFOLDER, FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, Manifest
 from cachebuild.storage import cache_names, get_backend, staging_names
-from cachebuild.storage.cache.columns import COLUMNS_DIR, is_own_columns_folder
-from cachebuild.storage.cache.reader import read_manifest
+from cachebuild.storage.cache import read_manifest
+from cachebuild.storage.columns import COLUMNS_DIR, is_own_columns_folder
 from cachebuild.storage.kinds.base import BlockRecord
 
 __all__ = [

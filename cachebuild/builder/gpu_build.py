@@ -191,7 +191,7 @@ class GpuBlockDecoder:
     def _decode_batch(self, lo: int) -> dict[int, Any]:
         import torch
 
-        from cachebuild.storage.kinds.jpeg.nvjpeg import decode_jpegs
+        from cachebuild.storage.kinds.jpeg import decode_jpegs
 
         done: dict[int, Any] = {}
         gpu: list[tuple[int, bytes, int, int]] = []

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from cachebuild.errors import LockHeldError
 from cachebuild.processes import pid_alive
-from cachebuild.storage.cache.provenance import command_line, current_host, current_user
+from cachebuild.storage.cache import command_line, current_host, current_user
 
 __all__ = ["Holder", "exclusive_lock", "lock_path", "read_holder"]
 

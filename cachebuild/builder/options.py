@@ -16,8 +16,8 @@ from cachebuild.errors import OptionError
 from cachebuild.format.manifest import FORMAT_VERSION
 from cachebuild.options import REQUIRED, check_fields, option
 from cachebuild.storage import DEFAULT_STORAGE, backend_names, get_backend
-from cachebuild.storage.kinds.jpeg import codec as jpeg_codec
-from cachebuild.storage.kinds.zarr import write as zarr_write
+from cachebuild.storage.kinds.jpeg import SUBSAMPLINGS
+from cachebuild.storage.kinds.zarr import COMPRESSIONS
 
 if TYPE_CHECKING:
     from cachebuild.sources.plan import Plan
@@ -27,9 +27,6 @@ __all__ = ["COMPRESSIONS", "DECODE_DEVICES", "MAX_SIZE", "ON_ERROR", "PIXEL_RECI
 
 BLOCK_TARGET_BYTES = 64 << 20  # ~64 MB of pixels per block/shard: few files, tasks long enough to amortise
 MIN_BLOCKS = 64  # a plan of n files makes at least min(64, n / 64) blocks
-# chunk codecs (zarr) and chroma subsampling (jpeg): declared once, by the storage kinds that use them
-COMPRESSIONS = zarr_write.COMPRESSIONS
-SUBSAMPLINGS = jpeg_codec.SUBSAMPLINGS
 DECODE_DEVICES = ("cpu", "cuda")
 ON_ERROR = ("skip", "fail")
 MAX_SIZE = 16384  # output side: one sample is then 768 MB

@@ -40,12 +40,17 @@ from cachebuild.builder.options import BuildOptions, BuildResult, build_key
 from cachebuild.builder.sample import ResizeSpec, one_thread_each, pixel_tools
 from cachebuild.builder.update import Reuse, gc_paused, plan_reuse, racy_files, release_reader
 from cachebuild.errors import CacheBuildError
-from cachebuild.format.manifest import Failure, Manifest
-from cachebuild.format.pathnames import decode_path
+from cachebuild.format.manifest import Failure, Manifest, decode_path
 from cachebuild.sources.plan import Plan, block_reader
 from cachebuild.storage import get_backend, is_url
-from cachebuild.storage.cache.source_inputs import save_source_inputs
-from cachebuild.storage.cache.writer import commit_cache, save_side_arrays, staging_path, tool_versions, utc_now
+from cachebuild.storage.cache import (
+    commit_cache,
+    save_side_arrays,
+    save_source_inputs,
+    staging_path,
+    tool_versions,
+    utc_now,
+)
 from cachebuild.storage.kinds.base import BlockRecord
 
 __all__ = ["BuildOptions", "BuildResult", "build", "build_source", "default_out"]

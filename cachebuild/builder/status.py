@@ -26,8 +26,7 @@ from cachebuild.format import FORMAT_VERSION
 from cachebuild.sources.plan import Plan
 from cachebuild.sources.registry import recipe_of_old_cache, replan
 from cachebuild.storage import Location, open_location
-from cachebuild.storage.cache.reader import read_manifest
-from cachebuild.storage.cache.source_inputs import SourceInputs, load_source_inputs
+from cachebuild.storage.cache import SourceInputs, load_source_inputs, read_manifest
 
 __all__ = ["EXIT_CODES", "SourceStatus", "cache_status"]
 

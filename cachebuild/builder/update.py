@@ -59,15 +59,12 @@ from cachebuild.builder.block import Decoded, decode_run
 from cachebuild.builder.options import PIXEL_RECIPE, pixel_recipe, recipe_differences
 from cachebuild.builder.sample import pixel_tools
 from cachebuild.errors import CacheBuildError, CacheExistsError
-from cachebuild.format.digests import BUILD
-from cachebuild.format.manifest import MANIFEST_NAME, ColumnInfo, Manifest, ShardInfo
+from cachebuild.format.manifest import BUILD, MANIFEST_NAME, ColumnInfo, Manifest, ShardInfo
 from cachebuild.sources.plan import Plan
 from cachebuild.storage import Location, get_backend, open_location
-from cachebuild.storage.cache.columns import write_column_file
-from cachebuild.storage.cache.reader import open_cache, read_manifest
-from cachebuild.storage.cache.source_inputs import load_source_inputs
+from cachebuild.storage.cache import load_paths, load_source_inputs, map_array, open_cache, read_manifest
+from cachebuild.storage.columns import write_column_file
 from cachebuild.storage.kinds.base import BlockRecord
-from cachebuild.storage.kinds.side_arrays import load_paths, map_array
 
 __all__ = ["RACY_NS", "BlockReuse", "CarriedColumns", "Reuse", "gc_paused", "plan_reuse", "racy_files",
            "release_reader"]
@@ -187,7 +184,7 @@ class Reuse:
     boxes: np.ndarray | None  # int32 (old count, 4): fit=pad only
     shards: dict[tuple[int, int], ShardInfo] = dataclasses.field(default_factory=dict)  # (start, count) -> shard
     columns: CarriedColumns | None = None  # the old cache's columns, their rows by path (plan_columns)
-    adopts: bool = True  # shards may be taken whole: the old cache's checksums are the build's (format.digests)
+    adopts: bool = True  # shards may be taken whole: the old cache's checksums are the build's (format.manifest)
 
     @property
     def reused(self) -> int:

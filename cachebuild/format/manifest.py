@@ -1,63 +1,211 @@
-"""manifest.json: the self-description of a cache, written last.
+"""The on-disk cache format as code: ``manifest.json`` (a frozen dataclass with one parser per field and
+symmetric ``to_dict``/``from_dict``, as zarr-python models its metadata), the checksum algorithm of each format
+version, how source file names are written in JSON, and the names a manifest may give. The prose spec is
+``docs/FORMAT.md``. No file I/O and no backend registry: the caller passes the storage kinds it can read.
 
-A frozen dataclass with one parser per field and symmetric ``to_dict``/``from_dict`` (as zarr-python models
-its metadata). The spec in prose is ``docs/FORMAT.md``; this module is its code. A reader refuses any
-``format`` other than ours and any ``format_version`` not in ``READ_VERSIONS`` with a named error.
-
-Checksums: the algorithm of a cache's files is ``Manifest.digest`` (``format.digests``: sha256 to version 3,
-version 4's ``digest_algorithm``). In memory each entry's value is ``digest``; on disk versions 1-3 key it
-``sha256``, version 4 ``digest``. The manifest's own seal (``checksum``) is sha256 in every version.
+A reader refuses any ``format`` other than ours and any ``format_version`` not in ``READ_VERSIONS`` with a
+named error. The manifest is written last, so its presence means the cache is complete.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from cachebuild.errors import CacheCorruptError, UnsupportedFormatError
-from cachebuild.format.digests import ALGORITHMS, BUILD, DIGEST_VERSION, Digest, digest_for, entry_key
-from cachebuild.format.pathnames import check_name, decode_path, encode_path
+import xxhash
 
-__all__ = [
-    "CHECKSUM_FIELD",
-    "COLUMNS_DIR",
-    "COLUMNS_VERSION",
-    "FORMAT_NAME",
-    "FORMAT_VERSION",
-    "MANIFEST_NAME",
-    "PLAIN_VERSION",
-    "READ_VERSIONS",
-    "ArrayInfo",
-    "ColumnInfo",
-    "Failure",
-    "Manifest",
-    "ShardInfo",
-    "manifest_bytes",
-    "parse_manifest",
-]
+from cachebuild.errors import CacheCorruptError, FingerprintMismatchError, OptionError, UnsupportedFormatError
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer  # bytes, memoryview, a C-contiguous ndarray...
+
+__all__ = ["ALGORITHMS", "BUILD", "CACHE_SUBFOLDER", "CHECKSUM_FIELD", "COLUMNS_DIR", "COLUMNS_VERSION",
+           "COLUMN_DTYPES", "COLUMN_NAME", "DIGEST_VERSION", "FORMAT_NAME", "FORMAT_VERSION", "MANIFEST_NAME",
+           "PLAIN_VERSION", "READ_VERSIONS", "SHA256", "SHOWN_DIGITS", "URL_SCHEME", "XXH3_128", "ArrayInfo",
+           "ColumnInfo", "Digest", "Failure", "Hasher", "Manifest", "ShardInfo", "check_fingerprint", "check_name",
+           "decode_path", "decode_paths", "different_cache", "digest_for", "encode_path", "encode_paths", "entry_key",
+           "manifest_bytes", "parse_manifest"]
 
 FORMAT_NAME = "cachebuild"
+MANIFEST_NAME = "manifest.json"
 # Bump on any change a reader of the previous version would misread; readers refuse other versions.
-# 2: an npy shard's sha256 covers its whole file (1: its pixel rows); nothing else differs, so version 1
-# caches are still read (docs/FORMAT.md, "Changing the format").
-# 3: version 2 plus ``columns`` (extra per-sample arrays added after the build). Only a cache that holds
-# columns is written as 3: a cache of version 2 whose last column was removed goes back to 2.
-# 4: every file checksum (shards, side arrays, columns, files.json, source_files.json) by the manifest's
-# ``digest_algorithm`` (xxh3-128: 30x cheaper than sha256, 5-6% of a build worker), under the key ``digest``;
-# columns allowed. Every build writes 4 (its build key names it: a version 2/3 cache of the same recipe is
-# another build); a column added to or removed from a version 2/3 cache keeps sha256 (version 3, or 2).
+# 1: an npy shard's checksum covers its pixel rows. 2: its whole file (nothing else differs, so 1 is still read).
+# 3: version 2 plus ``columns`` (per-sample arrays added after the build); only a sha256 cache that holds columns
+#    is written as 3, and one whose last column is removed goes back to 2.
+# 4: every file checksum by the manifest's ``digest_algorithm``, under the key ``digest``; columns allowed. Every
+#    build writes 4; a column added to or removed from a version 2/3 cache keeps sha256 (version 3, or 2).
 FORMAT_VERSION = 4
 READ_VERSIONS = (1, 2, 3, 4)
-PLAIN_VERSION = 2  # what a sha256 cache without columns is written as (the last of them, version 3, with)
+PLAIN_VERSION = 2  # what a sha256 cache without columns is written as
+COLUMNS_VERSION = 3  # the first version with columns
+DIGEST_VERSION = 4  # the first version that names its checksum algorithm (and keys each value ``digest``)
 COLUMNS_DIR = "columns"  # the folder of a cache's column files: outside its file table (the manifest holds their sums)
-COLUMNS_VERSION = 3
-MANIFEST_NAME = "manifest.json"
+# The one folder inside a source tree that may hold caches of it: sources never list it, and a build may write there.
+CACHE_SUBFOLDER = ".cachebuild"
+URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # s3://, gs://, http(s)://, file://, memory://...
 
 FITS = ("crop", "squash", "pad")
+# Numeric dtypes only (np.load(allow_pickle=False) reads them; torch takes them): no strings, objects, complex.
+COLUMN_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                 "float16", "float32", "float64")
+COLUMN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
+
+
+# ---------------------------------------------------------------- checksums
+#
+# Versions 1 to 3 check every file (shards, side arrays, columns, files.json, source_files.json) with sha256, the
+# key ``sha256`` beside each value. Version 4 names its algorithm once, in ``digest_algorithm`` (xxh3-128: these
+# checksums find damage, on disk or in transfer, not attack, and a build's workers hash every byte they write),
+# each value under the key ``digest``; its hex is the canonical big-endian form that ``xxh128sum`` prints.
+# Identity stays sha256 in every version: the build key, the content id, the source fingerprint and the
+# manifest's own seal (``checksum``) are a few kB and are what a job pins or compares across releases.
+
+class Hasher(Protocol):
+    """hashlib's and xxhash's incremental interface, as far as caches use it."""
+
+    def update(self, data: ReadableBuffer, /) -> None: ...
+
+    def hexdigest(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Digest:
+    """One checksum algorithm: its manifest name, a new incremental hasher, and its hex length."""
+
+    name: str
+    new: Callable[[], Hasher]
+    hex_len: int
+
+    def of(self, data: ReadableBuffer) -> str:
+        """The hex digest of ``data`` (any C-contiguous buffer)."""
+        h = self.new()
+        h.update(data)
+        return h.hexdigest()
+
+
+SHA256 = Digest("sha256", hashlib.sha256, 64)
+XXH3_128 = Digest("xxh3-128", xxhash.xxh3_128, 32)
+ALGORITHMS = {d.name: d for d in (SHA256, XXH3_128)}
+BUILD = XXH3_128  # what this release writes into every new cache (format version 4)
+
+
+def digest_for(version: int, algorithm: object) -> Digest:
+    """The algorithm of a manifest of format ``version`` whose ``digest_algorithm`` is ``algorithm`` (None: it
+    has none). ``UnsupportedFormatError`` for a name this release does not know (a newer release's);
+    ``CacheCorruptError`` for a version 4 manifest without one, or an older one with one (its readers would
+    take its checksums for sha256)."""
+    if version < DIGEST_VERSION:
+        if algorithm is not None:
+            raise CacheCorruptError(f"manifest field 'digest_algorithm': format version {version} names no digest "
+                                    f"algorithm (its checksums are sha256), got {algorithm!r}")
+        return SHA256
+    if not isinstance(algorithm, str):
+        raise CacheCorruptError(f"manifest field 'digest_algorithm' must name the checksum algorithm of a format "
+                                f"version {version} cache, got {algorithm!r}")
+    if algorithm not in ALGORITHMS:
+        raise UnsupportedFormatError(f"this cache's checksums are {algorithm!r}, which this cachebuild does not "
+                                     f"know ({', '.join(ALGORITHMS)}); use a cachebuild release that reads them")
+    return ALGORITHMS[algorithm]
+
+
+def entry_key(version: int) -> str:
+    """The JSON key of each checksum value in a manifest (and ``files.json``'s ref) of format ``version``."""
+    return "sha256" if version < DIGEST_VERSION else "digest"
+
+
+# ---------------------------------------------------------------- names
+#
+# A POSIX file name is bytes; Python hands an undecodable byte over as a lone surrogate (``os.fsdecode``: byte
+# 0xFF -> U+DCFF), which strict UTF-8 JSON cannot hold. So ``paths.json`` and ``failures[].path`` hold each name
+# as the JSON string itself when it is valid UTF-8, else as ``{"bytes": E}``: E is the name's bytes with ``\xHH``
+# (two lowercase hex digits) for each byte that is not part of valid UTF-8, ``\\`` for a backslash, and every
+# other character as itself. ``os.fsencode(decode_path(encode_path(p))) == os.fsencode(p)`` for every name the
+# filesystem can hold; a reader without this package that meets an object knows the name was not UTF-8.
+
+_ESCAPE = re.compile(r"\\(\\|x[0-9a-f]{2})")
+
+
+def encode_path(path: str) -> str | dict[str, str]:
+    """The JSON value of one file name (``str`` as ``os.fsdecode`` returns it)."""
+    try:
+        path.encode("utf-8")
+        return path
+    except UnicodeEncodeError:
+        pass
+    try:
+        raw = os.fsencode(path)
+    except UnicodeEncodeError:  # a surrogate no file name can carry (not from surrogateescape)
+        raise ValueError(f"{path!r} is not a file name this system can hold (lone surrogate)") from None
+    return {"bytes": raw.replace(b"\\", b"\\\\").decode("utf-8", "backslashreplace")}
+
+
+def decode_path(entry: Any, where: str = "paths.json") -> str:
+    """A file name back from its JSON value; a malformed entry is a CacheCorruptError naming ``where``."""
+    if isinstance(entry, str):
+        return entry
+    if isinstance(entry, dict) and set(entry) == {"bytes"} and isinstance(entry["bytes"], str):
+        text = entry["bytes"]
+        out = bytearray()
+        pos = 0
+        for m in _ESCAPE.finditer(text):
+            literal = text[pos : m.start()]
+            if "\\" in literal:
+                break
+            out += literal.encode("utf-8", "strict")
+            esc = m.group(1)
+            out += b"\\" if esc == "\\" else bytes([int(esc[1:], 16)])
+            pos = m.end()
+        else:
+            literal = text[pos:]
+            if "\\" not in literal:
+                try:
+                    out += literal.encode("utf-8", "strict")
+                    return os.fsdecode(bytes(out))
+                except UnicodeEncodeError:
+                    pass
+        raise CacheCorruptError(f"{where}: malformed escaped file name {text!r} (only \\\\ and \\xHH escapes)")
+    raise CacheCorruptError(f"{where}: a file name must be a string or {{\"bytes\": ...}}, got {entry!r}")
+
+
+def encode_paths(paths: list[str]) -> list[str | dict[str, str]]:
+    return [encode_path(p) for p in paths]
+
+
+def decode_paths(entries: list[Any], where: str = "paths.json") -> list[str]:
+    if set(map(type, entries)) <= {str}:  # no escaped names (the usual case): nothing to decode, one C pass
+        return list(entries)
+    return [decode_path(e, where) for e in entries]
+
+
+def check_name(name: object, what: str = "file name") -> str:
+    """A name a manifest gives for a file of the cache: plain, relative, inside the cache (no absolute path, ``..``,
+    ``.`` or empty segment, backslash, URL or control character), so a crafted manifest cannot make a reader
+    open ``/etc/passwd``, a sibling folder or another host."""
+    if not isinstance(name, str) or not name:
+        raise CacheCorruptError(f"manifest {what} must be a non-empty string, got {name!r}")
+    bad = (
+        name.startswith("/")
+        or "\\" in name
+        or URL_SCHEME.match(name) is not None
+        or ":" in name.split("/", 1)[0]  # drive letters, "c:foo", scheme-like prefixes
+        or any(ord(ch) < 32 for ch in name)
+        or any(part in ("", ".", "..") for part in name.split("/"))
+    )
+    if bad:
+        raise CacheCorruptError(
+            f"manifest {what} {name!r} is not a plain relative name inside the cache (no '..', no absolute "
+            f"path, no URL); the manifest is damaged or was crafted: rebuild or re-fetch the cache"
+        )
+    return name
+
+
+# ---------------------------------------------------------------- the manifest
+
 # The manifest's own sha256 (optional: older caches lack it): of the file's bytes with the field's 64 hex
 # digits read as zeros. The other checksums cover every other file; this one covers the manifest, so a
 # flipped byte in a class name or a shard's checksum is found too. Raw bytes, not a canonical JSON form:
@@ -98,12 +246,6 @@ class ColumnInfo:
     shape: tuple[int, ...]
     digest: str
     size: int
-
-
-# Numeric dtypes only (np.load(allow_pickle=False) reads them; torch takes them): no strings, objects, complex.
-COLUMN_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-                 "float16", "float32", "float64")
-COLUMN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -165,7 +307,7 @@ class Manifest:
     split: str
     count: int
     shape: tuple[int, int, int]  # (H, W, C)
-    storage: str  # "npy" | "zarr"
+    storage: str  # the storage kind: "npy", "zarr", "jpeg"
     classes: tuple[str, ...]
     fit: str
     interpolation: str
@@ -196,19 +338,20 @@ class Manifest:
 
     @property
     def digest(self) -> Digest:
-        """The checksum algorithm of this cache's files (``format.digests``: the one map from a manifest)."""
+        """The checksum algorithm of this cache's files (:func:`digest_for`: the one map from a manifest)."""
         return digest_for(self.format_version,
                           self.digest_algorithm if self.format_version >= DIGEST_VERSION else None)
 
     @property
-    def content_id(self) -> str:
-        """A sha256 naming what the cache holds: its build key and every checksum the manifest records.
+    def fingerprint(self) -> str:
+        """The fingerprint as shown (``cachebuild info``, ``ls``): the build key's first hex digits."""
+        return self.build_key[:SHOWN_DIGITS]
 
-        The build key names source and parameters, not bytes: a source file rewritten with its size and
-        mtime kept, or a build with another OpenCV, gives the same key and other pixels. Local copies of
-        a cache's files (the block cache of URL reads) are keyed by this instead, so they never serve one
-        cache's bytes to a reader of another.
-        """
+    @property
+    def content_id(self) -> str:
+        """A sha256 naming what the cache holds: its build key and every checksum the manifest records. The build
+        key names source and parameters, not bytes (a source file rewritten keeping its size and mtime, another
+        OpenCV), so local copies of a cache's files are keyed by this: never one cache's bytes for another's."""
         blob = json.dumps({
             "build": self.build_key,
             "shards": [(s.file, s.start, s.count, s.digest) for s in self.shards],
@@ -253,28 +396,16 @@ class Manifest:
             if len(shape) != 3 or shape[2] != 3:
                 raise CacheCorruptError(f"manifest field 'shape' must be [H, W, 3], got {list(shape)}")
             if d.get("dtype") != "uint8" or d.get("layout") != "NHWC":
-                raise CacheCorruptError(
-                    f"manifest says dtype={d.get('dtype')!r} layout={d.get('layout')!r}; version "
-                    f"{version} caches are uint8 NHWC"
-                )
-            shards = tuple(
-                ShardInfo(
-                    file=check_name(s["file"], "shards.file"),
-                    start=_parse_int("shards.start", s["start"]),
-                    count=_parse_int("shards.count", s["count"]),
-                    digest=_parse_str(f"shards.{key}", s[key]),
-                )
-                for s in d["shards"]
-            )
-            arrays = {
-                _parse_str("arrays key", k): ArrayInfo(
-                    file=check_name(a["file"], "arrays.file"),
-                    dtype=_parse_str("arrays.dtype", a["dtype"]),
-                    shape=_parse_shape("arrays.shape", a["shape"]),
-                    digest=_parse_str(f"arrays.{key}", a[key]),
-                )
-                for k, a in _parse_mapping("arrays", d["arrays"]).items()
-            }
+                raise CacheCorruptError(f"manifest says dtype={d.get('dtype')!r} layout={d.get('layout')!r}; version "
+                                        f"{version} caches are uint8 NHWC")
+            shards = tuple(ShardInfo(check_name(s["file"], "shards.file"), _parse_int("shards.start", s["start"]),
+                                     _parse_int("shards.count", s["count"]), _parse_str(f"shards.{key}", s[key]))
+                           for s in d["shards"])
+            arrays = {_parse_str("arrays key", k): ArrayInfo(check_name(a["file"], "arrays.file"),
+                                                             _parse_str("arrays.dtype", a["dtype"]),
+                                                             _parse_shape("arrays.shape", a["shape"]),
+                                                             _parse_str(f"arrays.{key}", a[key]))
+                      for k, a in _parse_mapping("arrays", d["arrays"]).items()}
             m = cls(
                 format_version=version,
                 dataset=_parse_str("dataset", d["dataset"]),
@@ -414,3 +545,39 @@ def parse_manifest(raw: bytes, where: str, storage_kinds: tuple[str, ...] | None
     _check_format(data)  # first: a newer format may seal differently, and "unsupported version" is the news
     _check_seal(raw, data, where)
     return Manifest.from_dict(data, storage_kinds)
+
+
+# ---------------------------------------------------------------- identity
+#
+# The fingerprint a job can pin is the manifest's build key (sha256 of the source digest and every build
+# parameter that shapes the bytes), shown as its first 12 hex digits. The same build repeated (or pulled
+# elsewhere) keeps it, with the same bytes. The key names the source by path, size and mtime, not the decoder's
+# version, so one key can hold other bytes: what must never mix two caches' bytes compares ``content_id``.
+
+SHOWN_DIGITS = 12
+_PREFIX = re.compile(r"[0-9a-f]{8,64}")
+
+
+def different_cache(old: Manifest | None, new: Manifest, whose: str) -> str:
+    """What a destination holds instead of ``new``, for a refusal: "a different cache (fingerprint ...)"."""
+    if old is None:
+        return "a different cache (its manifest is unreadable)"
+    if old.build_key == new.build_key:
+        return (f"a different cache with the same fingerprint {new.fingerprint} (same source files by name, size "
+                f"and time, same parameters) but other contents: a source file changed keeping its size and time, "
+                f"or another OpenCV or decoder built one of them")
+    return f"a different cache (fingerprint {old.fingerprint}, {whose}'s is {new.fingerprint})"
+
+
+def check_fingerprint(manifest: Manifest, expected: str, where: str) -> None:
+    """Raise unless the cache's build key starts with ``expected`` (8 to 64 hex digits)."""
+    want = str(expected).strip().lower()
+    if not _PREFIX.fullmatch(want):
+        raise OptionError(f"expect_fingerprint must be 8 to 64 hex digits (a prefix of the fingerprint `cachebuild "
+                         f"info` or `cachebuild ls` shows), got {expected!r}")
+    key = manifest.build_key.lower()
+    if not key.startswith(want):
+        shown = key[: max(len(want), SHOWN_DIGITS)] or "(none)"
+        raise FingerprintMismatchError(
+            f"{where} has fingerprint {shown}, expected {want}: the cache was rebuilt (other source files or "
+            f"build parameters) or is another cache; check the path, or expect the new fingerprint")

@@ -15,8 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cachebuild.errors import CacheCorruptError, RemoteError
-from cachebuild.format.manifest import Manifest
-from cachebuild.format.pathnames import decode_path
+from cachebuild.format.manifest import Manifest, decode_path
 from cachebuild.storage import Location
 
 __all__ = ["PathTable", "element_bounds", "paths_at"]

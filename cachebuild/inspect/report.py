@@ -22,7 +22,7 @@ from cachebuild.inspect.select import pick_per_class, pick_random
 from cachebuild.inspect.show import Selection, show
 from cachebuild.inspect.stats import PixelStats, pixel_stats
 from cachebuild.options import check_fields, option
-from cachebuild.storage.cache.reader import CacheReader
+from cachebuild.storage.cache import CacheReader
 
 __all__ = ["FILE_LIST", "ReportOptions", "RunCurves", "write_report"]
 

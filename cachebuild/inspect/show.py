@@ -16,7 +16,7 @@ from cachebuild.errors import OptionError
 from cachebuild.inspect.paths import PathTable
 from cachebuild.inspect.select import parse_class_spec, parse_index_spec, pick_per_class, pick_random
 from cachebuild.inspect.sheet import Sheet, compose_sheet
-from cachebuild.storage.cache.reader import CacheReader
+from cachebuild.storage.cache import CacheReader
 
 __all__ = ["Augment", "Selection", "class_label", "select", "show"]
 
@@ -72,7 +72,7 @@ def show(reader: CacheReader, selection: Selection, *, augment: Augment | None =
         raise OptionError(f"nothing to show: the selection from {reader.location.describe()} is empty")
     order = np.argsort(idx, kind="stable")  # read in storage order, show in the order asked
     stored = np.empty((len(idx), *m.shape), dtype=np.uint8)
-    stored[order] = reader.read(idx[order])
+    stored[order] = reader.gather(idx[order])
     labels = reader.labels[idx]
     names = [class_label(m.classes, m.extra.get("class_descriptions"), int(c)) for c in labels]
     names_of = (paths or PathTable(reader.location, m)).at(idx)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cachebuild.inspect.select import pick_random
-from cachebuild.storage.cache.reader import CacheReader
+from cachebuild.storage.cache import CacheReader
 
 __all__ = ["PixelStats", "pixel_stats"]
 
@@ -59,7 +59,7 @@ def pixel_stats(reader: CacheReader, sample: int = 10_000, seed: int = 0) -> Pix
     buf = np.empty((min(per_batch, max(1, len(idx))), *m.shape), dtype=np.uint8)
     for lo in range(0, len(idx), per_batch):
         part = idx[lo : lo + per_batch]
-        batch = reader.read(part, out=buf[: len(part)])
+        batch = reader.gather(part, out=buf[: len(part)])
         _add(hist, batch)
         if inside is not None and reader.boxes is not None:
             for img, (y0, x0, y1, x1) in zip(batch, reader.boxes[part].tolist(), strict=True):

@@ -40,7 +40,7 @@ from cachebuild.builder.locks import Holder, pid_alive
 from cachebuild.errors import LockHeldError, RemoteNotFoundError, TransferError
 from cachebuild.settings import settings
 from cachebuild.storage import Location
-from cachebuild.storage.cache.provenance import current_host
+from cachebuild.storage.cache import current_host
 from cachebuild.storage.remote.pinning import etag_of
 
 __all__ = ["HEARTBEAT_S", "ClaimRaced", "PushClaim"]

@@ -131,7 +131,7 @@ def ls(where: str, as_json: bool, depth: int) -> None:
 
 def quick_verify(where: str) -> None:
     """``cachebuild verify --quick``."""
-    from cachebuild.storage.cache.quick_check import quick_check
+    from cachebuild.storage.cache import quick_check
 
     try:
         report = quick_check(where)

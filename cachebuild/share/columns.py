@@ -1,7 +1,7 @@
 """``cachebuild columns add|ls|rm``: extra per-sample arrays on a finished cache, no pixel rewritten.
 
 Parse, take the cache's writer lock (the one builds and pulls of that folder take, so a column is never added
-to a cache being replaced), call ``cachebuild.storage.cache.columns``, print. ``ls`` reads URLs too.
+to a cache being replaced), call ``cachebuild.storage.columns``, print. ``ls`` reads URLs too.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import click
 from cachebuild.builder.locks import exclusive_lock
 from cachebuild.cli_common import WAIT
 from cachebuild.errors import CacheBuildError
-from cachebuild.format.digests import entry_key
+from cachebuild.format.manifest import entry_key
 
 __all__ = ["columns"]
 
@@ -38,7 +38,7 @@ def add(cache: str, name: str, file: str, replace: bool, wait: float | None) -> 
     The column file is written first, then the manifest swapped atomically: a crash leaves the cache as it
     was, and jobs reading it keep what they opened.
     """
-    from cachebuild.storage.cache.columns import add_column, local_folder
+    from cachebuild.storage.columns import add_column, local_folder
 
     try:
         folder = local_folder(cache)
@@ -57,7 +57,7 @@ def add(cache: str, name: str, file: str, replace: bool, wait: float | None) -> 
 @click.option("--wait", **WAIT)
 def rm(cache: str, name: str, wait: float | None) -> None:
     """Remove column NAME from the local CACHE (its file is deleted once no job reads it)."""
-    from cachebuild.storage.cache.columns import local_folder, remove_column
+    from cachebuild.storage.columns import local_folder, remove_column
 
     try:
         folder = local_folder(cache)
@@ -73,7 +73,7 @@ def rm(cache: str, name: str, wait: float | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the columns as a JSON object.")
 def ls(cache: str, as_json: bool) -> None:
     """The columns of CACHE (a folder or a URL): name, dtype, shape, file."""
-    from cachebuild.storage.cache.reader import read_manifest
+    from cachebuild.storage.cache import read_manifest
 
     try:
         m = read_manifest(cache)

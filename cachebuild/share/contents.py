@@ -12,8 +12,7 @@ from cachebuild.format.manifest import MANIFEST_NAME, Manifest
 from cachebuild.share.listing import find_caches
 from cachebuild.share.transfer import Item
 from cachebuild.storage import Location, check_name
-from cachebuild.storage.cache.file_table import is_unfinished_write, read_file_table
-from cachebuild.storage.cache.reader import parse_manifest, read_manifest
+from cachebuild.storage.cache import is_unfinished_write, parse_manifest, read_file_table, read_manifest
 
 __all__ = ["PUSH_MARKER", "CacheContents", "read_contents", "read_manifest_bytes", "split_caches"]
 

@@ -16,8 +16,8 @@ from typing import Any
 from cachebuild.errors import CacheBuildError, RemoteError
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest
 from cachebuild.storage import Location, open_location
-from cachebuild.storage.cache.reader import parse_manifest
-from cachebuild.storage.locations.replacement import MARK as REPLACED_MARK
+from cachebuild.storage.cache import parse_manifest
+from cachebuild.storage.locations import REPLACED_MARK
 
 __all__ = ["Found", "cache_summary", "find_caches", "format_table", "list_caches"]
 

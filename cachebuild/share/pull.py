@@ -34,15 +34,19 @@ from cachebuild.errors import (
     OutputError,
     TransferError,
 )
-from cachebuild.format.identity import different_cache
-from cachebuild.format.manifest import MANIFEST_NAME, Manifest
+from cachebuild.format.manifest import MANIFEST_NAME, Manifest, different_cache
 from cachebuild.share.contents import CacheContents, read_contents, read_manifest_bytes, split_caches
 from cachebuild.share.transfer import DEFAULT_JOBS, download
 from cachebuild.storage import LocalLocation, Location, open_location
-from cachebuild.storage.cache.file_table import local_files
-from cachebuild.storage.cache.reader import CacheReader, parse_manifest
-from cachebuild.storage.cache.writer import install_staged, remove_unfinished_writes, staging_path
-from cachebuild.storage.locations.replacement import ReaderLock
+from cachebuild.storage.cache import (
+    CacheReader,
+    install_staged,
+    local_files,
+    parse_manifest,
+    remove_unfinished_writes,
+    staging_path,
+)
+from cachebuild.storage.locations import ReaderLock
 
 __all__ = ["PULL_MARKER", "PullResult", "pull"]
 

@@ -39,15 +39,13 @@ from cachebuild.errors import (
     RemoteNotFoundError,
     TransferError,
 )
-from cachebuild.format.identity import different_cache
-from cachebuild.format.manifest import FORMAT_NAME, MANIFEST_NAME
+from cachebuild.format.manifest import FORMAT_NAME, MANIFEST_NAME, different_cache
 from cachebuild.share.claim import ClaimRaced, PushClaim
 from cachebuild.share.contents import PUSH_MARKER, CacheContents, read_contents, split_caches
 from cachebuild.share.transfer import DEFAULT_JOBS, upload
 from cachebuild.storage import LocalLocation, Location, open_location
-from cachebuild.storage.cache.file_table import FileEntry, read_file_table
-from cachebuild.storage.cache.reader import CacheReader, parse_manifest
-from cachebuild.storage.locations.replacement import ReaderLock
+from cachebuild.storage.cache import CacheReader, FileEntry, parse_manifest, read_file_table
+from cachebuild.storage.locations import ReaderLock
 
 __all__ = ["PushResult", "push"]
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from cachebuild.atomic import AtomicFile
 from cachebuild.errors import CacheBuildError
-from cachebuild.format.digests import Digest
+from cachebuild.format.manifest import Digest
 from cachebuild.storage import Location
 from cachebuild.storage.kinds.base import digest_file
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from cachebuild.errors import SourceError
-from cachebuild.format.pathnames import CACHE_SUBFOLDER
+from cachebuild.format.manifest import CACHE_SUBFOLDER
 from cachebuild.sources.image_files import IMG_EXTENSIONS
 from cachebuild.sources.kind import SourceKind, SourceOptions, option
 from cachebuild.sources.plan import Plan, file_plan

@@ -19,7 +19,7 @@ from typing import Any
 from cachebuild.errors import SourceError
 from cachebuild.sources.kind import SourceKind, SourceOptions
 from cachebuild.sources.plan import Plan
-from cachebuild.storage.locations.names import redact
+from cachebuild.storage.locations import redact
 
 __all__ = ["get_source", "plan_source", "recipe_of_old_cache", "register_source", "replan", "source_names"]
 

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cachebuild.errors import SourceError
-from cachebuild.format.pathnames import CACHE_SUBFOLDER
+from cachebuild.format.manifest import CACHE_SUBFOLDER
 from cachebuild.sources.image_files import IMG_EXTENSIONS
 from cachebuild.sources.plan import Plan
 from cachebuild.storage import FsspecLocation, redact
-from cachebuild.storage.locations.names import is_web_url
+from cachebuild.storage.locations import is_web_url
 from cachebuild.storage.locations.url_files import FileInfo, UrlFiles
 
 __all__ = ["UrlFileReader", "url_folder_plan"]

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from cachebuild.storage.cache.reader import CacheReader
+from cachebuild.storage.cache import CacheReader
 from loaders.parity.recipe import Recipe
 from loaders.parity.references import Listing
 
@@ -192,7 +192,7 @@ def pixels(reader: CacheReader, listing: Listing, match: Matching, recipe: Recip
     boxes = reader.boxes
     for lo in range(0, len(picks), 64):
         idx = picks[lo : lo + 64]
-        ours = reader.read(idx)
+        ours = reader.gather(idx)
         for k, i in enumerate(idx):
             ref, box = reference_pixels(listing.open(int(match.ref_index[i])), recipe)
             res.indices.append(int(i))

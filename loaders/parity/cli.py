@@ -58,7 +58,7 @@ class ParityOptions:
 
 
 def _open(where: str) -> Any:
-    from cachebuild.storage.cache.reader import open_cache
+    from cachebuild.storage.cache import open_cache
     from loaders.parity.recipe import ParityInputError
 
     try:

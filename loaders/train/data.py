@@ -81,7 +81,7 @@ def _open_caches(cfg: TrainConfig) -> tuple[Any, Any | None]:
         raise TrainSetupError(f"{cfg.train}: the cache holds no samples")
     val_ds = None
     if cfg.val is not None:
-        from cachebuild.storage.cache.reader import read_manifest
+        from cachebuild.storage.cache import read_manifest
 
         relabelled = cfg.labels is not None and cfg.labels in read_manifest(cfg.val).columns
         val_ds = CachedImageDataset(cfg.val, dataclasses.replace(options, labels=cfg.labels if relabelled else None))

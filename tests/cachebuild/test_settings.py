@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from cachebuild import settings as knobs
 from cachebuild.errors import OptionError
 from cachebuild.settings import KNOBS, Settings, defaults, settings
 from tests.repo import REPO
@@ -17,12 +16,12 @@ from tests.repo import REPO
 # What each knob holds when it is not set; the declaration is the one place these live.
 DEFAULTS = {"retries": 10, "retry_budget_s": 120.0, "http_timeout_s": 60.0,
             "home": Path.home() / ".cache" / "cachebuild", "pin_versions": True, "hedge": True, "hedge_factor": 3.0,
-            "hedge_after_s": 0.05, "readahead_files": 1, "decode_threads": None, "push_stale_s": 300.0}
+            "hedge_after_s": 0.05, "readahead_files": 1, "push_stale_s": 300.0}
 
 
 def test_one_field_per_variable_and_the_defaults() -> None:
     assert [f.name for f in dataclasses.fields(Settings)] == list(DEFAULTS)
-    assert len({k.env for k in KNOBS}) == len(KNOBS) == 11
+    assert len({k.env for k in KNOBS}) == len(KNOBS) == 10
     assert all(k.env.startswith("CACHEBUILD_") and k.meaning for k in KNOBS)
     assert dataclasses.asdict(defaults()) == DEFAULTS
     assert dataclasses.asdict(settings({k.env: "" for k in KNOBS})) == DEFAULTS  # empty: unset
@@ -50,8 +49,6 @@ def test_no_module_reads_a_knob_from_the_environment_itself() -> None:
     ("CACHEBUILD_HEDGE_AFTER", "x", "is not a number"),
     ("CACHEBUILD_READAHEAD_FILES", "-1", "must be 0 (off) or more"),
     ("CACHEBUILD_READAHEAD_FILES", "one", "is not a whole number"),
-    ("CACHEBUILD_DECODE_THREADS", "0", "must be at least 1"),
-    ("CACHEBUILD_DECODE_THREADS", "four", "is not a whole number"),
     ("CACHEBUILD_PUSH_STALE_S", "0", "must be positive"),
 ])
 def test_a_bad_value_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyPatch, env: str, value: str,
@@ -65,46 +62,31 @@ def test_a_bad_value_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyPa
 def test_switches_take_the_usual_spellings() -> None:
     for text, on in (("1", True), ("0", False), ("yes", True), ("OFF", False), (" true ", True), ("no", False)):
         assert settings({"CACHEBUILD_HEDGE": text}).hedge is on
-    assert settings({"CACHEBUILD_DECODE_THREADS": "auto"}).decode_threads is None
     assert settings({"CACHEBUILD_HOME": "~/caches"}).home == Path.home() / "caches"
 
 
 def test_values_are_read_when_asked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Changing the environment between two calls changes what each reader sees: the settings object, the
-    remote layer's policy, the build's default output, the decode threads and a push's claim lifetime."""
+    remote layer's policy, the build's default output and a push's claim lifetime."""
     from cachebuild.builder.pipeline import default_out
     from cachebuild.share.claim import PushClaim
     from cachebuild.storage import open_location
-    from cachebuild.storage.kinds.jpeg.backend import decode_threads
     from cachebuild.storage.remote import retry
 
     monkeypatch.setenv("CACHEBUILD_RETRIES", "3")
     monkeypatch.setenv("CACHEBUILD_HOME", str(tmp_path / "a"))
-    monkeypatch.setenv("CACHEBUILD_DECODE_THREADS", "2")
     monkeypatch.setenv("CACHEBUILD_PUSH_STALE_S", "40")
     claim = PushClaim(open_location(tmp_path), "marker.json")
-    assert (settings().retries, retry.settings().attempts) == (3, 3)
+    assert (settings().retries, retry.Budget().settings.retries) == (3, 3)
     assert default_out("cifar10", 32, "crop", "npy") == tmp_path / "a" / "cifar10-32"
-    assert decode_threads() == 2
     assert (claim.stale_s, claim.hold_s, claim.heartbeat_s) == (40.0, 20.0, 4.0)  # renewed well within its hold
     monkeypatch.setenv("CACHEBUILD_RETRIES", "7")
     monkeypatch.setenv("CACHEBUILD_HOME", str(tmp_path / "b"))
-    monkeypatch.setenv("CACHEBUILD_DECODE_THREADS", "3")
     monkeypatch.setenv("CACHEBUILD_PUSH_STALE_S", "600")
-    assert (settings().retries, retry.settings().attempts) == (7, 7)
+    assert (settings().retries, retry.Budget().settings.retries) == (7, 7)
     assert default_out("cifar10", 32, "crop", "npy") == tmp_path / "b" / "cifar10-32"
-    assert decode_threads() == 3
     claim = PushClaim(open_location(tmp_path), "marker.json")
     assert (claim.stale_s, claim.hold_s, claim.heartbeat_s) == (600.0, 300.0, 30.0)
     monkeypatch.setenv("CACHEBUILD_HTTP_TIMEOUT", "zero")
     with pytest.raises(OptionError, match=r"^CACHEBUILD_HTTP_TIMEOUT='zero' is not a number"):
-        retry.settings()
-
-
-def test_the_remote_policy_defaults_are_the_knobs() -> None:
-    from cachebuild.storage.remote.retry import RemoteSettings
-
-    d, r = defaults(), RemoteSettings()
-    assert (r.attempts, r.budget_s, r.http_timeout_s, r.pin_versions, r.hedge, r.hedge_after_s, r.hedge_factor) == \
-        (d.retries, d.retry_budget_s, d.http_timeout_s, d.pin_versions, d.hedge, d.hedge_after_s, d.hedge_factor)
-    assert knobs.knobs()[0] == ("retries", KNOBS[0])
+        retry.Budget()

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from cachebuild.errors import CacheCorruptError
-from cachebuild.storage.cache.columns import add_column
+from cachebuild.storage.columns import add_column
 from loaders.collate import collate_batch
 from loaders.dataset import CachedImageDataset, DatasetOptions
 from loaders.thread_loader import ThreadLoader

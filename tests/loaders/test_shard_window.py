@@ -17,8 +17,8 @@ from torch.utils.data import DataLoader
 
 from cachebuild.errors import CacheChangedError
 from cachebuild.storage import BlockCache
-from cachebuild.storage.cache.writer import write_cache
-from cachebuild.storage.remote.readahead import WHOLE_FILE_THREADS
+from cachebuild.storage.cache import write_cache
+from cachebuild.storage.remote.block_cache import WHOLE_FILE_THREADS
 from loaders.dataset import CachedImageDataset, DatasetOptions, collate_batch
 from loaders.sampler import CacheSampler
 from loaders.thread_loader import ThreadLoader

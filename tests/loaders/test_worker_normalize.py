@@ -12,7 +12,7 @@ import torch
 import torchvision.transforms.v2.functional as TVF
 from torch.utils.data import DataLoader
 
-from cachebuild.storage.cache.writer import write_cache
+from cachebuild.storage.cache import write_cache
 from loaders import batch_ring
 from loaders import transforms as T
 from loaders.collate import collate_batch

@@ -10,7 +10,7 @@ import pickle
 
 import numpy as np
 
-from cachebuild.storage.cache.writer import write_cache
+from cachebuild.storage.cache import write_cache
 from loaders import CachedImageDataset
 
 

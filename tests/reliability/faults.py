@@ -20,8 +20,9 @@ points (where the build is when it fires):
 - ``compact``: during zarr compaction, before the n-th block move
 - ``shard-write``: the n-th sample written to an npy shard (for ``enospc``, ``erofs``)
 
-The points name today's functions (``cachebuild.builder.block``, ``storage.writer``, the storage backends
-``cachebuild.storage.kinds.zarr.write`` and ``npy_backend``); when they move, move the patches here, not the tests.
+The points name today's functions (``cachebuild.builder.block``, ``cachebuild.storage.cache``, the storage kinds
+``cachebuild.storage.kinds.zarr`` and ``cachebuild.storage.kinds.npy``); when they move, move the patches here,
+not the tests.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def install(spec: str) -> None:
 
         block.write_bytes_atomic = write_record
     elif point == "manifest":
-        import cachebuild.storage.cache.writer as writer
+        import cachebuild.storage.cache as writer
 
         real_write = writer.write_bytes_atomic
 
@@ -112,7 +113,7 @@ def install(spec: str) -> None:
 
         pathlib.Path.rename = rename  # type: ignore[method-assign]
     elif point == "compact":
-        import cachebuild.storage.kinds.zarr.write as zs
+        import cachebuild.storage.kinds.zarr as zs
 
         real_open = zs.open_zarr_for_writing
 
@@ -132,7 +133,7 @@ def install(spec: str) -> None:
 
         zs.open_zarr_for_writing = lambda path: Moves(real_open(path))
     elif point == "shard-write":
-        import cachebuild.storage.kinds.npy.backend as sinks
+        import cachebuild.storage.kinds.npy as sinks
 
         real_commit = sinks.NpyShardSink.commit
 

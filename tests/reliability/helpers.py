@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cachebuild.storage.cache.reader import open_cache
+from cachebuild.storage.cache import open_cache
 from tests.repo import REPO
 
 __all__ = ["FAULT_HOOKS", "REPO", "ReadTally", "build_reference", "cli", "cli_env", "file_hashes", "read_under_load",

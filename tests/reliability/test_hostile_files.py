@@ -25,7 +25,7 @@ from cachebuild.cli import main
 from cachebuild.errors import CacheExistsError, OptionError, OutputError
 from cachebuild.sources.folder import folder_plan
 from cachebuild.sources.plan import FileReader
-from cachebuild.storage.cache.reader import open_cache, read_manifest
+from cachebuild.storage.cache import open_cache, read_manifest
 from tests.manifest_edits import load_unsealed
 from tests.reliability.helpers import cli, cli_env, file_hashes, without_dac_override
 

@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from cachebuild.cli import main
-from cachebuild.storage.cache.provenance import current_host
+from cachebuild.storage.cache import current_host
 from tests import share_races
 
 RACE_ROW = "two pushes of different caches to one S3 prefix at once"

@@ -3,7 +3,7 @@ names that are not UTF-8):
 
 - readers under load: 8 reader processes on one cache while ``--force`` rebuilds it with other
   parameters; every batch whole and from the cache each reader opened, or a named error; none mixed.
-- file names that are not valid UTF-8, end to end (``cachebuild/format/pathnames.py`` is the codec;
+- file names that are not valid UTF-8, end to end (``cachebuild/format/manifest.py::encode_path`` is the codec;
   ``save_paths``/``load_paths``, the block records' and the manifest's failure paths must use it).
 """
 
@@ -22,8 +22,7 @@ import pytest
 from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.samples.broken import write_truncated_jpeg
 from cachebuild.sources.folder import folder_plan
-from cachebuild.storage.cache.reader import open_cache, read_manifest
-from cachebuild.storage.cache.writer import write_cache
+from cachebuild.storage.cache import open_cache, read_manifest, write_cache
 from tests.reliability.helpers import read_under_load
 
 READERS = 8

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from cachebuild.share.push import push
-from cachebuild.storage.cache.writer import write_cache
+from cachebuild.storage.cache import write_cache
 from tests.reliability.helpers import read_under_load
 
 READERS = 4

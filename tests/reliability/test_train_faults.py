@@ -17,7 +17,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from cachebuild.storage.cache.writer import write_cache
+from cachebuild.storage.cache import write_cache
 from loaders.train.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
 from loaders.train.cli import train
 from loaders.train.models import build_model

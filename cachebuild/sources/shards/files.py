@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 from cachebuild.errors import DecodeError, SourceError
-from cachebuild.storage.locations.names import is_url, is_web_url, redact
+from cachebuild.storage.locations import is_url, is_web_url, redact
 from cachebuild.storage.locations.url_files import FileInfo, UrlFiles, close_url_handles, read_url_range, url_files
 from cachebuild.storage.remote import retry
 

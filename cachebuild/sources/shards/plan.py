@@ -21,7 +21,7 @@ from cachebuild.sources.kind import option
 from cachebuild.sources.plan import Plan, SampleReader
 from cachebuild.sources.sample_table import SampleTable
 from cachebuild.sources.shards.files import Shard, is_url, list_shards, retrying
-from cachebuild.storage.locations import FsspecLocation
+from cachebuild.storage.locations.url import FsspecLocation
 
 __all__ = ["SPLIT_WORDS", "ShardFormat", "ShardPart", "check_labels", "dataset_name",
            "digest_shards", "plan_shards", "read_classes", "select_split", "split_option"]

@@ -1,40 +1,55 @@
-"""What a storage backend is: one class per way of laying out a cache's pixels, owning both sides.
+"""What a storage kind is, their one registry, and the read mechanics the kinds of shard files share.
 
-Write side (the build, and ``storage.writer.write_cache`` for in-memory images: one path): ``prepare`` the
-staging folder, give each worker a :class:`Sink` for its block, ``resume`` after a kill, ``finish`` the
-:class:`BlockRecord` s into the manifest's shard list. Each backend lists the names it writes
-(``staging_names``, ``cache_names``), so the build's destination rules never name a kind's files.
-Read side: ``open`` a location + manifest into an :class:`ImageStore` that gathers samples into a caller's
-buffer, tells its read geometry and verifies itself. Nothing outside the backends asks which kind a cache is.
+A kind is one :class:`Backend` per way of laying out a cache's pixels, owning both sides. Write (builds and
+``storage.cache.write_cache``: one path): ``prepare`` the staging folder, a :class:`Sink` per worker's block,
+``resume`` after a kill, ``finish`` the :class:`BlockRecord` s into the manifest's shards; the names it writes
+(``staging_names``, ``cache_names``) so the build's destination rules never name a kind's files. Read: ``open`` a
+location + manifest into an :class:`ImageStore`. Nothing outside the backends asks which kind a cache is. A new
+kind is one module and one line in ``_BACKENDS`` (or :func:`register_backend`); kinds are imported on first use.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
+import importlib
 import os
+import shutil
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 
+from cachebuild.errors import UnsupportedFormatError
+from cachebuild.settings import settings
 from cachebuild.storage.locations import Location
-from cachebuild.storage.remote.block_cache import BlockCache
+from cachebuild.storage.remote.block_cache import (
+    STEP_BYTES,
+    WHOLE_FILE_THREADS,
+    BlockCache,
+    BlockCacheFullError,
+    CachedFile,
+    Readahead,
+)
 
 if TYPE_CHECKING:
-    from cachebuild.format.digests import Digest
-    from cachebuild.format.manifest import Manifest, ShardInfo
+    from cachebuild.format.manifest import Digest, Manifest, ShardInfo
 
-__all__ = ["Backend", "BlockFailure", "BlockRecord", "ImageStore", "Sink", "StorageParams", "adopt_file", "digest_file",
-           "digest_of_file", "link_shard", "one_file_per_block"]
+__all__ = ["DEFAULT_STORAGE", "Backend", "BlockFailure", "BlockRecord", "ImageStore", "ShardHandles", "Sink",
+           "StorageParams", "adopt_file", "backend_names", "cache_names", "codecs", "digest_file", "digest_of_file",
+           "get_backend", "in_parallel", "link_shard", "one_file_per_block", "register_backend", "staging_names"]
 
+T = TypeVar("T")
 
 @dataclass(frozen=True)
 class BlockFailure:
     """A source file of a block that gave no sample: its plan position, its name as
-    ``format.pathnames.encode_path`` writes it, and why."""
+    :func:`~cachebuild.format.manifest.encode_path` writes it, and why."""
 
     index: int
     path: str | dict[str, str]
@@ -75,11 +90,9 @@ def _decode_array(value: Any, dtype: type[np.signedinteger[Any]], cols: int) -> 
 
 @dataclass(frozen=True, eq=False)
 class BlockRecord:
-    """A finished block, as its worker returns it and ``blocks/block-NNNNN.json`` keeps it (a killed build
-    resumes by skipping the blocks that have one). ``ok``, ``sizes``, ``boxes``: per kept sample, its plan
-    position, source (height, width) and placement box, as arrays (int64 (n,), int32 (n, 2), int32 (n, 4);
-    read-only; any sequence given is converted): at ImageNet count, per-sample tuples cost ~1.7 s of an
-    ``--update`` in JSON, tuple building and the finish's concatenation, and every fresh block built them."""
+    """A finished block, as its worker returns it and ``blocks/block-NNNNN.json`` keeps it (a killed build resumes
+    by skipping the blocks that have one). ``ok``, ``sizes``, ``boxes``: per kept sample, its plan position, source
+    (height, width) and placement box, as read-only arrays (int64 (n,), int32 (n, 2), int32 (n, 4)), not tuples."""
 
     block: int
     start: int  # plan position of the block's first file
@@ -108,9 +121,8 @@ class BlockRecord:
     __hash__ = None  # type: ignore[assignment]  # equal by value, and the arrays are not hashable
 
     def to_json(self) -> dict[str, Any]:
-        """The record for ``json.dumps``: the per-sample arrays as base64 of their little-endian bytes (one
-        string each, no number per sample for json to write or parse; the record stays one file, written
-        atomically)."""
+        """The record for ``json.dumps``: the per-sample arrays as base64 of their little-endian bytes (one string
+        each, no number per sample for json to write or parse)."""
         d: dict[str, Any] = {"block": self.block, "start": self.start, "planned": self.planned, "count": self.count,
                              "file": self.file, "digest": self.digest}
         for name, (dtype, _) in _PER_SAMPLE.items():
@@ -152,7 +164,7 @@ class Sink(Protocol):
     def abort(self) -> None: ...
 
     def close(self) -> tuple[str, str]:
-        """Finish the block; returns the file name its record names and the digest (``format.digests.BUILD``)
+        """Finish the block; returns the file name its record names and the digest (``format.manifest.BUILD``)
         the manifest keeps for it. The kind says what the digest covers (npy and jpeg: the shard file's every
         byte, so the file table takes it as is; zarr: the samples' pixels), and the sink hashes as it writes:
         one pass."""
@@ -170,16 +182,12 @@ class StorageParams(Protocol):
 
     @property
     def size(self) -> int: ...
-
     @property
     def chunk_size(self) -> int | None: ...
-
     @property
     def compression(self) -> str: ...
-
     @property
     def quality(self) -> int: ...  # kinds that encode samples (jpeg)
-
     @property
     def subsampling(self) -> str: ...
 
@@ -340,8 +348,6 @@ def adopt_file(location: Location, shard: ShardInfo, dst: Path) -> bool:
 def link_shard(src: Path, dst: Path) -> None:
     """``dst`` made the same bytes as ``src`` (an older cache's shard): a hard link when the filesystem allows (no
     byte copied; caches are never written in place), else a copy; under a temporary name, then renamed."""
-    import shutil
-
     tmp = dst.with_name(dst.name + ".tmp")
     tmp.unlink(missing_ok=True)
     try:
@@ -368,3 +374,225 @@ def digest_of_file(location: Location, name: str, size: int, algorithm: Digest, 
         (data,) = location.read_ranges(name, [(lo, min(size, lo + read_bytes))])
         h.update(data)
     return h.hexdigest()
+
+
+# ---------------------------------------------------------------- the registry
+
+DEFAULT_STORAGE = "npy"
+
+# kind -> "module:Class"
+_BACKENDS: dict[str, str] = {
+    "npy": "cachebuild.storage.kinds.npy:NpyBackend",
+    "zarr": "cachebuild.storage.kinds.zarr:ZarrBackend",
+    "jpeg": "cachebuild.storage.kinds.jpeg:JpegBackend",
+}
+_LOADED: dict[str, Backend] = {}
+
+
+def register_backend(name: str, target: str | Backend) -> None:
+    """Add a storage kind: ``target`` is a Backend instance or a ``"module:Class"`` string."""
+    if isinstance(target, Backend):
+        _LOADED[name] = target
+        _BACKENDS[name] = f"{type(target).__module__}:{type(target).__qualname__}"
+    else:
+        _BACKENDS[name] = target
+        _LOADED.pop(name, None)
+
+
+def backend_names() -> tuple[str, ...]:
+    return tuple(_BACKENDS)
+
+
+def get_backend(name: str) -> Backend:
+    """The backend of storage kind ``name`` (a named error for a kind this release does not know)."""
+    backend = _LOADED.get(name)
+    if backend is None:
+        if name not in _BACKENDS:
+            raise UnsupportedFormatError(
+                f"storage kind {name!r} is not known to this cachebuild (it knows {', '.join(_BACKENDS)}); "
+                f"upgrade cachebuild or rebuild the cache"
+            )
+        module, cls = _BACKENDS[name].split(":")
+        backend = _LOADED[name] = getattr(importlib.import_module(module), cls)()
+    return backend
+
+
+def staging_names() -> str:
+    """A regex (fullmatch) of every name some storage kind writes at the top of a staging folder."""
+    return "|".join(f"(?:{b.staging_names})" for b in map(get_backend, _BACKENDS) if b.staging_names)
+
+
+def cache_names() -> frozenset[str]:
+    """Names some storage kind keeps in a finished cache beyond the files its manifest lists."""
+    return frozenset().union(*(get_backend(name).cache_names for name in _BACKENDS))
+
+
+def codecs() -> dict[str, str]:
+    """codec name -> the storage kind that stores samples encoded with it (``--codec jpeg`` -> ``jpeg``)."""
+    return {b.codec: name for name, b in ((n, get_backend(n)) for n in _BACKENDS) if b.codec}
+
+
+# ---------------------------------------------------------------- shard files, opened once per process
+
+# Guards making a process's handle table and its lock (threads of a forked child or of an unpickled reader
+# arrive together); made anew in a forked child, where another thread may have held it at the fork.
+_TABLE_GUARD = threading.Lock()
+
+
+def _new_table_guard() -> None:
+    global _TABLE_GUARD
+    _TABLE_GUARD = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_table_guard)
+
+
+class ShardHandles:
+    """A cache's shard files under ``location``, each opened once per process, lazily (after a fork or unpickling
+    the next use opens them again): what :meth:`_open_local` makes of a local file, a :class:`CachedFile` mirror
+    for a URL with a block cache, or False for a URL without one (plain range reads). Threads of one process open
+    each file once: two handles of one file would leak the loser's descriptors."""
+
+    def __init__(self, location: Location, count: int, block_cache: BlockCache | None, cache_id: str) -> None:
+        self.location = location
+        self.block_cache = None if location.is_local else block_cache
+        self.cache_id = cache_id
+        self._count = count
+        self._handles: list[Any] | None = None
+        self._pid = -1  # no handle table in any process yet
+        self._lock: Any = None
+        self.bytes_fetched = 0
+        self._readahead: Readahead | None = None  # whole files fetched ahead into the block cache (made when used)
+        # Set by a shard-windowed sampler (CacheSampler(shard_window=W)): every file a batch touches is read
+        # whole within the window, so it is fetched whole at once (big requests) rather than row by row.
+        self.whole_files = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_handles": None, "_pid": -1, "_lock": None, "bytes_fetched": 0}
+
+    @property
+    def readahead(self) -> Readahead:
+        """This reader's background fetches into the block cache (a sequential or shard-windowed remote read)."""
+        if self._readahead is None:
+            self._readahead = Readahead(WHOLE_FILE_THREADS if self.whole_files else 1)
+        return self._readahead
+
+    def _open_local(self, k: int) -> Any:
+        """File ``k`` of a local cache, opened (subclasses say how)."""
+        raise NotImplementedError
+
+    def _name_and_size(self, k: int) -> tuple[str, int]:
+        """File ``k``'s name and the bytes a reader may use of it (what a block cache mirrors)."""
+        raise NotImplementedError
+
+    def _table(self) -> list[Any]:
+        """This process's handle table (made on first use here, with the lock that guards opening)."""
+        if self._pid != os.getpid():
+            with _TABLE_GUARD:
+                if self._pid != os.getpid():
+                    self._lock = threading.Lock()
+                    self._handles = [None] * self._count
+                    self._pid = os.getpid()  # last: another thread that sees our pid finds both made
+        return self._handles  # type: ignore[return-value]
+
+    def _handle(self, k: int) -> Any:
+        handles = self._table()
+        got = handles[k]
+        if got is None:
+            with self._lock:
+                got = handles[k]
+                if got is None:
+                    got = handles[k] = self._open(k)
+        return got
+
+    def _open(self, k: int) -> Any:
+        if self.location.is_local:
+            return self._open_local(k)
+        if self.block_cache is not None and not self.block_cache.full:
+            name, size = self._name_and_size(k)
+            try:
+                return self.block_cache.file(BlockCache.key(self.cache_id, name), size)
+            except BlockCacheFullError as e:  # no room for its table: this file is read uncached
+                self.block_cache.note_full(e)
+        return False
+
+    def _fetch(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        return self._fetch_many([(name, ranges)])[0]
+
+    def _fetch_many(self, wanted: Sequence[tuple[str, Sequence[tuple[int, int]]]]) -> list[list[bytes]]:
+        got = self.location.read_many(wanted)
+        with _TABLE_GUARD:  # the files of a batch are fetched by several threads at once
+            self.bytes_fetched += sum(len(g) for file in got for g in file)
+        return got
+
+    def read_ahead(self, k: int, start: int) -> None:
+        """A sequential read reached byte ``start`` of file ``k``: fetch the rest of it and the next
+        ``CACHEBUILD_READAHEAD_FILES`` files whole into the block cache, in the background, once each."""
+        more = settings().readahead_files
+        if self.block_cache is None or self.block_cache.full or more == 0:
+            return
+        for j in range(k, min(self._count, k + more + 1)):
+            handle = self._handle(j)
+            if isinstance(handle, CachedFile):
+                name, size = self._name_and_size(j)
+                job = functools.partial(handle.prefetch, start if j == k else 0, size,
+                                        functools.partial(self._fetch, name), STEP_BYTES)
+                self.readahead.schedule(j, job, self.location.describe(name))
+
+    def read_files_whole(self) -> None:
+        """From now on every file a batch touches is fetched whole (:attr:`whole_files`), several at once."""
+        self.whole_files = True
+        if self._readahead is not None:
+            self._readahead.threads = WHOLE_FILE_THREADS
+
+    def read_whole(self, k: int) -> None:
+        """File ``k`` will be read whole soon (:attr:`whole_files`): fetch all of it into the block cache, in the
+        background, once per process; nothing without a block cache or with ``CACHEBUILD_READAHEAD_FILES=0``."""
+        if self.block_cache is None or self.block_cache.full or settings().readahead_files == 0:
+            return
+        handle = self._handle(k)
+        if isinstance(handle, CachedFile):
+            name, size = self._name_and_size(k)
+            job = functools.partial(handle.prefetch, 0, size, functools.partial(self._fetch, name), STEP_BYTES)
+            self.readahead.schedule(k, job, self.location.describe(name))
+
+    def read_files(self, wanted: Sequence[tuple[int, Sequence[tuple[int, int]]]]) -> list[list[Any]]:
+        """The byte ranges of remote files ``(k, ranges)``, one list per file: views of block-cache mirrors
+        (blocks checked; those files read together), and every other range fetched in one group of requests,
+        so that a batch waits once for its slowest request, not once per file or per thread."""
+        handles = [self._handle(k) for k, _ in wanted]
+        cached = [i for i, h in enumerate(handles) if isinstance(h, CachedFile)]
+        plain = [i for i, h in enumerate(handles) if not isinstance(h, CachedFile)]
+        name = [self._name_and_size(k)[0] for k, _ in wanted]
+        jobs: list[Callable[[], Any]] = [
+            functools.partial(handles[i].read, wanted[i][1], functools.partial(self._fetch, name[i])) for i in cached]
+        if plain:
+            jobs.append(functools.partial(self._fetch_many, [(name[i], wanted[i][1]) for i in plain]))
+        results = in_parallel(jobs)
+        out: list[list[Any]] = [[] for _ in wanted]
+        for i, got in zip(cached, results[: len(cached)], strict=True):
+            out[i] = got
+        for i, got in zip(plain, results[-1] if plain else [], strict=True):
+            out[i] = got
+        return out
+
+
+# The block-cache mirrors of a remote batch's files are read at once, each by a thread of this pool whose
+# requests run on the location's event loop: one file's slow request (a 503 with Retry-After, a retry) delays
+# the batch once, not once per file. Made anew in each process (a forked child has none of its parent's threads).
+_POOL: tuple[int, ThreadPoolExecutor] | None = None
+_POOL_THREADS = 16
+
+
+def in_parallel(jobs: Sequence[Callable[[], T]]) -> list[T]:
+    """Each job's result, in order, the jobs run together; the first failure (in order) is raised once all ended."""
+    global _POOL
+    if len(jobs) <= 1:
+        return [j() for j in jobs]
+    with _TABLE_GUARD:
+        if _POOL is None or _POOL[0] != os.getpid():
+            _POOL = (os.getpid(), ThreadPoolExecutor(_POOL_THREADS, thread_name_prefix="cachebuild-read"))
+        pool = _POOL[1]
+    futures = [pool.submit(j) for j in jobs]
+    wait(futures)
+    return [f.result() for f in futures]

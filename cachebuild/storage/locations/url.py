@@ -1,34 +1,44 @@
-"""A cache behind any fsspec URL (``s3://``, ``gs://``, ``http(s)://``...): range reads, each request retried on
-its own by the remote layer (:mod:`cachebuild.storage.remote.retry`), and one-line errors that name the URL
-without its credentials. Credentials come from each store's own standard environment and config files
-(``AWS_*``, ``~/.aws``, ``GOOGLE_APPLICATION_CREDENTIALS``...), or ``storage_options``.
+"""A cache (or a source's files) behind any fsspec URL (``s3://``, ``gs://``, ``http(s)://``...): range reads,
+each request retried by the remote layer (:mod:`cachebuild.storage.remote.retry`), reads pinned to the versions
+the cache had when opened (:mod:`cachebuild.storage.remote.pinning`), and one-line errors naming the URL without
+its credentials (which come from each store's own environment and config files, or ``storage_options``). fsspec
+is the ``remote`` extra: imported here, when a URL is opened.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import os
+import threading
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from cachebuild.errors import CacheChangedError, RemoteError, RemoteNotFoundError
-from cachebuild.storage.locations import url_filesystem
-from cachebuild.storage.locations.base import Location
-from cachebuild.storage.locations.names import check_name
-from cachebuild.storage.locations.url_errors import changed_error, named_error
+from cachebuild.errors import (
+    CacheChangedError,
+    CacheCorruptError,
+    MissingExtraError,
+    RemoteError,
+    RemoteNotFoundError,
+    RemoteUnavailableError,
+    require_extra,
+)
+from cachebuild.settings import settings
+from cachebuild.storage.locations import Location, check_name, is_url, redact
 from cachebuild.storage.remote import retry
 from cachebuild.storage.remote.pinning import (
     PINNABLE_PROTOCOLS,
     Pins,
     etag_of,
+    install_s3_hook,
     precondition_failed,
     version_of,
 )
 from cachebuild.storage.remote.retry import Budget, Exhausted, RangeIgnored, ShortRead
 
-__all__ = ["FsspecLocation"]
+__all__ = ["FsspecLocation", "new_s3_session"]
 
 CONDITIONAL_WRITE_PROTOCOLS = frozenset({"s3", "s3a"})  # writes conditional on a version: If-Match, If-None-Match: *
 
@@ -36,15 +46,13 @@ T = TypeVar("T")
 
 
 class FsspecLocation(Location):
-    """A folder behind any fsspec URL. The filesystem object is made lazily in each process (so the
-    location pickles into DataLoader workers, fork or spawn, without an event loop or sockets).
-
-    :meth:`pinned` ties its reads to the versions of the files it holds now (``cachebuild.storage.remote.pinning``).
-    """
+    """A folder behind any fsspec URL; its filesystem is made lazily in each process (the location pickles into
+    DataLoader workers without an event loop or sockets). :meth:`pinned` ties its reads to its files' versions."""
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None, pins: Pins | None = None) -> None:
         self.url = url.rstrip("/")
         self.protocol = url.split("://", 1)[0].lower()
+        require_extra("fsspec", "remote", f"reading {self.protocol}:// URLs")
         self.storage_options = dict(storage_options or {})
         self.pins = pins
         self._fs: Any = None
@@ -54,17 +62,17 @@ class FsspecLocation(Location):
         return {**self.__dict__, "_fs": None, "_pid": -1}
 
     def fs_options(self) -> dict[str, Any]:
-        """``storage_options`` plus our defaults for this URL's filesystem (:func:`url_filesystem.fs_options`)."""
-        return url_filesystem.fs_options(self.protocol, self.storage_options)
+        """``storage_options`` plus our defaults for this URL's filesystem (:func:`fs_options`)."""
+        return fs_options(self.protocol, self.storage_options)
 
     @property
     def fs(self) -> Any:
         if self._fs is None or self._pid != os.getpid():
-            with url_filesystem.making():  # threads sharing a location (a source's readers) make one, not one each
+            with _MAKING:  # threads sharing a location (a source's readers) make one, not one each
                 if self._fs is None or self._pid != os.getpid():
-                    self._fs = url_filesystem.make_fs(self.protocol, self.fs_options(), self.pins, self.describe())
+                    self._fs = make_fs(self.protocol, self.fs_options(), self.pins, self.describe())
                     self._pid = os.getpid()
-                    weakref.finalize(self, url_filesystem.note_dropped)
+                    weakref.finalize(self, _note_dropped)
         return self._fs
 
     @property
@@ -100,10 +108,10 @@ class FsspecLocation(Location):
         return self._error(name, what, exc)
 
     def _changed(self, name: str) -> CacheChangedError:
-        return changed_error(self.describe(name), self.describe())
+        return _changed_error(self.describe(name), self.describe())
 
     def _error(self, name: str, what: str, exc: BaseException) -> Exception:
-        return named_error(self.describe(name), what, exc, self.url)
+        return _named_error(self.describe(name), what, exc, self.url)
 
     def child(self, name: str) -> FsspecLocation:
         return FsspecLocation(self._path(name), self.storage_options, self.pins)
@@ -119,7 +127,7 @@ class FsspecLocation(Location):
         location unpinned where the protocol or the server cannot do it (no strong ETag on the anchor);
         raises :class:`RemoteNotFoundError` when there is no anchor."""
         if (self.pins is not None or not anchor or self.protocol not in PINNABLE_PROTOCOLS
-                or not retry.settings().pin_versions):
+                or not settings().pin_versions):
             return self
         path = self._path(anchor)
         # The pinned location asks for the anchor's version with its own filesystem (the S3 hook installed
@@ -213,17 +221,26 @@ class FsspecLocation(Location):
         return self.read_many([(name, ranges)])[0]
 
     def read_many(self, wanted: Sequence[tuple[str, Sequence[tuple[int, int]]]]) -> list[list[bytes]]:
+        return self._ranges(wanted, "read byte ranges of it", exact=True)
+
+    def read_heads(self, names: Sequence[str], nbytes: int) -> list[bytes]:
+        got = self._ranges([(n, [(0, nbytes)]) for n in names], f"read the headers of {len(names)} file(s)")
+        return [g[0] for g in got]
+
+    def _ranges(self, wanted: Sequence[tuple[str, Sequence[tuple[int, int]]]], what: str,
+                exact: bool = False) -> list[list[bytes]]:
+        """Every range of every file, pinned, each request retried on its own (one group on an async filesystem,
+        hedged when late). ``exact``: an answer of another length than asked is an error (a head may be short,
+        and a server that ignores ranges still answers it)."""
         if not any(ranges for _, ranges in wanted):
             return [[] for _ in wanted]
         kws = self._pinned_reads([name for name, _ in wanted])
-        paths = [self._path(name) for name, _ in wanted]
         fs = self.fs
-        what = "read byte ranges of it"
 
         def check(start: int, end: int, data: bytes) -> bytes:
-            if len(data) > end - start:
+            if exact and len(data) > end - start:
                 raise RangeIgnored(f"bytes [{start}, {end}) came back as {len(data)} bytes")
-            if len(data) != end - start:  # a whole answer (its Content-Length), short: the file is shorter
+            if exact and len(data) != end - start:  # a whole answer (its Content-Length), short: the file is shorter
                 raise ShortRead(f"bytes [{start}, {end}) came back as {len(data)} bytes")
             return bytes(data)
 
@@ -233,38 +250,18 @@ class FsspecLocation(Location):
         async def one(path: str, kw: dict[str, Any], start: int, end: int) -> bytes:
             return check(start, end, await fs._cat_file(path, start=start, end=end, **kw))
 
-        if not self._async:
-            return [[self._call(name, what, functools.partial(one_sync, path, kw, s, e)) for s, e in ranges]
-                    for (name, ranges), path, kw in zip(wanted, paths, kws, strict=True)]
-        flat = [(name, path, kw, s, e) for (name, ranges), path, kw in zip(wanted, paths, kws, strict=True)
+        flat = [(name, self._path(name), kw, s, e) for (name, ranges), kw in zip(wanted, kws, strict=True)
                 for s, e in ranges]
-        got = self._group([f[0] for f in flat], what, [functools.partial(one, *f[1:]) for f in flat],
-                          hedge_bytes=[e - s for *_, s, e in flat])
+        if self._async:
+            got = self._group([f[0] for f in flat], what, [functools.partial(one, *f[1:]) for f in flat],
+                              hedge_bytes=[e - s for *_, s, e in flat])
+        else:
+            got = [self._call(f[0], what, functools.partial(one_sync, *f[1:])) for f in flat]
         out, i = [], 0
         for _, ranges in wanted:
             out.append(got[i : i + len(ranges)])
             i += len(ranges)
         return out
-
-    def read_heads(self, names: Sequence[str], nbytes: int) -> list[bytes]:
-        if not names:
-            return []
-        matches = self._pinned_reads(names)
-        fs = self.fs
-        what = f"read the headers of {len(names)} file(s)"
-        paths = [self._path(n) for n in names]
-        def one_sync(path: str, kw: dict[str, Any]) -> bytes:
-            return bytes(fs.cat_file(path, start=0, end=nbytes, **kw))
-
-        async def one(path: str, kw: dict[str, Any]) -> bytes:
-            return bytes(await fs._cat_file(path, start=0, end=nbytes, **kw))
-
-        if not self._async:
-            return [self._call(n, what, functools.partial(one_sync, p, kw))
-                    for n, p, kw in zip(names, paths, matches, strict=True)]
-        return self._group(list(names), what, [functools.partial(one, p, kw)
-                                               for p, kw in zip(paths, matches, strict=True)],
-                           hedge_bytes=[nbytes] * len(names))
 
     # ---------------------------------------------------------------- listings
     def list_files(self) -> dict[str, int]:
@@ -371,3 +368,146 @@ class FsspecLocation(Location):
                 self.fs.rm(paths if len(paths) > 1 else paths[0])  # s3fs/gcsfs: bulk deletes
 
         self._call(names[0] if len(names) == 1 else "", f"delete {len(names)} file(s)", rm)
+
+
+# ---------------------------------------------------------------- one-line errors
+
+def _changed_error(file: str, cache: str) -> CacheChangedError:
+    """``file`` (as shown) no longer holds the version a pinned reader of the cache at ``cache`` opened."""
+    return CacheChangedError(
+        f"{file} changed since this job opened the cache at {cache} (replaced by `cachebuild push --force`, or "
+        f"rewritten): this reader stops rather than serve bytes of another cache; restart the job to read what "
+        f"is there now")
+
+
+def _detail(exc: BaseException, url: str) -> str:
+    detail = str(exc).replace(url, redact(url))
+    return detail[:200] + "..." if len(detail) > 200 else detail
+
+
+def _unavailable(where: str, what: str, exc: Exhausted, url: str) -> RemoteUnavailableError:
+    last = f"HTTP {exc.status}" if exc.status is not None else type(exc.last).__name__
+    why = (f"the time budget of {exc.budget_s:g} s (CACHEBUILD_RETRY_BUDGET) ran out" if exc.out_of_time
+           else "CACHEBUILD_RETRIES tries")
+    return RemoteUnavailableError(
+        f"{where}: cannot {what} after {exc.attempts} attempts in {exc.elapsed:.1f} s ({why}); last answer: "
+        f"{last}: {_detail(exc.last, url)}; the store is failing or overloaded: run the command again later",
+        where, exc.status, exc.attempts)
+
+
+def _named_error(where: str, what: str, exc: BaseException, url: str) -> Exception:
+    """The error to raise for ``exc``, a request for the file shown as ``where`` (to ``what`` it) that failed
+    for good; ``url`` (the location's) is shown without its credentials wherever the failure's text holds it."""
+    if isinstance(exc, Exhausted):
+        return _unavailable(where, what, exc, url)
+    status = retry.classify(exc).status
+    missing = getattr(exc, "filename", None) or (exc.args[0] if exc.args else None)
+    if isinstance(exc, FileNotFoundError) and isinstance(missing, str) and is_url(missing):
+        where = redact(missing)  # the file of a multi-file call that was not there
+    if status == 404 or (isinstance(exc, FileNotFoundError) and status is None):
+        return RemoteNotFoundError(f"{where}: not found (cannot {what})")
+    if status in (401, 403) or (isinstance(exc, PermissionError) and status is None):
+        return RemoteError(f"{where}: access denied{f' (HTTP {status})' if status else ''}; check the "
+                           f"credentials for this store (its standard environment variables or config files)")
+    if isinstance(exc, RangeIgnored):
+        return RemoteError(f"{where}: the server ignores HTTP Range requests ({exc}); serve the cache from one "
+                           f"that answers them with 206 (nginx, Apache, object stores), or `cachebuild pull` it")
+    if isinstance(exc, ShortRead):
+        return CacheCorruptError(f"{where} is shorter than its manifest says (truncated upload?): {exc}")
+    return RemoteError(f"{where}: cannot {what}: {type(exc).__name__}: {_detail(exc, url)}")
+
+
+# ---------------------------------------------------------------- the filesystem, one per location and process
+
+_MAKING = threading.Lock()
+
+
+def _unlock_in_child() -> None:
+    global _MAKING
+    _MAKING = threading.Lock()  # a fork while another thread held it (DataLoader workers) must not inherit it
+
+
+os.register_at_fork(after_in_child=_unlock_in_child)
+
+
+# fsspec's filesystems are reference cycles (their mirrored sync methods hold them), each with a finalizer
+# that closes its session through the loop it was made on. One dropped in this process but not collected yet
+# is inherited by a forked child (a DataLoader worker), whose collector then runs that finalizer against the
+# parent's loop, which no thread runs there: a 1 s wait (fsspec's sync, then its fallback) per filesystem, on
+# whatever thread collects, the child's own I/O loop included (seconds of a cold epoch once a few datasets were
+# dropped). So a fork after a location with a filesystem was dropped first collects here, where their loop runs
+# and each session closes at once.
+_dropped = [0]  # locations with a filesystem dropped since the last collection before a fork
+
+
+def _note_dropped() -> None:
+    """Called when a location that made a filesystem is dropped."""
+    _dropped[0] += 1
+
+
+def _collect_before_fork() -> None:
+    if _dropped[0]:
+        _dropped[0] = 0
+        gc.collect()
+
+
+os.register_at_fork(before=_collect_before_fork)
+
+
+def fs_options(protocol: str, storage_options: dict[str, Any]) -> dict[str, Any]:
+    """``storage_options`` plus our defaults for fsspec filesystems of this protocol: a socket read timeout (a
+    stalled server must not hang a worker), and for S3 no retries of botocore's or s3fs's own (the remote
+    layer's one policy retries each request)."""
+    opts = dict(storage_options)
+    timeout = settings().http_timeout_s
+    if protocol in ("http", "https"):
+        import aiohttp
+
+        # aiohttp's default is a 5-minute total timeout: a stalled server would hang a worker.
+        opts["client_kwargs"] = {"timeout": aiohttp.ClientTimeout(
+            total=None, sock_connect=10, sock_read=timeout), **opts.get("client_kwargs", {})}
+    elif protocol in ("s3", "s3a"):
+        opts["config_kwargs"] = {"read_timeout": timeout, "connect_timeout": 10,
+                                 "retries": {"total_max_attempts": 1}, **opts.get("config_kwargs", {})}
+    return opts
+
+
+def make_fs(protocol: str, opts: dict[str, Any], pins: Pins | None, described: str) -> Any:
+    """A new filesystem (never fsspec's shared instance: each process and location owns its own); S3 reads
+    carry ``If-Match`` for ``pins``. ``described`` names the URL in errors, without credentials."""
+    import fsspec
+
+    opts = dict(opts)
+    if protocol in ("s3", "s3a"):
+        opts.setdefault("session", new_s3_session())
+        if pins is not None:
+            install_s3_hook(opts["session"], pins)
+    try:
+        fs = fsspec.filesystem(protocol, skip_instance_cache=True, **opts)
+    except ImportError as e:  # the protocol's own package (s3fs, aiohttp...)
+        raise MissingExtraError(f"reading {protocol}:// URLs needs an optional package ({e}); install it with "
+                                f"pip install 'cachebuild[remote]'") from None
+    except ValueError as e:  # "Protocol not known"
+        raise RemoteError(f"{described}: cannot open this URL ({e})") from None
+    if protocol in ("s3", "s3a"):
+        fs.retries = 1  # s3fs's own retry loop (a class attribute): one try, ours retry it
+    return fs
+
+
+@functools.cache
+def _botocore_loader() -> Any:
+    """botocore's data loader (the parsed JSON of its endpoints and of S3's API), one per process: a new session
+    would parse them again for each filesystem made (every location, every DataLoader worker): a CPU cost paid
+    at every open. Taken from a first session, so ``AWS_DATA_PATH`` still applies."""
+    import aiobotocore.session
+
+    return aiobotocore.session.AioSession().get_component("data_loader")
+
+
+def new_s3_session() -> Any:
+    """A session of its own for one location (its event hooks are that location's pins), with the shared loader."""
+    import aiobotocore.session
+
+    session = aiobotocore.session.AioSession()
+    session.register_component("data_loader", _botocore_loader())
+    return session

@@ -1,12 +1,7 @@
-"""Files at URLs as a source reads them: listed (glob, a prefix's files, named files) with their sizes and
-versions, opened with readahead, and read by range through handles kept open per thread.
-
-Every request goes through an :class:`~cachebuild.storage.locations.url.FsspecLocation`'s filesystem (so with its
-socket read timeout, ``CACHEBUILD_HTTP_TIMEOUT``, no retries of botocore's or s3fs's own, and the shared S3
-session models) and is retried by the one remote layer (:mod:`cachebuild.storage.remote.retry`). Failures are
-raised as :func:`~cachebuild.storage.remote.retry.call` raises them: a permanent one as it came (its type and
-HTTP status tell what it was: :func:`~cachebuild.storage.remote.retry.classify`), a transient one that outlasted
-the tries as :class:`~cachebuild.storage.remote.retry.Exhausted`; the source names them in its own words.
+"""Files at URLs as a source reads them: listed (glob, a prefix's files, named files) with sizes and versions,
+opened with readahead, and read by range through handles kept open per thread. Every request goes through an
+:class:`~cachebuild.storage.locations.url.FsspecLocation`'s filesystem and the one remote layer's retries; a
+failure is raised as :func:`~cachebuild.storage.remote.retry.call` raises it, for the source to word.
 """
 
 from __future__ import annotations
@@ -19,7 +14,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from cachebuild.storage.locations.names import is_url
+from cachebuild.settings import settings
+from cachebuild.storage.locations import is_url
 from cachebuild.storage.locations.url import FsspecLocation
 from cachebuild.storage.remote import retry
 
@@ -122,7 +118,7 @@ os.register_at_fork(after_in_child=_unlock_in_child)
 def url_files(url: str) -> UrlFiles:
     """The :class:`UrlFiles` of ``url``'s protocol in this process, one per protocol and socket timeout (read
     now: a changed ``CACHEBUILD_HTTP_TIMEOUT`` gets a filesystem of its own), shared by its threads."""
-    key = (url.split("://", 1)[0].lower(), retry.settings().http_timeout_s)
+    key = (url.split("://", 1)[0].lower(), settings().http_timeout_s)
     with _lock:
         files = _shared.get(key)
         if files is None:

@@ -1,28 +1,20 @@
-"""A local on-disk cache of remote cache files, so that epoch 2 of a job reading a URL reads local disk.
+"""A bounded local cache of remote cache files, so that epoch 2 of a job reading a URL reads local disk, and the
+readahead that fills it in the background for sequential and shard-windowed reads.
 
 Why not a library: fsspec's ``blockcache``/``filecache`` keep one metadata file that every process rewrites
-(unsafe with several DataLoader workers and jobs), have no size bound and no checksums; ``diskcache``
-stores one value per key, so a shuffled batch would read a whole block file per sample. Here each remote
-file is mirrored by a sparse local file of the same size plus a table of per-block checksums:
+(unsafe with several DataLoader workers and jobs), have no size bound and no checksums; ``diskcache`` stores one
+value per key, so a shuffled batch would read a whole block file per sample. Here each remote file is mirrored by
+a sparse local file of the same size (``<key>.data``: only fetched blocks take disk space) and a table of
+per-block checksums (``<key>.crc``: one uint64 per block, 0 = not fetched, else ``1 << 32 | crc32(block)``).
+A block is written before its table entry, so a partly written block is never trusted; each process checks a
+block's checksum the first time it uses it (a damaged one is fetched again), then reads it through a memory map.
+Whole remote objects (compressed zarr chunks) are ``<key>.obj`` files with a checksum trailer, written
+atomically. A disk with no room is a :class:`BlockCacheFullError` naming the folder; the reader then warns once
+and reads on uncached.
 
-* ``<key>.data``: the remote bytes at their own offsets; only fetched blocks take disk space.
-* ``<key>.crc``: one uint64 per block: 0 = not fetched, else ``1 << 32 | crc32(block)``.
-
-A block is written (``pwrite``) before its table entry, so a reader never trusts a block that is not
-there; concurrent fetches of one block write identical bytes. Each process checks a block's checksum the
-first time it uses it (a damaged or half-written block is fetched again), then reads rows straight from
-the page cache through a memory map. Whole remote objects (compressed zarr chunks) are kept as
-``<key>.obj`` files with a checksum trailer, written atomically. A disk with no room for a block (or for a
-table, whose pages are allocated when it is opened) is a :class:`BlockCacheFullError` naming the folder
-inside this module; a reader then goes on without the cache: that process warns once, naming the folder,
-and reads the rest uncached (the blocks it holds are still used). A block is trusted only once its table
-entry is written, after the whole block: a partly written one is never served.
-
-Keys name immutable content: the reader derives them from the cache's build key and the file name, so
-a rebuilt cache never meets another cache's blocks (and a block size other than the default is part of the
-key: a table means something at one block size only). The folder is bounded: when it holds more than
-``max_bytes`` one process at a time (``flock``) deletes the least recently opened files. A file deleted
-while another process has it mapped stays valid for that process (POSIX keeps the inode).
+Keys name immutable content (the cache's content id and the file name, and a block size other than the
+default), so a rebuilt cache never meets another cache's blocks. Past ``max_bytes`` one process at a time
+(``flock``) deletes the least recently opened files; one deleted while another process maps it stays valid there.
 """
 
 from __future__ import annotations
@@ -40,6 +32,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +40,8 @@ import numpy as np
 from cachebuild.atomic import AtomicFile, is_temporary_name
 from cachebuild.errors import CacheBuildError, OptionError
 
-__all__ = ["DEFAULT_BLOCK_BYTES", "DEFAULT_MAX_BYTES", "BlockCache", "BlockCacheFullError", "CachedFile"]
+__all__ = ["DEFAULT_BLOCK_BYTES", "DEFAULT_MAX_BYTES", "STEP_BYTES", "WHOLE_FILE_THREADS", "BlockCache",
+           "BlockCacheFullError", "CachedFile", "Readahead"]
 
 DEFAULT_BLOCK_BYTES = 1 << 20  # 1 MiB: ~7 rows at 224; a shuffled cold epoch fetches each block once
 DEFAULT_MAX_BYTES = 64 << 30
@@ -61,8 +55,8 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a disk (or a quota) too full for the
 Fetch = Callable[[Sequence[tuple[int, int]]], list[bytes]]
 
 
-# Guards a BlockCache's per-process counters and flag: threads of one process read the files of a batch at
-# once. Made anew in a forked child (another thread may have held it at the fork).
+# Guards a BlockCache's per-process counters and flag (a batch's files are read by threads at once); made anew in
+# a forked child (another thread may have held it at the fork).
 _STATE_GUARD = threading.Lock()
 
 
@@ -390,3 +384,67 @@ class BlockCache:
                 total -= nbytes
                 removed += int(nbytes)
             return removed
+
+
+# ---------------------------------------------------------------- readahead
+#
+# A sequential epoch (shuffle=False, or one worker's run of consecutive batches) asks for each shard in order, one
+# batch-sized range at a time, and each batch would wait for its own bytes. Once a batch's rows of a file are one
+# run of consecutive rows, the reader fetches the rest of that file and the next CACHEBUILD_READAHEAD_FILES files
+# whole, in the background, into the block cache (as MosaicML Streaming downloads its shards ahead). A
+# shard-windowed epoch (CacheSampler(shard_window=W)) fetches whole files in any order, WHOLE_FILE_THREADS at once.
+# Exactness is the block cache's and the location's: readahead writes blocks through CachedFile.prefetch (each
+# block checksummed before its table entry), its requests are pinned like every read, and a failure here is only
+# logged: the reader that needs those bytes fetches them itself and meets the same error there.
+
+STEP_BYTES = 8 << 20  # one request per 8 MiB: a reader needing a block waits for one step, not the file
+
+WHOLE_FILE_THREADS = 4  # files fetched at once by a shard-windowed epoch's readahead (one a sequential read's)
+
+class Readahead:
+    """The files one reader has read ahead in this process, and its pool of ``threads`` background threads
+    (made anew in each process: a forked child has none of its parent's threads; pickled without either).
+    ``threads`` may change until the first :meth:`schedule` of a process makes its pool."""
+
+    def __init__(self, threads: int = 1) -> None:
+        self.threads = max(1, int(threads))
+        self._pid = -1
+        self._state_lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._scheduled: set[int] = set()
+        self._futures: list[Future[None]] = []
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"threads": self.threads}  # not empty: pickle skips __setstate__ for a falsy state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__init__(int(state.get("threads", 1)))  # type: ignore[misc, call-overload]
+
+    def schedule(self, key: int, job: Callable[[], int], what: str) -> bool:
+        """Run ``job`` (a prefetch; it returns the bytes fetched) in the background once per ``key`` in this
+        process; False when it was scheduled before."""
+        if self._pid != os.getpid():
+            self._state_lock = threading.Lock()
+            self._pool, self._scheduled, self._futures, self._pid = None, set(), [], os.getpid()
+        with self._state_lock:
+            if key in self._scheduled:
+                return False
+            self._scheduled.add(key)
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="cachebuild-readahead")
+            self._futures.append(self._pool.submit(_quietly, job, what))
+        return True
+
+    def wait(self) -> None:
+        """Until every readahead scheduled in this process has ended (tests, benchmarks)."""
+        with self._state_lock:
+            futures = list(self._futures) if self._pid == os.getpid() else []
+        for f in futures:
+            f.result()
+
+
+def _quietly(job: Callable[[], int], what: str) -> None:
+    try:
+        job()
+    except Exception as e:  # the reader that needs these bytes fetches them itself and raises there
+        log.debug("readahead of %s stopped: %s", what, e)

@@ -1,26 +1,17 @@
 """Remote reads tied to the files a reader opened: no pixel of a replaced cache is ever served.
 
 A local cache is pinned by folder identity (``LocalLocation.pinned``). An object store or HTTP server has no
-folder to keep: ``cachebuild push --force`` takes the old cache down and uploads the new one under the same
-names, and shards of the same shape have the same size, so a job still reading the old cache would get the
-new cache's bytes at its old offsets, silently. Instead, every read of a pinned remote cache carries the
-file's entity tag in an ``If-Match`` precondition (HTTP, RFC 9110; S3's ``GetObject`` ``IfMatch``), and a
-server that holds another version answers 412, which becomes :class:`~cachebuild.errors.CacheChangedError`.
+folder to keep: ``push --force`` takes the old cache down and uploads the new one under the same names, and a
+job still reading would get the new bytes at its old offsets, silently. Instead every read of a pinned remote
+cache carries the file's entity tag in an ``If-Match`` precondition (HTTP; S3's ``GetObject`` ``IfMatch``), and a
+server holding another version answers 412: :class:`~cachebuild.errors.CacheChangedError`. A file's tag is taken
+on its first read and vouched for by the *anchor* (the manifest), which ``push`` removes before it changes any
+file and writes last. On a bucket with versioning each file's ``VersionId`` is pinned too and asked for, so a
+job reads the old cache to its end (a file it had not touched before the replacement still fails, by name).
 
-A file's tag is taken on its first read and vouched for by the *anchor* (the manifest): ``push`` removes the
-manifest before it changes any file and writes it last, so a tag taken while the anchor still carries the
-tag it had when the cache was opened belongs to the opened cache.
-
-On a bucket with versioning a reader does better than stop: each file's ``VersionId`` is pinned with its
-tag, and the hook asks for that version, which ``push --force`` does not remove (its deletes and uploads
-make new versions): a job that opened the old cache reads the old cache's bytes to its end. A file it had
-not touched before the replacement still fails with the named error (which version was the opened cache's
-is known only for files pinned while the manifest vouched for them).
-
-Where it applies: ``http(s)://`` servers that send strong ETags and honour ``If-Match`` (nginx, Apache,
-S3/GCS/Azure over HTTPS, the test server), and ``s3://`` through s3fs (a botocore event hook adds
-``IfMatch``, and ``VersionId`` where the bucket keeps versions, to each ``GetObject``). Other protocols,
-and servers without strong ETags, read unpinned.
+Where it applies: ``http(s)://`` servers with strong ETags that honour ``If-Match``, and ``s3://`` through s3fs (a
+botocore event hook adds ``IfMatch`` and ``VersionId``). Other protocols, and servers without strong ETags, read
+unpinned.
 """
 
 from __future__ import annotations
@@ -90,8 +81,6 @@ class Pins:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.__dict__.setdefault("versions", {})
-        self.__dict__.setdefault("anchor_key", "")
         self._lock = threading.Lock()
 
     def missing(self, paths: Sequence[str]) -> list[str]:

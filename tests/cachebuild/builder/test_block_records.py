@@ -15,7 +15,7 @@ from cachebuild.builder import pipeline
 from cachebuild.builder.destination import prepare_staging
 from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.sources.imagenet import imagenet_plans
-from cachebuild.storage.cache.reader import read_manifest
+from cachebuild.storage.cache import read_manifest
 from cachebuild.storage.kinds.base import BlockFailure, BlockRecord
 
 _REC = BlockRecord(3, 30, 4, 3, "images-00003.npy", "0" * 64, np.array([30, 31, 33]),

@@ -20,7 +20,7 @@ from cachebuild.cli import main
 from cachebuild.errors import CacheExistsError, DecodeError
 from cachebuild.sources.folder import folder_plan
 from cachebuild.sources.imagenet import imagenet_plans
-from cachebuild.storage.cache.reader import open_cache, read_manifest
+from cachebuild.storage.cache import open_cache, read_manifest
 from tests.kill_helpers import build_killed_after_blocks
 from tests.legacy_caches import as_sha256_cache
 
@@ -31,7 +31,7 @@ def _train_plan(info):
 
 def _pixels(path: Path) -> np.ndarray:
     c = open_cache(path)
-    return c.read(np.arange(len(c)))
+    return c.gather(np.arange(len(c)))
 
 
 def test_jobs_do_not_change_a_byte(imagenet_tree, tmp_path):
@@ -326,7 +326,7 @@ def _zarr_build_killed_then_resumed(info, tmp_path, monkeypatch, module, name, d
 def test_zarr_build_killed_while_moving_blocks_resumes_correctly(imagenet_tree, tmp_path, monkeypatch):
     """Moving blocks down in place is not repeatable (a move overwrites samples a later one reads): a
     build stopped part way through must decode the moved blocks again, not commit clobbered pixels."""
-    import cachebuild.storage.kinds.zarr.write as zarr_staging
+    import cachebuild.storage.kinds.zarr as zarr_staging
 
     real = zarr_staging.compact_zarr
 

@@ -23,7 +23,7 @@ from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.builder.sample import ResizeSpec, decode_into, probe, reduction
 from cachebuild.errors import DecodeError
 from cachebuild.sources.imagenet import imagenet_plans
-from cachebuild.storage.cache.reader import open_cache, read_manifest
+from cachebuild.storage.cache import open_cache, read_manifest
 from loaders.dataset import CachedImageDataset, collate_batch
 from loaders.device import device_loader
 from tests.compact_fixtures import jpeg_index_cache, read_index
@@ -120,7 +120,7 @@ def test_the_gpu_build_path_in_the_pipeline(imagenet_tree, tmp_path, monkeypatch
     assert a.manifest.build_key != b.manifest.build_key
     assert np.array_equal(a.labels, b.labels) and np.array_equal(a.sizes, b.sizes) and a.paths() == b.paths()
     assert a.manifest.failures == b.manifest.failures and a.verify() == []
-    psnr = _psnr(a.read(np.arange(len(a))), b.read(np.arange(len(b))))
+    psnr = _psnr(a.gather(np.arange(len(a))), b.gather(np.arange(len(b))))
     assert np.median(psnr) >= 40
 
 
@@ -157,7 +157,7 @@ def test_cuda_build_matches_the_cpu_build(imagenet_tree, tmp_path):
     assert a.manifest.count == b.manifest.count and a.paths() == b.paths()
     assert np.array_equal(a.labels, b.labels) and np.array_equal(a.sizes, b.sizes)
     assert a.manifest.failures == b.manifest.failures
-    psnr = _psnr(a.read(np.arange(len(a))), b.read(np.arange(len(b))))
+    psnr = _psnr(a.gather(np.arange(len(a))), b.gather(np.arange(len(b))))
     print(f"GPU build vs CPU build: median PSNR {np.median(psnr):.1f} dB, min {psnr.min():.1f}")
     assert np.median(psnr) >= 40
     plan = imagenet_plans(imagenet_tree["root"], "train")[0]

@@ -26,7 +26,7 @@ from cachebuild.builder.sample import (
 )
 from cachebuild.errors import DecodeError
 from cachebuild.sources.imagenet import imagenet_plans
-from cachebuild.storage.cache.reader import open_cache
+from cachebuild.storage.cache import open_cache
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -43,7 +43,7 @@ def _torchvision_reference(path: Path, size: int) -> np.ndarray:
 def test_crop_matches_torchvision_pil_resize_centercrop(imagenet_clean, tmp_path, size):
     plan = imagenet_plans(imagenet_clean["root"], "train")[0]
     cache = open_cache(build(plan, tmp_path / "c", BuildOptions(size=size, jobs=1)).path)
-    images = cache.read(np.arange(len(cache)))
+    images = cache.gather(np.arange(len(cache)))
     scores = [psnr(img, _torchvision_reference(Path(plan.root) / p, size))
               for img, p in zip(images, cache.paths(), strict=True)]
     assert np.median(scores) >= 40.0, sorted(scores)[:5]  # 42-49 dB measured
@@ -77,7 +77,7 @@ def test_pad_records_the_valid_box(imagenet_clean, tmp_path):
     plan = imagenet_plans(imagenet_clean["root"], "val")[0]
     cache = open_cache(build(plan, tmp_path / "c", BuildOptions(size=64, fit="pad", jobs=1)).path)
     assert cache.boxes is not None and cache.boxes.shape == (len(cache), 4)
-    images = cache.read(np.arange(len(cache)))
+    images = cache.gather(np.arange(len(cache)))
     for img, (y0, x0, y1, x1), (h, w) in zip(images, cache.boxes.tolist(), cache.sizes.tolist(), strict=True):
         assert max(y1 - y0, x1 - x0) == 64
         assert abs((y1 - y0) / (x1 - x0) - h / w) < 0.05

@@ -18,7 +18,7 @@ from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.builder.sample import one_thread_each
 from cachebuild.cli import main
 from cachebuild.sources.imagenet import imagenet_plans
-from cachebuild.storage.cache.reader import read_manifest
+from cachebuild.storage.cache import read_manifest
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,8 +19,7 @@ from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.cli import main
 from cachebuild.errors import LockHeldError
 from cachebuild.sources.folder import folder_plan
-from cachebuild.storage.cache.provenance import current_host, current_user
-from cachebuild.storage.cache.reader import read_manifest
+from cachebuild.storage.cache import current_host, current_user, read_manifest
 
 
 def test_the_lock_names_its_holder_and_a_second_build_names_it_too(imagenet_clean, tmp_path):
@@ -61,7 +60,7 @@ def test_a_waiting_build_goes_ahead_when_the_holder_is_done(imagenet_clean, tmp_
 
 
 def test_lock_command_lines_never_show_url_credentials():
-    from cachebuild.storage.cache.provenance import command_line
+    from cachebuild.storage.cache import command_line
 
     shown = command_line(["/usr/bin/cachebuild", "pull", "https://bob:pw@host/c?X-Amz-Signature=abc", "/d"])
     assert shown == "cachebuild pull https://host/c /d"

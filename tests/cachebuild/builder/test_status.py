@@ -15,9 +15,7 @@ from click.testing import CliRunner
 
 from cachebuild.cli import main
 from cachebuild.errors import FingerprintMismatchError
-from cachebuild.storage.cache.provenance import current_host, current_user
-from cachebuild.storage.cache.reader import read_manifest
-from cachebuild.storage.cache.writer import write_cache
+from cachebuild.storage.cache import current_host, current_user, read_manifest, write_cache
 from loaders.dataset import CachedImageDataset, DatasetOptions
 from tests.loaders_fixtures import make_cache, make_images
 

@@ -10,10 +10,9 @@ from types import SimpleNamespace
 import numpy as np
 
 from cachebuild.builder.status import _compare
-from cachebuild.format.digests import BUILD
-from cachebuild.format.manifest import FORMAT_VERSION
+from cachebuild.format.manifest import BUILD, FORMAT_VERSION
 from cachebuild.storage import open_location
-from cachebuild.storage.cache.source_inputs import load_source_inputs, save_source_inputs
+from cachebuild.storage.cache import load_source_inputs, save_source_inputs
 
 N = 100_000
 

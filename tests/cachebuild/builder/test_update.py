@@ -18,8 +18,8 @@ from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.builder.status import cache_status
 from cachebuild.errors import CacheBuildError, CacheExistsError
 from cachebuild.sources.folder import folder_plan
-from cachebuild.storage.cache.columns import add_column
-from cachebuild.storage.cache.reader import open_cache, read_manifest
+from cachebuild.storage.cache import open_cache, read_manifest
+from cachebuild.storage.columns import add_column
 from tests.legacy_caches import as_sha256_cache
 
 HOUR_NS = 3600 * 10**9
@@ -55,7 +55,7 @@ def _assert_same_cache(a: Path, b: Path) -> None:
     ra, rb = open_cache(a), open_cache(b)
     assert len(ra) == len(rb) > 0
     idx = np.arange(len(ra))
-    assert ra.read(idx).tobytes() == rb.read(idx).tobytes()
+    assert ra.gather(idx).tobytes() == rb.gather(idx).tobytes()
     for name in ("labels.npy", "sizes.npy", "paths.json", "files.json", "source_files.json"):
         if (a / name).exists() or (b / name).exists():
             assert (a / name).read_bytes() == (b / name).read_bytes(), name
@@ -76,7 +76,7 @@ def test_an_update_equals_a_fresh_build_of_the_changed_tree(imagenet_tree, tmp_p
     first = build(folder_plan(src), out, BuildOptions(**opts))
     assert first.decoded == first.count + first.failures and first.reused == 0
     held = open_cache(out)  # a reader of the old cache, open across the update
-    old_first = held.read(np.arange(3))
+    old_first = held.gather(np.arange(3))
     _change(src)
     plan = folder_plan(src)
     got = build(plan, out, BuildOptions(**opts, update=True))
@@ -87,7 +87,7 @@ def test_an_update_equals_a_fresh_build_of_the_changed_tree(imagenet_tree, tmp_p
     assert got.decoded == 2 + 1 + 1 + first.failures, (got.decoded, got.reused)
     assert got.reused == len(plan) - got.decoded
     assert cache_status(out, src).status == "up to date"
-    assert held.read(np.arange(3)).tobytes() == old_first.tobytes()  # the old cache, whole, for its reader
+    assert held.gather(np.arange(3)).tobytes() == old_first.tobytes()  # the old cache, whole, for its reader
     # same stats again, but the 3 files written just now are racy (maybe rewritten unseen): only they are decoded
     again = build(plan, out, BuildOptions(**opts, update=True))
     assert (again.decoded, again.reused) == (3 + fresh.failures, len(plan) - 3 - fresh.failures)
@@ -177,7 +177,7 @@ def test_a_rewrite_in_the_listing_tick_is_decoded_again_an_old_one_is_trusted(tm
     (old / "b" / "5.bmp").unlink()
     got = build(folder_plan(old), tmp_path / "c2", BuildOptions(size=16, jobs=1, progress=False, update=True))
     assert got.decoded == 0 and got.reused == 11
-    assert open_cache(tmp_path / "c2").read(np.array([0])).max() > 7  # the old pixels: trusted, as documented
+    assert open_cache(tmp_path / "c2").gather(np.array([0])).max() > 7  # the old pixels: trusted, as documented
 
 
 def test_an_update_of_a_damaged_cache_carries_nothing_over(imagenet_tree, tmp_path):
@@ -259,7 +259,7 @@ def test_an_update_carries_columns_over_by_path(imagenet_tree, tmp_path):
     """A column's rows follow their samples' paths into the updated cache: a file rewritten keeps its row, a
     removed one's row goes, the rows are in the new sample order, and the cache verifies; the columns commit
     with the cache (no moment without them)."""
-    from cachebuild.storage.cache.columns import add_column
+    from cachebuild.storage.columns import add_column
 
     src = _copy_tree(imagenet_tree["root"] / "val", tmp_path / "src")
     opts = dict(size=16, jobs=1, progress=False)
@@ -289,7 +289,7 @@ def test_an_update_carries_columns_over_by_path(imagenet_tree, tmp_path):
 def test_an_update_with_a_file_a_column_has_no_row_for_is_refused(imagenet_tree, tmp_path):
     """A file added since has no row in the columns: refused by name before anything is written (the cache is
     left as it was); a damaged column file is refused, not carried."""
-    from cachebuild.storage.cache.columns import add_column
+    from cachebuild.storage.columns import add_column
 
     src = _copy_tree(imagenet_tree["root"] / "val", tmp_path / "src")
     opts = dict(size=16, jobs=1, progress=False)

@@ -12,7 +12,7 @@ import pytest
 
 from cachebuild.builder.update import _old_samples, gc_paused
 from cachebuild.errors import CacheBuildError
-from cachebuild.format.pathnames import decode_paths, encode_paths
+from cachebuild.format.manifest import decode_paths, encode_paths
 from cachebuild.sources.plan import stat_files
 
 

@@ -15,11 +15,9 @@ from click.testing import CliRunner
 
 from cachebuild.cli import main
 from cachebuild.errors import CacheCorruptError, UnsupportedFormatError
-from cachebuild.format.digests import SHA256, XXH3_128
-from cachebuild.format.manifest import Manifest, manifest_bytes, parse_manifest
-from cachebuild.storage.cache.columns import add_column, remove_column
-from cachebuild.storage.cache.reader import open_cache, read_manifest
-from cachebuild.storage.cache.writer import write_cache
+from cachebuild.format.manifest import SHA256, XXH3_128, Manifest, manifest_bytes, parse_manifest
+from cachebuild.storage.cache import open_cache, read_manifest, write_cache
+from cachebuild.storage.columns import add_column, remove_column
 from tests.legacy_caches import LEGACY, as_sha256_cache, legacy_copy, legacy_images, seal
 from tests.manifest_edits import load_unsealed
 
@@ -67,7 +65,7 @@ def test_a_v4_cache_names_xxh3_and_every_checksum_is_one(tmp_path, storage):
     reader = open_cache(c)
     assert reader.manifest.digest == XXH3_128 and reader.verify() == []
     assert "(format cachebuild v4, xxh3-128 checksums)" in _cli("info", c).output
-    assert np.array_equal(reader.read(np.arange(10)), legacy_images()) or storage == "jpeg"
+    assert np.array_equal(reader.gather(np.arange(10)), legacy_images()) or storage == "jpeg"
 
 
 @pytest.mark.parametrize("storage,victim", [("npy", "images-00001.npy"), ("jpeg", "images-00001.jpegs"),
@@ -92,7 +90,7 @@ def test_a_cache_the_previous_release_wrote_reads_verifies_and_is_reserialised_b
     assert reader.verify() == [] and _cli("verify", c).exit_code == 0
     assert f"(format cachebuild v{name[1]}, sha256 checksums)" in _cli("info", c).output
     if name != "v2-jpeg":
-        assert np.array_equal(reader.read(np.arange(10)), legacy_images())
+        assert np.array_equal(reader.gather(np.arange(10)), legacy_images())
     if name.startswith("v3"):
         np.testing.assert_array_equal(reader.column("soft"), np.linspace(0, 1, 30, dtype=np.float32).reshape(10, 3))
 

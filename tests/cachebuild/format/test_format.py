@@ -11,9 +11,8 @@ import xxhash
 
 from cachebuild.errors import CacheCorruptError, CacheNotFoundError, UnsupportedFormatError
 from cachebuild.format import FORMAT_VERSION, Manifest
-from cachebuild.storage.cache.reader import open_cache, read_manifest
-from cachebuild.storage.cache.writer import write_cache
-from cachebuild.storage.kinds.npy.backend import shrink_npy_shard
+from cachebuild.storage.cache import open_cache, read_manifest, write_cache
+from cachebuild.storage.kinds.npy import shrink_npy_shard
 from tests.legacy_caches import as_sha256_cache
 from tests.manifest_edits import load_unsealed
 
@@ -43,10 +42,10 @@ def test_gather_returns_the_right_samples(tmp_path, storage):
     write_cache(tmp_path / "c", _images(37), np.arange(37) % 4, list("abcd"), shard_size=10, storage=storage)
     c = open_cache(tmp_path / "c")
     idx = np.array([36, 0, 9, 10, 10, 25, 3])
-    assert np.array_equal(c.read(idx)[:, 0, 0, 0], idx % 251)
-    assert c.read([]).shape == (0, 8, 8, 3)
+    assert np.array_equal(c.gather(idx)[:, 0, 0, 0], idx % 251)
+    assert c.gather([]).shape == (0, 8, 8, 3)
     with pytest.raises(IndexError):
-        c.read([37])
+        c.gather([37])
     assert c.verify() == []
 
 
@@ -100,7 +99,7 @@ def test_a_byte_outside_the_pixels_is_caught_by_verify(cache):
     data[pad] = ord("\t")
     shard.write_bytes(bytes(data))
     c = open_cache(cache)
-    assert np.array_equal(c.read([20])[:, 0, 0, 0], [20])
+    assert np.array_equal(c.gather([20])[:, 0, 0, 0], [20])
     assert c.verify() == ["images-00002.npy samples [20, 30): checksum mismatch"]
 
 
@@ -112,7 +111,7 @@ def test_version_1_caches_still_read_and_verify(cache):
         np.load(cache / "images-00000.npy")).hexdigest()
     c = open_cache(cache)
     assert c.manifest.format_version == 1 and c.verify() == []
-    assert np.array_equal(c.read([36, 5])[:, 0, 0, 0], [36, 5])
+    assert np.array_equal(c.gather([36, 5])[:, 0, 0, 0], [36, 5])
     shard = cache / "images-00003.npy"
     data = bytearray(shard.read_bytes())
     data[-1] ^= 1

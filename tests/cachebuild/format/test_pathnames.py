@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cachebuild.errors import CacheCorruptError
-from cachebuild.format.pathnames import decode_path, decode_paths, encode_path, encode_paths
+from cachebuild.format.manifest import decode_path, decode_paths, encode_path, encode_paths
 
 
 def _through_json(value: object) -> object:

@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from cachebuild.inspect import ReportOptions, write_report
-from cachebuild.storage.cache.reader import open_cache
+from cachebuild.storage.cache import open_cache
 from tests.inspect_fixtures import inspect_cache
 
 CHROMIUM = Path("/usr/bin/chromium")

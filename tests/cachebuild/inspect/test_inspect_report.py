@@ -18,7 +18,7 @@ from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.inspect import ReportOptions, Selection, pick_per_class, pick_random, pixel_stats, show, write_report
 from cachebuild.inspect.report import FILE_LIST
 from cachebuild.sources.folder import folder_plan
-from cachebuild.storage.cache.reader import open_cache
+from cachebuild.storage.cache import open_cache
 from loaders.inspect_cli import report as report_command
 from loaders.inspect_cli import run_curves
 from loaders.train.metrics import MetricsWriter
@@ -86,7 +86,7 @@ def test_pixel_statistics_are_numpys_over_the_stated_sample(tmp_path: Path, samp
     reader = open_cache(root)
     st = pixel_stats(reader, sample=sample, seed=3)
     idx = pick_random(120, sample, 3)
-    x = reader.read(idx).astype(np.float64) / 255.0
+    x = reader.gather(idx).astype(np.float64) / 255.0
     assert st.samples == len(idx) == min(sample, 120) and st.pixels == len(idx) * 20 * 28
     np.testing.assert_allclose(st.mean, x.mean(axis=(0, 1, 2)), rtol=0, atol=1e-12)
     np.testing.assert_allclose(st.std, x.std(axis=(0, 1, 2)), rtol=0, atol=1e-12)
@@ -108,7 +108,7 @@ def test_report_of_every_kind(tmp_path: Path, http_server, storage: str) -> None
     assert res.output.startswith(f"{tmp_path / 'r' / 'index.html'}: report of 60 samples of ")
     reader = open_cache(where)
     st = pixel_stats(reader, 25, 0)
-    x = reader.read(pick_random(60, 25, 0)).astype(np.float64) / 255.0
+    x = reader.gather(pick_random(60, 25, 0)).astype(np.float64) / 255.0
     np.testing.assert_allclose(st.mean, x.mean(axis=(0, 1, 2)), atol=1e-12)
     page = (tmp_path / "r" / "index.html").read_text(encoding="utf-8")
     assert f"<td>R</td><td>{st.mean[0]:.4f}</td><td>{st.std[0]:.4f}</td>" in page
@@ -116,7 +116,7 @@ def test_report_of_every_kind(tmp_path: Path, http_server, storage: str) -> None
     assert (st.inside is not None) == (storage == "pad") == ("Over the real pixels only" in page)
     if st.inside is not None:  # numpy over the pixels inside each sample's box
         idx = pick_random(60, 25, 0)
-        real = np.concatenate([reader.read([i])[0, y0:y1, x0:x1].reshape(-1, 3)
+        real = np.concatenate([reader.gather([i])[0, y0:y1, x0:x1].reshape(-1, 3)
                                for i, (y0, x0, y1, x1) in zip(idx, reader.boxes[idx].tolist(), strict=True)])
         np.testing.assert_allclose(st.inside.mean, (real / 255.0).mean(axis=0), atol=1e-12)
         np.testing.assert_allclose(st.inside.std, (real / 255.0).std(axis=0), atol=1e-12)

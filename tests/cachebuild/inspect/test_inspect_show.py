@@ -17,11 +17,11 @@ from PIL import Image
 
 import cachebuild.cli as cli
 from cachebuild.errors import CacheCorruptError, OptionError
-from cachebuild.format.pathnames import encode_paths
+from cachebuild.format.manifest import encode_paths
 from cachebuild.inspect import Selection, paths_at, pick_per_class, select, show
 from cachebuild.inspect.paths import element_bounds
 from cachebuild.inspect.sheet import BACKGROUND
-from cachebuild.storage.cache.reader import open_cache
+from cachebuild.storage.cache import open_cache
 from loaders import inspect_cli
 from loaders.augment_view import PRESETS, augment_view
 from loaders.inspect_cli import show as show_command
@@ -55,7 +55,7 @@ def test_tiles_are_the_stored_pixels_and_captions_name_the_sample(tmp_path: Path
     idx = np.array([71, 3, 40, 0, 89, 12, 13], dtype=np.int64)  # unsorted: shown in the order asked
     sheet = show(reader, Selection(idx), columns=3)
     assert sheet.scale == 3 and sheet.columns == 3  # 40 px -> 120 px tiles, whole-factor enlarged
-    stored = reader.read(idx)  # for jpeg: the decoded pixels the cache serves
+    stored = reader.gather(idx)  # for jpeg: the decoded pixels the cache serves
     if storage != "jpeg":
         assert np.array_equal(stored, images[idx])
     for k, tile in enumerate(sheet.tiles):
@@ -72,10 +72,10 @@ def test_tiles_are_the_stored_pixels_and_captions_name_the_sample(tmp_path: Path
 def test_long_names_are_shortened_in_the_middle(tmp_path: Path) -> None:
     root, *_ = inspect_cache(tmp_path / "c", h=16, w=16)
     long_path = "n01440764/" + "x" * 80 + "_10026.JPEG"
-    from cachebuild.storage.cache.writer import write_cache
+    from cachebuild.storage.cache import write_cache
 
     reader = open_cache(root)
-    write_cache(tmp_path / "long", reader.read(range(3)), np.zeros(3, np.int64), ["a" * 60], paths=[long_path] * 3)
+    write_cache(tmp_path / "long", reader.gather(range(3)), np.zeros(3, np.int64), ["a" * 60], paths=[long_path] * 3)
     tile = show(open_cache(tmp_path / "long"), Selection(np.array([1]))).tiles[0]
     assert tile.path == long_path and tile.caption[2] != long_path
     assert tile.caption[2].endswith("_10026.JPEG") and "\u2026" in tile.caption[2]  # the file's end is kept
@@ -120,7 +120,7 @@ def test_augment_shows_what_the_preset_makes_of_the_batch(tmp_path: Path) -> Non
     idx = np.arange(0, 40, 3)
     sheet = show(reader, Selection(idx), augment=augment_view("imagenet", reader.manifest.shape, crop=24, seed=5))
     expected_pipeline = presets.imagenet_train(24, generator=torch.Generator().manual_seed(5))
-    y = expected_pipeline(torch.from_numpy(reader.read(idx)).permute(0, 3, 1, 2))
+    y = expected_pipeline(torch.from_numpy(reader.gather(idx)).permute(0, 3, 1, 2))
     want = _displayed(y)
     differs = 0
     for k, tile in enumerate(sheet.tiles):
@@ -129,7 +129,7 @@ def test_augment_shows_what_the_preset_makes_of_the_batch(tmp_path: Path) -> Non
         assert x0 >= tile.stored[2]  # beside the stored tile
         aug = _tile_pixels(sheet.image, tile.augmented, sheet.scale)
         assert np.array_equal(aug, want[k])
-        stored = reader.read([idx[k]])[0]
+        stored = reader.gather([idx[k]])[0]
         differs += not np.array_equal(aug, stored[:24, :24])
     assert differs == len(idx)
 
@@ -142,7 +142,7 @@ def test_augment_on_a_pad_cache_passes_the_boxes(tmp_path: Path) -> None:
     view = augment_view("imagenet", reader.manifest.shape, crop=16, seed=0)
     sheet = show(reader, Selection(idx), augment=view)
     pipeline = presets.imagenet_train(16, generator=torch.Generator().manual_seed(0))
-    y = pipeline(torch.from_numpy(reader.read(idx)).permute(0, 3, 1, 2), torch.from_numpy(reader.boxes[idx]))
+    y = pipeline(torch.from_numpy(reader.gather(idx)).permute(0, 3, 1, 2), torch.from_numpy(reader.boxes[idx]))
     want = _displayed(y)
     got = np.stack([_tile_pixels(sheet.image, t.augmented, sheet.scale) for t in sheet.tiles])
     assert np.array_equal(got, want)

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from cachebuild.cli import main
 from cachebuild.errors import CacheNotFoundError
-from cachebuild.storage.cache.reader import read_manifest
+from cachebuild.storage.cache import read_manifest
 from loaders.dataset import CachedImageDataset
 from tests.loaders_fixtures import make_cache, make_images
 from tests.manifest_edits import load_unsealed

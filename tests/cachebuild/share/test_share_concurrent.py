@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from cachebuild.cli import main
-from cachebuild.storage.cache.provenance import current_host
+from cachebuild.storage.cache import current_host
 from tests import share_races
 from tests.loaders_fixtures import make_cache, make_images
 from tests.share_races import upload_fails_on

@@ -134,7 +134,7 @@ def test_push_force_never_replaces_a_manifest_cachebuild_did_not_write(tmp_path,
 def test_push_force_interrupted_while_taking_the_old_cache_down_resumes(tmp_path, s3):
     # Before: the rerun found files but no manifest and no marker, and refused for good ("no cachebuild cache").
     from cachebuild.errors import RemoteError
-    from cachebuild.storage.locations import FsspecLocation
+    from cachebuild.storage.locations.url import FsspecLocation
 
     a, _, _ = make_cache(tmp_path / "a", n=70, shard_size=16, h=16, w=12)
     b, images_b, _ = make_cache(tmp_path / "b", n=30, shard_size=16, h=16, w=10)
@@ -171,7 +171,7 @@ def test_push_force_interrupted_while_taking_the_old_cache_down_resumes(tmp_path
 
 def _inverted(root: Path, images: np.ndarray) -> None:
     """Replace the cache at ``root`` by one of the same layout and names, every pixel other."""
-    from cachebuild.storage.cache.writer import write_cache
+    from cachebuild.storage.cache import write_cache
 
     write_cache(root, 255 - images, (np.arange(len(images)) * 3) % 5, [f"class{k}" for k in range(5)],
                 storage="npy", shard_size=16, replace=True)

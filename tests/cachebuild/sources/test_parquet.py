@@ -19,7 +19,7 @@ from cachebuild.errors import DecodeError, SourceError
 from cachebuild.samples.parquet_layout import hf_features_metadata, write_hf_parquet
 from cachebuild.sources.shards.files import close_handles
 from cachebuild.sources.shards.parquet import ParquetColumns, parquet_plan
-from cachebuild.storage.cache.reader import open_cache, read_manifest
+from cachebuild.storage.cache import open_cache, read_manifest
 from tests.shard_fixtures import SIZE, cache_view
 
 

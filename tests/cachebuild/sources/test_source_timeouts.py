@@ -25,7 +25,7 @@ import pytest
 from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.sources.shards.files import close_handles
 from cachebuild.sources.shards.wds import wds_plan
-from cachebuild.storage.cache.reader import read_manifest
+from cachebuild.storage.cache import read_manifest
 from tests.shard_fixtures import SIZE
 
 TIMEOUT_S = 1.0

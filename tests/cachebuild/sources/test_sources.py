@@ -16,7 +16,7 @@ from cachebuild.samples.imagenet_layout import write_imagenet
 from cachebuild.sources.cifar import cifar_plans
 from cachebuild.sources.folder import folder_plan
 from cachebuild.sources.imagenet import imagenet_plans
-from cachebuild.storage.cache.reader import open_cache
+from cachebuild.storage.cache import open_cache
 
 
 def test_folder_order_and_labels_equal_imagefolder(tmp_path):
@@ -98,7 +98,7 @@ def test_cifar_cache_equals_torchvision(tmp_path, monkeypatch, variant, writer, 
         cache = build(plan, tmp_path / "cache" / split, BuildOptions(size=32, jobs=1, block_size=128))
         c = open_cache(cache.path)
         ref = tv(str(tmp_path / "src"), train=split == "train", download=False)
-        assert np.array_equal(c.read(np.arange(len(c))), ref.data)  # byte for byte at native size
+        assert np.array_equal(c.gather(np.arange(len(c))), ref.data)  # byte for byte at native size
         assert c.labels.tolist() == list(ref.targets)
         assert list(c.manifest.classes) == ref.classes
         if variant == "cifar100":

@@ -17,7 +17,7 @@ from cachebuild.samples.imagenet_layout import write_imagenet
 from cachebuild.samples.photos import photo_bank, render_sample
 from cachebuild.sources.folder import folder_plan
 from cachebuild.sources.imagenet import imagenet_plans
-from cachebuild.storage.cache.reader import open_cache
+from cachebuild.storage.cache import open_cache
 
 # Class names as users name them: sorted by code point, 'cafz' < 'café', but percent-encoded (as HTTP index
 # pages link them) 'caf%C3%A9' < 'cafz': a plan of the encoded names swaps the two classes' labels.
@@ -58,7 +58,7 @@ def test_a_class_tree_at_a_url_plans_and_builds_like_its_local_copy(tmp_path, wh
     got = build(remote, tmp_path / "remote", BuildOptions(size=32, jobs=1))
     a, b = open_cache(local_cache.path), open_cache(got.path)
     assert not b.manifest.failures and a.paths() == b.paths() and np.array_equal(a.labels, b.labels)
-    assert np.array_equal(a.read(np.arange(len(a))), b.read(np.arange(len(b))))
+    assert np.array_equal(a.gather(np.arange(len(a))), b.gather(np.arange(len(b))))
 
 
 @pytest.mark.parametrize("layout", ["folders", "devkit", "kaggle"])
@@ -136,4 +136,4 @@ def test_url_shards_with_odd_names_plan_in_the_local_order(wds_set, http_server,
     got = build(remote, tmp_path / "remote", BuildOptions(size=32, jobs=1))
     want = build(local, tmp_path / "local", BuildOptions(size=32, jobs=1))
     a, b = open_cache(want.path), open_cache(got.path)
-    assert a.paths() == b.paths() and np.array_equal(a.read(np.arange(len(a))), b.read(np.arange(len(b))))
+    assert a.paths() == b.paths() and np.array_equal(a.gather(np.arange(len(a))), b.gather(np.arange(len(b))))

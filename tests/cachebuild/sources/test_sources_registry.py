@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 import cachebuild.sources.registry as registry
-import cachebuild.storage.kinds as storage
+import cachebuild.storage.kinds.base as storage
 from cachebuild.builder.pipeline import BuildOptions
 from cachebuild.cli import main
 from cachebuild.cli_build import build_params
@@ -38,8 +38,8 @@ from cachebuild.sources.registry import (
 )
 from cachebuild.sources.shards.parquet import ParquetOptions
 from cachebuild.sources.shards.wds import WdsOptions
-from cachebuild.storage.cache.reader import open_cache
-from cachebuild.storage.kinds.jpeg.backend import JpegBackend
+from cachebuild.storage.cache import open_cache
+from cachebuild.storage.kinds.jpeg import JpegBackend
 from tests.repo import REPO
 
 
@@ -116,7 +116,7 @@ def test_a_new_source_kind_is_one_module_and_one_registry_line(imagenet_clean, t
     assert r.exit_code == 0, r.output
     ref = open_cache(tmp_path / "ref" / "train")
     assert len(cache) == len(ref) == len(rows)
-    assert np.array_equal(cache.read(np.arange(len(cache))), ref.read(np.arange(len(ref))))
+    assert np.array_equal(cache.gather(np.arange(len(cache))), ref.gather(np.arange(len(ref))))
     assert cache.labels.tolist() == ref.labels.tolist()
 
     # status re-plans it through the registry: up to date, then stale naming the file

@@ -25,7 +25,7 @@ from cachebuild.sources.plan import block_reader
 from cachebuild.sources.shards.files import close_handles
 from cachebuild.sources.shards.tar_index import index_tar
 from cachebuild.sources.shards.wds import IMAGE_KEYS, WdsLayout, wds_plan
-from cachebuild.storage.cache.reader import open_cache, read_manifest
+from cachebuild.storage.cache import open_cache, read_manifest
 from tests.kill_helpers import build_killed_after_blocks
 from tests.shard_fixtures import SIZE, cache_view
 

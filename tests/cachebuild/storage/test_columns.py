@@ -13,9 +13,9 @@ from click.testing import CliRunner
 from cachebuild.cli import main
 from cachebuild.errors import CacheCorruptError, UnsupportedFormatError
 from cachebuild.format import manifest as spec
-from cachebuild.storage.cache import columns as cols
-from cachebuild.storage.cache.columns import add_column, remove_column
-from cachebuild.storage.cache.reader import open_cache, read_manifest
+from cachebuild.storage import columns as cols
+from cachebuild.storage.cache import open_cache, read_manifest
+from cachebuild.storage.columns import add_column, remove_column
 from loaders.dataset import CachedImageDataset, DatasetOptions
 from tests.legacy_caches import as_sha256_cache
 from tests.loaders_fixtures import make_cache
@@ -213,7 +213,7 @@ def test_a_replaced_cache_is_kept_while_a_reader_holds_its_manifest_from_before_
                                                                                       tmp_path: Path) -> None:
     """The reader's lock is on the manifest it opened; `columns add` swaps that file, so the sweep of a
     --force rebuild must also look at the old manifest kept as columns/held-*.json."""
-    from cachebuild.storage.locations.replacement import set_aside, sweep_replaced
+    from cachebuild.storage.locations import set_aside, sweep_replaced
 
     np.save(tmp_path / "a.npy", np.arange(20))
     ds = CachedImageDataset(cache)

@@ -21,12 +21,12 @@ import torch
 from click.testing import CliRunner
 from torch.utils.data import DataLoader
 
-import cachebuild.storage.kinds.jpeg.backend as jpeg_backend
+import cachebuild.storage.kinds.jpeg as jpeg_backend
 from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.cli import main
-from cachebuild.errors import CacheCorruptError, CacheExistsError
+from cachebuild.errors import CacheCorruptError, CacheExistsError, OptionError
 from cachebuild.sources.imagenet import imagenet_plans
-from cachebuild.storage.cache.reader import open_cache, read_manifest
+from cachebuild.storage.cache import open_cache, read_manifest
 from loaders.dataset import CachedImageDataset, DatasetOptions, collate_batch
 from loaders.device import device_loader
 from loaders.encoded import EncodedImages
@@ -50,7 +50,7 @@ def _psnr(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _all(path: Path) -> np.ndarray:
     c = open_cache(path)
-    return c.read(np.arange(len(c)))
+    return c.gather(np.arange(len(c)))
 
 
 def _image_files(path: Path) -> dict[str, bytes]:
@@ -263,9 +263,20 @@ def test_decode_threads_give_the_same_pixels(builds, monkeypatch):
     three = CachedImageDataset(builds["j1"], DatasetOptions(decode_threads=3))
     assert np.array_equal(three.gather(idx), one)
     assert three._images._pool is not None and three._images._pool._max_workers == 3
-    monkeypatch.setenv("CACHEBUILD_DECODE_THREADS", "2")
-    assert jpeg_backend.decode_threads() == 2
+    assert jpeg_backend.decode_threads(2) == 2  # the one rule: DatasetOptions(decode_threads=) wins
     assert np.array_equal(CachedImageDataset(builds["j1"]).gather(idx), one)
+
+
+def test_the_retired_decode_threads_variable_is_a_one_line_error_naming_the_option(builds, monkeypatch):
+    monkeypatch.setenv("CACHEBUILD_DECODE_THREADS", "2")
+    with pytest.raises(OptionError, match=r"^CACHEBUILD_DECODE_THREADS is no longer read: pass "
+                                          r"DatasetOptions\(decode_threads=N\)") as e:
+        CachedImageDataset(builds["j1"], DatasetOptions(decode_threads=2))
+    assert "\n" not in str(e.value)
+    r = CliRunner().invoke(main, ["info", str(builds["j1"])])
+    assert r.exit_code == 1 and "CACHEBUILD_DECODE_THREADS is no longer read" in r.output
+    monkeypatch.setenv("CACHEBUILD_DECODE_THREADS", "")  # unset or empty: nothing to say
+    assert CachedImageDataset(builds["j1"]).manifest.storage == "jpeg"
 
 
 def test_encoded_batches_carry_the_stored_bytes_to_the_device(tmp_path):
@@ -361,9 +372,9 @@ def test_stored_index_matches_its_checksums(builds):
         assert [zlib.crc32(payload[a:z]) for a, z in itertools.pairwise(offsets)] == crc.tolist()
 
 
-def test_thread_loader_threads_decode_in_themselves_and_the_settings_still_win(tmp_path, monkeypatch):
+def test_thread_loader_threads_decode_in_themselves_and_the_option_still_wins(tmp_path, monkeypatch):
     """ThreadLoader's threads decode their own samples (no pool of decoding threads behind them: the loader's
-    threads already share the cores), with the same pixels; $CACHEBUILD_DECODE_THREADS still wins in them."""
+    threads already share the cores), with the same pixels; DatasetOptions(decode_threads=) still wins in them."""
     from loaders.thread_loader import ThreadLoader
     from loaders.worker_crop import RandomResizedCrop
 
@@ -383,12 +394,14 @@ def test_thread_loader_threads_decode_in_themselves_and_the_settings_still_win(t
     def ask() -> None:
         jpeg_backend.decode_in_this_thread()
         seen.append(jpeg_backend.decode_threads())
-        monkeypatch.setenv("CACHEBUILD_DECODE_THREADS", "3")
-        seen.append(jpeg_backend.decode_threads())
+        seen.append(jpeg_backend.decode_threads(3))
 
     t = threading.Thread(target=ask)
     t.start()
     t.join()
     assert seen == [1, 3]
-    monkeypatch.delenv("CACHEBUILD_DECODE_THREADS")
     assert jpeg_backend.decode_threads() == min(jpeg_backend.MAX_DECODE_THREADS, len(os.sched_getaffinity(0)))
+    three = CachedImageDataset(root, DatasetOptions(decode_threads=3))
+    loader = ThreadLoader(three, 8, sampler=CacheSampler(three, seed=1), num_threads=2)
+    assert np.array_equal(np.concatenate([b[0].numpy() for b in loader]), three.gather(order))
+    assert three._images._pool is not None and three._images._pool._max_workers == 3  # the option won

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 from cachebuild.cli import main
 from cachebuild.errors import CacheCorruptError
-from cachebuild.storage.cache.reader import open_cache, read_manifest
+from cachebuild.storage.cache import open_cache, read_manifest
 from loaders.dataset import CachedImageDataset, DatasetOptions, collate_batch
 from loaders.sampler import CacheSampler
 from tests.compact_fixtures import jpeg_index_cache, read_index

@@ -1,5 +1,5 @@
-"""Hedged range reads (cachebuild.storage.remote.hedge): a read that has not answered long after its peers did gets
-a second request, so a stalled answer costs a fraction of a second, not the socket-read timeout.
+"""Hedged range reads (cachebuild.storage.remote.retry.hedged): a read that has not answered long after its peers
+did gets a second request, so a stalled answer costs a fraction of a second, not the socket-read timeout.
 
 Through the fault proxy's stall mode (tests/fault_proxy.py: no answer for 20 s) in front of the range server.
 """
@@ -13,7 +13,7 @@ import time
 import pytest
 
 from cachebuild.storage import FsspecLocation
-from cachebuild.storage.remote import hedge
+from cachebuild.storage.remote import retry as hedge
 
 # CACHEBUILD_HTTP_TIMEOUT of these tests: what a stalled read costs without a hedge (under the proxy's 20 s
 # stall). 12 s, so that a third of it (the hedged read's bound) holds on a loaded 2-core box too: at 6 s the

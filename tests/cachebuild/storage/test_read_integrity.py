@@ -24,7 +24,7 @@ import pytest
 
 from cachebuild.errors import RemoteError
 from cachebuild.storage import BlockCache
-from cachebuild.storage.cache.reader import open_cache
+from cachebuild.storage.cache import open_cache
 from tests.compact_fixtures import jpeg_index_cache, read_index
 from tests.loaders_fixtures import decode_index, make_cache
 from tests.repo import REPO
@@ -64,7 +64,7 @@ def _mounts(kind: str, tmp_path: Path) -> str | None:
 _FULL_DISK = """
 import json, logging, os, shutil, sys
 import numpy as np
-from cachebuild.storage.cache.reader import open_cache
+from cachebuild.storage.cache import open_cache
 from cachebuild.storage import BlockCache
 from tests.loaders_fixtures import make_images
 url, mnt, free = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -83,7 +83,7 @@ reader = open_cache(url, local_cache=BlockCache(os.path.join(mnt, "blocks"), blo
 result = "ok"
 for epoch in range(2):  # the second pass: blocks held are served, the rest fetched again
     for lo in range(0, 96, 8):
-        if not np.array_equal(reader.read(np.arange(lo, lo + 8)), images[lo : lo + 8]):
+        if not np.array_equal(reader.gather(np.arange(lo, lo + 8)), images[lo : lo + 8]):
             result = f"wrong pixels in samples [{lo}, {lo + 8}) in pass {epoch}"
             break
 print(json.dumps({"result": result, "warned": warned}))
@@ -124,16 +124,16 @@ def test_readers_with_other_block_sizes_share_a_block_cache_folder(tmp_path, htt
     code = """
     import sys
     import numpy as np
-    from cachebuild.storage.cache.reader import open_cache
+    from cachebuild.storage.cache import open_cache
     from cachebuild.storage import BlockCache
     from tests.loaders_fixtures import decode_index
     url, folder = sys.argv[1], sys.argv[2]
     small = open_cache(url, local_cache=BlockCache(folder, block_bytes=4096))
-    assert np.array_equal(decode_index(small.read(np.arange(4))), np.arange(4))
+    assert np.array_equal(decode_index(small.gather(np.arange(4))), np.arange(4))
     big = open_cache(url, local_cache=BlockCache(folder))  # the default block size
-    assert np.array_equal(decode_index(big.read(np.arange(256))), np.arange(256))
-    assert np.array_equal(decode_index(small.read(np.arange(256))), np.arange(256))
-    assert np.array_equal(decode_index(big.read(np.arange(256)[::-1])), np.arange(256)[::-1])
+    assert np.array_equal(decode_index(big.gather(np.arange(256))), np.arange(256))
+    assert np.array_equal(decode_index(small.gather(np.arange(256))), np.arange(256))
+    assert np.array_equal(decode_index(big.gather(np.arange(256)[::-1])), np.arange(256)[::-1])
     print("ok")
     """
     r = _child(code, url, str(tmp_path / "blocks"))
@@ -166,7 +166,7 @@ def test_a_server_that_ignores_range_requests_is_named_as_such(tmp_path, range_i
     reader = open_cache(url)
     requests.clear()
     with pytest.raises(RemoteError, match=r"images-00000\.npy: the server ignores HTTP Range requests") as e:
-        reader.read(np.arange(3))
+        reader.gather(np.arange(3))
     assert "truncated" not in str(e.value)
     assert len([r for r in requests if r.startswith("GET")]) == 1  # not retried: it would fetch it all again
 
@@ -196,5 +196,5 @@ def test_url_gathers_of_unsorted_duplicate_and_boundary_indices(tmp_path, http_s
     idx = _tricky_indices(n, shard)
     for _ in range(2):  # cold, then (with a block cache) from local disk
         reader = open_cache(url, local_cache=cache)
-        assert np.array_equal(index_of(reader.read(idx)), idx)
-        assert np.array_equal(reader.read(idx), open_cache(tmp_path / "site" / "c").read(idx))
+        assert np.array_equal(index_of(reader.gather(idx)), idx)
+        assert np.array_equal(reader.gather(idx), open_cache(tmp_path / "site" / "c").gather(idx))

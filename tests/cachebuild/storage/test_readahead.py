@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from cachebuild.cli import main
 from cachebuild.errors import CacheBuildError, CacheChangedError
 from cachebuild.storage import BlockCache
-from cachebuild.storage.cache.writer import write_cache
+from cachebuild.storage.cache import write_cache
 from loaders.dataset import CachedImageDataset, DatasetOptions
 from tests.loaders_fixtures import make_images
 
@@ -98,7 +98,7 @@ def test_whole_file_readahead_runs_its_files_at_once_and_keeps_that_across_pickl
     import pickle
     import threading
 
-    from cachebuild.storage.remote.readahead import WHOLE_FILE_THREADS, Readahead
+    from cachebuild.storage.remote.block_cache import WHOLE_FILE_THREADS, Readahead
 
     ra = Readahead(WHOLE_FILE_THREADS)
     assert pickle.loads(pickle.dumps(ra)).threads == WHOLE_FILE_THREADS >= 2

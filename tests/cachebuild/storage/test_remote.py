@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from cachebuild.cli import main
 from cachebuild.errors import CacheChangedError, CacheCorruptError, CacheNotFoundError, RemoteError
-from cachebuild.storage.cache.reader import open_cache
+from cachebuild.storage.cache import open_cache
 from loaders.dataset import CachedImageDataset, DatasetOptions, collate_batch
 from loaders.sampler import CacheSampler
 from tests.loaders_fixtures import decode_index, make_cache
@@ -233,7 +233,7 @@ def test_open_cache_reports_remote_reads(tmp_path, s3):
     root, images, _ = make_cache(tmp_path / "c", n=30, storage="npy", shard_size=16)
     s3.fs.put(str(root), s3.url("x"), recursive=True)
     reader = open_cache(s3.url("x"))
-    assert reader.verify() == [] and np.array_equal(reader.read([3, 1, 29]), images[[3, 1, 29]])
+    assert reader.verify() == [] and np.array_equal(reader.gather([3, 1, 29]), images[[3, 1, 29]])
 
 
 @pytest.mark.parametrize("where", ["http", "s3"])
@@ -257,7 +257,7 @@ def test_a_class_folder_tree_at_a_url_builds_the_same_cache_as_its_local_copy(tm
     a, b = open_cache(local / "train"), open_cache(remote / "train")
     assert b.manifest.source["root"].startswith(("http://", "s3://"))
     assert a.paths() == b.paths() and np.array_equal(a.labels, b.labels) and a.manifest.classes == b.manifest.classes
-    assert np.array_equal(a.read(np.arange(len(a))), b.read(np.arange(len(b))))
+    assert np.array_equal(a.gather(np.arange(len(a))), b.gather(np.arange(len(b))))
     r = CliRunner().invoke(main, ["folder", url, "--size", "32", "--jobs", "1", "--out", str(remote)])
     assert "up to date" in r.output  # the listing's sizes and ETags/mtimes fingerprint the source
 
@@ -299,11 +299,11 @@ def test_s3_locations_parse_botocore_models_once_per_process(tmp_path, s3, monke
     parsed once: a fresh session per filesystem cost 0.18 s of CPU each, every cache opened, every worker."""
     import botocore.loaders
 
-    from cachebuild.storage.locations import FsspecLocation
+    from cachebuild.storage.locations.url import FsspecLocation
 
     root, images, _ = make_cache(tmp_path / "c", n=20, shard_size=8, h=8, w=8)
     s3.fs.put(str(root), s3.url("caches/c"), recursive=True)
-    assert np.array_equal(open_cache(s3.url("caches/c")).read(np.arange(20)), images)  # models loaded by now
+    assert np.array_equal(open_cache(s3.url("caches/c")).gather(np.arange(20)), images)  # models loaded by now
     parsed: list[str] = []
     real = botocore.loaders.JSONFileLoader.load_file
     monkeypatch.setattr(botocore.loaders.JSONFileLoader, "load_file",

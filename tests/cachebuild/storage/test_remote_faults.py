@@ -8,6 +8,7 @@ matrix (every fault kind, 1%, 10% and 33%, HTTP and S3) is tests/reliability/tes
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 from pathlib import Path
 
@@ -15,8 +16,9 @@ import numpy as np
 import pytest
 
 from cachebuild.errors import RemoteError, RemoteUnavailableError
+from cachebuild.settings import defaults
 from cachebuild.storage import FsspecLocation
-from cachebuild.storage.remote.retry import Budget, Failure, RemoteSettings, classify
+from cachebuild.storage.remote.retry import Budget, Failure, classify
 from loaders.dataset import CachedImageDataset
 from tests.fault_scenarios import Served, run_op, set_fault_env
 from tests.loaders_fixtures import make_cache
@@ -85,14 +87,14 @@ def test_failures_are_told_apart_by_type_and_status():
 
 
 def test_backoff_waits_at_least_what_retry_after_asks_and_never_past_the_budget():
-    b = Budget(RemoteSettings(budget_s=100))
+    b = Budget(dataclasses.replace(defaults(), retry_budget_s=100))
     waits = [b.wait(1, Failure(True, 503, 0.7)) for _ in range(50)]
     assert min(waits) >= 0.7
     assert b.wait(1, Failure(True)) == 0  # a dropped connection: again at once, on a fresh one
     assert b.wait(2, Failure(True)) > 0 or b.wait(2, Failure(True)) > 0
     jitter = [b.wait(3, Failure(True, 500)) for _ in range(200)]
     assert 0 <= min(jitter) < max(jitter) <= 0.2 and len(set(jitter)) > 100  # full jitter, doubling per try
-    short = Budget(RemoteSettings(budget_s=0.3))
+    short = Budget(dataclasses.replace(defaults(), retry_budget_s=0.3))
     assert short.wait(1, Failure(True, 503, 30)) <= 0.3
 
 

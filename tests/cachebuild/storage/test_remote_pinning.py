@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from cachebuild.cli import main
 from cachebuild.errors import CacheChangedError
-from cachebuild.storage.cache.writer import write_cache
+from cachebuild.storage.cache import write_cache
 from cachebuild.storage.remote.pinning import etag_of, precondition_failed
 from loaders.dataset import CachedImageDataset, collate_batch
 from tests.compact_fixtures import jpeg_index_images

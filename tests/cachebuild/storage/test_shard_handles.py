@@ -11,8 +11,8 @@ import threading
 import numpy as np
 
 from cachebuild.storage import BlockCache
-from cachebuild.storage.kinds.rows import RowFiles, Segment
-from cachebuild.storage.locations import FsspecLocation
+from cachebuild.storage.kinds.npy import RowFiles, Segment
+from cachebuild.storage.locations.url import FsspecLocation
 
 FILES = 6
 THREADS = 24

@@ -15,13 +15,12 @@ import xxhash
 from torch.utils.data import DataLoader
 
 from cachebuild.errors import CacheCorruptError, CacheExistsError, UnsupportedFormatError
-from cachebuild.format.digests import BUILD
+from cachebuild.format.manifest import BUILD
 from cachebuild.storage import Backend, ImageStore, get_backend, register_backend
-from cachebuild.storage.cache.reader import open_cache
-from cachebuild.storage.cache.writer import write_cache
+from cachebuild.storage.cache import open_cache, write_cache
 from cachebuild.storage.kinds.base import one_file_per_block
-from cachebuild.storage.kinds.rows import RowFiles, Segment
-from cachebuild.storage.locations.replacement import replaced_folders
+from cachebuild.storage.kinds.npy import RowFiles, Segment
+from cachebuild.storage.locations import replaced_folders
 from loaders.dataset import CachedImageDataset, collate_batch
 from tests.loaders_fixtures import decode_index, make_cache, make_images
 from tests.manifest_edits import load_unsealed
@@ -44,7 +43,7 @@ class _RawImages(ImageStore):
         for s in self.manifest.shards:
             buf = np.empty((s.count, *self.manifest.shape), np.uint8)
             self.rows.gather(np.arange(s.start, s.start + s.count), buf)
-            if self.manifest.digest.of(buf) != s.digest:  # the manifest's algorithm (format.digests)
+            if self.manifest.digest.of(buf) != s.digest:  # the manifest's algorithm (format.manifest)
                 bad.append(s.file)
         return bad
 
@@ -320,7 +319,7 @@ def test_force_rebuild_leaves_an_open_dataset_reading_the_old_cache_whole(tmp_pa
     assert np.array_equal(first, old[decode_index(first)])
     new = make_images(40, 12, 10)[::-1].copy()  # another size, other pixels
     write_cache(root, new, np.zeros(40, int), ["x"], storage=storage, shard_size=8, replace=True)
-    assert np.array_equal(open_cache(root).read(np.arange(40)), new)  # the path now holds the new cache
+    assert np.array_equal(open_cache(root).gather(np.arange(40)), new)  # the path now holds the new cache
     for _ in range(2):  # new worker processes each epoch open the shards they touch after the swap
         got = np.concatenate([x.numpy() for x, _ in dl])
         assert got.shape == old.shape and np.array_equal(np.sort(decode_index(got)), np.arange(48))

@@ -20,7 +20,7 @@ from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.errors import CacheBuildError, CacheCorruptError
 from cachebuild.format.manifest import CHECKSUM_FIELD
 from cachebuild.sources.imagenet import imagenet_plans
-from cachebuild.storage.cache.reader import open_cache, read_manifest
+from cachebuild.storage.cache import open_cache, read_manifest
 
 KINDS = {
     "npy": {},

@@ -22,7 +22,7 @@ from cachebuild.format.manifest import MANIFEST_NAME, manifest_bytes
 from cachebuild.samples.cifar_layout import write_cifar10
 from cachebuild.samples.imagenet_layout import write_imagenet
 from cachebuild.sources.registry import plan_source
-from cachebuild.storage.cache.reader import read_manifest
+from cachebuild.storage.cache import read_manifest
 from loaders.parity.augment import augmentation, device_sampler, torchvision_draws, worker_sampler
 from loaders.parity.cli import parity
 

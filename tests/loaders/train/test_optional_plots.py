@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cachebuild.storage.cache.writer import write_cache
+from cachebuild.storage.cache import write_cache
 from loaders.inspect_cli import run_curves
 from loaders.train.cli import train
 from loaders.train.metrics import PlotsUnavailableError

@@ -19,7 +19,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from cachebuild.storage.cache.writer import write_cache
+from cachebuild.storage.cache import write_cache
 from loaders.train.cli import train
 from loaders.train.run.fit import STOP_EXIT_CODE
 from tests.train_fixtures import CLASSES, _colour_images

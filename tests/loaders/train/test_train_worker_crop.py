@@ -12,7 +12,7 @@ import torch
 from click.testing import CliRunner
 
 from cachebuild.errors import OptionError
-from cachebuild.storage.cache.writer import write_cache
+from cachebuild.storage.cache import write_cache
 from loaders.train.cli import train
 from loaders.train.config import TrainConfig, TrainSetupError
 from loaders.train.data import build_data

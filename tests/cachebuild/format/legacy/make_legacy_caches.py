@@ -33,8 +33,8 @@ def images(n: int = 10, h: int = 8, w: int = 6) -> np.ndarray:
 
 def main() -> None:
     from cachebuild.format.manifest import FORMAT_VERSION
-    from cachebuild.storage.cache.columns import add_column
-    from cachebuild.storage.cache.writer import write_cache
+    from cachebuild.storage.cache import write_cache
+    from cachebuild.storage.columns import add_column
 
     if FORMAT_VERSION != 3:
         sys.exit(f"run this with a release that writes format versions 2 and 3, not {FORMAT_VERSION}")

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.cli import main
 from cachebuild.sources.registry import plan_source
-from cachebuild.storage.cache.reader import open_cache
+from cachebuild.storage.cache import open_cache
 from tests.cachebuild.sources.peer_files.make_peer_files import HERE, LABELS, ORIGINALS, originals
 
 __all__ = ["HERE", "LABELS", "SIZE", "build_folder", "cache_samples", "cli", "converts_and_reads", "copy_of",
@@ -45,7 +45,7 @@ def payload_shas(folder: Path) -> dict[str, list[str]]:
 def cache_samples(path: Path) -> tuple[np.ndarray, list[int], list[str]]:
     """(pixels, labels, provenance) of a cache, in cache order."""
     cache = open_cache(path)
-    return cache.read(np.arange(len(cache))), cache.labels.tolist(), list(cache.paths())
+    return cache.gather(np.arange(len(cache))), cache.labels.tolist(), list(cache.paths())
 
 
 def reference_pixels(dest: Path) -> dict[str, Any]:

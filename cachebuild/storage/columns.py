@@ -1,17 +1,12 @@
 """Columns: per-sample arrays added to a finished local cache without rewriting a pixel (format version 3 or 4).
 
-A column is one plain ``.npy`` under ``columns/``, named ``NAME-<first 12 hex digits of its digest>.npy``, and
-one entry in the manifest's ``columns`` (dtype, shape, digest and size of the whole file; the digest by the
-manifest's algorithm: a column added to a sha256 cache of version 2 or 3 makes it version 3, one added to a
-version 4 cache keeps it 4). Adding one writes
-the file (durably, under a temporary name first), then swaps ``manifest.json`` atomically: a crash at any point
-leaves the old manifest, which names only files that are still there. A reader that opened the cache before
-keeps the manifest it read; the files it names are never replaced (a new version of a column has another
-name) and are deleted only once no reader holds an older manifest: each swap keeps the old manifest's inode
-linked as ``columns/held-*.json`` (readers hold a shared ``flock`` on it, ``locations.replacement``), and a
-file no current manifest names is removed when none of those is locked any more.
-
-The caller holds the cache's writer lock (``cachebuild.share.columns``: the lock builds and pulls take).
+A column is one ``.npy`` under ``columns/``, named ``NAME-<first 12 hex digits of its digest>.npy``, and one entry
+in the manifest's ``columns`` (dtype, shape, digest and size of the whole file, by the manifest's algorithm: a
+column added to a sha256 cache makes it version 3, to a version 4 one keeps 4). Adding one writes the file
+(durably), then swaps ``manifest.json`` atomically: a crash leaves the old manifest, whose files are all there. A
+reader keeps the manifest it opened; a new version of a column has another name, and a file no current manifest
+names is deleted only once no reader holds an older one (each swap keeps the old manifest's inode linked as
+``columns/held-*.json``, where readers hold a shared ``flock``). The caller holds the cache's writer lock.
 """
 
 from __future__ import annotations
@@ -31,22 +26,22 @@ import numpy as np
 
 from cachebuild.atomic import write_bytes_atomic
 from cachebuild.errors import CacheBuildError, OptionError
-from cachebuild.format.digests import DIGEST_VERSION, Digest
 from cachebuild.format.manifest import (
     COLUMN_DTYPES,
     COLUMN_NAME,
     COLUMNS_DIR,
     COLUMNS_VERSION,
+    DIGEST_VERSION,
     MANIFEST_NAME,
     PLAIN_VERSION,
     ColumnInfo,
+    Digest,
     Manifest,
     manifest_bytes,
 )
 from cachebuild.storage import open_location
-from cachebuild.storage.cache.reader import read_manifest
-from cachebuild.storage.kinds.side_arrays import load_paths
-from cachebuild.storage.locations.replacement import is_locked
+from cachebuild.storage.cache import load_paths, read_manifest
+from cachebuild.storage.locations import is_locked
 
 __all__ = ["COLUMNS_DIR", "ColumnError", "add_column", "columns_version", "is_own_columns_folder", "local_folder",
            "read_values", "remove_column", "sweep_columns", "write_column_file"]

@@ -1,37 +1,44 @@
-"""The read side of the ``zarr`` storage kind.
+"""The ``zarr`` storage kind: one zarr v3 uint8 array (N, H, W, 3) in ``images.zarr``, chunked along samples; the
+folder is also a zarr group with consolidated metadata, so ``xarray.open_zarr(cache)`` opens it. zarr-python is
+the ``zarr`` extra, imported only here (a :class:`~cachebuild.errors.MissingExtraError` without it).
 
-Uncompressed arrays (only the ``bytes`` codec, default chunk keys) are read like npy shards: each chunk
-file *is* its C-order rows, so chunks are memory-mapped locally and read by byte range remotely
-(:class:`~cachebuild.storage.kinds.rows.RowFiles`); a random sample then costs its own bytes, not a whole
-chunk. Compressed arrays go through zarr-python (a ``LocalStore``, or zarr's ``FsspecStore`` for URLs)
-behind :class:`StrictStore`, which turns a missing chunk into an error naming it (zarr alone would serve
-the fill value: black images), retries transient failures, and keeps fetched chunks in the local block
-cache when one is given. For a pinned cache (a local folder by identity, a URL by file versions:
-``cachebuild.storage.remote.pinning``) whole keys are fetched through its location: after a ``--force`` rebuild
-of the folder the old chunks are still read from where the old folder went, and a chunk replaced at a URL
-is a ``CacheChangedError``; never another cache's pixels.
+Workers write whole chunks into the one array from their block's plan position (blocks are whole chunks, so no
+two share one); when files failed, one task moves the later blocks down afterwards (kill-safe: a marker).
+Uncompressed arrays are read like npy shards (each chunk file *is* its rows: :class:`~cachebuild.storage.kinds.
+npy.RowFiles`). Compressed ones go through zarr-python behind a strict store that turns a missing chunk into an
+error naming it (zarr alone serves the fill value: black images), retries transient failures, keeps chunks in
+the block cache, and reads a pinned cache's keys through its location: never another cache's pixels.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
-from collections.abc import Collection
-from typing import TYPE_CHECKING, Any
+import shutil
+from collections.abc import Callable, Collection
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
+from joblib import Parallel, delayed
 
+from cachebuild.atomic import write_json_atomic
 from cachebuild.errors import (
+    CacheBuildError,
     CacheChangedError,
     CacheCorruptError,
+    OptionError,
     RemoteError,
     RemoteNotFoundError,
     RemoteUnavailableError,
+    require_extra,
 )
-from cachebuild.storage.kinds.base import ImageStore
-from cachebuild.storage.kinds.rows import RowFiles, Segment
-from cachebuild.storage.kinds.zarr.write import ZARR_NAME
+from cachebuild.format.manifest import BUILD, ShardInfo
+from cachebuild.storage.kinds.base import Backend, BlockRecord, ImageStore, StorageParams
+from cachebuild.storage.kinds.npy import RowFiles, Segment
 from cachebuild.storage.locations import Location
 from cachebuild.storage.remote.block_cache import BlockCache, BlockCacheFullError
 
@@ -41,22 +48,187 @@ if TYPE_CHECKING:
 
     from cachebuild.format.manifest import Manifest
 
-__all__ = ["ZarrImages", "ZarrLayout", "chunk_name", "read_layout"]
+__all__ = ["COMPACTING", "COMPRESSIONS", "DIMENSIONS", "ZARR_CHUNK_TARGET_BYTES", "ZARR_NAME", "ZARR_WRITE_BYTES",
+           "ZarrBackend", "ZarrChunkSink", "ZarrImages", "ZarrLayout", "chunk_name", "compact_zarr",
+           "create_staging_zarr", "create_zarr_images", "open_zarr_for_writing", "place_zarr_blocks", "read_layout",
+           "resolved_chunk", "undo_interrupted_compaction"]
 
+log = logging.getLogger("cachebuild")
+
+ZARR_NAME = "images.zarr"
+DIMENSIONS = ("sample", "y", "x", "channel")  # zarr v3 dimension_names: xarray reads them
+COMPACTING = "compacting.json"  # the marker of the moves, in the staging folder
+ZARR_WRITE_BYTES = 16 << 20  # a zarr worker's write buffer (whole chunks)
+ZARR_CHUNK_TARGET_BYTES = 4 << 20  # ~4 MB chunks: random reads stay cheap
+COMPRESSIONS = ("none", "zstd", "blosc")
 _VERIFY_CHUNKS_BYTES = 64 << 20
 
+
+def zarr_module() -> ModuleType:
+    """zarr-python, or the one-line error that names its extra."""
+    return require_extra("zarr", "zarr", "a zarr cache (--format zarr)")
+
+
+def resolved_chunk(opts: StorageParams) -> int:
+    """Samples per chunk: ``chunk_size``, else about 4 MB of pixels."""
+    if opts.chunk_size:
+        return opts.chunk_size
+    return int(min(1024, max(1, ZARR_CHUNK_TARGET_BYTES // (opts.size * opts.size * 3))))
+
+
+# ---------------------------------------------------------------- write side
+
+def create_zarr_images(path: Path, count: int, sample_shape: tuple[int, int, int], chunk: int,
+                       compression: str = "none") -> Any:
+    """A zarr v3 array (count, H, W, C) uint8, chunked along samples only."""
+    zarr = zarr_module()
+    from zarr.codecs import BloscCodec, ZstdCodec
+
+    compressors: Any = None
+    if compression == "zstd":
+        compressors = ZstdCodec(level=3, checksum=True)  # a damaged chunk fails to decode, named by verify
+    elif compression == "blosc":
+        compressors = BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle")
+    elif compression != "none":
+        raise OptionError(f"unknown compression {compression!r}: expected one of {', '.join(COMPRESSIONS)}")
+    # Every chunk is written, even an all-zero one: readers rely on the files being there, and zarr's emptiness
+    # check costs several times the write itself.
+    return zarr.create_array(store=str(path), shape=(count, *sample_shape), chunks=(max(1, chunk), *sample_shape),
+                             dtype="uint8", compressors=compressors, fill_value=0, zarr_format=3,
+                             dimension_names=DIMENSIONS, overwrite=True, config={"write_empty_chunks": True})
+
+
+def open_zarr_for_writing(path: Path) -> Any:
+    """Reopen an array made by :func:`create_zarr_images` to write whole chunks into it (``write_empty_chunks`` is
+    a runtime setting, not stored with the array)."""
+    zarr = zarr_module()
+    with zarr.config.set({"array.write_empty_chunks": True}):
+        arr = zarr.open_array(str(path), mode="r+")
+    if not arr.config.write_empty_chunks:  # the setting must have been taken when the array was opened
+        raise CacheBuildError(f"zarr {zarr.__version__} ignored write_empty_chunks for {path}")
+    return arr
+
+
+class ZarrChunkSink:
+    """Samples gathered into a buffer of whole chunks (~16 MB), written to the zarr array from the block's
+    plan position (its first chunk), so every write covers whole chunks but the block's last. One call
+    per several chunks: zarr's per-call cost is paid per chunks written, not per sample."""
+
+    def __init__(self, staging: Path, start: int, sample_shape: tuple[int, int, int]) -> None:
+        self.array = open_zarr_for_writing(staging / ZARR_NAME)
+        chunk = self.array.chunks[0]
+        chunks = max(1, ZARR_WRITE_BYTES // (chunk * int(np.prod(sample_shape))))
+        self.buffer = np.empty((chunk * chunks, *sample_shape), dtype=np.uint8)
+        self.pos, self.fill = start, 0
+        self.digest = BUILD.new()  # of the samples' pixels: zarr chunk files are not shards
+        self.stored_bytes: int | None = None  # raw pixels (compressed or not, the manifest counts pixels)
+
+    def next_slot(self) -> np.ndarray:
+        return self.buffer[self.fill]
+
+    def commit(self) -> None:
+        self.digest.update(self.buffer[self.fill])
+        self.fill += 1
+        if self.fill == len(self.buffer):
+            self._flush()
+
+    def commit_stored(self, stored: Any) -> None:
+        self.buffer[self.fill] = np.asarray(stored, dtype=np.uint8).reshape(self.buffer.shape[1:])
+        self.commit()
+
+    def _flush(self) -> None:
+        if self.fill:
+            self.array[self.pos : self.pos + self.fill] = self.buffer[: self.fill]
+            self.pos += self.fill
+            self.fill = 0
+
+    def abort(self) -> None:
+        pass  # the block's chunks are rewritten by whichever run finishes it
+
+    def close(self) -> tuple[str, str]:
+        self._flush()
+        return ZARR_NAME, self.digest.hexdigest()
+
+
+def create_staging_zarr(staging: Path, planned: int, sample_shape: tuple[int, int, int], chunk: int,
+                        compression: str) -> None:
+    """The zarr array every block writes into, one row per planned file (cut to the readable ones at the
+    end); made under a temporary name and renamed, so a resumed build never finds half an array."""
+    final = staging / ZARR_NAME
+    if final.exists():
+        return
+    tmp = staging / (ZARR_NAME + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    create_zarr_images(tmp, planned, sample_shape, chunk, compression)
+    tmp.rename(final)
+
+
+def place_zarr_blocks(staging: Path, ordered: list[BlockRecord], count: int, planned: int) -> list[ShardInfo]:
+    """Shard entries of a zarr cache: one range per block. Blocks after a failed file move down to their output
+    place in one worker task (nothing moves when every file decoded). Moving in place cannot be redone after a
+    kill (a move overwrites samples a later one reads), so a marker names the blocks involved first: a resumed
+    build finding it unfinished decodes them again, one finding it done moves nothing twice."""
+    shards, moves, pos = [], [], 0
+    for r in ordered:
+        if r.count:
+            if r.start != pos:
+                moves.append((r.start, pos, r.count))
+            shards.append(ShardInfo(ZARR_NAME, pos, r.count, r.digest))
+            pos += r.count
+    marker = staging / COMPACTING
+    if count < planned and not marker.exists():  # an existing marker here is a finished one
+        first = next(r.block for r in ordered if r.count < r.planned)
+        info = {"planned": planned, "redo": [r.block for r in ordered if r.block > first], "done": False}
+        write_json_atomic(marker, info)
+        Parallel(n_jobs=1)([delayed(compact_zarr)(str(staging), moves, count)])
+        write_json_atomic(marker, {**info, "done": True})
+    return shards
+
+
+def undo_interrupted_compaction(staging: Path, forget_block: Callable[[int], None]) -> None:
+    """After a kill while zarr blocks were being moved: ``forget_block`` each block whose samples may be
+    clobbered, so it is decoded again (those up to the first failed file are untouched), and restore the
+    planned length. The marker goes last: a kill in between repeats all of this."""
+    marker = staging / COMPACTING
+    if not marker.exists():
+        return
+    info = json.loads(marker.read_text())
+    if info.get("done"):
+        return  # every block is in place: the resumed build only has to commit
+    for block in info["redo"]:
+        forget_block(block)
+    arr = open_zarr_for_writing(staging / ZARR_NAME)
+    arr.resize((info["planned"], *arr.shape[1:]))
+    log.info("the last run was stopped while moving zarr blocks: %d blocks will be decoded again", len(info["redo"]))
+    marker.unlink()
+
+
+def compact_zarr(staging: str, moves: list[tuple[int, int, int]], count: int) -> None:
+    """Move each (plan start, output start, n) run of samples down to its output place, in order (a run only
+    moves onto samples already moved), zero the rest of the last chunk, and cut the array to ``count`` samples."""
+    arr = open_zarr_for_writing(Path(staging) / ZARR_NAME)
+    planned = arr.shape[0]
+    for src, dst, n in moves:
+        arr[dst : dst + n] = arr[src : src + n]
+    chunk = arr.chunks[0]
+    tail_end = min(planned, -(-count // chunk) * chunk)
+    if tail_end > count:
+        arr[count:tail_end] = 0
+    arr.resize((count, *arr.shape[1:]))
+
+
+# ---------------------------------------------------------------- read side
 
 def chunk_name(k: int) -> str:
     """Chunk ``k`` of the images array, relative to the cache (default v3 keys, ``/`` separator)."""
     return f"{ZARR_NAME}/c/{k}/0/0/0"
 
 
-class ZarrLayout:
+class ZarrLayout(NamedTuple):
     """What the cache's ``images.zarr/zarr.json`` says, checked against the manifest."""
 
-    def __init__(self, chunk: int, raw: bool) -> None:
-        self.chunk = chunk
-        self.raw = raw  # only the bytes codec and default "/" chunk keys: chunk files are plain rows
+    chunk: int
+    raw: bool  # only the bytes codec and default "/" chunk keys: chunk files are plain rows
 
 
 def read_layout(location: Location, manifest: Manifest) -> ZarrLayout:
@@ -120,7 +292,7 @@ def check_chunks(location: Location, manifest: Manifest, layout: ZarrLayout) -> 
 def _strict_store_class() -> type:
     from zarr.storage import WrapperStore
 
-    # the retry layer with it: a build that only lists this kind's names never imports it (issue 36)
+    # the retry layer with it: a build that only lists this kind's names never imports it
     from cachebuild.storage.remote.retry import Budget, Exhausted, acall
 
     class StrictStore(WrapperStore):
@@ -218,7 +390,7 @@ class ZarrImages(ImageStore):
     def array(self) -> Any:
         """The zarr array, opened in this process behind a :class:`StrictStore`."""
         if self._array is None or self._pid != os.getpid():
-            import zarr
+            zarr = zarr_module()
             from zarr.storage import FsspecStore, LocalStore
 
             if self.location.is_local:
@@ -295,3 +467,60 @@ class ZarrImages(ImageStore):
                 problems.append(f"{s.file} samples [{s.start}, {s.start + s.count}) (chunks {chunks}): "
                                 "checksum mismatch")
         return problems
+
+
+# ---------------------------------------------------------------- the kind
+
+class ZarrBackend(Backend):
+    name = "zarr"
+    # the array (and its temporary, create_staging_zarr), the compaction marker, the group metadata
+    staging_names = r"images\.zarr(\.tmp)?|compacting\.json|zarr\.json"
+    cache_names = frozenset({"zarr.json"})  # the group metadata that makes the folder readable by xarray
+    # each sink opens the array under zarr.config.set(...), a process-wide setting one thread's exit restores
+    # under another's open (found by the threaded build: "ignored write_empty_chunks")
+    threaded_sinks = False
+
+    def align_block(self, block: int, opts: StorageParams) -> int:
+        chunk = resolved_chunk(opts)  # whole chunks per block: workers never share a chunk
+        return max(chunk, block // chunk * chunk)
+
+    def build_params(self, opts: StorageParams) -> dict[str, Any]:
+        zarr_module()
+        if opts.compression not in COMPRESSIONS:
+            raise OptionError(f"unknown compression {opts.compression!r}: expected one of {', '.join(COMPRESSIONS)}")
+        return {"chunk_size": resolved_chunk(opts), "compression": opts.compression}
+
+    def prepare(self, staging: Path, planned: int, sample_shape: tuple[int, int, int], opts: StorageParams) -> None:
+        create_staging_zarr(staging, planned, sample_shape, resolved_chunk(opts), opts.compression)
+
+    def resume(self, staging: Path, forget_block: Callable[[int], None]) -> None:
+        undo_interrupted_compaction(staging, forget_block)
+
+    def sink(self, staging: Path, block: int, start: int, planned: int,
+             sample_shape: tuple[int, int, int], params: dict[str, Any]) -> ZarrChunkSink:
+        return ZarrChunkSink(staging, start, sample_shape)
+
+    def finish(self, staging: Path, ordered: list[BlockRecord], count: int, planned: int) -> list[ShardInfo]:
+        return place_zarr_blocks(staging, ordered, count, planned)
+
+    def cleanup(self, staging: Path) -> None:
+        (staging / COMPACTING).unlink(missing_ok=True)
+
+    def finalize_folder(self, staging: Path, manifest: Manifest) -> None:
+        """Make the cache folder a zarr group with consolidated metadata (what ``xarray.open_zarr`` reads)."""
+        array_meta = json.loads((staging / ZARR_NAME / "zarr.json").read_text(encoding="utf-8"))
+        group = {
+            "zarr_format": 3,
+            "node_type": "group",
+            "attributes": {"cachebuild": {"manifest": "manifest.json", "dataset": manifest.dataset,
+                                          "split": manifest.split}},
+            "consolidated_metadata": {"kind": "inline", "must_understand": False,
+                                      "metadata": {ZARR_NAME: array_meta}},
+        }
+        write_json_atomic(staging / "zarr.json", group, durable=False)
+
+    def open(self, location: Location, manifest: Manifest, *, block_cache: BlockCache | None = None) -> ZarrImages:
+        zarr_module()
+        layout = read_layout(location, manifest)
+        check_chunks(location, manifest, layout)
+        return ZarrImages(location, manifest, layout, block_cache)

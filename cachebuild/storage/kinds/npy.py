@@ -1,22 +1,21 @@
-"""The ``npy`` storage kind: plain ``.npy`` shards of uint8 (n_k, H, W, 3), one per build block.
+"""The ``npy`` storage kind: plain ``.npy`` shards of uint8 (n_k, H, W, 3), one per build block, and the reader of
+fixed-size rows in files (:class:`RowFiles`) that uncompressed zarr chunks share.
 
-Write side: a worker appends its block's samples to ``images-NNNNN.npy`` (under a temporary name, renamed
-when the block is done) with plain ``write`` calls from one reused buffer (measured 0.09 ms/sample against
-0.15-0.25 ms for page-faulting a fresh memmap), hashing every byte it writes; a block that lost samples to
-bad files is shrunk in place (and hashed again, a rare path).
-Read side: :class:`~cachebuild.storage.kinds.rows.RowFiles` (memory maps locally, byte ranges remotely).
-
-Checksums: since format version 2 a shard's manifest checksum is that of its whole file, header
-included, so the build hashes each byte once and the file table reuses it (version 1: of the pixel rows
-alone, which the commit then hashed again as a file: ~12% of a 2-process build at 224 px). The algorithm is
-the manifest's (``format.digests``): a build hashes with xxh3-128 (version 4), where sha256 (versions 1-3) cost
-0.087 ms of a 150 KB sample's ~1.1 ms in a worker; ``verify`` hashes with whatever the cache records.
+A worker appends its block's samples to ``images-NNNNN.npy`` (a temporary name until the block is done) from one
+reused buffer, hashing every byte it writes; a block that lost samples to bad files is shrunk in place. Since
+format version 2 a shard's checksum is that of its whole file, so the file table reuses it (version 1: of the
+pixel rows). Locally each file is memory-mapped once per process and a batch copies each row once into the
+caller's buffer (one ``np.take`` when all rows are in one file: numpy has no gather from several arrays);
+remotely the rows become byte ranges, adjacent rows coalesced, through the location and optionally a local
+:class:`~cachebuild.storage.remote.block_cache.BlockCache`.
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Collection
+import tokenize
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,25 +23,26 @@ import numpy as np
 
 from cachebuild.atomic import AtomicFile
 from cachebuild.errors import CacheCorruptError, OptionError
-from cachebuild.format.digests import BUILD, Digest
+from cachebuild.format.manifest import BUILD, Digest
 from cachebuild.storage.kinds.base import (
     Backend,
     BlockRecord,
     ImageStore,
+    ShardHandles,
     StorageParams,
     adopt_file,
     digest_file,
     digest_of_file,
     one_file_per_block,
 )
-from cachebuild.storage.kinds.rows import RowFiles, Segment, npy_header
 from cachebuild.storage.locations import Location
 from cachebuild.storage.remote.block_cache import BlockCache
 
 if TYPE_CHECKING:
     from cachebuild.format.manifest import Manifest, ShardInfo
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "NpyBackend", "NpyImages", "NpyShardSink", "shard_file_name", "shrink_npy_shard"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "NPY_HEADER_ERRORS", "NpyBackend", "NpyImages", "NpyShardSink", "RowFiles", "Segment",
+           "npy_header", "shard_file_name", "shrink_npy_shard"]
 
 # Samples the chunk-aware sampler keeps together for npy caches: ~8 MB, the block size FFCV's
 # quasi-random order uses.
@@ -51,27 +51,45 @@ _VERIFY_ROWS = 256  # hash in slices: verifying a 150 GB cache never holds more 
 _HEAD_BYTES = 4096  # every .npy header cachebuild writes is 128 bytes; numpy's are < 4 kB for our shapes
 
 
+# What numpy's .npy header parser raises on damaged bytes: it tokenizes and literal_evals the header, so a
+# flipped byte can surface as a syntax or tokenizer error, not only ValueError (1 in 9 single-bit flips).
+NPY_HEADER_ERRORS = (ValueError, EOFError, SyntaxError, tokenize.TokenError)
+
+
+def npy_header(head: bytes | io.BytesIO, where: str) -> tuple[int, tuple[int, ...], np.dtype]:
+    """(data offset, shape, dtype) of a ``.npy`` from its first bytes (or of the record at a stream's position,
+    left after its header); a named error for anything else."""
+    fmt = np.lib.format
+    f = head if isinstance(head, io.BytesIO) else io.BytesIO(head)
+    try:
+        version = fmt.read_magic(f)
+        read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+        shape, fortran, dtype = read(f)
+    except NPY_HEADER_ERRORS as e:
+        raise CacheCorruptError(f"{where} is not a readable .npy file: {e}") from None
+    if fortran:
+        raise CacheCorruptError(f"{where} is stored in Fortran order; cache shards are C-ordered")
+    return f.tell(), tuple(shape), dtype
+
+
 def shard_file_name(index: int) -> str:
     return f"images-{index:05d}.npy"
 
 
-def _header(count: int, sample_shape: tuple[int, ...]) -> bytes:
+def npy_header_bytes(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """The ``.npy`` (version 1.0) header of a C-ordered ``dtype`` array of ``shape``."""
     buf = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buf, {"descr": "|u1", "fortran_order": False,
-                                               "shape": (count, *sample_shape)})
+    np.lib.format.write_array_header_1_0(buf, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
+                                               "shape": shape})
     return buf.getvalue()
 
 
 def shrink_npy_shard(path: Path, count: int) -> None:
-    """Drop the unused tail rows of a shard in place: rewrite its header for ``count`` rows and truncate.
-
-    Rows are fixed-size and C-ordered, so the first ``count`` rows are already where a shard of ``count``
-    rows keeps them; only the header's shape changes (numpy pads headers to 64 bytes, so its length
-    normally stays the same; when it does not, the data is rewritten behind the new header).
-    """
+    """Drop the unused tail rows of a shard in place: the first ``count`` rows are already where a shard of
+    ``count`` rows keeps them, so only the header changes (its length too, rarely: the rows are then rewritten)."""
     with open(path, "r+b") as f:
         offset, shape, _ = npy_header(f.read(_HEAD_BYTES), str(path))
-        head = _header(count, shape[1:])
+        head = npy_header_bytes(np.dtype(np.uint8), (count, *shape[1:]))
         row = int(np.prod(shape[1:]))
         if len(head) == offset:
             f.seek(0)
@@ -89,7 +107,7 @@ class NpyShardSink:
     def __init__(self, staging: Path, block: int, planned: int, sample_shape: tuple[int, int, int],
                  algorithm: Digest = BUILD) -> None:
         self.out = AtomicFile(staging / shard_file_name(block))
-        head = _header(planned, sample_shape)
+        head = npy_header_bytes(np.dtype(np.uint8), (planned, *sample_shape))
         self.out.file.write(head)
         self.algorithm = algorithm  # a build's; another only in the sink's benchmark
         self.digest = algorithm.new()  # of the file as written, while each slot is hot in cache
@@ -229,3 +247,98 @@ def _read_heads(location: Location, names: list[str]) -> list[bytes]:
         return location.read_heads(names, _HEAD_BYTES)
     except FileNotFoundError as e:
         raise CacheCorruptError(f"shard {e.filename}, listed in the manifest, is missing") from None
+
+
+# ---------------------------------------------------------------- rows in files
+
+@dataclass(frozen=True)
+class Segment:
+    """Samples ``[start, start + rows)`` in file ``name``, row 0 at byte ``offset``."""
+
+    name: str
+    start: int
+    rows: int
+    offset: int
+
+
+class RowFiles(ShardHandles):
+    """Gather rows of ``row_shape`` uint8 from ``segments`` under ``location`` (picklable; lazy per process)."""
+
+    def __init__(self, location: Location, segments: Sequence[Segment], row_shape: tuple[int, ...], *,
+                 block_cache: BlockCache | None = None, cache_id: str = "") -> None:
+        super().__init__(location, len(segments), block_cache, cache_id)
+        self.segments = tuple(segments)
+        self.row_shape = tuple(row_shape)
+        self.row_bytes = int(np.prod(row_shape))
+        self.starts = np.array([s.start for s in self.segments] + [self.segments[-1].start + self.segments[-1].rows
+                                                                   if self.segments else 0], dtype=np.int64)
+
+    def _name_and_size(self, k: int) -> tuple[str, int]:
+        seg = self.segments[k]
+        return seg.name, seg.offset + seg.rows * self.row_bytes
+
+    def _open_local(self, k: int) -> np.ndarray:
+        """Segment ``k`` as a (rows, *row_shape) array over its memory map."""
+        seg = self.segments[k]
+        path = self.location.describe(seg.name)
+        try:
+            with self.location.open_file(seg.name) as f:  # rename-safe (pinned)
+                mm = np.memmap(f, dtype=np.uint8, mode="r", offset=seg.offset, shape=(seg.rows, *self.row_shape))
+        except FileNotFoundError:
+            raise CacheCorruptError(f"{path}, listed in the manifest, is missing") from None
+        except ValueError as e:  # mmap length larger than the file
+            raise CacheCorruptError(f"{path} is truncated: {e}") from None
+        return mm.view(np.ndarray)  # plain ndarray view: np.memmap slicing is slower
+
+    def gather(self, idx: np.ndarray, out: np.ndarray) -> None:
+        """Copy samples ``idx`` (any order, in range) into ``out`` (len(idx), *row_shape), one sorted pass."""
+        if not len(idx):
+            return
+        order = np.argsort(idx, kind="stable")
+        sorted_idx = idx[order]
+        seg_of = np.searchsorted(self.starts, sorted_idx, side="right") - 1
+        if not self.location.is_local:
+            self._gather_remote(sorted_idx, order, seg_of, out)
+            return
+        if seg_of[0] == seg_of[-1]:  # one file: a single C-level gather in the requested order
+            k = int(seg_of[0])
+            np.take(self._handle(k), idx - self.starts[k], axis=0, out=out, mode="clip")
+            return
+        local = (sorted_idx - self.starts[seg_of]).tolist()
+        current, arr = -1, None
+        for pos, k, i in zip(order.tolist(), seg_of.tolist(), local, strict=True):
+            if k != current:
+                current, arr = k, self._handle(k)
+            out[pos] = arr[i]  # type: ignore[index]
+
+    def local_rows(self, idx: np.ndarray) -> list[np.ndarray] | None:
+        """Read-only views of rows ``idx`` over their memory maps (no copy), or None when not local (a crop in the
+        loader's workers then resizes straight from the stored bytes)."""
+        if not self.location.is_local:
+            return None
+        seg_of = np.searchsorted(self.starts, idx, side="right") - 1
+        return [self._handle(k)[i - self.starts[k]] for k, i in zip(seg_of.tolist(), idx.tolist(), strict=True)]
+
+    def _gather_remote(self, sorted_idx: np.ndarray, order: np.ndarray, seg_of: np.ndarray, out: np.ndarray) -> None:
+        bounds = np.flatnonzero(np.diff(seg_of)) + 1
+        flat = out.reshape(len(out), -1)
+        wanted: list[tuple[int, list[tuple[int, int]]]] = []
+        places = []
+        for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(sorted_idx)], strict=True):
+            k = int(seg_of[lo])
+            seg = self.segments[k]
+            rows = sorted_idx[lo:hi] - seg.start
+            # Runs of consecutive rows become one byte range each: the bytes fetched are the bytes needed.
+            cut = np.flatnonzero(np.diff(rows) != 1) + 1
+            runs = list(zip(np.r_[0, cut].tolist(), np.r_[cut, len(rows)].tolist(), strict=True))
+            ranges = [(seg.offset + int(rows[a]) * self.row_bytes, seg.offset + (int(rows[z - 1]) + 1) * self.row_bytes)
+                      for a, z in runs]
+            wanted.append((k, ranges))
+            places.append((runs, order[lo:hi]))
+            if self.whole_files:
+                self.read_whole(k)
+            elif len(runs) == 1 and hi - lo > 1:  # consecutive rows: a sequential read, whose next bytes are known
+                self.read_ahead(k, ranges[0][1])
+        for (runs, dest), datas in zip(places, self.read_files(wanted), strict=True):
+            for (a, z), data in zip(runs, datas, strict=True):
+                flat[dest[a:z]] = np.frombuffer(data, dtype=np.uint8).reshape(z - a, self.row_bytes)
