@@ -67,26 +67,24 @@ Decoded = tuple[np.ndarray, np.ndarray, np.ndarray, list[BlockFailure]]
 
 
 def decode_run(task: BlockTask, sink: Sink, lo: int = 0, hi: int | None = None) -> Decoded:
-    """Decode the block's files ``[lo, hi)`` into ``sink``; the kept positions, sizes, boxes, and the skips.
-    Written into arrays made for the whole run (no tuple per sample for the record, its JSON or its pickle)."""
+    """Decode the block's files ``[lo, hi)`` into ``sink``; the kept positions, sizes, boxes (arrays: no tuple
+    per sample in the record, its JSON or its pickle), and the skips."""
     hi = len(task.keys) if hi is None else hi
     gpu: Callable[[int, str, np.ndarray], Placement] | None = None
     if task.decode_device != "cpu":
         from cachebuild.builder.gpu_build import GpuBlockDecoder  # only imported where a GPU build runs
 
         gpu = GpuBlockDecoder(task.reader, task.keys, task.start, task.spec, task.claim)
-    ok = np.empty(hi - lo, np.int64)
-    sizes = np.empty((hi - lo, 2), np.int32)
-    boxes = np.empty((hi - lo, 4), np.int32)
+    ok: list[int] = []
+    placed: list[Placement] = []
     failures: list[BlockFailure] = []
-    n = 0
     for i in range(lo, hi):
         key = task.keys[i]
         try:
             if gpu is None:
-                placed = decode_into(task.reader(task.start + i, key), task.spec, sink.next_slot(), path=key)
+                placed.append(decode_into(task.reader(task.start + i, key), task.spec, sink.next_slot(), path=key))
             else:
-                placed = gpu(i, key, sink.next_slot())
+                placed.append(gpu(i, key, sink.next_slot()))
         except SourceError:  # the source itself failed (a shard changed since planning, a dead server): stop
             raise
         except Exception as e:  # whatever one file does (reader or decoder) is that file's skip
@@ -95,11 +93,10 @@ def decode_run(task: BlockTask, sink: Sink, lo: int = 0, hi: int | None = None) 
             failures.append(BlockFailure(task.start + i, encode_path(key), _skip_reason(e)))
             continue
         sink.commit()
-        ok[n] = task.start + i
-        sizes[n] = placed.height, placed.width
-        boxes[n] = placed.box
-        n += 1
-    return ok[:n], sizes[:n], boxes[:n], failures
+        ok.append(task.start + i)
+    sizes = np.array([(p.height, p.width) for p in placed], np.int32).reshape(-1, 2)
+    boxes = np.array([p.box for p in placed], np.int32).reshape(-1, 4)
+    return np.array(ok, np.int64), sizes, boxes, failures
 
 
 def run_block(task: BlockTask) -> BlockRecord:

@@ -33,6 +33,7 @@ from typing import Any
 
 import cv2
 import numpy as np
+import simplejpeg
 
 from cachebuild.errors import DecodeError
 
@@ -339,8 +340,6 @@ def _turbo_rgb(data: bytes, h: int, w: int, r: int) -> np.ndarray | None:
     to leave the file to OpenCV: the same decoder and settings as ``cv2.imdecode`` (islow DCT, fancy
     upsampling, the same scaled IDCTs), so the same pixels, without a copy of the input or a fresh output
     array per image. ``strict``: any libjpeg warning (damaged data) leaves the file to OpenCV."""
-    import simplejpeg
-
     oh, ow = -(-h // r), -(-w // r)  # libjpeg's scaled output size: ceil
     n = oh * ow * 3
     buf = _HERE.decoded

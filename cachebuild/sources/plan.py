@@ -68,14 +68,14 @@ class FileReader:
         return FileReader(self.root, self.max_bytes, self.stats[start - self.offset : stop - self.offset], start)
 
     def __call__(self, index: int, key: str) -> bytes:
-        fd = os.open(os.path.join(self.root, key), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(f"{self.root}/{key}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 kind = _KINDS.get(stat.S_IFMT(st.st_mode), "a special file")
                 raise DecodeError(key, f"not a regular file ({kind}); not read")
             if self.stats is not None:
-                size, mtime = (int(v) for v in self.stats[index - self.offset])
+                size, mtime = self.stats[index - self.offset].tolist()
                 if (st.st_size, st.st_mtime_ns) != (size, mtime):
                     raise DecodeError(key, f"changed after the build planned it ({size:,} -> {st.st_size:,} bytes, "
                                            f"mtime {mtime} -> {st.st_mtime_ns}); not read: `cachebuild status` "
