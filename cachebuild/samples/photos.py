@@ -15,6 +15,8 @@ import math
 import cv2
 import numpy as np
 
+from cachebuild.errors import CacheBuildError
+
 __all__ = [
     "class_region",
     "imagenet_like_size",
@@ -37,20 +39,18 @@ _SKIMAGE_PHOTOS: tuple[str, ...] = (
 
 @functools.lru_cache(maxsize=1)
 def _load_bank() -> tuple[tuple[str, np.ndarray], ...]:
-    import skimage.data
-
+    try:  # both: without scikit-learn's two photos every class would be cut from another photo
+        import skimage.data
+        from sklearn.datasets import load_sample_images
+    except ImportError:
+        raise CacheBuildError("the sample photos ship in scikit-image and scikit-learn: "
+                              "pip install 'cachebuild[samples]'") from None
     photos: list[tuple[str, np.ndarray]] = []
     for name in _SKIMAGE_PHOTOS:
         img = getattr(skimage.data, name)()
         if isinstance(img, tuple):  # stereo_motorcycle -> (left, right, disparity)
             img = img[0]
         photos.append((name, img))
-    try:  # required, not optional: without its two photos every class would be cut differently
-        from sklearn.datasets import load_sample_images
-    except ImportError as e:
-        raise ImportError(
-            "the built-in sample needs scikit-learn's sample photos: pip install 'cachebuild[samples]'"
-        ) from e
     bunch = load_sample_images()
     for fname, img in zip(bunch.filenames, bunch.images, strict=True):
         stem = fname.replace("\\", "/").rsplit("/", 1)[-1].rsplit(".", 1)[0]
