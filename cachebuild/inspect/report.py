@@ -16,7 +16,7 @@ import numpy as np
 
 from cachebuild.errors import OutputError
 from cachebuild.inspect import page as P
-from cachebuild.inspect.charts import counts_chart, histogram_chart
+from cachebuild.inspect.charts import counts_chart, histogram_chart, pyplot
 from cachebuild.inspect.paths import PathTable
 from cachebuild.inspect.select import pick_per_class, pick_random
 from cachebuild.inspect.show import Selection, show
@@ -179,6 +179,7 @@ def write_report(reader: CacheReader, out: str | Path, options: ReportOptions | 
     """Write the report of ``reader``'s cache into ``out``; returns ``out/index.html``."""
     opts = options or ReportOptions()
     out = Path(out)
+    pyplot()  # before anything is written: without matplotlib, a one-line error and no folder
     _prepare(out)
     ledger = _Ledger(out)
     m = reader.manifest

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import scipy.io
 from PIL import Image
 
 from cachebuild.samples._archive import write_tar_gz
@@ -187,6 +186,8 @@ def _write_meta_mat(
     synsets = np.empty((len(rows), 1), dtype=[(f, object) for f in fields])
     for r, row in enumerate(rows):
         synsets[r, 0] = row
+    import scipy.io  # a devkit layout only: `cachebuild sample` writes class folders
+
     path.parent.mkdir(parents=True, exist_ok=True)
     scipy.io.savemat(str(path), {"synsets": synsets}, format="5")
 

@@ -62,8 +62,6 @@ def _label_root(folder: Path) -> Path:
 
 def _devkit_labels(meta_root: Path) -> tuple[list[str], dict[int, str], list[int], dict[str, str]]:
     """(leaf wnids, ILSVRC2012_ID -> wnid, ground-truth IDs by val number, wnid -> words) from the devkit."""
-    import scipy.io
-
     folder = meta_root / DEVKIT / "data"
     archive = meta_root / f"{DEVKIT}.tar.gz"
     if folder.is_dir():
@@ -80,6 +78,11 @@ def _devkit_labels(meta_root: Path) -> tuple[list[str], dict[int, str], list[int
             gt_text = member("ILSVRC2012_validation_ground_truth.txt").decode()
     else:
         raise FileNotFoundError(folder)
+    try:
+        import scipy.io
+    except ImportError:
+        raise SourceError(f"{meta_root / DEVKIT}: the devkit's meta.mat is read with scipy, which labels a flat "
+                          f"val/: pip install 'cachebuild[scipy]'") from None
     meta = scipy.io.loadmat(io.BytesIO(meta_bytes), squeeze_me=True)["synsets"]
     id_to_wnid: dict[int, str] = {}
     words: dict[str, str] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import re
 import struct
+import sys
 from pathlib import Path
 from unittest import mock
 
@@ -244,3 +245,20 @@ def test_broken_files_inside_the_tree(folders_tree: dict) -> None:
     assert set(broken) == set(BROKEN_KINDS)
     last = folders_tree["train_dir"] / folders_tree["wnids"][-1]
     assert all(p.parent == last and p.name.startswith(f"{last.name}_broken_") for p in broken.values())
+
+
+def test_the_sample_command_without_the_samples_extra_names_it(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from cachebuild.cli import main
+    from cachebuild.samples import photos
+
+    photos._load_bank.cache_clear()  # the bank is loaded once per process: make this call load it
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)  # as if not installed: the real guard runs
+    try:
+        res = CliRunner().invoke(main, ["sample", str(tmp_path / "photos")])
+    finally:
+        photos._load_bank.cache_clear()
+    assert res.exit_code == 1 and res.output.strip() == (
+        "Error: the sample photos ship in scikit-image and scikit-learn: pip install 'cachebuild[samples]'")

@@ -58,8 +58,11 @@ class Shard:
 def _brace_expand(pattern: str) -> list[str]:
     if "{" not in pattern:
         return [pattern]
-    import braceexpand
-
+    try:
+        import braceexpand
+    except ImportError:
+        raise SourceError(f"{redact(pattern)}: a brace pattern needs braceexpand: pip install 'cachebuild[wds]' "
+                          f"(or name the shards by a folder, a prefix or a glob)") from None
     return list(braceexpand.braceexpand(pattern))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +68,16 @@ def test_flat_val_without_labels_is_a_clear_error(tmp_path):
     shutil.rmtree(Path(info["root"]) / "ILSVRC2012_devkit_t12")
     with pytest.raises(SourceError, match="no labels were found"):
         imagenet_plans(tmp_path, "val")
+
+
+def test_a_devkit_labelled_val_without_scipy_names_the_extra(tmp_path, monkeypatch):
+    write_imagenet(tmp_path, n_classes=2, train_per_class=1, val_per_class=1, val_layout="devkit", seed=0)
+    monkeypatch.setitem(sys.modules, "scipy.io", None)  # as if not installed: the real guard runs
+    with pytest.raises(SourceError) as e:
+        imagenet_plans(tmp_path, "val")
+    assert str(e.value) == (f"{tmp_path / 'ILSVRC2012_devkit_t12'}: the devkit's meta.mat is read with scipy, which "
+                            f"labels a flat val/: pip install 'cachebuild[scipy]'")
+    assert imagenet_plans(tmp_path, "train")[0].keys  # class folders need no scipy
 
 
 def test_unknown_layouts_and_missing_sources(tmp_path):

@@ -269,6 +269,15 @@ def test_cli_builds_named_classes_from_a_brace_pattern(wds_set, tmp_path):
     assert r.exit_code != 0 and "nope.txt: cannot read the class names" in r.output
 
 
+def test_a_brace_pattern_without_braceexpand_names_the_extra(wds_set, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "braceexpand", None)  # as if not installed: the real guard runs
+    r = CliRunner().invoke(main, ["wds", wds_set["pattern"], "--out", str(tmp_path / "out")])
+    assert r.exit_code == 1 and r.output.strip() == (
+        f"Error: {wds_set['pattern']}: a brace pattern needs braceexpand: pip install 'cachebuild[wds]' (or name "
+        f"the shards by a folder, a prefix or a glob)")
+    assert wds_plan(str(wds_set["shards"][0].parent), split="train").keys  # a folder needs no braceexpand
+
+
 @pytest.mark.slow  # ~10 s; the default run shows resuming after a stopped URL build (test_http_faults_...)
 def test_sigkill_then_resume_is_byte_identical(wds_set, tmp_path):
     common = ["--size", str(SIZE), "--shard-size", "4", "--jobs", "1", "--no-progress"]
