@@ -17,9 +17,8 @@ import numpy as np
 from cachebuild.errors import OutputError
 from cachebuild.inspect import page as P
 from cachebuild.inspect.charts import counts_chart, histogram_chart, pyplot
-from cachebuild.inspect.paths import PathTable
 from cachebuild.inspect.select import pick_per_class, pick_random
-from cachebuild.inspect.show import Selection, show
+from cachebuild.inspect.show import Selection, show, source_paths
 from cachebuild.inspect.stats import PixelStats, pixel_stats
 from cachebuild.options import check_fields, option
 from cachebuild.storage.cache.reader import CacheReader
@@ -142,7 +141,7 @@ def _failures_html(reader: CacheReader) -> str:
             f"manifest):</p>\n" + P.table(["file", "reason"], [(f.path, f.reason) for f in fails]))
 
 
-def _class_pages(reader: CacheReader, out: Path, counts: np.ndarray, opts: ReportOptions, table: PathTable,
+def _class_pages(reader: CacheReader, out: Path, counts: np.ndarray, opts: ReportOptions, table: list[str],
                  ledger: _Ledger) -> list[str]:
     """One contact sheet per class, ``classes_per_page`` classes per page; returns the pages written."""
     m = reader.manifest
@@ -187,7 +186,7 @@ def write_report(reader: CacheReader, out: str | Path, options: ReportOptions | 
     counts_chart(counts, m.classes, out / ledger.add(f"{IMG}/counts.png"))
     st = pixel_stats(reader, opts.stats_sample, opts.seed)
     histogram_chart(st.histogram, out / ledger.add(f"{IMG}/histogram.png"))
-    table = PathTable(reader.location, m)
+    table = source_paths(reader)
     body = [f"<h2>The cache</h2>\n{P.definition_list(_words(reader))}",
             "<h2>Build parameters</h2>\n" + P.table(["parameter", "value"], sorted(m.build.items()))]
     if m.count:
