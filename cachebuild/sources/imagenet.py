@@ -45,10 +45,9 @@ def _locate(src: Path) -> tuple[Path, Path, list[str]]:
         return src, _label_root(src), present
     if src.name in SPLITS:  # one split folder given: labels live beside it (or 3 levels up on Kaggle)
         return src.parent, _label_root(src.parent), [src.name]
-    raise SourceError(
-        f"{src} is not an ImageNet layout: expected train/ and/or val/ inside it (or ILSVRC/Data/CLS-LOC/ "
-        f"for the Kaggle download); for any other class-folder tree use `cachebuild folder`"
-    )
+    raise SourceError(f"{src} is not an ImageNet layout: expected train/ and/or val/ inside it (or "
+                      f"ILSVRC/Data/CLS-LOC/ for the Kaggle download); for any other class-folder tree use "
+                      f"`cachebuild folder`")
 
 
 def _label_root(folder: Path) -> Path:
@@ -143,11 +142,9 @@ def _flat_val_plan(val_dir: Path, meta_root: Path, train_classes: list[str] | No
         try:
             classes, id_to_wnid, gt, words = _devkit_labels(meta_root)
         except FileNotFoundError:
-            raise SourceError(
-                f"{val_dir} is flat (no class folders) and no labels were found: expected {DEVKIT}/ (or "
-                f"{DEVKIT}.tar.gz) with data/meta.mat and data/ILSVRC2012_validation_ground_truth.txt, or "
-                f"Kaggle's LOC_val_solution.csv, in {meta_root}"
-            ) from None
+            raise SourceError(f"{val_dir} is flat (no class folders) and no labels were found: expected {DEVKIT}/ (or "
+                              f"{DEVKIT}.tar.gz) with data/meta.mat and data/ILSVRC2012_validation_ground_truth.txt, "
+                              f"or Kaggle's LOC_val_solution.csv, in {meta_root}") from None
         label_source = str(meta_root / DEVKIT)
         wnids = []
         for f in files:
