@@ -2,17 +2,15 @@
 worker, the reader of samples by byte range, picking the image and label fields, names and splits, and the
 plan (order, labels, problems, source digest, the table of every sample's file inputs).
 
-Local files only, read with ``os.pread`` through a few descriptors kept open per process. A file whose size or
+Local files only, read with ``os.pread`` through a few descriptors kept open per thread. A file whose size or
 mtime differs from the plan's is not read: its samples are failures naming it (``cachebuild status`` calls the
 cache stale), so no new bytes land under the old source digest.
 """
 
 from __future__ import annotations
 
-import collections
 import os
 import re
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,13 +23,11 @@ from cachebuild.sources.kind import SourceOptions, option
 from cachebuild.sources.peers.pixels import check_codec, to_image
 from cachebuild.sources.plan import Plan, digest_stats
 from cachebuild.sources.sample_table import SampleTable
+from cachebuild.sources.shards.files import thread_handle
 from cachebuild.sources.shards.plan import SPLIT_WORDS, check_labels
 
 __all__ = ["PeerFile", "PeerOptions", "PeerReader", "Samples", "dataset_folder", "peer_plan", "pick_field", "read_at",
            "reason_of", "split_of"]
-
-_OPEN = 8  # descriptors kept open per process
-
 
 @dataclass(frozen=True)
 class PeerFile:
@@ -62,24 +58,10 @@ class PeerFile:
         return data
 
 
-class _Descriptors(threading.local):
-    def __init__(self) -> None:
-        self.open: collections.OrderedDict[PeerFile, int] = collections.OrderedDict()
-
-
-_fds = _Descriptors()
-
-
 def _descriptor(f: PeerFile, key: str) -> int:
-    """An open descriptor of ``f``, checked against the plan on every use (an ``fstat``: a file rewritten while
-    a descriptor stays open is caught too)."""
-    fd = _fds.open.get(f)
-    if fd is None:
-        fd = _fds.open[f] = os.open(f.path, os.O_RDONLY | os.O_CLOEXEC)
-        while len(_fds.open) > _OPEN:
-            os.close(_fds.open.popitem(last=False)[1])
-    else:
-        _fds.open.move_to_end(f)
+    """This thread's open descriptor of ``f``, checked against the plan on every use (an ``fstat``: a file
+    rewritten while a descriptor stays open is caught too)."""
+    fd = thread_handle(("peer", f), lambda: os.open(f.path, os.O_RDONLY | os.O_CLOEXEC), os.close)
     st = os.fstat(fd)
     if (st.st_size, st.st_mtime_ns) != (f.size, f.mtime_ns):
         raise DecodeError(key, f"{f.name} changed after the build planned it ({f.size:,} -> {st.st_size:,} bytes, "

@@ -13,8 +13,6 @@ row whose image has no bytes, are failures with their reason.
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import json
 import logging
 import os
@@ -28,7 +26,7 @@ from cachebuild.errors import DecodeError, SourceError
 from cachebuild.sources.kind import SourceKind, SourceOptions, option
 from cachebuild.sources.plan import Plan
 from cachebuild.sources.sample_table import SampleTable
-from cachebuild.sources.shards.files import Shard, is_url, open_shard, retrying
+from cachebuild.sources.shards.files import Shard, forget_handle, is_url, open_shard, retrying, thread_handle
 from cachebuild.sources.shards.plan import ShardPart, plan_shards, split_option
 from cachebuild.storage.locations.url_files import url_files
 
@@ -36,7 +34,6 @@ __all__ = ["ParquetColumns", "ParquetOptions", "ParquetRowReader", "ParquetSourc
 
 log = logging.getLogger("cachebuild")
 
-_OPEN_FILES = 4  # per thread
 _ROW_GROUP_READ = 8 << 20  # URL readahead while reading a row group's image column
 
 
@@ -129,43 +126,36 @@ def _plan_file(shard: Shard, columns: ParquetColumns) -> _FilePlan:
                      [str(n) for n in names_] if isinstance(names_, list) else None)
 
 
-class _Files(threading.local):
+class _Group(threading.local):
+    """The row group this thread read last: ((url, size, version, group), its image column)."""
+
     def __init__(self) -> None:
-        self.open: collections.OrderedDict[tuple[str, int, str], Any] = collections.OrderedDict()
-        self.group: tuple[tuple[str, int, str, int], Any] | None = None  # ((url, size, version, group), column)
+        self.last: tuple[tuple[str, int, str, int], Any] | None = None
 
 
-_files = _Files()
+_group = _Group()
+
+
+def _open_parquet(shard: Shard) -> Any:
+    import pyarrow.parquet as pq
+
+    if is_url(shard.url):
+        return pq.ParquetFile(url_files(shard.url).open(shard.url, shard.size, _ROW_GROUP_READ))
+    size = os.stat(shard.url).st_size
+    if size != shard.size:
+        raise SourceError(f"{shard.url} changed since it was planned ({shard.size} -> {size} bytes); "
+                          f"run the command again to plan it afresh")
+    return pq.ParquetFile(shard.url, memory_map=False)
 
 
 def _parquet_file(shard: Shard) -> Any:
-    import pyarrow.parquet as pq
-
-    key = (shard.url, shard.size, shard.version)
-    pf = _files.open.get(key)
-    if pf is None:
-        if is_url(shard.url):
-            pf = pq.ParquetFile(url_files(shard.url).open(shard.url, shard.size, _ROW_GROUP_READ))
-        else:
-            size = os.stat(shard.url).st_size
-            if size != shard.size:
-                raise SourceError(f"{shard.url} changed since it was planned ({shard.size} -> {size} bytes); "
-                                  f"run the command again to plan it afresh")
-            pf = pq.ParquetFile(shard.url, memory_map=False)
-        _files.open[key] = pf
-        while len(_files.open) > _OPEN_FILES:
-            _files.open.popitem(last=False)[1].close()
-    else:
-        _files.open.move_to_end(key)
-    return pf
+    return thread_handle(("parquet", shard.url, shard.size, shard.version), lambda: _open_parquet(shard),
+                         lambda pf: pf.close())
 
 
 def _forget(shard: Shard) -> None:
-    pf = _files.open.pop((shard.url, shard.size, shard.version), None)
-    if pf is not None:
-        with contextlib.suppress(Exception):  # its connection may be gone already
-            pf.close()
-    _files.group = None
+    forget_handle(("parquet", shard.url, shard.size, shard.version))
+    _group.last = None
 
 
 @dataclass(frozen=True)
@@ -185,9 +175,9 @@ class ParquetRowReader:
     def _group(self, f: int, group: int) -> Any:
         shard = self.files[f]
         key = (shard.url, shard.size, shard.version, group)
-        if _files.group is not None and _files.group[0] == key:
-            return _files.group[1]
-        _files.group = None  # let the previous row group go before reading the next
+        if _group.last is not None and _group.last[0] == key:
+            return _group.last[1]
+        _group.last = None  # let the previous row group go before reading the next
         field = self.image_fields[f]
 
         def read() -> Any:
@@ -198,7 +188,7 @@ class ParquetRowReader:
             return col
 
         column = retrying(shard, read, lambda: _forget(shard))
-        _files.group = (key, column)
+        _group.last = (key, column)
         return column
 
     def __call__(self, index: int, key: str) -> bytes:

@@ -168,7 +168,7 @@ def test_a_task_ships_only_its_block_and_a_worker_opens_each_shard_once(wds_set,
     opened = []
     real_open = os.open
     monkeypatch.setattr(files.os, "open", lambda p, *a, **k: opened.append(p) or real_open(p, *a, **k))
-    monkeypatch.setattr(files, "_fds", files._Fds())
+    monkeypatch.setattr(files, "_handles", files._Handles())
     for i in range(len(plan)):
         if i not in plan.reader.table.problems:
             plan.reader(i, plan.keys[i])
