@@ -21,7 +21,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import glob
-import logging
 import os
 import posixpath
 import threading
@@ -40,7 +39,6 @@ from cachebuild.storage.remote import retry
 __all__ = ["Shard", "close_handles", "forget_handle", "is_url", "list_shards", "open_shard", "read_range", "retrying",
            "thread_handle"]
 
-log = logging.getLogger("cachebuild")
 T = TypeVar("T")
 
 READ_BLOCK = 8 << 20  # readahead of a worker's URL handle: a block's samples sit together in a shard

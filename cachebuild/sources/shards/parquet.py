@@ -14,7 +14,6 @@ row whose image has no bytes, are failures with their reason.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import threading
 from dataclasses import dataclass
@@ -31,8 +30,6 @@ from cachebuild.sources.shards.plan import ShardPart, plan_shards, split_option
 from cachebuild.storage.locations.url_files import url_files
 
 __all__ = ["ParquetColumns", "ParquetOptions", "ParquetRowReader", "ParquetSource", "hf_features", "parquet_plan"]
-
-log = logging.getLogger("cachebuild")
 
 _ROW_GROUP_READ = 8 << 20  # URL readahead while reading a row group's image column
 
@@ -88,16 +85,15 @@ def _image_field(schema: Any, column: str, url: str) -> str:
                       f"'bytes' field as Hugging Face writes images)")
 
 
-@dataclass
-class _FilePlan:
-    row_groups: list[int]  # rows per row group
-    labels: np.ndarray  # int64, -1 where null
-    null_labels: np.ndarray  # bool
-    image_field: str
-    class_names: list[str] | None
+@dataclass(frozen=True)
+class _FileInfo:
+    image_field: str  # "image.bytes" or a binary column
+    class_names: list[str] | None  # the ClassLabel's names in the file's metadata
 
 
-def _plan_file(shard: Shard, columns: ParquetColumns) -> _FilePlan:
+def _index_file(shard: Shard, columns: ParquetColumns) -> ShardPart:
+    """A file's rows for :func:`~cachebuild.sources.shards.plan.plan_shards`: row group and row within it, labels
+    (a null one is a problem), from its footer and label column only."""
     import pyarrow.parquet as pq
 
     with open_shard(shard, block_size=1 << 20) as f:
@@ -121,9 +117,12 @@ def _plan_file(shard: Shard, columns: ParquetColumns) -> _FilePlan:
         col = pf.read(columns=[label]).column(label)
     names_ = features.get(label, {}).get("names") if isinstance(features.get(label), dict) else None
     nulls = np.asarray(col.is_null().to_numpy(zero_copy_only=False), bool)
-    values = np.asarray(col.fill_null(-1).to_numpy(zero_copy_only=False), np.int64)
-    return _FilePlan(groups, values, nulls, image_field,
-                     [str(n) for n in names_] if isinstance(names_, list) else None)
+    n = int(sum(groups))
+    rows = np.concatenate([np.arange(g, dtype=np.int32) for g in groups]) if n else np.zeros(0, np.int32)
+    return ShardPart([str(r) for r in range(n)], np.asarray(col.fill_null(-1).to_numpy(zero_copy_only=False), np.int64),
+                     {"group": np.repeat(np.arange(len(groups), dtype=np.int32), groups), "row": rows},
+                     {int(r): "no label (null)" for r in np.flatnonzero(nulls)},
+                     _FileInfo(image_field, [str(c) for c in names_] if isinstance(names_, list) else None))
 
 
 class _Group(threading.local):
@@ -201,15 +200,6 @@ class ParquetRowReader:
         return data
 
 
-def _rows(fp: _FilePlan) -> ShardPart:
-    """A file's rows for :func:`~cachebuild.sources.shards.plan.plan_shards`: row group and row within it."""
-    n = int(sum(fp.row_groups))
-    groups = np.repeat(np.arange(len(fp.row_groups), dtype=np.int32), fp.row_groups)
-    rows = np.concatenate([np.arange(g, dtype=np.int32) for g in fp.row_groups]) if n else np.zeros(0, np.int32)
-    problems = {int(r): "no label (null)" for r in np.flatnonzero(fp.null_labels)}
-    return ShardPart([str(r) for r in range(n)], fp.labels, {"group": groups, "row": rows}, problems, fp)
-
-
 @dataclass(frozen=True)
 class _ParquetFiles:
     """Parquet files for :func:`~cachebuild.sources.shards.plan.plan_shards`."""
@@ -223,7 +213,7 @@ class _ParquetFiles:
     nothing = "Parquet file(s) hold no rows"
 
     def index(self, shard: Shard) -> ShardPart:
-        return _rows(_plan_file(shard, self.columns))
+        return _index_file(shard, self.columns)
 
     def found_classes(self, parts: list[ShardPart], src: str) -> list[str] | None:
         named = [p.info.class_names for p in parts if p.info.class_names is not None]
@@ -254,7 +244,7 @@ class ParquetOptions(SourceOptions):
                                             "metadata calls a ClassLabel.", metavar="NAME")
     dataset: str | None = option(None, "Dataset name (default: from SRC).", flag="--name")
 
-    def to_dict(self) -> dict[str, Any]:  # recipes nest the columns (as this release's first recipes did)
+    def to_dict(self) -> dict[str, Any]:  # the recipe nests the columns
         return {"split": self.split, "dataset": self.dataset,
                 "columns": {"image": self.image_column, "label": self.label_column}}
 
