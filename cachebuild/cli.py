@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -97,17 +97,6 @@ def _open(where: str):
         raise click.ClickException(str(e)) from None
 
 
-def _disk_bytes(cache: Any) -> int | None:
-    """Bytes the cache's files take (None when a server lists no sizes)."""
-    from cachebuild.errors import RemoteError
-
-    try:
-        sizes = cache.location.list_files().values()
-    except RemoteError:
-        return None
-    return None if any(v < 0 for v in sizes) else sum(sizes)
-
-
 @dataclass(frozen=True)
 class InfoOptions:
     where: str = option(REQUIRED, None, argument=True, metavar="PATH|URL")
@@ -124,14 +113,15 @@ def info(o: InfoOptions) -> None:
     if o.as_json:
         click.echo(json.dumps(m.to_dict(), indent=1))
         return
-    disk = _disk_bytes(cache)
+    from cachebuild.share.listing import cache_bytes
+
+    disk = cache_bytes(cache.location, m)
     classes = ", ".join(m.classes[:5]) + (", ..." if len(m.classes) > 5 else "")
     lines = [
         f"{cache.location.describe()}",
         f"  {m.dataset}/{m.split}: {m.count} samples, {m.shape[0]}x{m.shape[1]}x{m.shape[2]} {m.dtype} {m.layout}",
         f"  storage: {m.storage}, {len(m.shards)} shard(s), "
-        + (f"{disk / 1e6:.1f} MB" if disk is not None else "size not listed by the server")
-        + (" on disk" if cache.location.is_local else ""),
+        + (f"{disk / 1e6:.1f} MB" if disk is not None else "size not listed by the server"),
         f"  classes: {len(m.classes)} ({classes})",
         f"  fit: {m.fit}, interpolation: {m.interpolation}",
         f"  source: {m.source.get('root')} ({m.source.get('files')} files, "
