@@ -15,9 +15,9 @@ import scipy.io
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from cachebuild.samples import BROKEN_KINDS, IMAGENET_SYNSETS, photo_bank, write_all_broken, write_imagenet
-from cachebuild.samples.broken import write_pixel_bomb_png
-from cachebuild.samples.photos import class_region, imagenet_like_size, render_sample
+from cachebuild.samples.broken import BROKEN_KINDS, write_all_broken, write_pixel_bomb_png
+from cachebuild.samples.imagenet_layout import IMAGENET_SYNSETS, write_imagenet
+from cachebuild.samples.photos import class_region, imagenet_like_size, photo_bank, render_sample
 
 N_CLASSES, TRAIN, VAL = 4, 6, 3
 
