@@ -15,7 +15,7 @@ import click
 
 from cachebuild.cli_build import build_command, default_out
 from cachebuild.errors import CacheBuildError
-from cachebuild.options import REQUIRED, check_fields, command, option
+from cachebuild.options import REQUIRED, Options, command, option
 from cachebuild.sources.registry import get_source, source_names
 
 if TYPE_CHECKING:
@@ -98,12 +98,9 @@ def _open(where: str):
 
 
 @dataclass(frozen=True)
-class InfoOptions:
+class InfoOptions(Options):
     where: str = option(REQUIRED, None, argument=True, metavar="PATH|URL")
     as_json: bool = option(False, "Print the whole manifest as JSON.", flag="--json")
-
-    def __post_init__(self) -> None:
-        check_fields(self)
 
 
 def info(o: InfoOptions) -> None:
@@ -142,12 +139,9 @@ def info(o: InfoOptions) -> None:
 
 
 @dataclass(frozen=True)
-class VerifyOptions:
+class VerifyOptions(Options):
     where: str = option(REQUIRED, None, argument=True, metavar="PATH|URL")
     quick: bool = option(False, "Only sizes, headers and manifest consistency (seconds; no pixel is re-hashed).")
-
-    def __post_init__(self) -> None:
-        check_fields(self)
 
 
 def verify(o: VerifyOptions) -> None:
@@ -171,15 +165,12 @@ def verify(o: VerifyOptions) -> None:
 
 
 @dataclass(frozen=True)
-class SampleOptions:
+class SampleOptions(Options):
     dest: Path = option(REQUIRED, None, argument=True, path="any")
     n_classes: int = option(10, None, flag="--classes", min=1, max=10)
     train_per_class: int = option(40, None, min=1)
     val_per_class: int = option(10, None, min=1)
     seed: int = option(0, None)
-
-    def __post_init__(self) -> None:
-        check_fields(self)
 
 
 def sample(o: SampleOptions) -> None:

@@ -5,12 +5,9 @@ instance to the declarations, and :func:`field_options` makes a command's click 
 declarations, so a value is checked alike from Python and from the command line::
 
     @dataclass(frozen=True)
-    class RunOptions:
+    class RunOptions(Options):  # Options.__post_init__: check_fields(self)
         cache: str = option(REQUIRED, None, argument=True, metavar="CACHE")
         epochs: int = option(1, "Passes over the data.", min=1)
-
-        def __post_init__(self) -> None:
-            check_fields(self)
 
     run = command("run", RunOptions, go)  # calls go(RunOptions(...)); go's docstring is the help
 
@@ -43,7 +40,7 @@ import click
 
 from cachebuild.errors import OptionError
 
-__all__ = ["REQUIRED", "OptionsCommand", "check_fields", "command", "field_options", "option", "parse_bool",
+__all__ = ["REQUIRED", "Options", "OptionsCommand", "check_fields", "command", "field_options", "option", "parse_bool",
            "parse_choice", "parse_float", "parse_int", "parse_optional_bool", "parse_path", "quiet_option",
            "setup_logging", "wait_option"]
 
@@ -211,6 +208,15 @@ def _kind(hint: Any, default: Any) -> tuple[type, bool]:
     args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
     kinds = [typing.get_origin(a) or a for a in args if a is not type(None)]
     return (kinds[0] if len(kinds) == 1 and isinstance(kinds[0], type) else object), len(kinds) < len(args)
+
+
+@dataclass(frozen=True)
+class Options:
+    """Base of an options dataclass: its declared fields are checked when an instance is made (a subclass with
+    checks of its own calls ``super().__post_init__()`` first)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 def check_fields(obj: Any) -> None:

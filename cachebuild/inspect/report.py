@@ -20,7 +20,7 @@ from cachebuild.inspect.charts import counts_chart, histogram_chart, pyplot
 from cachebuild.inspect.select import pick_per_class, pick_random
 from cachebuild.inspect.show import Selection, show, source_paths
 from cachebuild.inspect.stats import PixelStats, pixel_stats
-from cachebuild.options import check_fields, option
+from cachebuild.options import Options, option
 from cachebuild.storage.cache.reader import CacheReader
 
 __all__ = ["FILE_LIST", "ReportOptions", "RunCurves", "write_report"]
@@ -37,7 +37,7 @@ _FITS = {"crop": "short side resized to the target, then centre-cropped",
 
 
 @dataclass(frozen=True)
-class ReportOptions:
+class ReportOptions(Options):
     """What a report shows; each field declared once (``cachebuild report``'s flags are made from them)."""
 
     stats_sample: int = option(10_000, "Samples the pixel statistics are computed over (all when the cache is "
@@ -46,9 +46,6 @@ class ReportOptions:
     classes_per_page: int = option(10, None, min=1)
     overview: int = 32  # random samples on the first page (not a flag)
     seed: int = option(0, None)
-
-    def __post_init__(self) -> None:
-        check_fields(self)
 
 
 class _Ledger:

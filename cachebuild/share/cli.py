@@ -10,13 +10,13 @@ from typing import Any
 import click
 
 from cachebuild.errors import CacheBuildError, TransferError
-from cachebuild.options import REQUIRED, check_fields, command, option, quiet_option, setup_logging, wait_option
+from cachebuild.options import REQUIRED, Options, command, option, quiet_option, setup_logging, wait_option
 
 __all__ = ["commands", "quick_verify"]
 
 
 @dataclass(frozen=True)
-class TransferOptions:
+class TransferOptions(Options):
     """``pull`` and ``push``: the same flags, SRC and DEST named by each command."""
 
     src: str = option(REQUIRED, None, argument=True, metavar="SRC")
@@ -27,9 +27,6 @@ class TransferOptions:
     wait: float | None = wait_option()
     progress: bool | None = option(None, "Progress bar: bytes, files, rate (default: on a terminal).")
     quiet: bool = quiet_option()
-
-    def __post_init__(self) -> None:
-        check_fields(self)
 
 
 def _transfer(run: Any, o: TransferOptions) -> None:
@@ -73,14 +70,11 @@ def push(o: TransferOptions) -> None:
 
 
 @dataclass(frozen=True)
-class StatusOptions:
+class StatusOptions(Options):
     cache: str = option(REQUIRED, None, argument=True, metavar="CACHE")
     src: str | None = option(None, "The source the cache was built from (default: the root its manifest records).",
                              flag="--source", metavar="SRC")
     as_json: bool = option(False, "Print the result as JSON.", flag="--json")
-
-    def __post_init__(self) -> None:
-        check_fields(self)
 
 
 def status(o: StatusOptions) -> None:
@@ -105,13 +99,10 @@ def status(o: StatusOptions) -> None:
 
 
 @dataclass(frozen=True)
-class LsOptions:
+class LsOptions(Options):
     where: str = option(REQUIRED, None, argument=True, metavar="FOLDER|URL")
     as_json: bool = option(False, "Print one JSON object per cache, in a list.", flag="--json")
     depth: int = option(4, "How many folder levels to look down.", min=0, max=16)
-
-    def __post_init__(self) -> None:
-        check_fields(self)
 
 
 def ls(o: LsOptions) -> None:

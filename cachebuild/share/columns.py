@@ -15,7 +15,7 @@ import click
 from cachebuild.builder.locks import exclusive_lock
 from cachebuild.errors import CacheBuildError
 from cachebuild.format.digests import entry_key
-from cachebuild.options import REQUIRED, check_fields, command, option, wait_option
+from cachebuild.options import REQUIRED, Options, command, option, wait_option
 
 __all__ = ["columns"]
 
@@ -27,15 +27,12 @@ def columns() -> None:
 
 
 @dataclass(frozen=True)
-class AddOptions:
+class AddOptions(Options):
     cache: str = option(REQUIRED, None, argument=True, metavar="CACHE")
     name: str = option(REQUIRED, None, argument=True, metavar="NAME")
     file: str = option(REQUIRED, None, argument=True, metavar="FILE", path="file")
     replace: bool = option(False, "Replace an existing column of that name.")
     wait: float | None = wait_option()
-
-    def __post_init__(self) -> None:
-        check_fields(self)
 
 
 def add(o: AddOptions) -> None:
@@ -59,13 +56,10 @@ def add(o: AddOptions) -> None:
 
 
 @dataclass(frozen=True)
-class RemoveOptions:
+class RemoveOptions(Options):
     cache: str = option(REQUIRED, None, argument=True, metavar="CACHE")
     name: str = option(REQUIRED, None, argument=True, metavar="NAME")
     wait: float | None = wait_option()
-
-    def __post_init__(self) -> None:
-        check_fields(self)
 
 
 def rm(o: RemoveOptions) -> None:
@@ -82,12 +76,9 @@ def rm(o: RemoveOptions) -> None:
 
 
 @dataclass(frozen=True)
-class ListOptions:
+class ListOptions(Options):
     cache: str = option(REQUIRED, None, argument=True, metavar="CACHE|URL")
     as_json: bool = option(False, "Print the columns as a JSON object.", flag="--json")
-
-    def __post_init__(self) -> None:
-        check_fields(self)
 
 
 def ls(o: ListOptions) -> None:

@@ -27,7 +27,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from cachebuild.options import check_fields, option
+from cachebuild.options import Options, option
 from cachebuild.sources.plan import Plan
 
 __all__ = ["SourceKind", "SourceOptions", "option"]
@@ -36,14 +36,9 @@ O = TypeVar("O", bound="SourceOptions")
 
 
 @dataclass(frozen=True)
-class SourceOptions:
-    """Base of the options of a source kind: JSON values, checked when made, flat ``to_dict``/``from_dict``
-    (a kind whose recorded recipes nest some fields overrides both)."""
-
-    def __post_init__(self) -> None:
-        """Each flagged field checked as it is declared (its annotation's type, its choices), so a recipe or
-        call that cannot plan fails here, naming the field."""
-        check_fields(self)
+class SourceOptions(Options):
+    """Base of the options of a source kind: JSON values, checked when made (so a recipe or call that cannot plan
+    fails naming the field), flat ``to_dict``/``from_dict`` (a kind whose recipes nest some fields overrides both)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: _json(getattr(self, f.name)) for f in dataclasses.fields(self)}
