@@ -25,8 +25,8 @@ __all__ = ["COMMAND_GROUP", "default_out", "main"]
 
 
 COMMAND_GROUP = "cachebuild.commands"  # entry points: more `cachebuild` commands from other packages
-# the sharing commands (cachebuild.share.cli), imported when one is run: a build does not import the
-# transfer code (bench/results/2026-12-04-vm-startup)
+# the sharing commands (cachebuild.share.cli), imported when one is run: a build's start-up does not pay for the
+# transfer code
 SHARE_COMMANDS = ("columns", "ls", "pull", "push", "status")
 
 
