@@ -16,7 +16,7 @@ import posixpath
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,8 +24,11 @@ from cachebuild.errors import SourceError
 from cachebuild.format.pathnames import CACHE_SUBFOLDER
 from cachebuild.sources.kind import SourceKind, SourceOptions, option
 from cachebuild.sources.plan import Plan, file_plan
-from cachebuild.storage import FsspecLocation, is_url, redact
+from cachebuild.storage import is_url, redact
 from cachebuild.storage.locations.names import is_web_url
+
+if TYPE_CHECKING:
+    from cachebuild.storage import FsspecLocation
 
 __all__ = ["IMG_EXTENSIONS", "FolderOptions", "FolderSource", "UrlFileReader", "find_classes", "folder_plan",
            "list_class_folder"]
@@ -126,7 +129,9 @@ class UrlFileReader:
     _location: list[FsspecLocation] = field(default_factory=list, compare=False, repr=False)
 
     def __call__(self, index: int, key: str) -> bytes:
-        if not self._location:
+        if not self._location:  # the fsspec side is imported where a URL is read, not by a local build
+            from cachebuild.storage import FsspecLocation
+
             self._location.append(FsspecLocation(self.root))
         # Keys are file names (decoded, as on disk); an http(s) path needs them percent-encoded again ('#', '%').
         return self._location[0].read_bytes(urllib.parse.quote(key) if is_web_url(self.root) else key)

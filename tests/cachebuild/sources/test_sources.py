@@ -156,3 +156,14 @@ def test_the_source_digest_is_the_row_by_row_sha256_across_stretches() -> None:
     assert digest_stats(keys, labels, stats, {"classes": ["a"]}) == h.hexdigest()
     with pytest.raises(ValueError, match="one each"):
         digest_stats(keys, labels[:-1], stats)
+
+
+def test_a_local_tree_plans_without_the_url_side(imagenet_tree):
+    """A local build's parent never imports fsspec's side of the storage layer (asyncio, ssl, the retries)."""
+    import subprocess
+
+    code = ("import sys; from cachebuild.sources.registry import plan_source; "
+            f"plan_source('folder', {str(imagenet_tree['train_dir'])!r}); "
+            "print('cachebuild.storage.locations.url' in sys.modules, 'fsspec' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr
