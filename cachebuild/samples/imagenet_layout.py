@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from cachebuild.samples._archive import write_tar_gz
 from cachebuild.samples.broken import write_all_broken
 from cachebuild.samples.photos import imagenet_like_size, photo_bank, render_sample
 
@@ -149,7 +148,7 @@ def _write_meta_mat(path: Path, wnids: list[str], words: list[str], ids: list[in
 
 def write_imagenet(root: Path, n_classes: int = 10, train_per_class: int = 20, val_per_class: int = 5,
                    val_layout: str = "folders", seed: int = 0, *, kaggle_tree: bool = False, quirks: bool = False,
-                   broken: bool = False, devkit_tar: bool = False) -> dict[str, Any]:
+                   broken: bool = False) -> dict[str, Any]:
     """Write an ILSVRC2012-layout tree under ``root``; deterministic from ``seed``.
 
     Classes are the first ``n_classes`` real wnids (label = index in sorted wnid order, as
@@ -160,8 +159,7 @@ def write_imagenet(root: Path, n_classes: int = 10, train_per_class: int = 20, v
     ``quirks=True`` adds to the train folders of classes 0, 1, 2, 3 (cycling when fewer) one CMYK
     JPEG, one PNG named ``.JPEG``, one grayscale JPEG and one JPEG with EXIF orientation 6.
     ``broken=True`` adds the files of :func:`~cachebuild.samples.broken.write_all_broken` to the
-    train folder of the last class (named ``<wnid>_broken_*.JPEG``). ``devkit_tar=True`` (devkit
-    layout) also packs the devkit folder as ``ILSVRC2012_devkit_t12.tar.gz``, as it is downloaded.
+    train folder of the last class (named ``<wnid>_broken_*.JPEG``).
 
     Returns a dict: ``root``, ``train_dir``, ``val_dir``, ``val_layout``, ``wnids``, ``words``,
     ``train`` and ``val`` (lists of dicts with ``path``, ``label``, ``wnid``, ``size`` = displayed
@@ -193,7 +191,7 @@ def write_imagenet(root: Path, n_classes: int = 10, train_per_class: int = 20, v
     val_labels = rng.permutation(np.repeat(np.arange(n_classes), val_per_class))
     _write_val(out, bank, rng, val_labels)
     if val_layout == "devkit":
-        _write_devkit(out, rng, val_labels, devkit_tar)
+        _write_devkit(out, rng, val_labels)
     elif val_layout == "kaggle":
         _write_kaggle_solution(out, rng)
     return out
@@ -233,7 +231,7 @@ def _write_val(out: dict[str, Any], bank: Any, rng: np.random.Generator, val_lab
         out["val"].append(entry)
 
 
-def _write_devkit(out: dict[str, Any], rng: np.random.Generator, val_labels: np.ndarray, tar: bool) -> None:
+def _write_devkit(out: dict[str, Any], rng: np.random.Generator, val_labels: np.ndarray) -> None:
     """The devkit: meta.mat (ILSVRC2012_IDs not in wnid order) and the val ground truth, one ID a line."""
     root, wnids, n_classes = out["root"], out["wnids"], len(out["wnids"])
     ilsvrc_ids = (rng.permutation(n_classes) + 1).tolist()  # real IDs are not in wnid order
@@ -244,9 +242,6 @@ def _write_devkit(out: dict[str, Any], rng: np.random.Generator, val_labels: np.
     gt.write_text("".join(f"{ilsvrc_ids[k]}\n" for k in val_labels.tolist()), encoding="ascii")
     out.update(meta_mat=data_dir / "meta.mat", ground_truth=gt,
                ilsvrc_ids={wnids[k]: ilsvrc_ids[k] for k in range(n_classes)})
-    if tar:
-        out["devkit_tar"] = root / "ILSVRC2012_devkit_t12.tar.gz"
-        write_tar_gz(root / "ILSVRC2012_devkit_t12", out["devkit_tar"])
 
 
 def _write_kaggle_solution(out: dict[str, Any], rng: np.random.Generator) -> None:

@@ -18,6 +18,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from cachebuild.samples.broken import BROKEN_KINDS, write_all_broken, write_pixel_bomb_png
 from cachebuild.samples.imagenet_layout import IMAGENET_SYNSETS, write_imagenet
 from cachebuild.samples.photos import class_region, imagenet_like_size, photo_bank, render_sample
+from support.archive import write_tar_gz
 
 N_CLASSES, TRAIN, VAL = 4, 6, 3
 
@@ -118,7 +119,8 @@ def test_deterministic_from_seed(tmp_path: Path) -> None:
 
 
 def test_devkit_layout_reads_with_torchvision(tmp_path: Path) -> None:
-    r = write_imagenet(tmp_path, N_CLASSES, 2, VAL, "devkit", seed=2, devkit_tar=True)
+    r = write_imagenet(tmp_path, N_CLASSES, 2, VAL, "devkit", seed=2)
+    write_tar_gz(tmp_path / "ILSVRC2012_devkit_t12", tmp_path / "ILSVRC2012_devkit_t12.tar.gz")  # as downloaded
     val = sorted((tmp_path / "val").iterdir())
     assert [p.name for p in val] == [f"ILSVRC2012_val_{i:08d}.JPEG" for i in range(1, N_CLASSES * VAL + 1)]
     gt = r["ground_truth"].read_text().splitlines()

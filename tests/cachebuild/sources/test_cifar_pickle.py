@@ -15,13 +15,14 @@ import pytest
 import torchvision.datasets as tvd
 
 from cachebuild.errors import OptionError
-from cachebuild.samples.cifar_layout import py2_pickle_dumps, write_cifar10, write_cifar100
 from cachebuild.sources.cifar_pickle import (
     CifarFormatError,
     CifarNotFoundError,
     CifarUnsafePickleError,
     load_cifar_split,
 )
+from support.cifar_layout import py2_pickle_dumps
+from tests.cifar_files import write_cifar10, write_cifar100
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,13 @@ import torchvision
 
 from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.errors import SourceError
-from cachebuild.samples.cifar_layout import write_cifar10, write_cifar100
 from cachebuild.samples.imagenet_layout import write_imagenet
 from cachebuild.sources.cifar import cifar_plans
 from cachebuild.sources.folder import folder_plan
 from cachebuild.sources.imagenet import imagenet_plans
 from cachebuild.storage.cache.reader import open_cache
+from support.archive import write_tar_gz
+from tests.cifar_files import write_cifar10, write_cifar100
 
 
 def test_folder_order_and_labels_equal_imagefolder(tmp_path):
@@ -46,10 +47,11 @@ def test_imagenet_train_labels_equal_imagefolder(imagenet_tree):
 ])
 def test_flat_val_is_labelled_like_the_folder_layout(tmp_path, layout, kaggle_tree, devkit_tar):
     info = write_imagenet(tmp_path, n_classes=4, train_per_class=2, val_per_class=3, val_layout=layout,
-                          seed=3, kaggle_tree=kaggle_tree, devkit_tar=devkit_tar)
+                          seed=3, kaggle_tree=kaggle_tree)
     if devkit_tar:  # only the archive, as downloaded
         import shutil
 
+        write_tar_gz(tmp_path / "ILSVRC2012_devkit_t12", tmp_path / "ILSVRC2012_devkit_t12.tar.gz")
         shutil.rmtree(tmp_path / "ILSVRC2012_devkit_t12")
     train, val = imagenet_plans(tmp_path)
     assert val.split == "val" and val.classes == train.classes == sorted(info["wnids"])
