@@ -7,13 +7,15 @@ the sharing commands live in ``cachebuild.share.cli``; more come from other pack
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
 from cachebuild.cli_build import build_command
 from cachebuild.errors import CacheBuildError
+from cachebuild.options import REQUIRED, Options, command, option
 from cachebuild.sources.registry import get_source, source_names
 
 if TYPE_CHECKING:
@@ -23,13 +25,13 @@ __all__ = ["COMMAND_GROUP", "main"]
 
 
 COMMAND_GROUP = "cachebuild.commands"  # entry points: more `cachebuild` commands from other packages
-# the sharing commands (cachebuild.share.cli), imported when one is run: a build does not pay for the
-# transfer code's import (~20 ms of its start-up, issue 36)
+# the sharing commands (cachebuild.share.cli), imported when one is run: a build's start-up does not pay for the
+# transfer code
 SHARE_COMMANDS = ("columns", "ls", "pull", "push", "status")
 
 
 def _command_entry_points() -> dict[str, EntryPoint]:
-    from importlib.metadata import entry_points  # ~25 ms: not on a build command's way to its workers
+    from importlib.metadata import entry_points  # not on a build command's way to its workers
 
     return {ep.name: ep for ep in entry_points(group=COMMAND_GROUP)}
 
@@ -95,35 +97,28 @@ def _open(where: str):
         raise click.ClickException(str(e)) from None
 
 
-def _disk_bytes(cache: Any) -> int | None:
-    """Bytes the cache's files take (None when a server lists no sizes)."""
-    from cachebuild.errors import RemoteError
-
-    try:
-        sizes = cache.location.list_files().values()
-    except RemoteError:
-        return None
-    return None if any(v < 0 for v in sizes) else sum(sizes)
+@dataclass(frozen=True)
+class InfoOptions(Options):
+    where: str = option(REQUIRED, None, argument=True, metavar="PATH|URL")
+    as_json: bool = option(False, "Print the whole manifest as JSON.", flag="--json")
 
 
-@main.command()
-@click.argument("where", metavar="PATH|URL")
-@click.option("--json", "as_json", is_flag=True, help="Print the whole manifest as JSON.")
-def info(where: str, as_json: bool) -> None:
+def info(o: InfoOptions) -> None:
     """Describe the cache at PATH or URL (s3://, gs://, https://...)."""
-    cache = _open(where)
+    cache = _open(o.where)
     m = cache.manifest
-    if as_json:
+    if o.as_json:
         click.echo(json.dumps(m.to_dict(), indent=1))
         return
-    disk = _disk_bytes(cache)
+    from cachebuild.share.listing import cache_bytes
+
+    disk = cache_bytes(cache.location, m)
     classes = ", ".join(m.classes[:5]) + (", ..." if len(m.classes) > 5 else "")
     lines = [
         f"{cache.location.describe()}",
         f"  {m.dataset}/{m.split}: {m.count} samples, {m.shape[0]}x{m.shape[1]}x{m.shape[2]} {m.dtype} {m.layout}",
         f"  storage: {m.storage}, {len(m.shards)} shard(s), "
-        + (f"{disk / 1e6:.1f} MB" if disk is not None else "size not listed by the server")
-        + (" on disk" if cache.location.is_local else ""),
+        + (f"{disk / 1e6:.1f} MB" if disk is not None else "size not listed by the server"),
         f"  classes: {len(m.classes)} ({classes})",
         f"  fit: {m.fit}, interpolation: {m.interpolation}",
         f"  source: {m.source.get('root')} ({m.source.get('files')} files, "
@@ -134,7 +129,7 @@ def info(where: str, as_json: bool) -> None:
         f"  fingerprint: {m.build_key[:12]} (build key: source + parameters; CachedImageDataset(expect_fingerprint=))",
         f"  skipped: {len(m.failures)}",
     ]
-    if m.columns:  # format version 3: arrays added after the build (`cachebuild columns`)
+    if m.columns:  # arrays added after the build (`cachebuild columns`)
         shown = ", ".join(f"{n} {c.dtype}{list(c.shape)}" for n, c in sorted(m.columns.items()))
         lines.insert(-1, f"  columns: {shown}")
     lines += [f"    {f.path}: {f.reason}" for f in m.failures[:20]]
@@ -143,18 +138,20 @@ def info(where: str, as_json: bool) -> None:
     click.echo("\n".join(lines))
 
 
-@main.command()
-@click.argument("where", metavar="PATH|URL")
-@click.option("--quick", is_flag=True,
-              help="Only sizes, headers and manifest consistency (seconds; no pixel is re-hashed).")
-def verify(where: str, quick: bool) -> None:
+@dataclass(frozen=True)
+class VerifyOptions(Options):
+    where: str = option(REQUIRED, None, argument=True, metavar="PATH|URL")
+    quick: bool = option(False, "Only sizes, headers and manifest consistency (seconds; no pixel is re-hashed).")
+
+
+def verify(o: VerifyOptions) -> None:
     """Re-hash every shard and array of the cache at PATH or URL against its manifest."""
-    if quick:
+    if o.quick:
         from cachebuild.share.cli import quick_verify
 
-        quick_verify(where)
+        quick_verify(o.where)
         return
-    cache = _open(where)
+    cache = _open(o.where)
     shown = cache.location.describe()
     try:
         problems = cache.verify()
@@ -167,22 +164,32 @@ def verify(where: str, quick: bool) -> None:
     click.echo(f"{shown}: ok ({cache.manifest.count} samples in {len(cache.manifest.shards)} shard(s) verified)")
 
 
-@main.command()
-@click.argument("dest", type=click.Path(path_type=Path))
-@click.option("--classes", "n_classes", type=click.IntRange(1, 10), default=10, show_default=True)
-@click.option("--train-per-class", type=click.IntRange(1), default=40, show_default=True)
-@click.option("--val-per-class", type=click.IntRange(1), default=10, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-def sample(dest: Path, n_classes: int, train_per_class: int, val_per_class: int, seed: int) -> None:
+@dataclass(frozen=True)
+class SampleOptions(Options):
+    dest: Path = option(REQUIRED, None, argument=True, path="any")
+    n_classes: int = option(10, None, flag="--classes", min=1, max=10)
+    train_per_class: int = option(40, None, min=1)
+    val_per_class: int = option(10, None, min=1)
+    seed: int = option(0, None)
+
+
+def sample(o: SampleOptions) -> None:
     """Write the built-in sample: real photographs in the ImageNet layout (with its quirks and a few
     broken files), made from images that ship inside scikit-image and scikit-learn."""
     from cachebuild.samples.imagenet_layout import write_imagenet
 
-    if dest.exists() and any(dest.iterdir()):
-        click.echo(f"{dest}: exists, left as it is")
+    if o.dest.exists() and any(o.dest.iterdir()):
+        click.echo(f"{o.dest}: exists, left as it is")
         return
-    written = write_imagenet(dest, n_classes=n_classes, train_per_class=train_per_class,
-                             val_per_class=val_per_class, seed=seed, quirks=True, broken=True)
-    click.echo(f"{dest}: {len(written['train'])} train and {len(written['val'])} val images, "
-               f"{n_classes} classes")
+    try:
+        written = write_imagenet(o.dest, n_classes=o.n_classes, train_per_class=o.train_per_class,
+                                 val_per_class=o.val_per_class, seed=o.seed, quirks=True, broken=True)
+    except CacheBuildError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"{o.dest}: {len(written['train'])} train and {len(written['val'])} val images, "
+               f"{o.n_classes} classes")
 
+
+main.add_command(command("info", InfoOptions, info))
+main.add_command(command("verify", VerifyOptions, verify))
+main.add_command(command("sample", SampleOptions, sample))

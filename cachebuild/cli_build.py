@@ -3,7 +3,7 @@
 A command's flags are its kind's options, ``--size`` (and ``--classes``), every field of
 :class:`~cachebuild.builder.options.BuildOptions`, then :class:`BuildCommand`'s: each a dataclass field
 declared once with :func:`cachebuild.options.option` and made into a flag by
-:func:`cachebuild.flags.field_options`. The command calls :func:`cachebuild.builder.pipeline.build_source`,
+:func:`cachebuild.options.field_options`. The command calls :func:`cachebuild.builder.pipeline.build_source`,
 the library's ``cachebuild.build``.
 """
 
@@ -18,10 +18,8 @@ from typing import Any
 
 import click
 
-from cachebuild.cli_common import setup_logging
 from cachebuild.errors import CacheBuildError, DecodeError, OptionError, SourceError
-from cachebuild.flags import field_options
-from cachebuild.options import option
+from cachebuild.options import field_options, option, quiet_option, setup_logging
 from cachebuild.sources.kind import SourceKind
 
 __all__ = ["SIZE", "BuildCommand", "build_command", "build_params"]
@@ -47,8 +45,8 @@ class BuildCommand:
     dask_scheduler: str | None = option(None, "Run the blocks on a Dask cluster (joblib's dask backend), e.g. "
                                         "tcp://host:8786; its workers must see SRC and --out at the same paths. "
                                         "Needs cachebuild[dask].", metavar="ADDRESS")
-    quiet: bool = option(False, "Only warnings and errors.", flag="--quiet -q")
-    verbose: bool = option(False, "Debug logging.", flag="--verbose -v")
+    quiet: bool = quiet_option()
+    verbose: bool = option(False, "Debug logging.", short="-v")
     # spellings of earlier releases: an error that names what to write instead
     codec: str | None = option(None, None, hidden=True, check=_gone("--codec", "a compact cache is --format jpeg"))
     workers: str | None = option(None, None, hidden=True,

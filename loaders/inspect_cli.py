@@ -1,6 +1,6 @@
 """``cachebuild show`` and ``cachebuild report``: parse, check, call :mod:`cachebuild.inspect`.
 
-Made from dataclasses (:func:`cachebuild.flags.field_options`: ``ShowOptions``; ``ReportTarget`` and
+Made from dataclasses (:func:`cachebuild.options.field_options`: ``ShowOptions``; ``ReportTarget`` and
 ``cachebuild.inspect.ReportOptions``), each flag declared once, on its field. Registered as
 ``cachebuild.commands`` entry points, like ``train``: ``--augment`` runs the device transforms and ``--run``
 reads a training run's metrics, and ``cachebuild`` never imports ``loaders``. Imports no torch.
@@ -18,9 +18,8 @@ from typing import Any
 import click
 
 from cachebuild.errors import CacheBuildError
-from cachebuild.flags import field_options
 from cachebuild.inspect.report import ReportOptions  # no torch: numpy and the cache reader, as report needs
-from cachebuild.options import REQUIRED, check_fields, option
+from cachebuild.options import REQUIRED, check_fields, field_options, option
 
 __all__ = ["ReportTarget", "ShowOptions", "report", "run_curves", "show"]
 

@@ -10,20 +10,26 @@ import numpy as np
 import pytest
 
 from cachebuild.builder.pipeline import BuildOptions, build
-from cachebuild.samples.parquet_layout import write_hf_parquet
-from cachebuild.samples.wds_layout import images_of_tree, write_wds
-from cachebuild.sources.folder import folder_plan
+from cachebuild.sources.folder import find_classes, folder_plan, list_class_folder
 from cachebuild.storage.cache import open_cache
+from support.parquet_layout import write_hf_parquet
+from support.wds_layout import PackedImage, pack_files, write_wds
 
 __all__ = ["CacheView", "cache_view", "folder_cache", "hf_set", "wds_set"]
 
 SIZE = 32
 
 
+def _tree_images(root: Path) -> list[PackedImage]:
+    """Every readable image file of a class-folder tree, in ImageFolder's order, with its label."""
+    keys, labels = list_class_folder(root, find_classes(root))
+    return pack_files(root, keys, labels.tolist())
+
+
 @pytest.fixture(scope="session")
 def wds_set(imagenet_tree: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """10 samples a shard, shuffled, quirks and broken samples included, the last shard cut."""
-    images = images_of_tree(imagenet_tree["train_dir"])
+    images = _tree_images(imagenet_tree["train_dir"])
     out = write_wds(images, tmp_path_factory.mktemp("wds") / "in1k-wds", per_shard=10, quirks=True, broken=True,
                     class_names=imagenet_tree["words"])
     out["images"] = images
@@ -33,7 +39,7 @@ def wds_set(imagenet_tree: dict[str, Any], tmp_path_factory: pytest.TempPathFact
 @pytest.fixture(scope="session")
 def hf_set(imagenet_tree: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """3 files of uneven row groups, an extra column, a row without bytes and a row without label."""
-    images = images_of_tree(imagenet_tree["train_dir"])
+    images = _tree_images(imagenet_tree["train_dir"])
     out = write_hf_parquet(images, tmp_path_factory.mktemp("hf") / "imagenet-1k", imagenet_tree["wnids"], n_files=3,
                            rows_per_group=5, quirks=True, broken=True)
     out["images"] = images

@@ -59,7 +59,7 @@ def write_parquet(folder: Path, files: int, per_file: int, seed: int = 0) -> Pat
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from cachebuild.samples.parquet_layout import hf_features_metadata
+    from support.parquet_layout import hf_features_metadata
 
     rng = np.random.default_rng(seed)
     data = folder / "data"

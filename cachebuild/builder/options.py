@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from cachebuild.builder.sample import DEFAULT_MAX_PIXELS, FITS, INTERPOLATIONS, PIXEL_RECIPE
 from cachebuild.errors import OptionError
 from cachebuild.format.manifest import FORMAT_VERSION
-from cachebuild.options import REQUIRED, check_fields, option
+from cachebuild.options import REQUIRED, Options, option, wait_option
 from cachebuild.storage import DEFAULT_STORAGE, backend_names, get_backend
 from cachebuild.storage.kinds.jpeg import SUBSAMPLINGS
 from cachebuild.storage.kinds.zarr import COMPRESSIONS
@@ -48,7 +47,7 @@ def _nonzero(jobs: int) -> None:
 
 
 @dataclass(frozen=True)
-class BuildOptions:
+class BuildOptions(Options):
     """Every setting of a build; ``cachebuild <kind> SRC`` offers each field as its flag."""
 
     size: int = option(REQUIRED, "Output side S: every sample is S x S x 3 uint8.", min=1, max=MAX_SIZE)
@@ -59,7 +58,7 @@ class BuildOptions:
                       "recorded.", choices=FITS)
     interpolation: str = option("antialias", "antialias: torchvision's PIL filter (bilinear below a 2x downscale, "
                                 "widened from there on); area/linear: OpenCV's.", choices=INTERPOLATIONS)
-    jobs: int = option(-1, "Parallel workers; -1: all cores.", flag="--jobs -j", check=_nonzero)
+    jobs: int = option(-1, "Parallel workers; -1: all cores.", short="-j", check=_nonzero)
     block_size: int | None = option(None, "Samples per block and npy shard (zarr: rounded down to whole chunks). "
                                     "Default: about 64 MB of pixels.", flag="--shard-size", min=1)
     chunk_size: int | None = option(None, "zarr: samples per chunk. Default: about 4 MB of pixels.", min=1)
@@ -81,14 +80,12 @@ class BuildOptions:
                           "build of SRC, replaced as --force replaces).")
     summary: str | None = option(None, "Write a JSON summary there: decoded, reused, skipped, seconds (per split "
                                  "and in all).", flag="--json", metavar="FILE")
-    lock_wait: float | None = option(None, "If another cachebuild process builds or pulls the same output: wait for "
-                                     "it (up to SECONDS; forever without a value) instead of exiting with its name.",
-                                     flag="--wait", metavar="[SECONDS]", min=0, bare=math.inf)
-
+    lock_wait: float | None = wait_option()
     progress: bool | None = option(None, "Progress bar (default: on a terminal).")
+
     def __post_init__(self) -> None:
         """Every value checked here, so a build that cannot be right never starts."""
-        check_fields(self)
+        super().__post_init__()
         if self.update and self.force:
             raise OptionError("update and force exclude each other: --update reuses the cache at --out, "
                               "--force rebuilds it from nothing; pass one")

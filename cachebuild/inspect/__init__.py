@@ -2,7 +2,6 @@
 (``cachebuild report``). Reads through :mod:`cachebuild.format` only; what needs the loaders (the device
 transforms of ``--augment``, a run's curves) is handed in by the commands in ``loaders.inspect_cli``."""
 
-from cachebuild.inspect.paths import paths_at
 from cachebuild.inspect.report import ReportOptions, write_report
 from cachebuild.inspect.select import parse_class_spec, parse_index_spec, pick_per_class, pick_random
 from cachebuild.inspect.sheet import Sheet, Tile, compose_sheet
@@ -19,7 +18,6 @@ __all__ = [
     "compose_sheet",
     "parse_class_spec",
     "parse_index_spec",
-    "paths_at",
     "pick_per_class",
     "pick_random",
     "pixel_stats",

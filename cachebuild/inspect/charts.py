@@ -8,12 +8,17 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["counts_chart", "histogram_chart"]
+from cachebuild.errors import CacheBuildError
+
+__all__ = ["counts_chart", "histogram_chart", "pyplot"]
 
 
-def _pyplot() -> Any:
-    import matplotlib
-
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend; a one-line error naming the extra when it is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise CacheBuildError("the report draws its charts with matplotlib: pip install 'cachebuild[plots]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -22,7 +27,7 @@ def _pyplot() -> Any:
 
 def counts_chart(counts: np.ndarray, classes: Sequence[str], png: Path) -> Path:
     """Samples per class as bars (class names on the axis when there are few enough to read)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 3.6))
     x = np.arange(len(counts))
     ax.bar(x, counts, width=0.9 if len(counts) < 200 else 1.0, color="#3b6ea8")
@@ -39,7 +44,7 @@ def counts_chart(counts: np.ndarray, classes: Sequence[str], png: Path) -> Path:
 
 def histogram_chart(hist: np.ndarray, png: Path) -> Path:
     """Per-channel value histograms (R, G, B) of the statistics' sample."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3))
     total = max(1, int(hist[0].sum()))
     for c, colour in enumerate(("#d62728", "#2ca02c", "#1f77b4")):

@@ -16,12 +16,11 @@ import numpy as np
 
 from cachebuild.errors import OutputError
 from cachebuild.inspect import page as P
-from cachebuild.inspect.charts import counts_chart, histogram_chart
-from cachebuild.inspect.paths import PathTable
+from cachebuild.inspect.charts import counts_chart, histogram_chart, pyplot
 from cachebuild.inspect.select import pick_per_class, pick_random
-from cachebuild.inspect.show import Selection, show
+from cachebuild.inspect.show import Selection, show, source_paths
 from cachebuild.inspect.stats import PixelStats, pixel_stats
-from cachebuild.options import check_fields, option
+from cachebuild.options import Options, option
 from cachebuild.storage.cache import CacheReader
 
 __all__ = ["FILE_LIST", "ReportOptions", "RunCurves", "write_report"]
@@ -38,7 +37,7 @@ _FITS = {"crop": "short side resized to the target, then centre-cropped",
 
 
 @dataclass(frozen=True)
-class ReportOptions:
+class ReportOptions(Options):
     """What a report shows; each field declared once (``cachebuild report``'s flags are made from them)."""
 
     stats_sample: int = option(10_000, "Samples the pixel statistics are computed over (all when the cache is "
@@ -47,9 +46,6 @@ class ReportOptions:
     classes_per_page: int = option(10, None, min=1)
     overview: int = 32  # random samples on the first page (not a flag)
     seed: int = option(0, None)
-
-    def __post_init__(self) -> None:
-        check_fields(self)
 
 
 class _Ledger:
@@ -142,7 +138,7 @@ def _failures_html(reader: CacheReader) -> str:
             f"manifest):</p>\n" + P.table(["file", "reason"], [(f.path, f.reason) for f in fails]))
 
 
-def _class_pages(reader: CacheReader, out: Path, counts: np.ndarray, opts: ReportOptions, table: PathTable,
+def _class_pages(reader: CacheReader, out: Path, counts: np.ndarray, opts: ReportOptions, table: list[str],
                  ledger: _Ledger) -> list[str]:
     """One contact sheet per class, ``classes_per_page`` classes per page; returns the pages written."""
     m = reader.manifest
@@ -179,6 +175,7 @@ def write_report(reader: CacheReader, out: str | Path, options: ReportOptions | 
     """Write the report of ``reader``'s cache into ``out``; returns ``out/index.html``."""
     opts = options or ReportOptions()
     out = Path(out)
+    pyplot()  # before anything is written: without matplotlib, a one-line error and no folder
     _prepare(out)
     ledger = _Ledger(out)
     m = reader.manifest
@@ -186,7 +183,7 @@ def write_report(reader: CacheReader, out: str | Path, options: ReportOptions | 
     counts_chart(counts, m.classes, out / ledger.add(f"{IMG}/counts.png"))
     st = pixel_stats(reader, opts.stats_sample, opts.seed)
     histogram_chart(st.histogram, out / ledger.add(f"{IMG}/histogram.png"))
-    table = PathTable(reader.location, m)
+    table = source_paths(reader)
     body = [f"<h2>The cache</h2>\n{P.definition_list(_words(reader))}",
             "<h2>Build parameters</h2>\n" + P.table(["parameter", "value"], sorted(m.build.items()))]
     if m.count:

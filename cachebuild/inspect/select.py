@@ -66,18 +66,13 @@ def pick_random(count: int, n: int, seed: int) -> np.ndarray:
 
 
 def pick_per_class(labels: np.ndarray, class_ids: Sequence[int], k: int, seed: int) -> list[np.ndarray]:
-    """Up to ``k`` seeded indices of each class in ``class_ids`` (ascending within a class). A few classes:
-    one vectorised pass over the labels each; many: one stable sort of the labels for all."""
+    """Up to ``k`` seeded indices of each class in ``class_ids`` (ascending within a class), from one stable sort
+    of the labels."""
     rng = np.random.default_rng(seed)
-    ids = [int(c) for c in class_ids]
-    if len(ids) > 32:
-        order = np.argsort(labels, kind="stable")
-        bounds = np.searchsorted(labels[order], [(c, c + 1) for c in ids])
-        groups = [order[lo:hi] for lo, hi in bounds]
-    else:
-        groups = [np.flatnonzero(labels == c) for c in ids]
+    order = np.argsort(labels, kind="stable")
+    bounds = np.searchsorted(labels[order], [(int(c), int(c) + 1) for c in class_ids]).reshape(-1, 2)
     out = []
-    for members in groups:
+    for members in (order[lo:hi] for lo, hi in bounds):
         take = members if len(members) <= k else np.sort(rng.choice(members, size=k, replace=False))
         out.append(take.astype(np.int64))
     return out

@@ -1,8 +1,7 @@
 """``cachebuild show``: a contact sheet of a few samples of a cache, read through the cache reader.
 
-Only the samples shown are read (their pixels, and their entries of the side tables): opening the cache
-costs what it always does (manifest, labels, sizes, shard headers), and a random pick is O(n) in the
-samples drawn, whatever the cache's size.
+Only the pixels of the samples shown are read; a random pick is O(n) in the samples drawn, whatever the
+cache's size.
 """
 
 from __future__ import annotations
@@ -13,12 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from cachebuild.errors import OptionError
-from cachebuild.inspect.paths import PathTable
 from cachebuild.inspect.select import parse_class_spec, parse_index_spec, pick_per_class, pick_random
 from cachebuild.inspect.sheet import Sheet, compose_sheet
 from cachebuild.storage.cache import CacheReader
 
-__all__ = ["Augment", "Selection", "class_label", "select", "show"]
+__all__ = ["Augment", "Selection", "class_label", "select", "show", "source_paths"]
 
 # stored uint8 (N, H, W, 3) and boxes (N, 4) or None -> what the device transforms make of them, uint8 (N, h, w, 3)
 Augment = Callable[[np.ndarray, "np.ndarray | None"], np.ndarray]
@@ -62,10 +60,15 @@ def class_label(classes: Sequence[str], descriptions: object, label: int) -> str
     return f"{name} {words}" if isinstance(words, str) and words else name
 
 
+def source_paths(reader: CacheReader) -> list[str]:
+    """Every sample's source path, relative to the source root (``?`` for a cache that records none)."""
+    return reader.paths() if "paths" in reader.manifest.arrays else ["?"] * reader.manifest.count
+
+
 def show(reader: CacheReader, selection: Selection, *, augment: Augment | None = None,
-         columns: int | None = None, paths: PathTable | None = None) -> Sheet:
+         columns: int | None = None, paths: Sequence[str] | None = None) -> Sheet:
     """Read the selected samples and lay them out, captioned; with ``augment``, its output beside each.
-    ``paths``: the cache's path table, when the caller shows many selections of one cache."""
+    ``paths``: :func:`source_paths`, when the caller shows many selections of one cache."""
     m = reader.manifest
     idx = selection.indices
     if not len(idx):
@@ -75,7 +78,8 @@ def show(reader: CacheReader, selection: Selection, *, augment: Augment | None =
     stored[order] = reader.gather(idx[order])
     labels = reader.labels[idx]
     names = [class_label(m.classes, m.extra.get("class_descriptions"), int(c)) for c in labels]
-    names_of = (paths or PathTable(reader.location, m)).at(idx)
+    every = paths if paths is not None else source_paths(reader)
+    names_of = [every[i] for i in idx.tolist()]
     augmented = None
     if augment is not None:
         boxes = reader.boxes[idx] if reader.boxes is not None else None

@@ -18,16 +18,8 @@ from PIL import Image
 
 from cachebuild.samples.photos import photo_bank, render_sample
 
-__all__ = [
-    "BROKEN_KINDS",
-    "write_all_broken",
-    "write_dangling_symlink",
-    "write_empty_file",
-    "write_pixel_bomb_jpeg",
-    "write_pixel_bomb_png",
-    "write_text_as_jpeg",
-    "write_truncated_jpeg",
-]
+__all__ = ["BROKEN_KINDS", "write_all_broken", "write_dangling_symlink", "write_empty_file", "write_pixel_bomb_jpeg",
+           "write_pixel_bomb_png", "write_text_as_jpeg", "write_truncated_jpeg"]
 
 
 def _real_jpeg_bytes(seed: int, size: tuple[int, int] = (400, 300), quality: int = 90) -> bytes:
@@ -39,9 +31,7 @@ def _real_jpeg_bytes(seed: int, size: tuple[int, int] = (400, 300), quality: int
     return buf.getvalue()
 
 
-def write_truncated_jpeg(
-    folder: Path, name: str = "truncated.JPEG", keep: float = 0.6, seed: int = 0
-) -> Path:
+def write_truncated_jpeg(folder: Path, name: str = "truncated.JPEG", keep: float = 0.6, seed: int = 0) -> Path:
     """The first ``keep`` fraction of a real 400x300 JPEG's bytes (a cut download): no EOI marker."""
     if not 0.0 < keep < 1.0:
         raise ValueError(f"keep must be in (0, 1), got {keep}")
@@ -61,11 +51,8 @@ def write_empty_file(folder: Path, name: str = "empty.JPEG") -> Path:
 def write_text_as_jpeg(folder: Path, name: str = "not_an_image.JPEG") -> Path:
     """A text file (an HTML error page, as failed crawls leave) with an image name."""
     path = Path(folder) / name
-    path.write_text(
-        "<html><head><title>404 Not Found</title></head>\n"
-        "<body><h1>Not Found</h1><p>The requested URL was not found on this server.</p></body></html>\n",
-        encoding="ascii",
-    )
+    path.write_text("<html><head><title>404 Not Found</title></head>\n<body><h1>Not Found</h1><p>The requested URL "
+                    "was not found on this server.</p></body></html>\n", encoding="ascii")
     return path
 
 
@@ -101,9 +88,8 @@ def write_pixel_bomb_png(folder: Path, name: str = "pixel_bomb.JPEG", side: int 
     return path
 
 
-def write_pixel_bomb_jpeg(
-    folder: Path, name: str = "pixel_bomb_sof.JPEG", width: int = 65500, height: int = 65500
-) -> Path:
+def write_pixel_bomb_jpeg(folder: Path, name: str = "pixel_bomb_sof.JPEG", width: int = 65500,
+                          height: int = 65500) -> Path:
     """A tiny 16x16 JPEG whose SOF0 header is patched to declare ``width`` x ``height``.
 
     The entropy data is that of 16x16 pixels, so a decoder that trusts the header allocates

@@ -18,18 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import scipy.io
 from PIL import Image
 
-from cachebuild.samples._archive import write_tar_gz
 from cachebuild.samples.broken import write_all_broken
 from cachebuild.samples.photos import imagenet_like_size, photo_bank, render_sample
 
-__all__ = [
-    "IMAGENET_SYNSETS",
-    "VAL_LAYOUTS",
-    "write_imagenet",
-]
+__all__ = ["IMAGENET_SYNSETS", "VAL_LAYOUTS", "write_imagenet"]
 
 VAL_LAYOUTS: tuple[str, ...] = ("folders", "devkit", "kaggle")
 
@@ -70,16 +64,10 @@ IMAGENET_SYNSETS: tuple[tuple[str, str], ...] = (
 # Non-leaf synsets as meta.mat lists them after the 1000 leaves (num_children > 0); readers must
 # skip them. (wnid, words, gloss)
 _INTERNAL_SYNSETS: tuple[tuple[str, str, str], ...] = (
-    (
-        "n00015388",
-        "animal, animate being, beast, brute, creature, fauna",
-        "a living organism characterized by voluntary movement",
-    ),
-    (
-        "n01471682",
-        "vertebrate, craniate",
-        "animals having a bony or cartilaginous skeleton with a segmented spinal column",
-    ),
+    ("n00015388", "animal, animate being, beast, brute, creature, fauna",
+     "a living organism characterized by voluntary movement"),
+    ("n01471682", "vertebrate, craniate",
+     "animals having a bony or cartilaginous skeleton with a segmented spinal column"),
     ("n02512053", "fish", "any of various mostly cold-blooded aquatic vertebrates usually having scales"),
 )
 
@@ -125,85 +113,42 @@ def _write_quirk(path: Path, bank: list, k: int, quirk: str, rng: np.random.Gene
         # a viewer to turn them 90 deg clockwise, which gives the upright (w x h) picture back.
         exif = Image.Exif()
         exif[0x0112] = 6
-        Image.fromarray(np.ascontiguousarray(np.rot90(img, 1))).save(
-            path, format="JPEG", quality=quality, exif=exif.tobytes()
-        )
+        Image.fromarray(np.ascontiguousarray(np.rot90(img, 1))).save(path, format="JPEG", quality=quality,
+                                                                      exif=exif.tobytes())
     else:
         raise ValueError(f"unknown quirk {quirk!r}; expected one of {_QUIRK_KINDS}")
     return {"path": path, "label": k, "size": (w, h), "kind": quirk, "quality": quality, "upright": img}
 
 
-def _write_meta_mat(
-    path: Path, wnids: list[str], words: list[str], ids: list[int], n_train: list[int]
-) -> None:
+def _write_meta_mat(path: Path, wnids: list[str], words: list[str], ids: list[int], n_train: list[int]) -> None:
     """``meta.mat`` with a 1-column ``synsets`` struct array in the real field order."""
-    fields = [
-        "ILSVRC2012_ID",
-        "WNID",
-        "words",
-        "gloss",
-        "num_children",
-        "children",
-        "wordnet_height",
-        "num_train_images",
-    ]
+    fields = ["ILSVRC2012_ID", "WNID", "words", "gloss", "num_children", "children", "wordnet_height",
+              "num_train_images"]
     n_leaf = len(wnids)
     rows: list[tuple[Any, ...]] = []
-    # Leaves, ordered by their ILSVRC2012_ID (which is not wnid order).
-    order = sorted(range(n_leaf), key=lambda i: ids[i])
-    for i in order:
-        rows.append(
-            (
-                np.array([[float(ids[i])]]),
-                wnids[i],
-                words[i],
-                f"gloss of {words[i].split(', ')[0]}",
-                np.array([[0.0]]),
-                np.zeros((1, 0)),
-                np.array([[0.0]]),
-                np.array([[float(n_train[i])]]),
-            )
-        )
+    for i in sorted(range(n_leaf), key=lambda i: ids[i]):  # leaves by their ILSVRC2012_ID (not wnid order)
+        rows.append((np.array([[float(ids[i])]]), wnids[i], words[i], f"gloss of {words[i].split(', ')[0]}",
+                     np.array([[0.0]]), np.zeros((1, 0)), np.array([[0.0]]), np.array([[float(n_train[i])]])))
     # Internal nodes after the leaves, the last one (the root) parent of all leaves.
     for j, (wnid, word, gloss) in enumerate(_INTERNAL_SYNSETS):
         own_id = n_leaf + j + 1
-        children = (
-            np.arange(1, n_leaf + 1, dtype=float)
-            if j == len(_INTERNAL_SYNSETS) - 1
-            else np.array([float(own_id + 1)])
-        )
-        rows.append(
-            (
-                np.array([[float(own_id)]]),
-                wnid,
-                word,
-                gloss,
-                np.array([[float(children.size)]]),
-                children.reshape(1, -1),
-                np.array([[float(len(_INTERNAL_SYNSETS) - j)]]),
-                np.array([[float(sum(n_train))]]),
-            )
-        )
+        last = j == len(_INTERNAL_SYNSETS) - 1
+        children = np.arange(1, n_leaf + 1, dtype=float) if last else np.array([float(own_id + 1)])
+        rows.append((np.array([[float(own_id)]]), wnid, word, gloss, np.array([[float(children.size)]]),
+                     children.reshape(1, -1), np.array([[float(len(_INTERNAL_SYNSETS) - j)]]),
+                     np.array([[float(sum(n_train))]])))
     synsets = np.empty((len(rows), 1), dtype=[(f, object) for f in fields])
     for r, row in enumerate(rows):
         synsets[r, 0] = row
+    import scipy.io  # a devkit layout only: `cachebuild sample` writes class folders
+
     path.parent.mkdir(parents=True, exist_ok=True)
     scipy.io.savemat(str(path), {"synsets": synsets}, format="5")
 
 
-def write_imagenet(
-    root: Path,
-    n_classes: int = 10,
-    train_per_class: int = 20,
-    val_per_class: int = 5,
-    val_layout: str = "folders",
-    seed: int = 0,
-    *,
-    kaggle_tree: bool = False,
-    quirks: bool = False,
-    broken: bool = False,
-    devkit_tar: bool = False,
-) -> dict[str, Any]:
+def write_imagenet(root: Path, n_classes: int = 10, train_per_class: int = 20, val_per_class: int = 5,
+                   val_layout: str = "folders", seed: int = 0, *, kaggle_tree: bool = False, quirks: bool = False,
+                   broken: bool = False) -> dict[str, Any]:
     """Write an ILSVRC2012-layout tree under ``root``; deterministic from ``seed``.
 
     Classes are the first ``n_classes`` real wnids (label = index in sorted wnid order, as
@@ -214,8 +159,7 @@ def write_imagenet(
     ``quirks=True`` adds to the train folders of classes 0, 1, 2, 3 (cycling when fewer) one CMYK
     JPEG, one PNG named ``.JPEG``, one grayscale JPEG and one JPEG with EXIF orientation 6.
     ``broken=True`` adds the files of :func:`~cachebuild.samples.broken.write_all_broken` to the
-    train folder of the last class (named ``<wnid>_broken_*.JPEG``). ``devkit_tar=True`` (devkit
-    layout) also packs the devkit folder as ``ILSVRC2012_devkit_t12.tar.gz``, as it is downloaded.
+    train folder of the last class (named ``<wnid>_broken_*.JPEG``).
 
     Returns a dict: ``root``, ``train_dir``, ``val_dir``, ``val_layout``, ``wnids``, ``words``,
     ``train`` and ``val`` (lists of dicts with ``path``, ``label``, ``wnid``, ``size`` = displayed
@@ -237,18 +181,8 @@ def write_imagenet(
     data_root = root / "ILSVRC" / "Data" / "CLS-LOC" if kaggle_tree else root
     train_dir, val_dir = data_root / "train", data_root / "val"
 
-    out: dict[str, Any] = {
-        "root": root,
-        "train_dir": train_dir,
-        "val_dir": val_dir,
-        "val_layout": val_layout,
-        "wnids": wnids,
-        "words": words,
-        "train": [],
-        "val": [],
-        "quirks": {},
-        "broken": {},
-    }
+    out: dict[str, Any] = {"root": root, "train_dir": train_dir, "val_dir": val_dir, "val_layout": val_layout,
+                           "wnids": wnids, "words": words, "train": [], "val": [], "quirks": {}, "broken": {}}
 
     _write_train(out, bank, rng, train_per_class, quirks)
     if broken:
@@ -257,7 +191,7 @@ def write_imagenet(
     val_labels = rng.permutation(np.repeat(np.arange(n_classes), val_per_class))
     _write_val(out, bank, rng, val_labels)
     if val_layout == "devkit":
-        _write_devkit(out, rng, val_labels, devkit_tar)
+        _write_devkit(out, rng, val_labels)
     elif val_layout == "kaggle":
         _write_kaggle_solution(out, rng)
     return out
@@ -297,7 +231,7 @@ def _write_val(out: dict[str, Any], bank: Any, rng: np.random.Generator, val_lab
         out["val"].append(entry)
 
 
-def _write_devkit(out: dict[str, Any], rng: np.random.Generator, val_labels: np.ndarray, tar: bool) -> None:
+def _write_devkit(out: dict[str, Any], rng: np.random.Generator, val_labels: np.ndarray) -> None:
     """The devkit: meta.mat (ILSVRC2012_IDs not in wnid order) and the val ground truth, one ID a line."""
     root, wnids, n_classes = out["root"], out["wnids"], len(out["wnids"])
     ilsvrc_ids = (rng.permutation(n_classes) + 1).tolist()  # real IDs are not in wnid order
@@ -308,9 +242,6 @@ def _write_devkit(out: dict[str, Any], rng: np.random.Generator, val_labels: np.
     gt.write_text("".join(f"{ilsvrc_ids[k]}\n" for k in val_labels.tolist()), encoding="ascii")
     out.update(meta_mat=data_dir / "meta.mat", ground_truth=gt,
                ilsvrc_ids={wnids[k]: ilsvrc_ids[k] for k in range(n_classes)})
-    if tar:
-        out["devkit_tar"] = root / "ILSVRC2012_devkit_t12.tar.gz"
-        write_tar_gz(root / "ILSVRC2012_devkit_t12", out["devkit_tar"])
 
 
 def _write_kaggle_solution(out: dict[str, Any], rng: np.random.Generator) -> None:

@@ -1,10 +1,9 @@
 """Real photographs shipped inside PyPI wheels, and the crops the sample datasets are cut from.
 
-No data set can be downloaded where cachebuild is tested, so the sample ImageNet / CIFAR trees are
-made from the colour photographs that ``scikit-image`` (and, when installed, ``scikit-learn``) carry
-inside their wheels. Class ``k`` always draws its pictures from one photograph (or one region of
-it), with a random crop position, scale, aspect, flip and a mild colour jitter, so the classes are
-learnable and no two samples are equal.
+No data set can be downloaded where cachebuild is tested, so the sample trees are made from the colour
+photographs that ``scikit-image`` and ``scikit-learn`` carry inside their wheels. Class ``k`` always draws its
+pictures from one photograph (or one region of it), with a random crop position, scale, aspect, flip and a mild
+colour jitter, so the classes are learnable and no two samples are equal.
 """
 
 from __future__ import annotations
@@ -15,42 +14,29 @@ import math
 import cv2
 import numpy as np
 
-__all__ = [
-    "class_region",
-    "imagenet_like_size",
-    "photo_bank",
-    "render_sample",
-]
+from cachebuild.errors import CacheBuildError
+
+__all__ = ["class_region", "imagenet_like_size", "photo_bank", "render_sample"]
 
 # skimage.data loaders that read a colour photograph bundled with the wheel (no pooch download).
-_SKIMAGE_PHOTOS: tuple[str, ...] = (
-    "astronaut",
-    "chelsea",
-    "coffee",
-    "rocket",
-    "hubble_deep_field",
-    "retina",
-    "immunohistochemistry",
-    "stereo_motorcycle",
-)
+_SKIMAGE_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "retina", "immunohistochemistry",
+                   "stereo_motorcycle")
 
 
 @functools.lru_cache(maxsize=1)
 def _load_bank() -> tuple[tuple[str, np.ndarray], ...]:
-    import skimage.data
-
+    try:  # both: without scikit-learn's two photos every class would be cut from another photo
+        import skimage.data
+        from sklearn.datasets import load_sample_images
+    except ImportError:
+        raise CacheBuildError("the sample photos ship in scikit-image and scikit-learn: "
+                              "pip install 'cachebuild[samples]'") from None
     photos: list[tuple[str, np.ndarray]] = []
     for name in _SKIMAGE_PHOTOS:
         img = getattr(skimage.data, name)()
         if isinstance(img, tuple):  # stereo_motorcycle -> (left, right, disparity)
             img = img[0]
         photos.append((name, img))
-    try:  # required, not optional: without its two photos every class would be cut differently
-        from sklearn.datasets import load_sample_images
-    except ImportError as e:
-        raise ImportError(
-            "the built-in sample needs scikit-learn's sample photos: pip install 'cachebuild[samples]'"
-        ) from e
     bunch = load_sample_images()
     for fname, img in zip(bunch.filenames, bunch.images, strict=True):
         stem = fname.replace("\\", "/").rsplit("/", 1)[-1].rsplit(".", 1)[0]
@@ -103,17 +89,8 @@ def _class_tint(k: int) -> np.ndarray:
     return (1.0 + 0.5 * np.cos(2.0 * math.pi * (hue - phases))).astype(np.float32)
 
 
-def render_sample(
-    bank: list[tuple[str, np.ndarray]],
-    k: int,
-    out_w: int,
-    out_h: int,
-    rng: np.random.Generator,
-    *,
-    scale: tuple[float, float] = (0.35, 1.0),
-    tint: float = 0.0,
-    jitter: float = 0.1,
-) -> np.ndarray:
+def render_sample(bank: list[tuple[str, np.ndarray]], k: int, out_w: int, out_h: int, rng: np.random.Generator, *,
+                  scale: tuple[float, float] = (0.35, 1.0), tint: float = 0.0, jitter: float = 0.1) -> np.ndarray:
     """One ``(out_h, out_w, 3)`` uint8 RGB picture of class ``k``.
 
     A random crop of the class's region (area fraction in ``scale`` of the largest crop with the

@@ -10,18 +10,15 @@ claim is still its own before it writes the file table and the manifest, and wri
 ``If-None-Match: *``: a push that lost its claim never publishes.
 
 A marker's holder is gone when it is a process of this host that no longer runs (or this process, whose push
-of it ended), when the marker was last renewed more than the claim's lifetime ago by the store's clock and ours
-(a holder on another host that stopped), or when it names no holder (a push that failed gives its marker up
-so, and a release before claims wrote none). A holder
-stops uploading on its own once its last renewal is older than half of that, so a takeover never meets its
-writes. So a push killed at any point and rerun on the same host resumes at once; rerun elsewhere, after
-the lifetime: ``CACHEBUILD_PUSH_STALE_S`` seconds (default 300), read when a push starts
-(:mod:`cachebuild.settings`), so that the lifetime, the holder's own limit and its renewals always agree.
+of it ended), when the marker was last renewed more than the claim's lifetime ago by the store's clock (a
+holder on another host that stopped), or when it names no holder (a push that failed gives its marker up so).
+A holder stops uploading on its own once its last renewal is older than half of that, so a takeover never
+meets its writes. A push killed at any point and rerun on the same host resumes at once; rerun elsewhere,
+after the lifetime: ``CACHEBUILD_PUSH_STALE_S`` seconds, read when a push starts (:mod:`cachebuild.settings`).
 
 Stores without conditional writes (plain HTTP PUT servers, and every store but S3 here:
-:attr:`~cachebuild.storage.Location.conditional_writes`) get the
-same checks with plain writes: a holder that is alive is refused, but two pushes that start in the same
-instant are not locked out; the push warns once. Run one push at a time against those.
+:attr:`~cachebuild.storage.Location.conditional_writes`) get the same checks with plain writes: a holder that
+is alive is refused, but two pushes that start in the same instant are not locked out; the push warns once.
 """
 
 from __future__ import annotations
@@ -71,7 +68,7 @@ def _gone(doc: dict[str, Any], info: dict[str, Any], stale_s: float) -> bool:
     """Whether the holder of the marker ``doc`` (with the store's ``info`` of it) no longer pushes."""
     h = doc.get("holder")
     if not isinstance(h, dict) or not isinstance(h.get("pid"), int):
-        return True  # given up by a push that failed, or a marker of a release before claims
+        return True  # given up by a push that failed, or a marker that names no holder
     if h.get("host") == current_host():
         if h["pid"] == os.getpid():
             return doc.get("token") not in _ACTIVE
@@ -80,7 +77,7 @@ def _gone(doc: dict[str, Any], info: dict[str, Any], stale_s: float) -> bool:
         # alive: still pushing, or a long-lived process (a notebook) whose push died without a word
     modified = info.get("LastModified")
     if not isinstance(modified, _dt.datetime):
-        return True  # a store that does not say when (plain HTTP): as before claims, the rerun takes over
+        return True  # a store that does not say when (plain HTTP): the rerun takes over
     return (_dt.datetime.now(_dt.timezone.utc) - modified).total_seconds() > stale_s
 
 

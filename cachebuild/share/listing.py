@@ -19,7 +19,7 @@ from cachebuild.storage import Location, open_location
 from cachebuild.storage.cache import parse_manifest
 from cachebuild.storage.locations import REPLACED_MARK
 
-__all__ = ["Found", "cache_summary", "find_caches", "format_table", "list_caches"]
+__all__ = ["Found", "cache_bytes", "cache_summary", "find_caches", "format_table", "list_caches"]
 
 MAX_DEPTH = 4
 
@@ -65,9 +65,11 @@ def find_caches(location: Location, max_depth: int = MAX_DEPTH) -> list[Found]:
     return sorted(found, key=lambda f: f.path)
 
 
-def _cache_bytes(location: Location, manifest: Manifest) -> int | None:
-    if manifest.files:
-        return int(manifest.files["bytes"])
+def cache_bytes(location: Location, manifest: Manifest) -> int | None:
+    """The bytes of a cache's data: its file table's total and its columns, else what the folder lists (None
+    when a server lists no sizes)."""
+    if manifest.files:  # columns are outside the file table (docs/FORMAT.md)
+        return int(manifest.files["bytes"]) + sum(c.size for c in manifest.columns.values())
     try:
         sizes = location.list_files().values()
     except (OSError, RemoteError):
@@ -88,13 +90,11 @@ def cache_summary(location: Location, found: Found) -> dict[str, Any]:
     m = manifest
     row.update({
         "dataset": m.dataset, "split": m.split, "shape": list(m.shape), "fit": m.fit, "storage": m.storage,
-        "count": m.count, "bytes": _cache_bytes(location, m), "created": m.created,
+        "count": m.count, "bytes": cache_bytes(location, m), "created": m.created,
         "version": m.tool.get("version"), "fingerprint": m.build_key[:12], "build_key": m.build_key,
         "source_fingerprint": m.source.get("fingerprint"), "built_by": m.built_by or None,
         "columns": {n: {"dtype": c.dtype, "shape": list(c.shape)} for n, c in sorted(m.columns.items())},
     })
-    if row["bytes"] is not None and m.files:  # columns are outside the file table (docs/FORMAT.md)
-        row["bytes"] += sum(c.size for c in m.columns.values())
     return row
 
 

@@ -1,15 +1,14 @@
 """``cachebuild pull URL DEST``: copy a cache (or a folder of splits) to a local folder, checked and atomic.
 
-Files arrive in ``<DEST>.partial/`` (each checked whole on arrival: ``cachebuild.share.transfer``), the
-file table and then the manifest are written last, and the folder is renamed to ``DEST``: an interrupted
-pull never looks like a cache. The staging folder records which source manifest it is filling
-(``pull.json``); rerun, the same pull keeps every file already there (each was renamed into place only
-after it matched its checksum, and fsynced) and fetches the rest. A ``DEST`` holding a different cache is
-replaced only with ``force``, the way ``--force`` replaces a build (jobs reading the old one keep it); a
-``DEST`` that is not a cache is never replaced, nor one holding files its manifest does not name, nor a
-``DEST.partial`` we did not make (``cachebuild.builder.destination``, as for a build). A ``DEST`` holding this cache
-with a file missing or of the wrong size is not "up to date": ``force`` pulls it again. The same lock as a
-build of ``DEST`` is held throughout.
+Files arrive in ``<DEST>.partial/`` (each checked whole on arrival: :mod:`cachebuild.share.transfer`), the file
+table and then the manifest are written last, and the folder is renamed to ``DEST``: an interrupted pull never
+looks like a cache. The staging folder records which source manifest it is filling (``pull.json``); rerun, the
+same pull keeps every file already there (each was renamed into place only after it matched its checksum, and
+fsynced) and fetches the rest. A ``DEST`` holding a different cache is replaced only with ``force``, as
+``--force`` replaces a build (jobs reading the old one keep it); a ``DEST`` that is not a cache is never
+replaced, nor one holding files its manifest does not name, nor a ``DEST.partial`` we did not make
+(:mod:`cachebuild.builder.destination`). A ``DEST`` holding this cache with a file missing or of the wrong
+size is not up to date: ``force`` pulls it again. The same lock as a build of ``DEST`` is held throughout.
 """
 
 from __future__ import annotations

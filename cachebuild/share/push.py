@@ -1,22 +1,19 @@
 """``cachebuild push SRC URL``: copy a local cache (or a folder of splits) to a URL prefix, manifest last.
 
 Object stores have no rename, so the order is the guarantee: while a push runs, the prefix holds a marker
-(``push-in-progress.json``, naming the manifest being pushed) and no ``manifest.json``; the data files go
-first (each checked against the file table before it leaves: a damaged local cache is not spread), then
-the file table, then the manifest, then the marker is removed. A reader of the URL sees either no cache
-or the complete one. Rerun after an interruption, a push trusts the files the marker vouches for when
-their size matches (an object store creates an object only when its upload completes) and sends the rest.
+(``push-in-progress.json``, naming the manifest being pushed; :mod:`cachebuild.share.claim`) and no
+``manifest.json``; the data files go first (each checked against the file table before it leaves: a damaged
+local cache is not spread), then the file table, then the manifest, then the marker is removed. A reader of
+the URL sees either no cache or the complete one. Rerun after an interruption, a push trusts the files the
+marker vouches for when their size matches (an object store creates an object only when its upload
+completes) and sends the rest.
 
-Replacing a different cache at the URL needs ``force``, and is done only to a cachebuild manifest (another
-tool's ``manifest.json``, or one that is not JSON, is never replaced). The marker goes first, naming the old
-files to delete; then the old manifest is removed (new readers then see no cache until the new one is
-complete), then the old files that the new cache does not hold identically (same name, size and digest, by
-the same algorithm, in both file tables) are deleted, then the push proceeds as above. Interrupted anywhere
-in that, the rerun finds the marker and finishes the deletions before it sends anything.
-Jobs that opened the old cache from the URL *before* get errors naming the files that vanished or changed
-(their reads are pinned to the versions they opened: ``cachebuild.storage.remote.pinning``), never the new bytes:
-a remote cache has no ``.replaced-*`` copy to keep reading. To replace a cache that jobs are reading, push
-to a new prefix and point the jobs there.
+Replacing a different cache at the URL needs ``force``, and is done only to a cachebuild manifest. The marker
+goes first, naming the old files to delete; then the old manifest (new readers see no cache until the new one
+is complete), then the old files the new cache does not hold identically (same name, size and digest, by the
+same algorithm); interrupted anywhere in that, the rerun finishes the deletions before it sends anything. Jobs
+that opened the old cache from the URL get errors naming the files that vanished or changed (their reads are
+pinned to the versions they opened), never the new bytes: to replace a cache in use, push to a new prefix.
 
 A local destination is a pull from ``SRC`` (same checks, atomic rename).
 """

@@ -1,18 +1,15 @@
 """Moving a cache's files between a location and a local folder: in parallel, one file per task, each file
-checked whole against its expected size and digest, one progress bar for all of them.
+checked whole against its expected size and digest, one progress bar for all of them (``docs/sharing.md``,
+"Push, pull and what they check").
 
-What a transfer checks, per file (``docs/sharing.md``, "Push, pull and what they check"):
+A cache with a file table (``files.json``) is checked file by file: size and digest (by the cache's own
+algorithm) against the table, whose own digest is in the manifest. A download is written under a temporary
+name and renamed into place (fsynced) only when both match; an upload leaves only after the local file
+matched. A file that fails is named and skipped; the others go on. An older cache without a table is checked
+by size where the store lists one, then verified whole by its backend before it is installed.
 
-- caches with a file table (``files.json``, every cache built since it exists): the size and the digest of
-  the file's bytes (by the cache's own algorithm: sha256 before format version 4, xxh3-128 since), against the
-  table, whose own digest is in the manifest. A download is written under a
-  temporary name and renamed into place (fsynced) only when both match; an upload leaves only after the
-  local file matched. A file that fails is named and skipped; the others go on.
-- older caches (no table): the size, where the store lists one; the whole cache is then verified with its
-  backend (pixels re-hashed against the manifest) before it is installed.
-
-Downloads of files over 16 MB go in 16 MB range requests, so a dropped connection costs one range (each is
-retried by the location), and memory stays bounded whatever the shard size.
+Downloads of files over :data:`PIECE_BYTES` go in range requests of that size, so a dropped connection costs
+one range (each retried by the location) and memory stays bounded whatever the shard size.
 """
 
 from __future__ import annotations

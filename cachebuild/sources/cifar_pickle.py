@@ -1,15 +1,13 @@
 """Read the CIFAR-10 / CIFAR-100 "python version" batches without running code from them.
 
-The batches are Python 2 pickles. ``pickle.load`` will call any global a file names, so a crafted
-batch could run ``os.system`` on load. :class:`RestrictedUnpickler` admits only the few numpy
-constructors the format holds, each mapped to numpy's object by hand (``numpy.core`` is not
-imported: it is deprecated in numpy 2). Anything else raises :class:`CifarUnsafePickleError`
-before it is called.
+The batches are Python 2 pickles, and ``pickle.load`` calls any global a file names, so a crafted batch could
+run ``os.system``. :class:`RestrictedUnpickler` admits only the few numpy constructors the format holds, each
+mapped to numpy's object by hand (``numpy.core`` is deprecated in numpy 2 and never imported); anything else
+raises :class:`CifarUnsafePickleError` before it is called.
 
-Accepted ``root``: the folder holding ``cifar-10-batches-py/`` (as torchvision takes it), that
-folder itself, a folder holding only ``cifar-10-python.tar.gz``, or the ``.tar.gz`` itself, whose
-members are read in memory (nothing is extracted). The result equals torchvision's ``.data`` /
-``.targets`` / ``.classes`` for the same files.
+``root`` is the folder holding ``cifar-10-batches-py/`` (as torchvision takes it), that folder itself, a folder
+holding only ``cifar-10-python.tar.gz``, or the ``.tar.gz``, whose members are read in memory (nothing is
+extracted). The result equals torchvision's ``.data`` / ``.targets`` / ``.classes`` for the same files.
 """
 
 from __future__ import annotations
@@ -27,17 +25,8 @@ import numpy as np
 
 from cachebuild.errors import OptionError, SourceError
 
-__all__ = [
-    "CIFAR_VARIANTS",
-    "CifarFormatError",
-    "CifarNotFoundError",
-    "CifarSplit",
-    "CifarUnsafePickleError",
-    "RestrictedUnpickler",
-    "cifar_source_files",
-    "load_cifar_split",
-    "restricted_loads",
-]
+__all__ = ["CIFAR_VARIANTS", "CifarFormatError", "CifarNotFoundError", "CifarSplit", "CifarUnsafePickleError",
+           "RestrictedUnpickler", "load_cifar_split", "restricted_loads"]
 
 Variant = Literal["cifar10", "cifar100"]
 Split = Literal["train", "test"]
@@ -56,26 +45,11 @@ class _Layout:
 
 
 CIFAR_VARIANTS: dict[str, _Layout] = {
-    "cifar10": _Layout(
-        folder="cifar-10-batches-py",
-        archive="cifar-10-python.tar.gz",
-        meta="batches.meta",
-        train=tuple(f"data_batch_{i}" for i in range(1, 6)),
-        test=("test_batch",),
-        label_key="labels",
-        names_key="label_names",
-        n_classes=10,
-    ),
-    "cifar100": _Layout(
-        folder="cifar-100-python",
-        archive="cifar-100-python.tar.gz",
-        meta="meta",
-        train=("train",),
-        test=("test",),
-        label_key="fine_labels",
-        names_key="fine_label_names",
-        n_classes=100,
-    ),
+    "cifar10": _Layout(folder="cifar-10-batches-py", archive="cifar-10-python.tar.gz", meta="batches.meta",
+                       train=tuple(f"data_batch_{i}" for i in range(1, 6)), test=("test_batch",),
+                       label_key="labels", names_key="label_names", n_classes=10),
+    "cifar100": _Layout(folder="cifar-100-python", archive="cifar-100-python.tar.gz", meta="meta", train=("train",),
+                        test=("test",), label_key="fine_labels", names_key="fine_label_names", n_classes=100),
 }
 _N_COARSE = 20
 _ROW = 3 * 32 * 32
@@ -91,10 +65,6 @@ class CifarNotFoundError(CifarFormatError, FileNotFoundError):
 
 class CifarUnsafePickleError(CifarFormatError):
     """A batch file that names a global outside the CIFAR format; nothing from it was called."""
-
-
-# --------------------------------------------------------------------------------------------------
-# Restricted unpickling
 
 
 def _codecs_encode(obj: str, encoding: str = "utf-8", errors: str = "strict") -> bytes:
@@ -143,11 +113,10 @@ class RestrictedUnpickler(pickle.Unpickler):
         try:
             return allowed[(module, name)]
         except KeyError:
-            raise CifarUnsafePickleError(
-                f"{self.source}: refusing to load global {module}.{name}: a CIFAR batch holds only "
-                f"numpy arrays, lists, ints and strings (allowed: "
-                f"{', '.join(sorted(f'{m}.{n}' for m, n in allowed))}); nothing was run"
-            ) from None
+            raise CifarUnsafePickleError(f"{self.source}: refusing to load global {module}.{name}: a CIFAR batch "
+                                         f"holds only numpy arrays, lists, ints and strings (allowed: "
+                                         f"{', '.join(sorted(f'{m}.{n}' for m, n in allowed))}); nothing was "
+                                         f"run") from None
 
     def persistent_load(self, pid: Any) -> Any:
         raise CifarUnsafePickleError(f"{self.source}: persistent id {pid!r} is not part of the CIFAR format")
@@ -160,13 +129,7 @@ def restricted_loads(data: bytes, source: str) -> Any:
     except CifarFormatError:
         raise
     except Exception as exc:  # truncated, not a pickle, bad opcode, numpy refusing a state...
-        raise CifarFormatError(
-            f"{source}: not a readable CIFAR pickle ({type(exc).__name__}: {exc})"
-        ) from exc
-
-
-# --------------------------------------------------------------------------------------------------
-# Locating files
+        raise CifarFormatError(f"{source}: not a readable CIFAR pickle ({type(exc).__name__}: {exc})") from exc
 
 
 @dataclass(frozen=True)
@@ -182,25 +145,20 @@ def _resolve(root: Path, layout: _Layout) -> _Source:
     root = Path(root)
     if root.is_file():
         if not tarfile.is_tarfile(root):
-            raise CifarFormatError(
-                f"{root}: expected a folder or a .tar.gz holding {layout.folder}/, "
-                f"got a file that is not a tar archive"
-            )
+            raise CifarFormatError(f"{root}: expected a folder or a .tar.gz holding {layout.folder}/, got a file that "
+                                   f"is not a tar archive")
         return _Source(None, root, layout.folder)
     if not root.is_dir():
-        raise CifarNotFoundError(
-            f"{root}: no such folder or archive (expected the folder holding "
-            f"{layout.folder}/, that folder itself, or {layout.archive})"
-        )
+        raise CifarNotFoundError(f"{root}: no such folder or archive (expected the folder holding {layout.folder}/, "
+                                 f"that folder itself, or {layout.archive})")
     if (root / layout.folder).is_dir():
         return _Source(root / layout.folder, None, layout.folder)
     if (root / layout.meta).is_file():
         return _Source(root, None, layout.folder)
     if (root / layout.archive).is_file():
         return _Source(None, root / layout.archive, layout.folder)
-    raise CifarNotFoundError(
-        f"{root}: found neither {layout.folder}/, its files ({layout.meta}, ...), nor {layout.archive}"
-    )
+    raise CifarNotFoundError(f"{root}: found neither {layout.folder}/, its files ({layout.meta}, ...), nor "
+                             f"{layout.archive}")
 
 
 def _open_tar(path: Path | None) -> tarfile.TarFile:
@@ -216,9 +174,7 @@ def _read_all(src: _Source, names: tuple[str, ...]) -> Iterator[tuple[str, str, 
         for name in names:
             path = src.folder / name
             if not path.is_file():
-                raise CifarNotFoundError(
-                    f"{path}: batch file missing (expected {', '.join(names)} in {src.folder})"
-                )
+                raise CifarNotFoundError(f"{path}: batch file missing (expected {', '.join(names)} in {src.folder})")
             yield name, str(path), path.read_bytes()
         return
     with _open_tar(src.archive) as tar:
@@ -231,9 +187,8 @@ def _read_all(src: _Source, names: tuple[str, ...]) -> Iterator[tuple[str, str, 
             display = f"{src.archive}::{key}"
             found = members.get(key)
             if found is None:
-                raise CifarNotFoundError(
-                    f"{display}: member missing (expected {', '.join(names)} under {src.top}/ in the archive)"
-                )
+                raise CifarNotFoundError(f"{display}: member missing (expected {', '.join(names)} under {src.top}/ in "
+                                         f"the archive)")
             if not found.isfile():  # links, devices, folders: never followed
                 raise CifarFormatError(f"{display}: expected a regular file member, got tar type {found.type!r}")
             fh = tar.extractfile(found)
@@ -245,23 +200,18 @@ def _read_all(src: _Source, names: tuple[str, ...]) -> Iterator[tuple[str, str, 
 
 def _str_keys(obj: Any, source: str, what: str) -> dict[str, Any]:
     if not isinstance(obj, dict):
-        raise CifarFormatError(
-            f"{source}: expected the pickle to hold a dict ({what}), got {type(obj).__name__}"
-        )
+        raise CifarFormatError(f"{source}: expected the pickle to hold a dict ({what}), got {type(obj).__name__}")
     return {(k.decode("latin1") if isinstance(k, bytes) else str(k)): v for k, v in obj.items()}
 
 
 def _names(value: Any, source: str, key: str, expected: int) -> list[str]:
     if not isinstance(value, (list, tuple)):
-        raise CifarFormatError(
-            f"{source}: expected {key!r} to be a list of {expected} names, got {type(value).__name__}"
-        )
+        raise CifarFormatError(f"{source}: expected {key!r} to be a list of {expected} names, got "
+                               f"{type(value).__name__}")
     names = [v.decode("latin1") if isinstance(v, bytes) else v for v in value]
     if len(names) != expected or not all(isinstance(n, str) for n in names):
-        raise CifarFormatError(
-            f"{source}: expected {key!r} to hold {expected} strings, got {len(names)} "
-            f"items of types {sorted({type(n).__name__ for n in names})}"
-        )
+        raise CifarFormatError(f"{source}: expected {key!r} to hold {expected} strings, got {len(names)} items of "
+                               f"types {sorted({type(n).__name__ for n in names})}")
     return names
 
 
@@ -271,16 +221,13 @@ def _labels(value: Any, source: str, key: str, n: int, n_classes: int) -> np.nda
     except Exception as exc:
         raise CifarFormatError(f"{source}: {key!r} is not a label list ({exc})") from exc
     if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-        raise CifarFormatError(
-            f"{source}: expected {key!r} to be a flat list of ints, got shape {arr.shape} dtype {arr.dtype}"
-        )
+        raise CifarFormatError(f"{source}: expected {key!r} to be a flat list of ints, got shape {arr.shape} dtype "
+                               f"{arr.dtype}")
     if arr.shape[0] != n:
         raise CifarFormatError(f"{source}: {key!r} holds {arr.shape[0]} labels but 'data' holds {n} images")
     arr = arr.astype(np.int64)
     if arr.size and (arr.min() < 0 or arr.max() >= n_classes):
-        raise CifarFormatError(
-            f"{source}: {key!r} values must be in [0, {n_classes}), got [{arr.min()}, {arr.max()}]"
-        )
+        raise CifarFormatError(f"{source}: {key!r} values must be in [0, {n_classes}), got [{arr.min()}, {arr.max()}]")
     return arr
 
 
@@ -288,15 +235,9 @@ def _data(value: Any, source: str) -> np.ndarray:
     if not isinstance(value, np.ndarray):
         raise CifarFormatError(f"{source}: expected 'data' to be a numpy array, got {type(value).__name__}")
     if value.dtype != np.uint8 or value.ndim != 2 or value.shape[1] != _ROW:
-        raise CifarFormatError(
-            f"{source}: expected 'data' of shape (N, {_ROW}) uint8 (R, G, B 32x32 planes "
-            f"per row), got shape {value.shape} dtype {value.dtype}"
-        )
+        raise CifarFormatError(f"{source}: expected 'data' of shape (N, {_ROW}) uint8 (R, G, B 32x32 planes per row), "
+                               f"got shape {value.shape} dtype {value.dtype}")
     return value
-
-
-# --------------------------------------------------------------------------------------------------
-# Public API
 
 
 @dataclass(frozen=True)
@@ -332,29 +273,7 @@ def _check_args(variant: str, split: str) -> _Layout:
     return CIFAR_VARIANTS[variant]
 
 
-def cifar_source_files(root: Path, variant: Variant, split: Split) -> list[Path]:
-    """The files on disk a split is read from (for a source digest of paths, sizes, mtimes).
-
-    For a folder input: the batch files of ``split`` plus the meta file; for an archive: the archive.
-    Raises :class:`CifarNotFoundError` if one is missing.
-    """
-    layout = _check_args(variant, split)
-    src = _resolve(Path(root), layout)
-    if src.archive is not None:
-        return [src.archive]
-    folder = src.folder if src.folder is not None else Path(root)
-    paths = [folder / n for n in (*getattr(layout, split), layout.meta)]
-    for p in paths:
-        if not p.is_file():
-            raise CifarNotFoundError(f"{p}: batch file missing (expected in {folder})")
-    return paths
-
-
-def load_cifar_split(
-    root: Path | str,
-    variant: Variant = "cifar10",
-    split: Split = "train",
-) -> CifarSplit:
+def load_cifar_split(root: Path | str, variant: Variant = "cifar10", split: Split = "train") -> CifarSplit:
     """Decode one CIFAR split into NHWC uint8 images and int64 labels, without running pickled code.
 
     ``root`` may be the folder holding ``cifar-10-batches-py/`` / ``cifar-100-python/``, that
@@ -374,11 +293,8 @@ def load_cifar_split(
         if key not in meta:
             raise CifarFormatError(f"{meta_display}: missing key {key!r} (found {sorted(meta)})")
     classes = _names(meta[layout.names_key], meta_display, layout.names_key, layout.n_classes)
-    coarse_classes = (
-        _names(meta["coarse_label_names"], meta_display, "coarse_label_names", _N_COARSE)
-        if variant == "cifar100"
-        else None
-    )
+    coarse_classes = _names(meta["coarse_label_names"], meta_display, "coarse_label_names", _N_COARSE) \
+        if variant == "cifar100" else None
 
     datas: list[np.ndarray] = []
     labels: list[np.ndarray] = []
@@ -390,9 +306,8 @@ def load_cifar_split(
         needed = ("data", layout.label_key, *(("coarse_labels",) if variant == "cifar100" else ()))
         missing = [k for k in needed if k not in batch]
         if missing:
-            raise CifarFormatError(
-                f"{display}: missing key(s) {missing} (expected {list(needed)}, found {sorted(batch)})"
-            )
+            raise CifarFormatError(f"{display}: missing key(s) {missing} (expected {list(needed)}, found "
+                                   f"{sorted(batch)})")
         data = _data(batch["data"], display)
         n = data.shape[0]
         datas.append(data)
@@ -403,14 +318,6 @@ def load_cifar_split(
 
     rows = np.concatenate(datas) if len(datas) > 1 else datas[0]
     images = np.ascontiguousarray(rows.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
-    return CifarSplit(
-        variant=variant,
-        split=split,
-        images=images,
-        labels=np.concatenate(labels),
-        coarse_labels=np.concatenate(coarse) if variant == "cifar100" else None,
-        classes=classes,
-        coarse_classes=coarse_classes,
-        files=[blobs[n][0] for n in batch_names],
-        keys=keys,
-    )
+    return CifarSplit(variant=variant, split=split, images=images, labels=np.concatenate(labels),
+                      coarse_labels=np.concatenate(coarse) if variant == "cifar100" else None, classes=classes,
+                      coarse_classes=coarse_classes, files=[blobs[n][0] for n in batch_names], keys=keys)

@@ -1,24 +1,42 @@
-"""Any class-folder tree, with torchvision ``ImageFolder``'s rules for classes, extensions and order."""
+"""Any class-folder tree, local or at a URL (``s3://bucket/images``, ``https://host/images/``), with torchvision
+``ImageFolder``'s rules for classes, extensions and order.
+
+A tree at a URL is listed once and each file read whole in the workers, both through the storage layer's
+locations (their socket timeout, retries and S3 session); index pages' percent-encoded names are decoded, so
+classes, order and keys are those of the local copy.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
-from dataclasses import dataclass
+import posixpath
+import urllib.parse
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from cachebuild.errors import SourceError
 from cachebuild.format.manifest import CACHE_SUBFOLDER
-from cachebuild.sources.image_files import IMG_EXTENSIONS
 from cachebuild.sources.kind import SourceKind, SourceOptions, option
 from cachebuild.sources.plan import Plan, file_plan
-from cachebuild.storage import is_url
+from cachebuild.storage import is_url, redact
+from cachebuild.storage.locations import is_web_url
 
-__all__ = ["IMG_EXTENSIONS", "FolderOptions", "FolderSource", "find_classes", "folder_plan", "list_class_folder"]
+if TYPE_CHECKING:
+    from cachebuild.storage import FsspecLocation
+
+__all__ = ["IMG_EXTENSIONS", "FolderOptions", "FolderSource", "UrlFileReader", "find_classes", "folder_plan",
+           "list_class_folder"]
 
 log = logging.getLogger("cachebuild")
+
+# torchvision.datasets.folder.IMG_EXTENSIONS, matched case-insensitively as ImageFolder does.
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
 def find_classes(root: Path) -> list[str]:
@@ -26,21 +44,34 @@ def find_classes(root: Path) -> list[str]:
     ``.cachebuild/``, the one place inside a source tree where its caches may be written."""
     if not root.is_dir():
         raise SourceError(f"{root} does not exist or is not a folder")
-    with os.scandir(root) as entries:  # ImageFolder's rule, less the folder that may hold caches of this tree
+    with os.scandir(root) as entries:
         classes = sorted(e.name for e in entries if e.is_dir() and e.name != CACHE_SUBFOLDER)
-    if not classes:
-        raise SourceError(f"{root} has no class folders: expected one sub-folder of images per class")
-    return classes
+    return _classes(classes, None, str(root))
+
+
+def _classes(found: list[str], pinned: list[str] | None, where: str) -> list[str]:
+    """The class list: ``found`` (sorted), or ``pinned`` (the other split's) when every found class is in it."""
+    if not found:
+        raise SourceError(f"{where} has no class folders: expected one sub-folder of images per class")
+    unknown = sorted(set(found) - set(pinned or found))
+    if unknown:
+        raise SourceError(f"{where} has class folders {unknown[:5]} that are not among the {len(pinned or ())} "
+                          f"classes of the other split; the splits must share one class list")
+    return pinned or found
+
+
+def _no_images(where: str) -> SourceError:
+    return SourceError(f"{where} has class folders but no image files with extensions {', '.join(IMG_EXTENSIONS)}")
 
 
 def _walk_once(top: Path) -> list[tuple[str, list[str], list[str]]]:
     """``os.walk(top, followlinks=True)`` that lists every real folder at most once.
 
-    Symlinks are followed, as ImageFolder follows them (symlink farms that gather classes from several
-    disks are a normal layout), wherever they point. What is bounded is repetition: a link back to a
-    folder already listed (a loop, which ImageFolder walks until the path is too long: 6 files became
-    2,706 samples) or a second link to one folder adds nothing. Children are visited in sorted order, so
-    which path of a folder is kept does not depend on the listing order.
+    Symlinks are followed, as ImageFolder follows them (symlink farms that gather classes from several disks
+    are a normal layout), wherever they point. What is bounded is repetition: a link back to a folder already
+    listed (a loop, which ImageFolder walks until the path is too long) or a second link to one folder adds
+    nothing. Children are visited in sorted order, so which path of a folder is kept does not depend on the
+    listing order.
     """
     seen: set[tuple[int, int]] = set()
     out = []
@@ -69,7 +100,7 @@ def list_class_folder(root: Path, classes: list[str]) -> tuple[list[str], np.nda
         if not class_dir.is_dir():
             continue
         for dirpath, _, fnames in sorted(_walk_once(class_dir)):
-            prefix = os.path.join(os.path.relpath(dirpath, root), "")  # os.path.join(rel, name), by list
+            prefix = os.path.join(os.path.relpath(dirpath, root), "")
             found = [prefix + f for f in sorted(fnames) if f.lower().endswith(IMG_EXTENSIONS)]
             keys += found
             labels += [idx] * len(found)
@@ -81,26 +112,69 @@ def folder_plan(root: str | os.PathLike[str], *, dataset: str = "folder", split:
     """Plan a class-folder tree, local or at a URL. ``classes`` pins the class list (e.g. a val split labelled
     like train)."""
     if is_url(os.fspath(root)):
-        from cachebuild.sources.url_folder import url_folder_plan
-
-        return url_folder_plan(os.fspath(root), dataset=dataset, split=split, classes=classes)
+        return _url_plan(os.fspath(root).rstrip("/"), dataset, split, classes)
     root = Path(root)
-    found = find_classes(root)
-    if classes is None:
-        classes = found
-    else:
-        unknown = sorted(set(found) - set(classes))
-        if unknown:
-            raise SourceError(
-                f"{root} has class folders {unknown[:5]} that are not among the {len(classes)} classes "
-                f"of the other split; the splits must share one class list"
-            )
+    classes = _classes(find_classes(root), classes, str(root))
     keys, labels = list_class_folder(root, classes)
     if not keys:
-        raise SourceError(
-            f"{root} has class folders but no image files with extensions {', '.join(IMG_EXTENSIONS)}"
-        )
+        raise _no_images(str(root))
     return file_plan(dataset, split, root, keys, labels, classes)
+
+
+@dataclass(frozen=True)
+class UrlFileReader:
+    """Reads ``<root>/<key>`` whole (retries and one-line errors from the storage location)."""
+
+    root: str
+    _location: list[FsspecLocation] = field(default_factory=list, compare=False, repr=False)
+
+    def __call__(self, index: int, key: str) -> bytes:
+        if not self._location:  # the fsspec side is imported where a URL is read, not by a local build
+            from cachebuild.storage import FsspecLocation
+
+            self._location.append(FsspecLocation(self.root))
+        # Keys are file names (decoded, as on disk); an http(s) path needs them percent-encoded again ('#', '%').
+        return self._location[0].read_bytes(urllib.parse.quote(key) if is_web_url(self.root) else key)
+
+
+def _listing(url: str) -> dict[str, Any]:
+    """Relative file name -> its listing (a ``FileInfo``: size, version)."""
+    from cachebuild.storage.locations.url_files import UrlFiles
+
+    files = UrlFiles(url)
+    name_of = urllib.parse.unquote if is_web_url(url) else str
+    try:
+        prefix = name_of(files.path_of(url).rstrip("/"))
+        listed = {}
+        for f in files.find(files.path_of(url).rstrip("/")):  # retried as the storage layer retries
+            rel = name_of(f.path)[len(prefix):].lstrip("/")
+            if rel and not f.is_dir:
+                listed[rel] = f
+        unsized = [r for r, f in listed.items() if f.size is None]  # HTTP index pages give no sizes
+        listed.update(zip(unsized, files.infos([listed[r].url for r in unsized]), strict=True))
+    except Exception as e:  # OSError, and aiohttp's ClientResponseError (403...), which is not one
+        raise SourceError(f"{redact(url)} cannot be listed: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    return listed
+
+
+def _url_plan(root: str, dataset: str, split: str, pinned: list[str] | None) -> Plan:
+    files = _listing(root)
+    tops = {rel.split("/", 1)[0] for rel in files if "/" in rel} - {CACHE_SUBFOLDER}
+    classes = _classes(sorted(tops), pinned, redact(root))
+    index = {c: i for i, c in enumerate(classes)}
+    # ImageFolder's order: class by class, then a sorted walk (folder by folder, files sorted in each).
+    keys = sorted((rel for rel in files if rel.split("/", 1)[0] in tops and "/" in rel
+                   and rel.lower().endswith(IMG_EXTENSIONS)),
+                  key=lambda r: (index[r.split("/", 1)[0]], posixpath.dirname(r), posixpath.basename(r)))
+    if not keys:
+        raise _no_images(redact(root))
+    labels = np.asarray([index[k.split("/", 1)[0]] for k in keys], dtype=np.int64)
+    h = hashlib.sha256(json.dumps({"classes": classes}, sort_keys=True).encode())
+    for key, label in zip(keys, labels.tolist(), strict=True):
+        f = files[key]
+        h.update(f"{key}\0{label}\0{f.size}:{f.version}\n".encode("utf-8", "surrogateescape"))
+    return Plan(dataset=dataset, split=split, root=root, keys=keys, labels=labels, classes=classes,
+                source_digest=h.hexdigest(), reader=UrlFileReader(root))
 
 
 @dataclass(frozen=True)
@@ -120,5 +194,4 @@ class FolderSource(SourceKind):
     def plan(self, src: str, options: FolderOptions, *, classes: list[str] | None = None,
              jobs: int = 1) -> list[Plan]:
         last = src.rstrip("/").rsplit("/", 1)[-1] if is_url(src) else Path(src).resolve().name
-        dataset = options.dataset or last or "folder"
-        return [folder_plan(src, dataset=dataset, split=options.split, classes=classes)]
+        return [folder_plan(src, dataset=options.dataset or last or "folder", split=options.split, classes=classes)]

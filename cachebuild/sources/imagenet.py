@@ -45,10 +45,9 @@ def _locate(src: Path) -> tuple[Path, Path, list[str]]:
         return src, _label_root(src), present
     if src.name in SPLITS:  # one split folder given: labels live beside it (or 3 levels up on Kaggle)
         return src.parent, _label_root(src.parent), [src.name]
-    raise SourceError(
-        f"{src} is not an ImageNet layout: expected train/ and/or val/ inside it (or ILSVRC/Data/CLS-LOC/ "
-        f"for the Kaggle download); for any other class-folder tree use `cachebuild folder`"
-    )
+    raise SourceError(f"{src} is not an ImageNet layout: expected train/ and/or val/ inside it (or "
+                      f"ILSVRC/Data/CLS-LOC/ for the Kaggle download); for any other class-folder tree use "
+                      f"`cachebuild folder`")
 
 
 def _label_root(folder: Path) -> Path:
@@ -62,8 +61,6 @@ def _label_root(folder: Path) -> Path:
 
 def _devkit_labels(meta_root: Path) -> tuple[list[str], dict[int, str], list[int], dict[str, str]]:
     """(leaf wnids, ILSVRC2012_ID -> wnid, ground-truth IDs by val number, wnid -> words) from the devkit."""
-    import scipy.io
-
     folder = meta_root / DEVKIT / "data"
     archive = meta_root / f"{DEVKIT}.tar.gz"
     if folder.is_dir():
@@ -80,6 +77,11 @@ def _devkit_labels(meta_root: Path) -> tuple[list[str], dict[int, str], list[int
             gt_text = member("ILSVRC2012_validation_ground_truth.txt").decode()
     else:
         raise FileNotFoundError(folder)
+    try:
+        import scipy.io
+    except ImportError:
+        raise SourceError(f"{meta_root / DEVKIT}: the devkit's meta.mat is read with scipy, which labels a flat "
+                          f"val/: pip install 'cachebuild[scipy]'") from None
     meta = scipy.io.loadmat(io.BytesIO(meta_bytes), squeeze_me=True)["synsets"]
     id_to_wnid: dict[int, str] = {}
     words: dict[str, str] = {}
@@ -140,11 +142,9 @@ def _flat_val_plan(val_dir: Path, meta_root: Path, train_classes: list[str] | No
         try:
             classes, id_to_wnid, gt, words = _devkit_labels(meta_root)
         except FileNotFoundError:
-            raise SourceError(
-                f"{val_dir} is flat (no class folders) and no labels were found: expected {DEVKIT}/ (or "
-                f"{DEVKIT}.tar.gz) with data/meta.mat and data/ILSVRC2012_validation_ground_truth.txt, or "
-                f"Kaggle's LOC_val_solution.csv, in {meta_root}"
-            ) from None
+            raise SourceError(f"{val_dir} is flat (no class folders) and no labels were found: expected {DEVKIT}/ (or "
+                              f"{DEVKIT}.tar.gz) with data/meta.mat and data/ILSVRC2012_validation_ground_truth.txt, "
+                              f"or Kaggle's LOC_val_solution.csv, in {meta_root}") from None
         label_source = str(meta_root / DEVKIT)
         wnids = []
         for f in files:

@@ -1,9 +1,8 @@
 """What a source kind is: a name, a frozen options dataclass that parses and serialises itself, and ``plan()``.
 
 Registered once in :mod:`cachebuild.sources.registry` (which attaches each plan's recipe, so that ``cachebuild
-status`` can make it again); the ``cachebuild`` build command of a kind is generated from its options'
-fields (:func:`~cachebuild.options.option`, re-exported here, puts the flag, help and choices beside the
-field's one default; :func:`cachebuild.flags.field_options` makes the flags). A new kind::
+status`` can make it again); the build command of a kind is made from its options' fields
+(:func:`~cachebuild.options.option`: flag, help and choices beside the field's one default). A new kind::
 
     @dataclass(frozen=True)
     class ListingOptions(SourceOptions):
@@ -18,7 +17,7 @@ field's one default; :func:`cachebuild.flags.field_options` makes the flags). A 
 
     register_source("listing", ListingSource())  # or one line in registry._KINDS
 
-(``tests/test_sources_registry.py`` builds and re-plans such a kind through the CLI.)
+(``tests/cachebuild/sources/test_sources_registry.py`` builds and re-plans such a kind through the CLI.)
 """
 
 from __future__ import annotations
@@ -28,23 +27,18 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from cachebuild.options import Flag, check_fields, flag_of, option
+from cachebuild.options import Options, option
 from cachebuild.sources.plan import Plan
 
-__all__ = ["Flag", "SourceKind", "SourceOptions", "flag_of", "option"]
+__all__ = ["SourceKind", "SourceOptions", "option"]
 
 O = TypeVar("O", bound="SourceOptions")
 
 
 @dataclass(frozen=True)
-class SourceOptions:
-    """Base of the options of a source kind: JSON values, checked when made, flat ``to_dict``/``from_dict``
-    (a kind whose recorded recipes nest some fields overrides both)."""
-
-    def __post_init__(self) -> None:
-        """Each flagged field checked as it is declared (its annotation's type, its choices), so a recipe or
-        call that cannot plan fails here, naming the field."""
-        check_fields(self)
+class SourceOptions(Options):
+    """Base of the options of a source kind: JSON values, checked when made (so a recipe or call that cannot plan
+    fails naming the field), flat ``to_dict``/``from_dict`` (a kind whose recipes nest some fields overrides both)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: _json(getattr(self, f.name)) for f in dataclasses.fields(self)}

@@ -1,6 +1,6 @@
 """``cachebuild parity CACHE --source SRC``: parse, check, run the checks of :mod:`loaders.parity`.
 
-Made from :class:`ParityOptions` (:func:`cachebuild.flags.field_options`): each flag declared once, on its
+Made from :class:`ParityOptions` (:func:`cachebuild.options.field_options`): each flag declared once, on its
 field. Registered under the ``cachebuild.commands`` entry points (pyproject.toml), like ``train``. Exit 0
 when every check passes, 1 when one fails (each named on its line), 2 on bad input (with the reason).
 """
@@ -17,8 +17,7 @@ import click
 import numpy as np
 
 from cachebuild.errors import CacheBuildError, OptionError
-from cachebuild.flags import field_options
-from cachebuild.options import REQUIRED, check_fields, option
+from cachebuild.options import REQUIRED, check_fields, field_options, option
 
 __all__ = ["ParityOptions", "parity", "run_parity"]
 

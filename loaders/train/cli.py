@@ -1,6 +1,6 @@
 """``cachebuild train`` / ``python -m loaders.train`` / ``torchrun -m loaders.train``: parse, check, call ``fit``.
 
-The command is made from ``TrainConfig``'s fields (:func:`cachebuild.flags.field_options`): a flag's name,
+The command is made from ``TrainConfig``'s fields (:func:`cachebuild.options.field_options`): a flag's name,
 help, default, choices and bounds are declared once, on the field, and a new field is a new flag.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from cachebuild.errors import CacheBuildError, OptionError
-from cachebuild.flags import field_options
+from cachebuild.options import field_options
 from loaders.train.config import TrainConfig
 
 __all__ = ["main", "train"]

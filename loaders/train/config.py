@@ -1,7 +1,7 @@
 """``TrainConfig``: every setting of a run, and the one declaration of each training choice.
 
 Each field declares its flag, help, default, choices and bounds once (:func:`cachebuild.options.option`);
-``cachebuild train`` is made from the fields (:func:`cachebuild.flags.field_options`) and ``TrainConfig``
+``cachebuild train`` is made from the fields (:func:`cachebuild.options.field_options`) and ``TrainConfig``
 checks itself against the same declarations. The tuples below are where the choices live. Imports no torch,
 so the CLI can build its options without it.
 """

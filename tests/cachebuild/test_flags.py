@@ -1,6 +1,6 @@
-"""Commands made from options dataclasses (cachebuild.flags.field_options): a field declared with
-cachebuild.options.option is a flag, typed and checked as the dataclass checks itself; a bad value is a usage
-error naming the flag, before anything runs."""
+"""Commands made from options dataclasses (cachebuild.options: option, field_options, command): a field declared
+with option is a flag, typed and checked as the dataclass checks itself; a bad value is a usage error naming the
+flag, before anything runs. Every command is made so."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from cachebuild.errors import OptionError
-from cachebuild.flags import field_options
-from cachebuild.options import REQUIRED, check_fields, option
+from cachebuild.options import REQUIRED, OptionsCommand, check_fields, command, field_options, option, wait_option
 
 
 def _even(value: int) -> None:
@@ -162,3 +161,90 @@ def test_report_flags_are_report_options_fields() -> None:
     assert [p.name for p in report.params] == declared
     with pytest.raises(OptionError, match=r"^per_class must be >= 1"):
         ReportOptions(per_class=0)
+
+
+@dataclass(frozen=True)
+class Build:
+    storage: str = option("npy", "Storage kind.", flag="--format", choices=("npy", "zarr", "jpeg"))
+    jobs: int = option(1, "Workers.", short="-j", min=1)
+    lock_wait: float | None = wait_option()
+    codec: str | None = option(None, None, hidden=True, check=lambda v: _gone(f"--codec {v} is --format {v}"))
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+def _gone(why: str) -> None:
+    raise ValueError(f"no longer a flag: {why}")
+
+
+def test_a_flag_may_name_another_field_a_short_alias_and_a_bare_value() -> None:
+    got: list[Build] = []
+    cmd = command("build", Build, got.append)
+    res = CliRunner().invoke(cmd, ["--format", "zarr", "-j", "2", "--wait"])
+    assert res.exit_code == 0, res.output
+    assert got == [Build(storage="zarr", jobs=2, lock_wait=float("inf"))]  # --wait alone: forever
+    res = CliRunner().invoke(cmd, ["--wait", "2.5"])
+    assert res.exit_code == 0 and got[-1] == Build(lock_wait=2.5)
+    res = CliRunner().invoke(cmd, ["--wait", "soon"])
+    assert res.exit_code == 2 and "Invalid value for '--wait'" in res.output
+    text = CliRunner().invoke(cmd, ["--help"]).output
+    assert "--format [npy|zarr|jpeg]" in text and "-j, --jobs" in text and "--wait [SECONDS]" in text
+    assert "--codec" not in text  # an old spelling: hidden, and an error naming the new one
+    res = CliRunner().invoke(cmd, ["--codec", "jpeg"])
+    assert res.exit_code == 2 and "Invalid value for '--codec': no longer a flag: --codec jpeg is --format jpeg" \
+        in res.output, res.output
+    with pytest.raises(OptionError, match=r"^codec: no longer a flag"):
+        Build(codec="jpeg")
+
+
+def test_a_check_across_fields_is_a_usage_error() -> None:
+    @dataclass(frozen=True)
+    class Span:
+        lo: int = option(0, None)
+        hi: int = option(1, None)
+
+        def __post_init__(self) -> None:
+            check_fields(self)
+            if self.hi <= self.lo:
+                raise OptionError(f"--hi must be above --lo ({self.lo}); got {self.hi}")
+
+    res = CliRunner().invoke(command("span", Span, lambda o: None), ["--lo", "3", "--hi", "2"])
+    assert res.exit_code == 2 and "Error: --hi must be above --lo (3); got 2" in res.output
+
+
+def _own_commands() -> dict[str, click.Command]:
+    import cachebuild.cli as cli
+    from cachebuild.share.cli import commands
+
+    made = {name: cli.main.commands[name] for name in ("info", "verify", "sample")}
+    made.update(commands())
+    group = made.pop("columns")
+    assert isinstance(group, click.Group)
+    made.update({f"columns {n}": c for n, c in group.commands.items()})
+    return made
+
+
+def test_every_command_is_made_from_its_options_dataclass() -> None:
+    """Each command's parameters are exactly its options' declared fields, so each flag is declared once."""
+    made = _own_commands()
+    assert sorted(made) == ["columns add", "columns ls", "columns rm", "info", "ls", "pull", "push", "sample",
+                            "status", "verify"]
+    for name, cmd in made.items():
+        assert isinstance(cmd, OptionsCommand) and dataclasses.is_dataclass(cmd.options), name
+        options = cmd.options
+        assert [p.name for p in cmd.params] == [f.name for f in dataclasses.fields(options) if f.metadata], name
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["ls", "x", "--depth", "17"], "--depth"),
+    (["pull", "a", "b", "--jobs", "0"], "--jobs"),
+    (["push", "a", "b", "--wait", "soon"], "--wait"),
+    (["sample", "x", "--classes", "11"], "--classes"),
+    (["columns", "add", "c", "n", "."], "FILE"),  # a folder
+])
+def test_the_sharing_and_sample_commands_refuse_a_bad_value_naming_the_flag(args: list[str], flag: str) -> None:
+    from cachebuild.cli import main
+
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 2 and f"Invalid value for '{flag}'" in res.output, res.output

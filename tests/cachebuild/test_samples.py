@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import re
 import struct
+import sys
 from pathlib import Path
 from unittest import mock
 
@@ -14,9 +15,10 @@ import scipy.io
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from cachebuild.samples import BROKEN_KINDS, IMAGENET_SYNSETS, photo_bank, write_all_broken, write_imagenet
-from cachebuild.samples.broken import write_pixel_bomb_png
-from cachebuild.samples.photos import class_region, imagenet_like_size, render_sample
+from cachebuild.samples.broken import BROKEN_KINDS, write_all_broken, write_pixel_bomb_png
+from cachebuild.samples.imagenet_layout import IMAGENET_SYNSETS, write_imagenet
+from cachebuild.samples.photos import class_region, imagenet_like_size, photo_bank, render_sample
+from support.archive import write_tar_gz
 
 N_CLASSES, TRAIN, VAL = 4, 6, 3
 
@@ -117,7 +119,8 @@ def test_deterministic_from_seed(tmp_path: Path) -> None:
 
 
 def test_devkit_layout_reads_with_torchvision(tmp_path: Path) -> None:
-    r = write_imagenet(tmp_path, N_CLASSES, 2, VAL, "devkit", seed=2, devkit_tar=True)
+    r = write_imagenet(tmp_path, N_CLASSES, 2, VAL, "devkit", seed=2)
+    write_tar_gz(tmp_path / "ILSVRC2012_devkit_t12", tmp_path / "ILSVRC2012_devkit_t12.tar.gz")  # as downloaded
     val = sorted((tmp_path / "val").iterdir())
     assert [p.name for p in val] == [f"ILSVRC2012_val_{i:08d}.JPEG" for i in range(1, N_CLASSES * VAL + 1)]
     gt = r["ground_truth"].read_text().splitlines()
@@ -244,3 +247,20 @@ def test_broken_files_inside_the_tree(folders_tree: dict) -> None:
     assert set(broken) == set(BROKEN_KINDS)
     last = folders_tree["train_dir"] / folders_tree["wnids"][-1]
     assert all(p.parent == last and p.name.startswith(f"{last.name}_broken_") for p in broken.values())
+
+
+def test_the_sample_command_without_the_samples_extra_names_it(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from cachebuild.cli import main
+    from cachebuild.samples import photos
+
+    photos._load_bank.cache_clear()  # the bank is loaded once per process: make this call load it
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)  # as if not installed: the real guard runs
+    try:
+        res = CliRunner().invoke(main, ["sample", str(tmp_path / "photos")])
+    finally:
+        photos._load_bank.cache_clear()
+    assert res.exit_code == 1 and res.output.strip() == (
+        "Error: the sample photos ship in scikit-image and scikit-learn: pip install 'cachebuild[samples]'")

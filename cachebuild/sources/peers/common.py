@@ -2,17 +2,14 @@
 worker, the reader of samples by byte range, picking the image and label fields, names and splits, and the
 plan (order, labels, problems, source digest, the table of every sample's file inputs).
 
-Local files only, read with ``os.pread`` through a few descriptors kept open per process. A file whose size or
+Local files only, read with ``os.pread`` through a few descriptors kept open per thread. A file whose size or
 mtime differs from the plan's is not read: its samples are failures naming it (``cachebuild status`` calls the
 cache stale), so no new bytes land under the old source digest.
 """
 
 from __future__ import annotations
 
-import collections
 import os
-import re
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,13 +22,11 @@ from cachebuild.sources.kind import SourceOptions, option
 from cachebuild.sources.peers.pixels import check_codec, to_image
 from cachebuild.sources.plan import Plan, digest_stats
 from cachebuild.sources.sample_table import SampleTable
-from cachebuild.sources.shards.plan import SPLIT_WORDS, check_labels
+from cachebuild.sources.shards.files import thread_handle
+from cachebuild.sources.shards.plan import check_labels, split_words
 
-__all__ = ["PeerFile", "PeerOptions", "PeerReader", "Samples", "dataset_folder", "peer_plan", "pick_field", "read_at",
-           "reason_of", "split_of"]
-
-_OPEN = 8  # descriptors kept open per process
-
+__all__ = ["PeerFile", "PeerOptions", "PeerReader", "Samples", "first_payload_check", "peer_plan", "pick_field",
+           "read_at", "reason_of", "split_of"]
 
 @dataclass(frozen=True)
 class PeerFile:
@@ -62,24 +57,10 @@ class PeerFile:
         return data
 
 
-class _Descriptors(threading.local):
-    def __init__(self) -> None:
-        self.open: collections.OrderedDict[PeerFile, int] = collections.OrderedDict()
-
-
-_fds = _Descriptors()
-
-
 def _descriptor(f: PeerFile, key: str) -> int:
-    """An open descriptor of ``f``, checked against the plan on every use (an ``fstat``: a file rewritten while
-    a descriptor stays open is caught too)."""
-    fd = _fds.open.get(f)
-    if fd is None:
-        fd = _fds.open[f] = os.open(f.path, os.O_RDONLY | os.O_CLOEXEC)
-        while len(_fds.open) > _OPEN:
-            os.close(_fds.open.popitem(last=False)[1])
-    else:
-        _fds.open.move_to_end(f)
+    """This thread's open descriptor of ``f``, checked against the plan on every use (an ``fstat``: a file
+    rewritten while a descriptor stays open is caught too)."""
+    fd = thread_handle(("peer", f), lambda: os.open(f.path, os.O_RDONLY | os.O_CLOEXEC), os.close)
     st = os.fstat(fd)
     if (st.st_size, st.st_mtime_ns) != (f.size, f.mtime_ns):
         raise DecodeError(key, f"{f.name} changed after the build planned it ({f.size:,} -> {st.st_size:,} bytes, "
@@ -151,23 +132,9 @@ def reason_of(check: Callable[[str], Any], value: str) -> str | None:
     return None
 
 
-_TOKENS = re.compile(r"[-_.]")
-
-
 def split_of(name: str, split: str | None) -> str:
     """The split: the one asked for, else a split word in ``name`` (``imagenet_train.beton``), else train."""
-    if split is not None:
-        return split
-    found = [t for t in _TOKENS.split(name.lower()) if t in SPLIT_WORDS]
-    return found[0] if found else "train"
-
-
-def dataset_folder(folder: Path) -> str:
-    """A dataset name from a dataset folder, skipping split folders (``/data/imagenet/train`` -> imagenet)."""
-    for part in reversed(folder.resolve().parts):
-        if part.lower() not in SPLIT_WORDS and part not in ("", "/"):
-            return part
-    return "dataset"
+    return split or next(iter(split_words(name)), "train")
 
 
 @dataclass
@@ -223,3 +190,22 @@ class PeerOptions(SourceOptions):
     label_field: str | None = option(None, "Field holding the class indices. Default: label, else the one "
                                            "integer field.", metavar="NAME")
     dataset: str | None = option(None, "Dataset name (default: from SRC).", flag="--name")
+
+
+def first_payload_check(samples: Samples, codec: str, where: str, flag: str) -> None:
+    """Read the first sample's image payload as the build will: a field whose payloads are not images (a float
+    array, a 1-D vector) is refused here, naming it, instead of failing every sample of the build."""
+    if codec == "encoded":
+        return  # image files: the build's decoder judges each one
+    c = samples.columns
+    for i, key in enumerate(samples.keys):
+        if i in samples.problems:
+            continue
+        data = read_at(samples.files[int(c["file"][i])], int(c["offset"][i]), int(c["size"][i]), key)
+        extra = {k: int(c[k][i]) for k in ("mode", "width", "height") if k in c}
+        try:
+            to_image(codec, data, key, **extra)
+        except DecodeError as e:
+            raise SourceError(f"{where}: its first image, {key}, cannot be read: {e.reason}; pass {flag} with "
+                              f"the field that holds the images") from None
+        return

@@ -31,9 +31,17 @@ import numpy as np
 
 from cachebuild.errors import SourceError
 from cachebuild.sources.kind import SourceKind
-from cachebuild.sources.peers.common import PeerFile, PeerOptions, Samples, peer_plan, pick_field, split_of
-from cachebuild.sources.peers.labels import first_payload_check
+from cachebuild.sources.peers.common import (
+    PeerFile,
+    PeerOptions,
+    Samples,
+    first_payload_check,
+    peer_plan,
+    pick_field,
+    split_of,
+)
 from cachebuild.sources.plan import Plan
+from cachebuild.sources.shards.plan import dataset_name
 
 __all__ = ["FFCV_VERSION", "FfcvSource", "ffcv_plan"]
 
@@ -177,24 +185,10 @@ def ffcv_plan(src: str | Path, options: PeerOptions, classes: list[str] | None =
     samples = Samples([f], [f"{path.name}#{i}" for i in range(n)], meta[f"f{i_lab}"].astype(np.int64),
                       {"file": np.zeros(n, np.int32), **columns}, problems)
     first_payload_check(samples, codec, f.path, "--image-field")
-    stem = path.name[:-len(".beton")] if path.name.endswith(".beton") else path.stem
-    split = split_of(stem, options.split)
-    dataset = options.dataset or _dataset_name(stem)
     # the root is the file itself (provenance FILE.beton#INDEX): an output beside the file is not inside the source
-    return peer_plan(samples, codec=codec, dataset=dataset, split=split, root=path, classes=classes,
+    return peer_plan(samples, codec=codec, dataset=options.dataset or dataset_name(str(path.resolve())),
+                     split=split_of(path.name, options.split), root=path, classes=classes,
                      index_files=[], digest_extra={"image": image, "label": label}, source_format="ffcv")
-
-
-def _dataset_name(stem: str) -> str:
-    """``imagenet_train_400`` -> ``imagenet``: the name's tokens before a split word or a number."""
-    from cachebuild.sources.shards.plan import SPLIT_WORDS
-
-    kept = []
-    for tok in stem.replace("-", "_").split("_"):
-        if not tok or tok.lower() in SPLIT_WORDS or tok[0].isdigit():
-            break
-        kept.append(tok)
-    return "_".join(kept) or stem or "ffcv"
 
 
 class FfcvSource(SourceKind):

@@ -21,12 +21,8 @@ from typing import Any
 
 from cachebuild.errors import SourceError
 from cachebuild.sources.kind import SourceKind
-from cachebuild.sources.peers.common import (
-    PeerFile,
-    PeerOptions,
-)
-from cachebuild.sources.peers.folder_index import dataset_dir, index_fields, index_plan, read_index
-from cachebuild.sources.peers.records import shard_samples
+from cachebuild.sources.peers.common import PeerFile, PeerOptions
+from cachebuild.sources.peers.indexed import dataset_dir, index_fields, index_plan, read_index, shard_samples
 from cachebuild.sources.plan import Plan
 
 __all__ = ["MdsSource", "mds_plan"]

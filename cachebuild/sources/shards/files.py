@@ -21,12 +21,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import glob
-import logging
 import os
 import posixpath
 import threading
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,14 +36,14 @@ from cachebuild.storage.locations import is_url, is_web_url, redact
 from cachebuild.storage.locations.url_files import FileInfo, UrlFiles, close_url_handles, read_url_range, url_files
 from cachebuild.storage.remote import retry
 
-__all__ = ["Shard", "close_handles", "is_url", "list_shards", "open_shard", "read_range", "retrying"]
+__all__ = ["Shard", "close_handles", "forget_handle", "is_url", "list_shards", "open_shard", "read_range", "retrying",
+           "thread_handle"]
 
-log = logging.getLogger("cachebuild")
 T = TypeVar("T")
 
 READ_BLOCK = 8 << 20  # readahead of a worker's URL handle: a block's samples sit together in a shard
 INDEX_BLOCK = 16 << 10  # readahead while indexing: headers and small members, not the images between
-_OPEN_HANDLES = 8  # per thread
+_OPEN_HANDLES = 8  # per thread: shard descriptors and Parquet files together
 
 
 @dataclass(frozen=True)
@@ -58,8 +57,11 @@ class Shard:
 def _brace_expand(pattern: str) -> list[str]:
     if "{" not in pattern:
         return [pattern]
-    import braceexpand
-
+    try:
+        import braceexpand
+    except ImportError:
+        raise SourceError(f"{redact(pattern)}: a brace pattern needs braceexpand: pip install 'cachebuild[wds]' "
+                          f"(or name the shards by a folder, a prefix or a glob)") from None
     return list(braceexpand.braceexpand(pattern))
 
 
@@ -176,40 +178,52 @@ def open_shard(shard: Shard, block_size: int = INDEX_BLOCK) -> Iterator[BinaryIO
         yield f
 
 
-class _Fds(threading.local):
+class _Handles(threading.local):
     def __init__(self) -> None:
-        self.open: collections.OrderedDict[tuple[str, int, str], int] = collections.OrderedDict()
+        self.open: collections.OrderedDict[Hashable, tuple[Any, Callable[[Any], None]]] = collections.OrderedDict()
 
 
-_fds = _Fds()
+_handles = _Handles()
+
+
+def thread_handle(key: Hashable, opener: Callable[[], T], close: Callable[[T], None]) -> T:
+    """This thread's open handle of ``key`` (a shard's descriptor, a Parquet file), opened by ``opener`` on first
+    use and kept: a block of samples costs one open per file, not one per sample. Past a few, the least recently
+    used is closed."""
+    got = _handles.open.get(key)
+    if got is not None:
+        _handles.open.move_to_end(key)
+        return got[0]
+    handle = opener()
+    _handles.open[key] = (handle, close)
+    while len(_handles.open) > _OPEN_HANDLES:
+        forget_handle(next(iter(_handles.open)))
+    return handle
+
+
+def forget_handle(key: Hashable) -> None:
+    """Close this thread's handle of ``key``, if it has one (a fresh one is opened on the next use)."""
+    handle, close = _handles.open.pop(key, (None, None))
+    if close is not None:
+        with contextlib.suppress(Exception):  # a connection may be gone already
+            close(handle)
 
 
 def close_handles() -> None:
-    """Close this thread's shard handles, local and URL (they otherwise live as long as the worker)."""
-    while _fds.open:
-        with contextlib.suppress(OSError):
-            os.close(_fds.open.popitem()[1])
+    """Close this thread's handles, local and URL (they otherwise live as long as the worker)."""
+    while _handles.open:
+        forget_handle(next(iter(_handles.open)))
     close_url_handles()
 
 
-def _fd(shard: Shard) -> int:
-    """This thread's open descriptor of the local ``shard``, kept per shard version, so a shard rewritten since
-    is opened afresh."""
-    key = (shard.url, shard.size, shard.version)
-    fd = _fds.open.get(key)
-    if fd is not None:
-        _fds.open.move_to_end(key)
-        return fd
-    fd = os.open(shard.url, os.O_RDONLY)
+def _open_local(shard: Shard) -> int:
+    """A descriptor of the local ``shard``, refused when the file's size is not the planned one."""
+    fd = os.open(shard.url, os.O_RDONLY | os.O_CLOEXEC)
     size = os.fstat(fd).st_size
     if size != shard.size:
         os.close(fd)
         raise SourceError(f"{shard.url} changed since it was planned ({shard.size} -> {size} bytes); "
                           f"run the command again to plan it afresh")
-    _fds.open[key] = fd
-    while len(_fds.open) > _OPEN_HANDLES:
-        with contextlib.suppress(OSError):
-            os.close(_fds.open.popitem(last=False)[1])
     return fd
 
 
@@ -257,8 +271,9 @@ def retrying(shard: Shard, read: Callable[[], T], forget: Callable[[], None]) ->
 def read_range(shard: Shard, offset: int, size: int) -> bytes:
     """``size`` bytes of ``shard`` at ``offset``, through this thread's open handle of the shard (for a URL, the
     storage layer's: reading ahead :data:`READ_BLOCK`, retried on a fresh handle)."""
-    if not is_url(shard.url):
-        data = os.pread(_fd(shard), size, offset)
+    if not is_url(shard.url):  # kept per shard version: a shard rewritten since is opened afresh
+        fd = thread_handle((shard.url, shard.size, shard.version), lambda: _open_local(shard), os.close)
+        data = os.pread(fd, size, offset)
         if len(data) != size:
             raise SourceError(f"{shard.url} is shorter than when it was planned (byte {offset + len(data)} of "
                               f"{offset + size}); run the command again to plan it afresh")

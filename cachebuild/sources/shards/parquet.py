@@ -13,10 +13,7 @@ row whose image has no bytes, are failures with their reason.
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import json
-import logging
 import os
 import threading
 from dataclasses import dataclass
@@ -28,15 +25,12 @@ from cachebuild.errors import DecodeError, SourceError
 from cachebuild.sources.kind import SourceKind, SourceOptions, option
 from cachebuild.sources.plan import Plan
 from cachebuild.sources.sample_table import SampleTable
-from cachebuild.sources.shards.files import Shard, is_url, open_shard, retrying
+from cachebuild.sources.shards.files import Shard, forget_handle, is_url, open_shard, retrying, thread_handle
 from cachebuild.sources.shards.plan import ShardPart, plan_shards, split_option
 from cachebuild.storage.locations.url_files import url_files
 
 __all__ = ["ParquetColumns", "ParquetOptions", "ParquetRowReader", "ParquetSource", "hf_features", "parquet_plan"]
 
-log = logging.getLogger("cachebuild")
-
-_OPEN_FILES = 4  # per thread
 _ROW_GROUP_READ = 8 << 20  # URL readahead while reading a row group's image column
 
 
@@ -91,16 +85,15 @@ def _image_field(schema: Any, column: str, url: str) -> str:
                       f"'bytes' field as Hugging Face writes images)")
 
 
-@dataclass
-class _FilePlan:
-    row_groups: list[int]  # rows per row group
-    labels: np.ndarray  # int64, -1 where null
-    null_labels: np.ndarray  # bool
-    image_field: str
-    class_names: list[str] | None
+@dataclass(frozen=True)
+class _FileInfo:
+    image_field: str  # "image.bytes" or a binary column
+    class_names: list[str] | None  # the ClassLabel's names in the file's metadata
 
 
-def _plan_file(shard: Shard, columns: ParquetColumns) -> _FilePlan:
+def _index_file(shard: Shard, columns: ParquetColumns) -> ShardPart:
+    """A file's rows for :func:`~cachebuild.sources.shards.plan.plan_shards`: row group and row within it, labels
+    (a null one is a problem), from its footer and label column only."""
     import pyarrow.parquet as pq
 
     with open_shard(shard, block_size=1 << 20) as f:
@@ -124,48 +117,44 @@ def _plan_file(shard: Shard, columns: ParquetColumns) -> _FilePlan:
         col = pf.read(columns=[label]).column(label)
     names_ = features.get(label, {}).get("names") if isinstance(features.get(label), dict) else None
     nulls = np.asarray(col.is_null().to_numpy(zero_copy_only=False), bool)
-    values = np.asarray(col.fill_null(-1).to_numpy(zero_copy_only=False), np.int64)
-    return _FilePlan(groups, values, nulls, image_field,
-                     [str(n) for n in names_] if isinstance(names_, list) else None)
+    n = int(sum(groups))
+    rows = np.concatenate([np.arange(g, dtype=np.int32) for g in groups]) if n else np.zeros(0, np.int32)
+    return ShardPart([str(r) for r in range(n)], np.asarray(col.fill_null(-1).to_numpy(zero_copy_only=False), np.int64),
+                     {"group": np.repeat(np.arange(len(groups), dtype=np.int32), groups), "row": rows},
+                     {int(r): "no label (null)" for r in np.flatnonzero(nulls)},
+                     _FileInfo(image_field, [str(c) for c in names_] if isinstance(names_, list) else None))
 
 
-class _Files(threading.local):
+class _Group(threading.local):
+    """The row group this thread read last: ((url, size, version, group), its image column)."""
+
     def __init__(self) -> None:
-        self.open: collections.OrderedDict[tuple[str, int, str], Any] = collections.OrderedDict()
-        self.group: tuple[tuple[str, int, str, int], Any] | None = None  # ((url, size, version, group), column)
+        self.last: tuple[tuple[str, int, str, int], Any] | None = None
 
 
-_files = _Files()
+_group = _Group()
+
+
+def _open_parquet(shard: Shard) -> Any:
+    import pyarrow.parquet as pq
+
+    if is_url(shard.url):
+        return pq.ParquetFile(url_files(shard.url).open(shard.url, shard.size, _ROW_GROUP_READ))
+    size = os.stat(shard.url).st_size
+    if size != shard.size:
+        raise SourceError(f"{shard.url} changed since it was planned ({shard.size} -> {size} bytes); "
+                          f"run the command again to plan it afresh")
+    return pq.ParquetFile(shard.url, memory_map=False)
 
 
 def _parquet_file(shard: Shard) -> Any:
-    import pyarrow.parquet as pq
-
-    key = (shard.url, shard.size, shard.version)
-    pf = _files.open.get(key)
-    if pf is None:
-        if is_url(shard.url):
-            pf = pq.ParquetFile(url_files(shard.url).open(shard.url, shard.size, _ROW_GROUP_READ))
-        else:
-            size = os.stat(shard.url).st_size
-            if size != shard.size:
-                raise SourceError(f"{shard.url} changed since it was planned ({shard.size} -> {size} bytes); "
-                                  f"run the command again to plan it afresh")
-            pf = pq.ParquetFile(shard.url, memory_map=False)
-        _files.open[key] = pf
-        while len(_files.open) > _OPEN_FILES:
-            _files.open.popitem(last=False)[1].close()
-    else:
-        _files.open.move_to_end(key)
-    return pf
+    return thread_handle(("parquet", shard.url, shard.size, shard.version), lambda: _open_parquet(shard),
+                         lambda pf: pf.close())
 
 
 def _forget(shard: Shard) -> None:
-    pf = _files.open.pop((shard.url, shard.size, shard.version), None)
-    if pf is not None:
-        with contextlib.suppress(Exception):  # its connection may be gone already
-            pf.close()
-    _files.group = None
+    forget_handle(("parquet", shard.url, shard.size, shard.version))
+    _group.last = None
 
 
 @dataclass(frozen=True)
@@ -185,9 +174,9 @@ class ParquetRowReader:
     def _group(self, f: int, group: int) -> Any:
         shard = self.files[f]
         key = (shard.url, shard.size, shard.version, group)
-        if _files.group is not None and _files.group[0] == key:
-            return _files.group[1]
-        _files.group = None  # let the previous row group go before reading the next
+        if _group.last is not None and _group.last[0] == key:
+            return _group.last[1]
+        _group.last = None  # let the previous row group go before reading the next
         field = self.image_fields[f]
 
         def read() -> Any:
@@ -198,7 +187,7 @@ class ParquetRowReader:
             return col
 
         column = retrying(shard, read, lambda: _forget(shard))
-        _files.group = (key, column)
+        _group.last = (key, column)
         return column
 
     def __call__(self, index: int, key: str) -> bytes:
@@ -209,15 +198,6 @@ class ParquetRowReader:
         if data is None:
             raise DecodeError(key, "the row has no image bytes (null: an image stored only by path?)")
         return data
-
-
-def _rows(fp: _FilePlan) -> ShardPart:
-    """A file's rows for :func:`~cachebuild.sources.shards.plan.plan_shards`: row group and row within it."""
-    n = int(sum(fp.row_groups))
-    groups = np.repeat(np.arange(len(fp.row_groups), dtype=np.int32), fp.row_groups)
-    rows = np.concatenate([np.arange(g, dtype=np.int32) for g in fp.row_groups]) if n else np.zeros(0, np.int32)
-    problems = {int(r): "no label (null)" for r in np.flatnonzero(fp.null_labels)}
-    return ShardPart([str(r) for r in range(n)], fp.labels, {"group": groups, "row": rows}, problems, fp)
 
 
 @dataclass(frozen=True)
@@ -233,7 +213,7 @@ class _ParquetFiles:
     nothing = "Parquet file(s) hold no rows"
 
     def index(self, shard: Shard) -> ShardPart:
-        return _rows(_plan_file(shard, self.columns))
+        return _index_file(shard, self.columns)
 
     def found_classes(self, parts: list[ShardPart], src: str) -> list[str] | None:
         named = [p.info.class_names for p in parts if p.info.class_names is not None]
@@ -264,7 +244,7 @@ class ParquetOptions(SourceOptions):
                                             "metadata calls a ClassLabel.", metavar="NAME")
     dataset: str | None = option(None, "Dataset name (default: from SRC).", flag="--name")
 
-    def to_dict(self) -> dict[str, Any]:  # recipes nest the columns (as this release's first recipes did)
+    def to_dict(self) -> dict[str, Any]:  # the recipe nests the columns
         return {"split": self.split, "dataset": self.dataset,
                 "columns": {"image": self.image_column, "label": self.label_column}}
 

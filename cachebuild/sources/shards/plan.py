@@ -23,8 +23,8 @@ from cachebuild.sources.sample_table import SampleTable
 from cachebuild.sources.shards.files import Shard, is_url, list_shards, retrying
 from cachebuild.storage.locations.url import FsspecLocation
 
-__all__ = ["SPLIT_WORDS", "ShardFormat", "ShardPart", "check_labels", "dataset_name",
-           "digest_shards", "plan_shards", "read_classes", "select_split", "split_option"]
+__all__ = ["SPLIT_WORDS", "ShardFormat", "ShardPart", "check_labels", "dataset_name", "digest_shards", "plan_shards",
+           "read_classes", "select_split", "split_option", "split_words"]
 
 log = logging.getLogger("cachebuild")
 
@@ -34,23 +34,28 @@ SPLIT_WORDS = ("train", "validation", "val", "valid", "test", "dev")
 _TOKENS = re.compile(r"[/\-_.]")
 
 
+def split_words(name: str) -> list[str]:
+    """The split words in ``name``, in order: ``imagenet_train_400`` -> ["train"]."""
+    return [t for t in _TOKENS.split(name.lower()) if t in SPLIT_WORDS]
+
+
 def _splits_in(name: str) -> set[str]:
-    return {t for t in _TOKENS.split(name.lower()) if t in SPLIT_WORDS}
+    return set(split_words(name))
 
 
 def dataset_name(src: str) -> str:
-    """A dataset name from what the user typed: the shard names' stem before the split word or shard number
-    (``imagenet1k-train-{0000..1023}.tar`` -> ``imagenet1k``), else the folder's name, skipping ``data`` and
-    split folders (``/data/imagenet-1k/data`` -> ``imagenet-1k``)."""
+    """A dataset name from what the user typed: a shard file's stem before the split word or shard number
+    (``imagenet1k-train-{0000..1023}.tar`` -> ``imagenet1k``, ``imagenet_train_400.beton`` -> ``imagenet``), else
+    the folder's name, skipping ``data`` and split folders (``/data/imagenet-1k/data`` -> ``imagenet-1k``)."""
     parts = [p for p in src.split("://", 1)[-1].split("/") if p]
     while parts:
         last = parts.pop()
         if last.lower() in ("data", *SPLIT_WORDS):
             continue
-        if not any(c in last for c in "{*?[") and not last.lower().endswith((".tar", ".parquet")):
+        if not any(c in last for c in "{*?[") and not last.lower().endswith((".tar", ".parquet", ".beton")):
             return last
         kept = []
-        for tok in re.split(r"[-_.]", re.sub(r"\.(tar|parquet)$", "", last, flags=re.IGNORECASE)):
+        for tok in re.split(r"[-_.]", re.sub(r"\.(tar|parquet|beton)$", "", last, flags=re.IGNORECASE)):
             if not tok or tok.lower() in SPLIT_WORDS or tok[0].isdigit() or tok[0] in "{*?[":
                 break
             kept.append(tok)

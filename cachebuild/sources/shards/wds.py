@@ -14,10 +14,9 @@ as a failure with its reason; the build lists it. Provenance: ``shard.tar#KEY``.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,8 +31,6 @@ from cachebuild.sources.shards.tar_index import TarMember, index_tar
 
 __all__ = ["IMAGE_KEYS", "TarSampleReader", "WdsLayout", "WdsOptions", "WdsSource", "index_wds_shard", "wds_plan"]
 
-log = logging.getLogger("cachebuild")
-
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
 _MAX_LABEL_MEMBER = 1 << 20  # a .cls or .json member larger than this is not a label
 _SPLIT_KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's base_plus_ext
@@ -46,17 +43,6 @@ class WdsLayout:
     cls_key: str = "cls"  # member extension holding the class index as ASCII digits
     label_key: str | None = None  # when set: the label is this field of the json_key member
     json_key: str = "json"
-
-
-@dataclass
-class ShardSamples:
-    """One shard's samples in archive order; image offset -1 where there is none."""
-
-    keys: list[str] = field(default_factory=list)
-    offsets: list[int] = field(default_factory=list)
-    sizes: list[int] = field(default_factory=list)
-    labels: list[int] = field(default_factory=list)
-    problems: dict[int, str] = field(default_factory=dict)  # sample position in the shard -> reason
 
 
 def _groups(members: list[tuple[TarMember, bool]]) -> list[tuple[str, list[tuple[str, TarMember, bool]]]]:
@@ -103,17 +89,29 @@ def _label(f: Any, parts: dict[str, tuple[TarMember, bool]], layout: WdsLayout) 
     return label
 
 
-def index_wds_shard(shard: Shard, layout: WdsLayout) -> ShardSamples:
-    """Index one shard (runs in a planning worker): its samples, their image offsets and labels."""
-    out = ShardSamples()
+def index_wds_shard(shard: Shard, layout: WdsLayout) -> ShardPart:
+    """Index one shard (runs in a planning worker): its samples in archive order, their image offsets and
+    sizes (-1 and 0 where there is none) and labels (-1: none), and why a sample cannot be one."""
+    keys: list[str] = []
+    offsets: list[int] = []
+    sizes: list[int] = []
+    labels: list[int] = []
+    problems: dict[int, str] = {}
+
+    def add(key: str, offset: int = -1, size: int = 0, label: int = -1, problem: str | None = None) -> None:
+        if problem is not None:
+            problems[len(keys)] = problem
+        keys.append(key)
+        offsets.append(offset)
+        sizes.append(size)
+        labels.append(label)
+
     with open_shard(shard) as f:
         index = index_tar(f, shard.size)
         if index.damage is not None and index.damage.startswith("compressed tar"):
             raise SourceError(f"{shard.url}: {index.damage}")
         members = [(m, False) for m in index.members] + [(m, True) for m in index.truncated]
         for key, group in _groups(members):
-            pos = len(out.keys)
-            out.keys.append(key)
             parts: dict[str, tuple[TarMember, bool]] = {}
             dupes = []
             for ext, m, cut in group:
@@ -123,26 +121,23 @@ def index_wds_shard(shard: Shard, layout: WdsLayout) -> ShardSamples:
             image = next((k for k in layout.image_keys if k in parts), None)
             label = _label(f, parts, layout)
             member, cut = parts[image] if image is not None else (None, False)
-            out.offsets.append(member.offset if member is not None else -1)
-            out.sizes.append(member.size if member is not None else 0)
-            out.labels.append(label if isinstance(label, int) else -1)
+            problem = None
             if dupes:
-                out.problems[pos] = f"two members named {key}.{dupes[0]}: which one is the sample is ambiguous"
+                problem = f"two members named {key}.{dupes[0]}: which one is the sample is ambiguous"
             elif member is None:
-                out.problems[pos] = (f"no image: none of its members ({', '.join(sorted(parts))}) is "
-                                     f"{'/'.join('.' + k for k in layout.image_keys)}")
+                problem = (f"no image: none of its members ({', '.join(sorted(parts))}) is "
+                           f"{'/'.join('.' + k for k in layout.image_keys)}")
             elif cut:
-                out.problems[pos] = (f"truncated: the shard ends at byte {shard.size}, inside its .{image} member "
-                                     f"(a cut download?)")
+                problem = (f"truncated: the shard ends at byte {shard.size}, inside its .{image} member (a cut "
+                           f"download?)")
             elif isinstance(label, str):
-                out.problems[pos] = label
+                problem = label
+            add(key, member.offset if member is not None else -1, member.size if member is not None else 0,
+                label if isinstance(label, int) else -1, problem)
         if index.damage is not None and not index.truncated:
-            out.problems[len(out.keys)] = index.damage
-            out.keys.append(f"@{index.damage_offset}")
-            out.offsets.append(-1)
-            out.sizes.append(0)
-            out.labels.append(-1)
-    return out
+            add(f"@{index.damage_offset}", problem=index.damage)
+    return ShardPart(keys, np.asarray(labels, np.int64), {"offset": np.asarray(offsets, np.int64),
+                                                         "size": np.asarray(sizes, np.int64)}, problems)
 
 
 @dataclass(frozen=True)
@@ -175,9 +170,7 @@ class _WdsShards:
     nothing = "shard(s) hold no samples"
 
     def index(self, shard: Shard) -> ShardPart:
-        s = index_wds_shard(shard, self.layout)
-        return ShardPart(s.keys, np.asarray(s.labels, np.int64), {"offset": np.asarray(s.offsets, np.int64),
-                                                                  "size": np.asarray(s.sizes, np.int64)}, s.problems)
+        return index_wds_shard(shard, self.layout)
 
     def found_classes(self, parts: list[ShardPart], src: str) -> list[str] | None:
         return None  # tars carry no class names: --classes FILE, else 0..max
@@ -224,7 +217,7 @@ class WdsOptions(SourceOptions):
     def layout(self) -> WdsLayout:
         return WdsLayout(self.image_keys, self.cls_key, self.label_key, self.json_key)
 
-    def to_dict(self) -> dict[str, Any]:  # recipes nest the layout (as this release's first recipes did)
+    def to_dict(self) -> dict[str, Any]:  # the recipe nests the layout
         return {"split": self.split, "dataset": self.dataset,
                 "layout": {**self.layout.__dict__, "image_keys": list(self.image_keys)}}
 

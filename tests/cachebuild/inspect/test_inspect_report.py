@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -187,3 +188,12 @@ def test_no_cache_is_a_one_line_error(tmp_path: Path) -> None:
     res = CliRunner().invoke(report_command, [str(root), "--out", str(tmp_path / "file" / "r")])
     assert res.exit_code == 1 and res.output.startswith(f"Error: cannot write {tmp_path / 'file'}")
     assert len(res.output.strip().splitlines()) == 1
+
+
+def test_report_without_matplotlib_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root, *_ = inspect_cache(tmp_path / "c", n=10)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed: the real guard runs
+    res = CliRunner().invoke(report_command, [str(root), "--out", str(tmp_path / "r")])
+    assert res.exit_code == 1 and res.output.strip() == (
+        "Error: the report draws its charts with matplotlib: pip install 'cachebuild[plots]'")
+    assert not (tmp_path / "r").exists()  # refused before anything was written

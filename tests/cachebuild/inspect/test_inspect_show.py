@@ -16,11 +16,10 @@ from click.testing import CliRunner
 from PIL import Image
 
 import cachebuild.cli as cli
-from cachebuild.errors import CacheCorruptError, OptionError
-from cachebuild.format.manifest import encode_paths
-from cachebuild.inspect import Selection, paths_at, pick_per_class, select, show
-from cachebuild.inspect.paths import element_bounds
+from cachebuild.errors import OptionError
+from cachebuild.inspect import Selection, pick_per_class, select, show
 from cachebuild.inspect.sheet import BACKGROUND
+from cachebuild.inspect.show import source_paths
 from cachebuild.storage.cache import open_cache
 from loaders import inspect_cli
 from loaders.augment_view import PRESETS, augment_view
@@ -177,17 +176,12 @@ def test_show_of_a_cache_at_a_url(tmp_path: Path, http_server) -> None:
         assert np.array_equal(_tile_pixels(png, tuple(t["stored"]), layout["scale"]), images[t["index"]])
 
 
-def test_paths_at_reads_the_entries_asked_for(tmp_path: Path) -> None:
+def test_captions_name_the_source_paths_asked_for(tmp_path: Path) -> None:
     root, _, _, paths = inspect_cache(tmp_path / "c", n=40, awkward=True)
     reader = open_cache(root)
-    assert reader.paths() == paths
-    idx = [39, 0, 4, 3, 2, 1, 5, 6, 7, 8, 20]
-    assert paths_at(reader.location, reader.manifest, idx) == [paths[i] for i in idx]
-    data = json.dumps(encode_paths(AWKWARD_PATHS), ensure_ascii=False).encode()
-    assert len(element_bounds(data, "x")) - 1 == len(AWKWARD_PATHS)
-    assert len(element_bounds(b"[]", "x")) - 1 == 0
-    with pytest.raises(CacheCorruptError, match="not a JSON list"):
-        element_bounds(b'{"a": 1}', "x")
+    assert source_paths(reader) == reader.paths() == paths
+    idx = np.asarray([39, 0, 4, 3, 2, 1, 5, 6, 7, 8, 20])
+    assert [t.path for t in show(reader, Selection(idx)).tiles] == [paths[i] for i in idx]
 
 
 @pytest.mark.parametrize(("args", "message"), [

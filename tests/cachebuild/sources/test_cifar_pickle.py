@@ -15,14 +15,14 @@ import pytest
 import torchvision.datasets as tvd
 
 from cachebuild.errors import OptionError
-from cachebuild.samples.cifar_layout import py2_pickle_dumps, write_cifar10, write_cifar100
 from cachebuild.sources.cifar_pickle import (
     CifarFormatError,
     CifarNotFoundError,
     CifarUnsafePickleError,
-    cifar_source_files,
     load_cifar_split,
 )
+from support.cifar_layout import py2_pickle_dumps
+from tests.cifar_files import write_cifar10, write_cifar100
 
 
 @pytest.fixture(scope="module")
@@ -99,13 +99,6 @@ def test_provenance_and_source_files(cifar_root) -> None:
     assert got.keys[0] == "data_batch_1#0" and got.keys[21] == "data_batch_2#0"
     assert got.keys[-1] == "data_batch_5#19"
     assert len(set(got.keys)) == len(got.keys) == 103
-    assert cifar_source_files(root, "cifar10", "train") == [
-        *(folder / f"data_batch_{i}" for i in range(1, 6)),
-        folder / "batches.meta",
-    ]
-    assert cifar_source_files(root / "cifar-100-python.tar.gz", "cifar100", "test") == [
-        root / "cifar-100-python.tar.gz"
-    ]
 
 
 # ---------------------------------------------------------------------------------------- faithfulness
@@ -255,8 +248,6 @@ def test_missing_root_and_files(cifar_root, tmp_path: Path) -> None:
     (folder / "data_batch_4").unlink()
     with pytest.raises(CifarNotFoundError, match=r"data_batch_4: batch file missing"):
         load_cifar_split(tmp_path, "cifar10", "train")
-    with pytest.raises(CifarNotFoundError, match=r"data_batch_4"):
-        cifar_source_files(tmp_path, "cifar10", "train")
     with pytest.raises(OptionError, match="variant must be one of"):
         load_cifar_split(tmp_path, "cifar20", "train")  # type: ignore[arg-type]
     with pytest.raises(OptionError, match="split must be"):

@@ -16,10 +16,10 @@ from click.testing import CliRunner
 from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.cli import main
 from cachebuild.errors import DecodeError, SourceError
-from cachebuild.samples.parquet_layout import hf_features_metadata, write_hf_parquet
 from cachebuild.sources.shards.files import close_handles
 from cachebuild.sources.shards.parquet import ParquetColumns, parquet_plan
 from cachebuild.storage.cache import open_cache, read_manifest
+from support.parquet_layout import hf_features_metadata, write_hf_parquet
 from tests.shard_fixtures import SIZE, cache_view
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,12 +12,13 @@ import torchvision
 
 from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.errors import SourceError
-from cachebuild.samples.cifar_layout import write_cifar10, write_cifar100
 from cachebuild.samples.imagenet_layout import write_imagenet
 from cachebuild.sources.cifar import cifar_plans
 from cachebuild.sources.folder import folder_plan
 from cachebuild.sources.imagenet import imagenet_plans
 from cachebuild.storage.cache import open_cache
+from support.archive import write_tar_gz
+from tests.cifar_files import write_cifar10, write_cifar100
 
 
 def test_folder_order_and_labels_equal_imagefolder(tmp_path):
@@ -45,10 +47,11 @@ def test_imagenet_train_labels_equal_imagefolder(imagenet_tree):
 ])
 def test_flat_val_is_labelled_like_the_folder_layout(tmp_path, layout, kaggle_tree, devkit_tar):
     info = write_imagenet(tmp_path, n_classes=4, train_per_class=2, val_per_class=3, val_layout=layout,
-                          seed=3, kaggle_tree=kaggle_tree, devkit_tar=devkit_tar)
+                          seed=3, kaggle_tree=kaggle_tree)
     if devkit_tar:  # only the archive, as downloaded
         import shutil
 
+        write_tar_gz(tmp_path / "ILSVRC2012_devkit_t12", tmp_path / "ILSVRC2012_devkit_t12.tar.gz")
         shutil.rmtree(tmp_path / "ILSVRC2012_devkit_t12")
     train, val = imagenet_plans(tmp_path)
     assert val.split == "val" and val.classes == train.classes == sorted(info["wnids"])
@@ -67,6 +70,16 @@ def test_flat_val_without_labels_is_a_clear_error(tmp_path):
     shutil.rmtree(Path(info["root"]) / "ILSVRC2012_devkit_t12")
     with pytest.raises(SourceError, match="no labels were found"):
         imagenet_plans(tmp_path, "val")
+
+
+def test_a_devkit_labelled_val_without_scipy_names_the_extra(tmp_path, monkeypatch):
+    write_imagenet(tmp_path, n_classes=2, train_per_class=1, val_per_class=1, val_layout="devkit", seed=0)
+    monkeypatch.setitem(sys.modules, "scipy.io", None)  # as if not installed: the real guard runs
+    with pytest.raises(SourceError) as e:
+        imagenet_plans(tmp_path, "val")
+    assert str(e.value) == (f"{tmp_path / 'ILSVRC2012_devkit_t12'}: the devkit's meta.mat is read with scipy, which "
+                            f"labels a flat val/: pip install 'cachebuild[scipy]'")
+    assert imagenet_plans(tmp_path, "train")[0].keys  # class folders need no scipy
 
 
 def test_unknown_layouts_and_missing_sources(tmp_path):
@@ -145,3 +158,14 @@ def test_the_source_digest_is_the_row_by_row_sha256_across_stretches() -> None:
     assert digest_stats(keys, labels, stats, {"classes": ["a"]}) == h.hexdigest()
     with pytest.raises(ValueError, match="one each"):
         digest_stats(keys, labels[:-1], stats)
+
+
+def test_a_local_tree_plans_without_the_url_side(imagenet_tree):
+    """A local build's parent never imports fsspec's side of the storage layer (asyncio, ssl, the retries)."""
+    import subprocess
+
+    code = ("import sys; from cachebuild.sources.registry import plan_source; "
+            f"plan_source('folder', {str(imagenet_tree['train_dir'])!r}); "
+            "print('cachebuild.storage.locations.url' in sys.modules, 'fsspec' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr

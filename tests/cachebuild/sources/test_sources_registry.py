@@ -23,7 +23,6 @@ from cachebuild.builder.pipeline import BuildOptions
 from cachebuild.cli import main
 from cachebuild.cli_build import build_params
 from cachebuild.errors import OptionError, SourceError
-from cachebuild.samples.cifar_layout import write_cifar10
 from cachebuild.sources.folder import FolderOptions
 from cachebuild.sources.imagenet import ImagenetOptions
 from cachebuild.sources.kind import SourceKind, SourceOptions, option
@@ -40,6 +39,7 @@ from cachebuild.sources.shards.parquet import ParquetOptions
 from cachebuild.sources.shards.wds import WdsOptions
 from cachebuild.storage.cache import open_cache
 from cachebuild.storage.kinds.jpeg import JpegBackend
+from tests.cifar_files import write_cifar10
 from tests.repo import REPO
 
 

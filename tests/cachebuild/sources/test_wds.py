@@ -168,7 +168,7 @@ def test_a_task_ships_only_its_block_and_a_worker_opens_each_shard_once(wds_set,
     opened = []
     real_open = os.open
     monkeypatch.setattr(files.os, "open", lambda p, *a, **k: opened.append(p) or real_open(p, *a, **k))
-    monkeypatch.setattr(files, "_fds", files._Fds())
+    monkeypatch.setattr(files, "_handles", files._Handles())
     for i in range(len(plan)):
         if i not in plan.reader.table.problems:
             plan.reader(i, plan.keys[i])
@@ -267,6 +267,15 @@ def test_cli_builds_named_classes_from_a_brace_pattern(wds_set, tmp_path):
     r = CliRunner().invoke(main, ["wds", wds_set["pattern"], "--classes", str(tmp_path / "nope.txt"),
                                   "--out", str(tmp_path / "o2")])
     assert r.exit_code != 0 and "nope.txt: cannot read the class names" in r.output
+
+
+def test_a_brace_pattern_without_braceexpand_names_the_extra(wds_set, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "braceexpand", None)  # as if not installed: the real guard runs
+    r = CliRunner().invoke(main, ["wds", wds_set["pattern"], "--out", str(tmp_path / "out")])
+    assert r.exit_code == 1 and r.output.strip() == (
+        f"Error: {wds_set['pattern']}: a brace pattern needs braceexpand: pip install 'cachebuild[wds]' (or name "
+        f"the shards by a folder, a prefix or a glob)")
+    assert wds_plan(str(wds_set["shards"][0].parent), split="train").keys  # a folder needs no braceexpand
 
 
 @pytest.mark.slow  # ~10 s; the default run shows resuming after a stopped URL build (test_http_faults_...)

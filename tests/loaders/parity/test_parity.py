@@ -19,12 +19,12 @@ from PIL import Image
 from cachebuild.atomic import write_bytes_atomic
 from cachebuild.builder.pipeline import BuildOptions, build
 from cachebuild.format.manifest import MANIFEST_NAME, manifest_bytes
-from cachebuild.samples.cifar_layout import write_cifar10
 from cachebuild.samples.imagenet_layout import write_imagenet
 from cachebuild.sources.registry import plan_source
 from cachebuild.storage.cache import read_manifest
 from loaders.parity.augment import augmentation, device_sampler, torchvision_draws, worker_sampler
 from loaders.parity.cli import parity
+from tests.cifar_files import write_cifar10
 
 SIZE = 48
 FAST = ["--draws", "2000", "--reference-draws", "2000"]  # the crop tests' power is test_crop_distribution's

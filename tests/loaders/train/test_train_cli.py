@@ -98,7 +98,7 @@ def test_resume_after_hard_kill_equals_uninterrupted_run(caches: dict[str, Path]
 
 
 def test_it_learns_and_writes_the_run(tmp_path: Path) -> None:
-    from cachebuild.samples.cifar_layout import cifar_images
+    from tests.cifar_files import cifar_images
 
     n_classes = 5
     ytr, yva = np.arange(300) % n_classes, np.arange(150) % n_classes

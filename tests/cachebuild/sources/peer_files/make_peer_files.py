@@ -9,7 +9,7 @@ without importing any peer. Run from the repository root, each step in the venv 
     PYTHONPATH=. VENV_STREAMING/bin/python tests/cachebuild/sources/peer_files/make_peer_files.py mds
     PYTHONPATH=. VENV_LITDATA/bin/python tests/cachebuild/sources/peer_files/make_peer_files.py litdata
 
-``originals``: ten small crops of the sample photos (``cachebuild.samples.photo_bank``: a centre crop halved),
+``originals``: ten small crops of the sample photos (``cachebuild.samples.photos.photo_bank``: a centre crop halved),
 16-40 px a side, as lossless PNGs in class folders (``originals/c{label}/{index}.png``): the pixels every peer
 file holds and the folder the tests build as the reference. The peers' files then store them (see each function
 for how), and ``payloads.json`` beside each records the SHA-256 of every stored image payload that is not raw
@@ -47,7 +47,7 @@ def _sizes(i: int) -> tuple[int, int]:
 def write_originals() -> None:
     import cv2
 
-    from cachebuild.samples import photo_bank
+    from cachebuild.samples.photos import photo_bank
 
     bank = photo_bank()
     shutil.rmtree(ORIGINALS, ignore_errors=True)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PackedImage", "images_of_tree", "write_wds"]
+__all__ = ["PackedImage", "pack_files", "write_wds"]
 
 _MTIME = 1700000000
 
@@ -33,15 +33,11 @@ class PackedImage:
     source: str = ""  # where it came from (for tests), e.g. its path in a class-folder tree
 
 
-def images_of_tree(root: Path) -> list[PackedImage]:
-    """Every readable image file of a class-folder tree, in ImageFolder's order, with its label."""
-    from cachebuild.sources.folder import find_classes, list_class_folder
-
-    root = Path(root)
-    keys, labels = list_class_folder(root, find_classes(root))
+def pack_files(root: Path, keys: list[str], labels: list[int]) -> list[PackedImage]:
+    """The files ``root/key`` with their labels (a class-folder tree's listing), those that can be read."""
     out = []
-    for key, label in zip(keys, labels.tolist(), strict=True):
-        path = root / key
+    for key, label in zip(keys, labels, strict=True):
+        path = Path(root) / key
         if path.is_file():  # a dangling link has no bytes to pack
             out.append(PackedImage(path.name, int(label), path.read_bytes(), key))
     return out

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from cachebuild.samples.wds_layout import PackedImage
+from support.wds_layout import PackedImage
 
 __all__ = ["hf_features_metadata", "write_hf_parquet"]
 

@@ -1,4 +1,5 @@
-"""Byte-stable ``.tar.gz`` of a folder (fixed mtimes and owners, sorted members, gzip mtime 0)."""
+"""Byte-stable ``.tar.gz`` of a folder (fixed mtimes and owners, sorted members, gzip mtime 0), as datasets are
+downloaded (CIFAR's archives, ImageNet's devkit)."""
 
 from __future__ import annotations
 

@@ -15,21 +15,21 @@ from __future__ import annotations
 
 import io
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from cachebuild.samples._archive import write_tar_gz
-from cachebuild.samples.photos import photo_bank, render_sample
+from support.archive import write_tar_gz
 
 __all__ = [
     "CIFAR10_LABEL_NAMES",
     "CIFAR100_COARSE_LABEL_NAMES",
     "CIFAR100_FINE_LABEL_NAMES",
     "CIFAR100_FINE_TO_COARSE",
+    "Pixels",
     "Py2Pickler",
-    "cifar_images",
     "py2_pickle_dumps",
     "write_cifar10",
     "write_cifar100",
@@ -276,16 +276,9 @@ def py2_pickle_dumps(obj: Any) -> bytes:
 # Pixels and files
 
 
-def cifar_images(labels: np.ndarray, seed: int, n_classes: int) -> np.ndarray:
-    """``(N, 32, 32, 3)`` uint8 RGB crops: class ``k`` from photo / region ``k`` plus a class tint."""
-    bank = photo_bank()
-    rng = np.random.default_rng(seed)
-    out = np.empty((len(labels), 32, 32, 3), dtype=np.uint8)
-    for i, k in enumerate(np.asarray(labels).tolist()):
-        if not 0 <= k < n_classes:
-            raise ValueError(f"label {k} outside [0, {n_classes})")
-        out[i] = render_sample(bank, k, 32, 32, rng, scale=(0.2, 1.0), tint=0.25)
-    return out
+# (labels, seed, class count) -> (N, 32, 32, 3) uint8 RGB pictures of those classes: what the batches hold
+# (tests/cifar_files.py cuts them from the sample photos)
+Pixels = Callable[[np.ndarray, int, int], np.ndarray]
 
 
 def _to_rows(images: np.ndarray) -> np.ndarray:
@@ -307,10 +300,10 @@ def _check_counts(n_train: int, n_test: int) -> None:
         raise ValueError(f"sample counts must be >= 0, got n_train={n_train}, n_test={n_test}")
 
 
-def write_cifar10(
-    root: Path, n_train: int = 500, n_test: int = 100, seed: int = 0, tar_gz: bool = False
-) -> dict[str, Any]:
-    """Write ``root/cifar-10-batches-py/`` (and ``root/cifar-10-python.tar.gz`` with ``tar_gz``).
+def write_cifar10(root: Path, pixels: Pixels, n_train: int = 500, n_test: int = 100, seed: int = 0,
+                  tar_gz: bool = False) -> dict[str, Any]:
+    """Write ``root/cifar-10-batches-py/`` (and ``root/cifar-10-python.tar.gz`` with ``tar_gz``), the pictures
+    drawn by ``pixels``.
 
     ``n_train`` samples are split over ``data_batch_1..5`` (sizes differ by at most one), ``n_test``
     go to ``test_batch``. Labels are balanced over the 10 classes and shuffled. Returns a dict with
@@ -325,8 +318,8 @@ def write_cifar10(
     names = list(CIFAR10_LABEL_NAMES)
     train_labels = _balanced_labels(n_train, 10, rng)
     test_labels = _balanced_labels(n_test, 10, rng)
-    train_images = cifar_images(train_labels, seed * 2 + 1, 10)
-    test_images = cifar_images(test_labels, seed * 2 + 2, 10)
+    train_images = pixels(train_labels, seed * 2 + 1, 10)
+    test_images = pixels(test_labels, seed * 2 + 2, 10)
 
     splits = np.array_split(np.arange(n_train), 5)
     for b, idx in enumerate(splits, start=1):
@@ -363,9 +356,8 @@ def write_cifar10(
     }
 
 
-def write_cifar100(
-    root: Path, n_train: int = 500, n_test: int = 100, seed: int = 0, tar_gz: bool = False
-) -> dict[str, Any]:
+def write_cifar100(root: Path, pixels: Pixels, n_train: int = 500, n_test: int = 100, seed: int = 0,
+                   tar_gz: bool = False) -> dict[str, Any]:
     """Write ``root/cifar-100-python/{train,test,meta}`` (and ``cifar-100-python.tar.gz``).
 
     Fine labels are balanced over the 100 classes and shuffled; coarse labels follow the real
@@ -389,7 +381,7 @@ def write_cifar100(
         ("test", n_test, seed * 2 + 2, "testing"),
     ):
         fine = _balanced_labels(n, 100, rng)
-        images = cifar_images(fine, sub_seed, 100)
+        images = pixels(fine, sub_seed, 100)
         batch = {  # key order of the real files
             "filenames": _filenames([fine_names[k] for k in fine.tolist()], rng),
             "batch_label": f"{label} batch 1 of 1",
