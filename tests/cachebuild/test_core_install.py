@@ -45,7 +45,8 @@ def test_the_core_needs_no_extra(tmp_path: Path) -> None:
     from cachebuild.samples.imagenet_layout import write_imagenet
 
     write_imagenet(tmp_path / "src", n_classes=3, train_per_class=6, val_per_class=3, seed=0)
-    r = subprocess.run([sys.executable, "-c", CHILD, ",".join(OPTIONAL), str(tmp_path / "src"), str(tmp_path / "out")],
-                       capture_output=True, text=True, timeout=300, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    args = [",".join(OPTIONAL), str(tmp_path / "src"), str(tmp_path / "out")]
+    r = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True, timeout=300, cwd=REPO,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip() == "[]"  # not one of them imported
