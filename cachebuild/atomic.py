@@ -13,7 +13,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-__all__ = ["AtomicFile", "fsync_dir", "is_temporary_name", "temporary_writer", "write_bytes_atomic",
+__all__ = ["TEMPORARY_NAME", "AtomicFile", "fsync_dir", "is_temporary_name", "temporary_writer", "write_bytes_atomic",
            "write_json_atomic"]
 
 
@@ -22,17 +22,17 @@ def _tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
 
 
-_TMP_NAME = re.compile(r"^\..+\.(\d+)\.[0-9a-f]{8}\.tmp$")
+TEMPORARY_NAME = re.compile(r"^\..+\.(\d+)\.[0-9a-f]{8}\.tmp$")
 
 
 def is_temporary_name(name: str) -> bool:
     """True for the temporary name of a write that never committed (a killed writer's leftover)."""
-    return bool(_TMP_NAME.match(name))
+    return bool(TEMPORARY_NAME.match(name))
 
 
 def temporary_writer(name: str) -> int | None:
     """The pid of the process that wrote the temporary file ``name`` (None: not a temporary name)."""
-    m = _TMP_NAME.match(name)
+    m = TEMPORARY_NAME.match(name)
     return int(m.group(1)) if m else None
 
 
@@ -93,9 +93,23 @@ class AtomicFile:
 
 
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes | memoryview, *, durable: bool = True) -> Path:
-    with AtomicFile(path, durable=durable) as f:
-        f.file.write(data)
-    return Path(path)
+    """``data`` as the file ``path``, written under a temporary name and renamed (fsynced with its folder when
+    ``durable``)."""
+    path = Path(path)
+    tmp = _tmp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if durable:
+        fsync_dir(path.parent)
+    return path
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, durable: bool = True) -> Path:

@@ -31,7 +31,7 @@ import os
 import sys
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -47,7 +47,7 @@ __all__ = ["REQUIRED", "Options", "OptionsCommand", "check_fields", "command", "
 T = TypeVar("T")
 
 
-def parse_choice(name: str, value: Any, choices: Sequence[str]) -> str:
+def parse_choice(name: str, value: Any, choices: Collection[str]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise OptionError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
     return value
@@ -116,7 +116,7 @@ class Flag:
     flag: str | None = None  # default: --field-name ("--x/--no-x" for a switch with an off spelling)
     short: str | None = None  # e.g. "-j"
     metavar: str | None = None
-    choices: Sequence[str] | None = None
+    choices: Collection[str] | None = None
     parse: Callable[[str], Any] | None = None  # the typed text to the value (ValueError: a bad value)
     show_default: bool | str = True
     min: float | None = None  # bounds of an int or float

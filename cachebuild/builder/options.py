@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,7 +13,7 @@ from cachebuild.builder.sample import DEFAULT_MAX_PIXELS, FITS, INTERPOLATIONS, 
 from cachebuild.errors import OptionError
 from cachebuild.format.manifest import FORMAT_VERSION
 from cachebuild.options import REQUIRED, Options, option, wait_option
-from cachebuild.storage import DEFAULT_STORAGE, backend_names, get_backend
+from cachebuild.storage import DEFAULT_STORAGE, STORAGE_KINDS, get_backend
 from cachebuild.storage.kinds.jpeg import SUBSAMPLINGS
 from cachebuild.storage.kinds.zarr import COMPRESSIONS
 
@@ -31,16 +30,6 @@ ON_ERROR = ("skip", "fail")
 MAX_SIZE = 16384  # output side: one sample is then 768 MB
 
 
-class _StorageKinds(Sequence[str]):
-    """The storage kinds as the registry holds them when asked: a kind registered later is a choice too."""
-
-    def __getitem__(self, i: Any) -> Any:
-        return backend_names()[i]
-
-    def __len__(self) -> int:
-        return len(backend_names())
-
-
 def _nonzero(jobs: int) -> None:
     if jobs == 0:
         raise OptionError("jobs must be a positive count or -1 (all cores), not 0")
@@ -53,7 +42,7 @@ class BuildOptions(Options):
     size: int = option(REQUIRED, "Output side S: every sample is S x S x 3 uint8.", min=1, max=MAX_SIZE)
     storage: str = option(DEFAULT_STORAGE, "npy: fixed-shape shards to memory-map; zarr: one v3 array chunked "
                           "along samples; jpeg: each sample one JPEG (a compact cache, ~10x smaller at 224 px, "
-                          "decoded when read).", flag="--format", choices=_StorageKinds())
+                          "decoded when read).", flag="--format", choices=STORAGE_KINDS)
     fit: str = option("crop", "crop: short side to S then centre crop; squash: to SxS; pad: letterbox, boxes "
                       "recorded.", choices=FITS)
     interpolation: str = option("antialias", "antialias: torchvision's PIL filter (bilinear below a 2x downscale, "

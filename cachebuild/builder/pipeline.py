@@ -24,7 +24,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +127,14 @@ def build(plan: Plan, out: str | os.PathLike[str], opts: BuildOptions) -> BuildR
                 return BuildResult(out, "up to date", m.count, len(m.failures), 0.0, 0, decoded=0, reused=m.count)
             # an update refuses another recipe before anything is written
             reuse = plan_reuse(out, plan, params, opts.resolved_block(len(plan))) if opts.update else None
-            records = _run_blocks(plan, out, opts, key, reuse)
+            records, tasks, jobs = _blocks(plan, out, opts, key, reuse)
+            with _block_settings(opts, reuse), _progress(len(plan), sum(r.planned for r in records.values()),
+                                                         f"{plan.dataset}/{plan.split}", opts.progress) as bar:
+                for rec in Parallel(n_jobs=jobs, prefer=_prefer(opts), return_as="generator_unordered")(tasks):
+                    records[rec.block] = rec
+                    bar.update(rec.planned)
+            if reuse is not None:
+                release_reader()  # this process's reader of the cache an update replaces: gone before the commit
             manifest = _finish(plan, out, records, opts, params, key, reuse)
     except CacheBuildError:
         raise
@@ -156,8 +163,10 @@ def _prefer(opts: BuildOptions) -> str:
     return "threads" if opts.decode_device == "cpu" and get_backend(opts.storage).threaded_sinks else "processes"
 
 
-def _run_blocks(plan: Plan, out: Path, opts: BuildOptions, key: str, reuse: Reuse | None) -> dict[int, BlockRecord]:
-    """Every block of ``plan`` built in the staging folder (those an earlier run finished kept); their records."""
+def _blocks(plan: Plan, out: Path, opts: BuildOptions, key: str, reuse: Reuse | None
+            ) -> tuple[dict[int, BlockRecord], Iterator[Any], int]:
+    """The staging folder made or reopened: the records of the blocks an earlier run finished, the tasks of the
+    others, and how many workers run them."""
     staging = staging_path(out)
     done = prepare_staging(staging, key, opts.storage)
     spec = ResizeSpec(size=opts.size, fit=opts.fit, interpolation=opts.interpolation, max_pixels=opts.max_pixels,
@@ -179,21 +188,19 @@ def _run_blocks(plan: Plan, out: Path, opts: BuildOptions, key: str, reuse: Reus
                                           opts.decode_device, claim,
                                           None if reuse is None else reuse.for_block(lo, lo + bs)))
              for b, lo in todo)
-    prefer = _prefer(opts)
-    records = dict(done)
+    return dict(done), tasks, jobs
+
+
+@contextlib.contextmanager
+def _block_settings(opts: BuildOptions, reuse: Reuse | None) -> Iterator[None]:
+    """Blocks in this process's threads: one thread each for the kernels, and an update's copies, which make no
+    cycles worth the collector's passes over the plan, with the collector paused."""
     with contextlib.ExitStack() as stack:
-        if prefer == "threads":  # blocks in this process's threads: one thread each for the kernels
+        if _prefer(opts) == "threads":
             stack.enter_context(one_thread_each())
-            if reuse is not None:  # an update's copies make no cycles worth the collector's passes over the plan
+            if reuse is not None:
                 stack.enter_context(gc_paused())
-        bar = stack.enter_context(_progress(n, sum(r.planned for r in done.values()), f"{plan.dataset}/{plan.split}",
-                                            opts.progress))
-        for rec in Parallel(n_jobs=jobs, prefer=prefer, return_as="generator_unordered")(tasks):
-            records[rec.block] = rec
-            bar.update(rec.planned)
-    if reuse is not None:
-        release_reader()  # this process's reader of the cache an update replaces: let it go before the commit
-    return records
+        yield
 
 
 class _NoBar:

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 from cachebuild.storage.kinds.base import (
     DEFAULT_STORAGE,
+    STORAGE_KINDS,
     Backend,
     ImageStore,
     Sink,
     backend_names,
     cache_names,
-    codecs,
     get_backend,
     register_backend,
     staging_names,
@@ -26,9 +26,9 @@ from cachebuild.storage.remote.block_cache import BlockCache, BlockCacheFullErro
 if TYPE_CHECKING:
     from cachebuild.storage.locations.url import FsspecLocation
 
-__all__ = ["DEFAULT_STORAGE", "Backend", "BlockCache", "BlockCacheFullError", "FsspecLocation", "ImageStore",
-           "LocalLocation", "Location", "Sink", "backend_names", "cache_names", "check_name", "codecs", "get_backend",
-           "is_url", "open_location", "redact", "register_backend", "staging_names"]
+__all__ = ["DEFAULT_STORAGE", "STORAGE_KINDS", "Backend", "BlockCache", "BlockCacheFullError", "FsspecLocation",
+           "ImageStore", "LocalLocation", "Location", "Sink", "backend_names", "cache_names", "check_name",
+           "get_backend", "is_url", "open_location", "redact", "register_backend", "staging_names"]
 
 
 def __getattr__(name: str) -> Any:

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from cachebuild.atomic import AtomicFile, fsync_dir, is_temporary_name, write_bytes_atomic
+from cachebuild.atomic import TEMPORARY_NAME, AtomicFile, fsync_dir, write_bytes_atomic
 from cachebuild.errors import (
     CacheCorruptError,
     CacheExistsError,
@@ -394,11 +394,12 @@ def load_paths(location: Location, manifest: Manifest) -> list[str]:
 FILE_TABLE = "files.json"
 TABLE_FORMAT = "cachebuild-files"
 _ZARR_TMP = re.compile(r"\.[0-9a-f]{32}\.partial$")  # zarr-python's LocalStore writes "<key>.<uuid4 hex>.partial"
+_UNFINISHED = re.compile(f"{TEMPORARY_NAME.pattern}|{_ZARR_TMP.pattern}")  # ours (atomic's) or zarr's
 
 
 def is_unfinished_write(name: str) -> bool:
     """A temporary file of a write that never finished (ours or zarr's): never part of a cache."""
-    return is_temporary_name(name) or bool(_ZARR_TMP.search(name))
+    return bool(_UNFINISHED.search(name))
 
 
 @dataclass(frozen=True)
@@ -416,7 +417,7 @@ def local_files(folder: Path, skip: Iterable[str] = (MANIFEST_NAME, FILE_TABLE))
         for name in names:
             full = os.path.join(dirpath, name)
             key = name if rel == "." else f"{rel}/{name}".replace(os.sep, "/")
-            if key in skipped or is_unfinished_write(name) or not os.path.isfile(full) or os.path.islink(full):
+            if key in skipped or _UNFINISHED.search(name) or not os.path.isfile(full) or os.path.islink(full):
                 continue
             out[key] = os.stat(full).st_size
     return out
@@ -437,11 +438,11 @@ def compute_file_table(folder: Path, algorithm: Digest, jobs: int | None = None,
     return {n: FileEntry(sizes[n], digests[n] if n in digests else known[n]) for n in sorted(sizes)}
 
 
-def _encode(table: dict[str, FileEntry], manifest: Manifest) -> bytes:
+def _encode(table: dict[str, FileEntry], digest: Digest, version: int) -> bytes:
     rows = [[name, e.size, e.digest] for name, e in sorted(table.items())]
     # One file per line: readable, and diffs of two tables stay small.
     body = ",\n".join(json.dumps(r, ensure_ascii=True) for r in rows)
-    named = f', "digest": "{manifest.digest.name}"' if manifest.format_version >= DIGEST_VERSION else ""
+    named = f', "digest": "{digest.name}"' if version >= DIGEST_VERSION else ""
     return f'{{"format": "{TABLE_FORMAT}"{named}, "files": [\n{body}\n]}}\n'.encode()
 
 
@@ -450,10 +451,11 @@ def with_file_table(folder: Path, manifest: Manifest) -> Manifest:
     shard checksum is the file's own (npy since format 2, jpeg) are not hashed a second time."""
     known = ({s.file: s.digest for s in manifest.shards}
              if manifest.format_version >= 2 and get_backend(manifest.storage).shard_digest_is_file else None)
-    table = compute_file_table(folder, manifest.digest, known=known)
-    data = _encode(table, manifest)
+    digest = manifest.digest
+    table = compute_file_table(folder, digest, known=known)
+    data = _encode(table, digest, manifest.format_version)
     write_bytes_atomic(folder / FILE_TABLE, data, durable=False)
-    ref = {"table": FILE_TABLE, "digest": manifest.digest.of(data), "count": len(table),
+    ref = {"table": FILE_TABLE, "digest": digest.of(data), "count": len(table),
            "bytes": sum(e.size for e in table.values())}
     return dataclasses.replace(manifest, files=ref)
 

@@ -40,9 +40,28 @@ from cachebuild.storage.remote.block_cache import (
 if TYPE_CHECKING:
     from cachebuild.format.manifest import Digest, Manifest, ShardInfo
 
-__all__ = ["DEFAULT_STORAGE", "Backend", "BlockFailure", "BlockRecord", "ImageStore", "ShardHandles", "Sink",
-           "StorageParams", "adopt_file", "backend_names", "cache_names", "codecs", "digest_file", "digest_of_file",
-           "get_backend", "in_parallel", "link_shard", "one_file_per_block", "register_backend", "staging_names"]
+__all__ = [
+    "DEFAULT_STORAGE",
+    "STORAGE_KINDS",
+    "Backend",
+    "BlockFailure",
+    "BlockRecord",
+    "ImageStore",
+    "ShardHandles",
+    "Sink",
+    "StorageParams",
+    "adopt_file",
+    "backend_names",
+    "cache_names",
+    "digest_file",
+    "digest_of_file",
+    "get_backend",
+    "in_parallel",
+    "link_shard",
+    "one_file_per_block",
+    "register_backend",
+    "staging_names",
+]
 
 T = TypeVar("T")
 
@@ -261,8 +280,6 @@ class Backend(ABC):
     staging_names: ClassVar[str] = ""
     #: names a finished cache of this kind holds beyond the files its manifest lists (zarr: the group metadata)
     cache_names: ClassVar[frozenset[str]] = frozenset()
-    #: kinds that store each sample encoded: the codec's name (the CLI's ``--codec``; None: raw pixels)
-    codec: ClassVar[str | None] = None
     #: True when :meth:`adopt_shard` can take an older cache's local shard whole (one file per block)
     adopts_shards: ClassVar[bool] = False
     #: True when a shard's manifest digest is that of its whole file (one file per shard; format version >= 2):
@@ -399,6 +416,10 @@ def register_backend(name: str, target: str | Backend) -> None:
         _LOADED.pop(name, None)
 
 
+# The registered kinds' names, a live view: a kind registered later is in it.
+STORAGE_KINDS = _BACKENDS.keys()
+
+
 def backend_names() -> tuple[str, ...]:
     return tuple(_BACKENDS)
 
@@ -426,10 +447,6 @@ def cache_names() -> frozenset[str]:
     """Names some storage kind keeps in a finished cache beyond the files its manifest lists."""
     return frozenset().union(*(get_backend(name).cache_names for name in _BACKENDS))
 
-
-def codecs() -> dict[str, str]:
-    """codec name -> the storage kind that stores samples encoded with it (``--codec jpeg`` -> ``jpeg``)."""
-    return {b.codec: name for name, b in ((n, get_backend(n)) for n in _BACKENDS) if b.codec}
 
 
 # ---------------------------------------------------------------- shard files, opened once per process

@@ -469,7 +469,6 @@ class JpegBackend(Backend):
     shard_digest_is_file = True
     adopts_shards = True
     staging_names = r"images-\d+\.jpegs(\.tmp)?"  # payload shards and AtomicFile's temporaries
-    codec = "jpeg"
 
     def build_params(self, opts: StorageParams) -> dict[str, Any]:
         quality, subsampling = opts.quality, opts.subsampling

@@ -49,11 +49,15 @@ def _cli(*args: object):
 
 @pytest.fixture
 def scratch_registries(monkeypatch):
-    """Kinds registered by a test are gone after it."""
+    """Kinds registered by a test are gone after it (the storage registry emptied and refilled in place: its
+    live view of names, STORAGE_KINDS, is the choices of --format)."""
     monkeypatch.setattr(registry, "_KINDS", dict(registry._KINDS))
     monkeypatch.setattr(registry, "_LOADED", dict(registry._LOADED))
-    monkeypatch.setattr(storage, "_BACKENDS", dict(storage._BACKENDS))
-    monkeypatch.setattr(storage, "_LOADED", dict(storage._LOADED))
+    saved = dict(storage._BACKENDS), dict(storage._LOADED)
+    yield
+    for table, before in zip((storage._BACKENDS, storage._LOADED), saved, strict=True):
+        table.clear()
+        table.update(before)
 
 
 # ---------------------------------------------------------------- a new kind: one module, one registry line
