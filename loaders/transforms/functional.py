@@ -44,10 +44,7 @@ def _check_size(size: List[int]) -> None:
 def _check_per_sample(t: Tensor, n: int, cols: int, name: str) -> None:
     if t.is_floating_point() or t.dtype == torch.bool or t.is_complex():
         raise TypeError(f"{name}: expected an integer tensor, got dtype {t.dtype}")
-    if cols == 0:
-        if t.dim() != 1 or t.shape[0] != n:
-            raise ValueError(f"{name}: expected shape [{n}], got {list(t.shape)}")
-    elif t.dim() != 2 or t.shape[0] != n or t.shape[1] != cols:
+    if t.dim() != 2 or t.shape[0] != n or t.shape[1] != cols:
         raise ValueError(f"{name}: expected shape [{n}, {cols}], got {list(t.shape)}")
 
 
@@ -73,14 +70,11 @@ def _from_float(x: Tensor, dtype: torch.dtype) -> Tensor:
 
 def _interpolate(x: Tensor, size: List[int], antialias: bool) -> Tensor:
     """Bilinear resize of a (n, C, h, w) tensor, any dtype, torchvision semantics."""
-    if x.dtype == torch.uint8 and x.device.type != "cpu":
-        # Only the CPU has uint8 bilinear kernels; elsewhere go through float and round back.
-        y = F.interpolate(x.float(), size=size, mode="bilinear", align_corners=False, antialias=antialias)
-        return _from_float(y, torch.uint8)
-    if x.is_floating_point() and x.dtype != torch.float32 and x.dtype != torch.float64:
-        y = F.interpolate(x.float(), size=size, mode="bilinear", align_corners=False, antialias=antialias)
-        return y.to(x.dtype)
-    return F.interpolate(x, size=size, mode="bilinear", align_corners=False, antialias=antialias)
+    if x.dtype == torch.float32 or x.dtype == torch.float64 or (x.dtype == torch.uint8 and x.device.type == "cpu"):
+        return F.interpolate(x, size=size, mode="bilinear", align_corners=False, antialias=antialias)
+    # Only the CPU has uint8 bilinear kernels, and half types resample in float32: go through it and round back.
+    y = F.interpolate(x.float(), size=size, mode="bilinear", align_corners=False, antialias=antialias)
+    return _from_float(y, x.dtype)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -250,11 +244,8 @@ def center_crop(images: Tensor, size: List[int]) -> Tensor:
     h, w = images.shape[2], images.shape[3]
     oh, ow = size[0], size[1]
     if oh > h or ow > w:
-        pl = (ow - w) // 2 if ow > w else 0
-        pt = (oh - h) // 2 if oh > h else 0
-        pr = (ow - w + 1) // 2 if ow > w else 0
-        pb = (oh - h + 1) // 2 if oh > h else 0
-        images = F.pad(images, [pl, pr, pt, pb])
+        pw, ph = max(ow - w, 0), max(oh - h, 0)
+        images = F.pad(images, [pw // 2, (pw + 1) // 2, ph // 2, (ph + 1) // 2])
         h, w = images.shape[2], images.shape[3]
     # int(): TorchScript's round() returns a float
     top = int(round((h - oh) / 2.0))  # noqa: RUF046

@@ -25,6 +25,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
+from .modules import _probability
+
 __all__ = ["CutMix", "MixUp", "MixUpCutMix", "box_lambda", "box_weight", "check_labels", "check_soft_labels",
            "cutmix_box", "mix_images", "mix_targets"]
 
@@ -60,8 +62,8 @@ def check_labels(labels: Tensor, n: int, num_classes: int) -> None:
 
 
 def check_soft_labels(labels: Tensor, n: int, num_classes: int) -> None:
-    """Raise unless ``labels`` is a floating (n, num_classes) tensor of per-class weights (a float (n,) one:
-    class indices of the wrong dtype, a TypeError as before soft labels were taken)."""
+    """Raise unless ``labels`` is a floating (n, num_classes) tensor of per-class weights (a float (n,) one is
+    taken for class indices of the wrong dtype: a TypeError)."""
     if labels.dim() == 1:
         raise TypeError(
             f"labels: expected integer class indices, got dtype {labels.dtype} of shape {list(labels.shape)}; "
@@ -171,12 +173,6 @@ def _check_alpha(alpha: float, name: str, allow_zero: bool) -> float:
         need = ">= 0 (0 switches it off)" if allow_zero else "> 0"
         raise ValueError(f"{name}: expected a finite Beta(alpha, alpha) parameter {need}, got {alpha!r}")
     return a
-
-
-def _check_prob(p: float, name: str) -> float:
-    if not 0.0 <= float(p) <= 1.0:
-        raise ValueError(f"{name}: expected a probability in [0, 1], got {p!r}")
-    return float(p)
 
 
 class _Mix(nn.Module):
@@ -321,8 +317,8 @@ class MixUpCutMix(_Mix):
         self.cutmix_alpha = _check_alpha(cutmix_alpha, "cutmix_alpha", allow_zero=True)
         if self.mixup_alpha == 0.0 and self.cutmix_alpha == 0.0:
             raise ValueError("mixup_alpha, cutmix_alpha: expected at least one > 0, got both 0")
-        self.switch_prob = _check_prob(switch_prob, "switch_prob")
-        self.p = _check_prob(p, "p")
+        self.switch_prob = _probability(switch_prob, "switch_prob")
+        self.p = _probability(p, "p")
 
     @torch.jit.export
     def get_params(self, images: Tensor) -> Tuple[Tensor, Tensor]:

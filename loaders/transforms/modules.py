@@ -301,8 +301,7 @@ class Compose(nn.Module):
     """Apply batch transforms in order: ``forward(images, boxes=None)``.
 
     ``boxes`` (the valid region of each padded sample) are handed to every transform up to and
-    including the first geometric one, then dropped, since pixels have moved. Scriptable and
-    compilable like its members; ``torch.compile(Compose(...))`` is the recommended way to run it.
+    including the first geometric one, then dropped, since pixels have moved.
     """
 
     def __init__(self, transforms: Sequence[nn.Module]) -> None:

@@ -2,10 +2,8 @@
 
 Every preset returns a :class:`~loaders.transforms.modules.Compose` that takes the uint8
 (N, 3, H, W) batch from the loader (channels_last view of the NHWC cache, CPU or CUDA) and returns
-a normalised channels_last batch of ``dtype``. ``dtype`` defaults to float32, what torchvision
-pipelines produce and what every model accepts (autocast casts inside the model); pass
-``torch.bfloat16``/``torch.float16`` to halve the bytes of the batch when the model runs in that
-dtype. Run them with ``torch.compile(preset)`` (recommended) or eagerly; they also script.
+a normalised channels_last batch of ``dtype`` (:class:`~loaders.transforms.modules.Normalize` says
+which to pick). Run them with ``torch.compile(preset)`` (recommended) or eagerly; they also script.
 """
 
 from __future__ import annotations
