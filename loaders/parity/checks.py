@@ -74,7 +74,8 @@ def order_and_labels(reader: CacheReader, listing: Listing, match: Matching) -> 
                     {"cache": len(m.classes), "reference": len(listing.classes)})
     expected = [k for k in listing.keys if k not in skipped]
     bad_order = [i for i, (a, b) in enumerate(zip(paths, expected, strict=False)) if a != b]
-    missing = [k for k in expected if k not in set(paths)]
+    cached = set(paths)
+    missing = [k for k in expected if k not in cached]
     unknown_skips = sorted(skipped - ref_keys)
     order_ok = not bad_order and len(paths) == len(expected) and not unknown_skips
     if order_ok:

@@ -76,7 +76,7 @@ def _thresholds(o: ParityOptions, recipe: Any) -> tuple[float, float]:
             o.min_psnr if o.min_psnr is not None else each)
 
 
-def _side(where: str, src: Path, o: ParityOptions) -> tuple[Any, Any, Any, Any]:
+def _side(where: str, src: Path) -> tuple[Any, Any, Any, Any]:
     """(reader, recipe, listing, matching) of one cache against its reference; ParityInputError when the
     source is not the one the cache was built from."""
     from loaders.parity.checks import match_samples
@@ -102,7 +102,7 @@ def run_parity(o: ParityOptions, echo: Callable[[str], None] = lambda s: None) -
 
     need_scipy()
     t0 = time.perf_counter()
-    reader, recipe, listing, match = _side(o.cache, o.source, o)
+    reader, recipe, listing, match = _side(o.cache, o.source)
     echo(f"{reader.location.describe()}: {recipe.describe()}; reference: {listing.how}")
     results = checks.order_and_labels(reader, listing, match)
     median, each = _thresholds(o, recipe)
@@ -148,7 +148,7 @@ def _training(o: ParityOptions, dataset: Any, listing: Any, match: Any, png: Pat
 
     train = AbData(dataset, listing, match.ref_index)
     if o.val is not None:
-        _, _, v_listing, v_match = _side(o.val, o.source, o)
+        _, _, v_listing, v_match = _side(o.val, o.source)
         val = AbData(CachedImageDataset(o.val), v_listing, v_match.ref_index)
     else:
         val = train

@@ -231,10 +231,8 @@ def reference_listing(recipe: Recipe, src: Path) -> Listing:
         return _cifar(recipe, src)
     if recipe.kind == "parquet":
         return _parquet(recipe, src)
-    if recipe.kind == "imagenet":
+    if recipe.kind == "imagenet" and recipe.split == "val":
         with os.scandir(folder) as it:
-            flat = not any(e.is_dir() and e.name.startswith("n") for e in it)
-        if recipe.split == "val" and flat:
-            return _flat_val(src, folder)
-        return _image_folder(folder, "")  # keys relative to the split folder, as paths.json
-    return _image_folder(folder, "")
+            if not any(e.is_dir() and e.name.startswith("n") for e in it):
+                return _flat_val(src, folder)
+    return _image_folder(folder, "")  # keys relative to the split folder (ImageNet's), as paths.json
