@@ -22,20 +22,15 @@ __all__ = ["BROKEN_KINDS", "write_all_broken", "write_dangling_symlink", "write_
            "write_pixel_bomb_png", "write_text_as_jpeg", "write_truncated_jpeg"]
 
 
-def _real_jpeg_bytes(seed: int, size: tuple[int, int] = (400, 300), quality: int = 90) -> bytes:
-    bank = photo_bank()
-    rng = np.random.default_rng(seed)
-    img = render_sample(bank, seed % len(bank), size[0], size[1], rng)
-    buf = io.BytesIO()
-    Image.fromarray(img).save(buf, format="JPEG", quality=quality)
-    return buf.getvalue()
-
-
 def write_truncated_jpeg(folder: Path, name: str = "truncated.JPEG", keep: float = 0.6, seed: int = 0) -> Path:
     """The first ``keep`` fraction of a real 400x300 JPEG's bytes (a cut download): no EOI marker."""
     if not 0.0 < keep < 1.0:
         raise ValueError(f"keep must be in (0, 1), got {keep}")
-    data = _real_jpeg_bytes(seed)
+    bank = photo_bank()
+    buf = io.BytesIO()
+    Image.fromarray(render_sample(bank, seed % len(bank), 400, 300, np.random.default_rng(seed))).save(
+        buf, format="JPEG", quality=90)
+    data = buf.getvalue()
     path = Path(folder) / name
     path.write_bytes(data[: int(len(data) * keep)])
     return path
@@ -71,15 +66,10 @@ def write_pixel_bomb_png(folder: Path, name: str = "pixel_bomb.JPEG", side: int 
         raise ValueError(f"side must be in [1, 2**31 - 1], got {side}")
     row = b"\x00" * (1 + (side + 7) // 8)  # filter byte 0 + packed 1-bit zeros
     comp = zlib.compressobj(level=6)
-    parts = []
-    rows_per_feed = max(1, (1 << 22) // len(row))
-    block = row * rows_per_feed
-    left = side
-    while left > 0:
-        n = min(left, rows_per_feed)
-        parts.append(comp.compress(block if n == rows_per_feed else row * n))
-        left -= n
-    parts.append(comp.flush())
+    feed = max(1, (1 << 22) // len(row))  # rows per compress() call: about 4 MiB
+    block = row * feed
+    parts = [comp.compress(block) for _ in range(side // feed)]
+    parts += [comp.compress(row * (side % feed)), comp.flush()]
     ihdr = struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0)  # 1-bit gray, deflate, no interlace
     png = b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", ihdr) + _png_chunk(b"IDAT", b"".join(parts))
     png += _png_chunk(b"IEND", b"")

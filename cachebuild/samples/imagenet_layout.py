@@ -13,7 +13,6 @@ the wild:
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
@@ -74,12 +73,6 @@ _INTERNAL_SYNSETS: tuple[tuple[str, str, str], ...] = (
 _QUIRK_KINDS: tuple[str, ...] = ("cmyk", "png", "gray", "exif")
 
 
-def _jpeg_bytes(img: np.ndarray, quality: int, **kw: Any) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(img).save(buf, format="JPEG", quality=quality, **kw)
-    return buf.getvalue()
-
-
 def _kind_for(i: int) -> str:
     """Deterministic mix: 1 in 25 large, 1 in 20 small (both present once >= 8 images)."""
     if i % 25 == 3:
@@ -93,7 +86,7 @@ def _write_image(path: Path, bank: list, k: int, kind: str, rng: np.random.Gener
     w, h = imagenet_like_size(rng, kind)
     img = render_sample(bank, k, w, h, rng)
     quality = int(rng.integers(85, 96))
-    path.write_bytes(_jpeg_bytes(img, quality))
+    Image.fromarray(img).save(path, format="JPEG", quality=quality)
     return {"path": path, "label": k, "size": (w, h), "kind": kind, "quality": quality}
 
 
@@ -108,15 +101,12 @@ def _write_quirk(path: Path, bank: list, k: int, quirk: str, rng: np.random.Gene
         pil.save(path, format="PNG")
     elif quirk == "gray":
         pil.convert("L").save(path, format="JPEG", quality=quality)
-    elif quirk == "exif":
-        # Stored pixels are the upright picture turned 90 deg counter-clockwise; orientation 6 tells
-        # a viewer to turn them 90 deg clockwise, which gives the upright (w x h) picture back.
+    else:  # exif: the upright picture stored turned 90 deg counter-clockwise; orientation 6 tells a viewer
+        # to turn it 90 deg clockwise, which gives the upright (w x h) picture back.
         exif = Image.Exif()
         exif[0x0112] = 6
         Image.fromarray(np.ascontiguousarray(np.rot90(img, 1))).save(path, format="JPEG", quality=quality,
                                                                       exif=exif.tobytes())
-    else:
-        raise ValueError(f"unknown quirk {quirk!r}; expected one of {_QUIRK_KINDS}")
     return {"path": path, "label": k, "size": (w, h), "kind": quirk, "quality": quality, "upright": img}
 
 
