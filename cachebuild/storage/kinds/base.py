@@ -81,8 +81,8 @@ _PER_SAMPLE: dict[str, tuple[type[np.signedinteger[Any]], int]] = {"ok": (np.int
 
 
 def _per_sample(value: Any, dtype: type[np.signedinteger[Any]], cols: int) -> np.ndarray:
-    """``value`` (an array, or a sequence: tests, records of earlier releases) as this field's array, read-only:
-    (n,) for ``ok``, (n, cols) for the others. No copy of an array already of that dtype."""
+    """``value`` (an array or a sequence) as this field's array, read-only: (n,) for ``ok``, (n, cols) for the
+    others. No copy of an array already of that dtype."""
     arr = np.asarray(value, dtype=dtype)
     arr = arr.reshape(-1) if cols == 1 else arr.reshape(-1, cols)  # a view: the caller's array keeps its flags
     arr.flags.writeable = False
@@ -94,8 +94,8 @@ def _encode_array(arr: np.ndarray, dtype: type[np.signedinteger[Any]]) -> str:
 
 
 def _decode_array(value: Any, dtype: type[np.signedinteger[Any]], cols: int) -> np.ndarray:
-    """A per-sample field as read back: base64 of little-endian bytes (this release), or the lists of numbers
-    that earlier releases wrote (a build they left unfinished resumes with this one)."""
+    """A per-sample field as read back: base64 of little-endian bytes, or a list of numbers (the older staging
+    form, so that a build an older release left unfinished resumes)."""
     if isinstance(value, str):
         flat = np.frombuffer(base64.b64decode(value, validate=True), np.dtype(dtype).newbyteorder("<"))
         return flat if cols == 1 else flat.reshape(-1, cols)
@@ -155,8 +155,8 @@ class BlockRecord:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> BlockRecord:
-        """A record read back, in this release's form or the lists earlier ones wrote (KeyError, TypeError or
-        ValueError for one that is neither, or whose per-sample arrays do not hold ``count`` samples)."""
+        """A record read back, in either form of :func:`_decode_array` (KeyError, TypeError or ValueError for one
+        that is neither, or whose per-sample arrays do not hold ``count`` samples)."""
         arrays = {name: _decode_array(d[name], dtype, cols) for name, (dtype, cols) in _PER_SAMPLE.items()}
         rec = cls(int(d["block"]), int(d["start"]), int(d["planned"]), int(d["count"]), str(d["file"]),
                   str(d["digest"]), arrays["ok"], arrays["sizes"], arrays["boxes"],
@@ -549,12 +549,7 @@ class ShardHandles:
         if self.block_cache is None or self.block_cache.full or more == 0:
             return
         for j in range(k, min(self._count, k + more + 1)):
-            handle = self._handle(j)
-            if isinstance(handle, CachedFile):
-                name, size = self._name_and_size(j)
-                job = functools.partial(handle.prefetch, start if j == k else 0, size,
-                                        functools.partial(self._fetch, name), STEP_BYTES)
-                self.readahead.schedule(j, job, self.location.describe(name))
+            self._prefetch(j, start if j == k else 0)
 
     def read_files_whole(self) -> None:
         """From now on every file a batch touches is fetched whole (:attr:`whole_files`), several at once."""
@@ -567,10 +562,14 @@ class ShardHandles:
         background, once per process; nothing without a block cache or with ``CACHEBUILD_READAHEAD_FILES=0``."""
         if self.block_cache is None or self.block_cache.full or settings().readahead_files == 0:
             return
+        self._prefetch(k, 0)
+
+    def _prefetch(self, k: int, start: int) -> None:
+        """Schedule file ``k`` from byte ``start`` to its end into its block-cache mirror (once per process)."""
         handle = self._handle(k)
         if isinstance(handle, CachedFile):
             name, size = self._name_and_size(k)
-            job = functools.partial(handle.prefetch, 0, size, functools.partial(self._fetch, name), STEP_BYTES)
+            job = functools.partial(handle.prefetch, start, size, functools.partial(self._fetch, name), STEP_BYTES)
             self.readahead.schedule(k, job, self.location.describe(name))
 
     def read_files(self, wanted: Sequence[tuple[int, Sequence[tuple[int, int]]]]) -> list[list[Any]]:

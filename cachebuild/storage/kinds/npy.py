@@ -52,7 +52,7 @@ _HEAD_BYTES = 4096  # every .npy header cachebuild writes is 128 bytes; numpy's 
 
 
 # What numpy's .npy header parser raises on damaged bytes: it tokenizes and literal_evals the header, so a
-# flipped byte can surface as a syntax or tokenizer error, not only ValueError (1 in 9 single-bit flips).
+# flipped byte can surface as a syntax or tokenizer error, not only ValueError.
 NPY_HEADER_ERRORS = (ValueError, EOFError, SyntaxError, tokenize.TokenError)
 
 

@@ -262,12 +262,9 @@ async def acall(fn: Callable[[], Awaitable[T]], budget: Budget, hedge_bytes: int
 async def _each(calls: Sequence[Callable[[], Awaitable[Any]]], budget: Budget, limit: int,
                 hedge_bytes: Sequence[int] | None) -> list[Any]:
     gate = asyncio.Semaphore(limit)
-
-    async def one(c: Callable[[], Awaitable[Any]], n: int | None) -> Any:
-        return await acall(c, budget, n, gate)
-
     sizes: Sequence[int | None] = hedge_bytes if hedge_bytes is not None else [None] * len(calls)
-    return await asyncio.gather(*(one(c, n) for c, n in zip(calls, sizes, strict=True)), return_exceptions=True)
+    return await asyncio.gather(*(acall(c, budget, n, gate) for c, n in zip(calls, sizes, strict=True)),
+                                return_exceptions=True)
 
 
 def each(loop: Any, calls: Sequence[Callable[[], Awaitable[Any]]], budget: Budget | None = None,
