@@ -150,24 +150,14 @@ def decode_path(entry: Any, where: str = "paths.json") -> str:
         return entry
     if isinstance(entry, dict) and set(entry) == {"bytes"} and isinstance(entry["bytes"], str):
         text = entry["bytes"]
-        out = bytearray()
-        pos = 0
-        for m in _ESCAPE.finditer(text):
-            literal = text[pos : m.start()]
-            if "\\" in literal:
-                break
-            out += literal.encode("utf-8", "strict")
-            esc = m.group(1)
-            out += b"\\" if esc == "\\" else bytes([int(esc[1:], 16)])
-            pos = m.end()
-        else:
-            literal = text[pos:]
-            if "\\" not in literal:
-                try:
-                    out += literal.encode("utf-8", "strict")
-                    return os.fsdecode(bytes(out))
-                except UnicodeEncodeError:
-                    pass
+        parts = _ESCAPE.split(text)  # literal text at even positions, an escape's body (\\ or xHH) at odd ones
+        if not any("\\" in literal for literal in parts[::2]):
+            try:
+                return os.fsdecode(b"".join(
+                    p.encode("utf-8", "strict") if i % 2 == 0 else b"\\" if p == "\\" else bytes([int(p[1:], 16)])
+                    for i, p in enumerate(parts)))
+            except UnicodeEncodeError:  # a lone surrogate: not UTF-8 text
+                pass
         raise CacheCorruptError(f"{where}: malformed escaped file name {text!r} (only \\\\ and \\xHH escapes)")
     raise CacheCorruptError(f"{where}: a file name must be a string or {{\"bytes\": ...}}, got {entry!r}")
 

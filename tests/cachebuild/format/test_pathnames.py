@@ -51,7 +51,8 @@ def test_a_decoded_name_opens_the_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("entry", [{"bytes": "a\\x"}, {"bytes": "a\\q"}, {"bytes": "a\\xZZ"}, {"bytes": "\udcff"},
-                                   {"bytes": 3}, {"path": "a"}, {"bytes": "a", "extra": 1}, 7, None, ["a"]])
+                                   {"bytes": "\udcff\\x41"}, {"bytes": 3}, {"path": "a"}, {"bytes": "a", "extra": 1}, 7,
+                                   None, ["a"]])
 def test_malformed_entries_are_named_errors(entry: object) -> None:
     with pytest.raises(CacheCorruptError, match=r"paths\.json"):
         decode_path(entry)
