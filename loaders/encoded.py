@@ -67,7 +67,6 @@ class EncodedImages:
 
         out = np.empty((len(self), *self.shape), dtype=np.uint8)
         data = self.data.numpy()
-        cuts = self.offsets.tolist()
-        for k in range(len(self)):
-            decode_into(data[cuts[k] : cuts[k + 1]], out[k])
+        for k, (a, z) in enumerate(itertools.pairwise(self.offsets.tolist())):
+            decode_into(data[a:z], out[k])
         return torch.from_numpy(out).to(device).permute(0, 3, 1, 2)

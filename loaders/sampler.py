@@ -42,7 +42,7 @@ from torch.utils.data import Sampler
 
 __all__ = ["CacheSampler"]
 
-# The previous release's two-level orders, one option now: what each old keyword says instead.
+# The keywords of the two-level orders that shard_window replaces, and what each says in it.
 _RENAMED = {"chunked": "shard_window=W (the stored files shuffled, then samples within groups of W files)",
             "chunk_size": "shard_window=W: the groups are the cache's stored files (a zarr's chunks)",
             "window": "shard_window=W"}
@@ -177,17 +177,8 @@ class CacheSampler(Sampler[int]):
         self._loaded_at_end = False
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "epoch": self.epoch,
-            "seed": self.seed,
-            "position": self.position,
-            "num_samples": self.num_samples,
-            "num_replicas": self.num_replicas,
-            "dataset_len": self.dataset_len,
-            "shuffle": self.shuffle,
-            "drop_last": self.drop_last,
-            "shard_window": self.shard_window,
-        }
+        return {k: getattr(self, k) for k in ("epoch", "seed", "position", "num_samples", "num_replicas",
+                                              "dataset_len", "shuffle", "drop_last", "shard_window")}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore epoch, seed and position. The order-defining settings must match, or ValueError."""
