@@ -336,8 +336,7 @@ class Latencies:
             self._waiting.discard(started)
 
     def first_in_line(self, started: int) -> bool:
-        """No read that started before read number ``started`` is still waiting unhedged: if it is late, it is
-        not queued behind others."""
+        """No read that started before read number ``started`` is still waiting unhedged."""
         with self._lock:
             return min(self._waiting, default=started) == started
 
@@ -347,8 +346,7 @@ class Latencies:
             self._finished.append(started)
 
     def overtaken(self, started: int) -> int:
-        """How many reads that started after read number ``started`` have finished: a read stuck while later
-        ones answer is stalled, not queued behind the others (those finish in about the order they began)."""
+        """How many reads that started after read number ``started`` have finished."""
         with self._lock:
             return sum(1 for k in self._finished if k > started)
 
@@ -382,10 +380,9 @@ async def _quietly(tasks: set[asyncio.Future[Any]]) -> None:
 async def hedged(fn: Callable[[], Awaitable[T]], nbytes: int, delay: float, patience: float,
                  may_hedge: Callable[[], bool], transient: Callable[[BaseException], bool],
                  latencies: Latencies | None = None) -> T:
-    """``fn()``, and another ``fn()`` (if ``may_hedge()``) once it is late (no answer after ``delay`` seconds while
-    later reads have answered or none before it waits, or after ``patience``); then again after ``delay``, twice
-    that... The first good answer wins (the others cancelled); a permanent failure ends it at once; all failing
-    raises the last one."""
+    """``fn()``, and another ``fn()`` (if ``may_hedge()``) each time it is late by the rules above (``delay`` and
+    ``patience`` in seconds). The first good answer wins (the others cancelled); a permanent failure ends it at
+    once; all failing raises the last one."""
     lat = latencies or LATENCIES
     number = lat.begin()
     t0 = time.monotonic()
