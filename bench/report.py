@@ -47,10 +47,13 @@ def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
         r("cachebuild_npy_dataloader_plain", "cachebuild_npy_dataloader"))
     add("load: DataLoader + collate_batch / ImageFolder + PIL", 40.0, r("cachebuild_npy_dataloader", "imagefolder_pil"))
     add("load: DataLoader + collate_batch / FFCV raw Loader", 1.0, r("cachebuild_npy_dataloader", "ffcv_raw"))
-    add("load: FastLoader / bare memmap gather (1 thread)", 1.2, r("cachebuild_npy_fastloader", "limit_bare_gather"))
+    # A floor, not a ceiling: the DataLoader's workers each gather into shared memory, so it stays near the copy
+    # limit; its ratio moves with the machine's memory traffic from run to run (docs/performance.md).
+    add("load: DataLoader + collate_batch / bare memmap gather (1 thread)", 0.6,
+        r("cachebuild_npy_dataloader", "limit_bare_gather"))
     if "limit_bare_gather_glibc_default" in med:
-        add("load: the same, both in a process without GLIBC_TUNABLES (glibc's default copy threshold)", 1.2,
-            r("cachebuild_npy_fastloader_glibc_default", "limit_bare_gather_glibc_default"))
+        add("load: the same, both in a process without GLIBC_TUNABLES (glibc's default copy threshold)", 0.6,
+            r("cachebuild_npy_dataloader_glibc_default", "limit_bare_gather_glibc_default"))
     return out
 
 

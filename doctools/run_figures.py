@@ -39,21 +39,20 @@ def compact_section(res: dict[str, Any], where: str) -> str:
     return "\n".join(lines)
 
 
-_OURS = ("cachebuild_npy_fused_in_workers", "cachebuild_npy_fused_in_threads", "cachebuild_jpeg_fused_in_workers",
-         "cachebuild_jpeg_fused_in_threads", "cachebuild_npy_crop_in_workers", "cachebuild_npy_crop_in_threads",
-         "cachebuild_jpeg_crop_in_workers", "cachebuild_jpeg_crop_in_threads", "cachebuild_npy_dataloader")
+_OURS = ("cachebuild_npy_fused_in_workers", "cachebuild_jpeg_fused_in_workers", "cachebuild_npy_crop_in_workers",
+         "cachebuild_jpeg_crop_in_workers", "cachebuild_npy_dataloader")
 _PEERS = ("ffcv_raw", "ffcv_jpg", "dali_cache")
 
 
 def augment_section(res: dict[str, Any], where: str) -> str:
-    """The augmented loads (RandomResizedCrop + flip + normalize to float batches) of the crop in the loader's
-    workers or threads, and the batch path, against FFCV's and DALI's augmented loaders, in one run."""
+    """The augmented loads (RandomResizedCrop + flip + normalize to float batches) of the crop in the DataLoader's
+    workers, and the batch path, against FFCV's and DALI's augmented loaders, in one run."""
     rows = res.get("load", {}).get("groups", {}).get("augmented", {})
     ours = [k for k in _OURS if k in rows]
     peers = [k for k in _PEERS if k in rows]
     cfg = res.get("config", {})
     lines = [f"{_head(res, where)}: {res.get('load', {}).get('images', cfg.get('n'))} photos at {cfg.get('size')} px, "
-             f"batch {cfg.get('batch')}, {cfg.get('workers')} workers or threads, normalized float batches on the CPU.",
+             f"batch {cfg.get('batch')}, {cfg.get('workers')} workers, normalized float batches on the CPU.",
              ""]
     if not ours or not peers:
         return "\n".join([*lines, "No augmented rows of both cachebuild and FFCV or DALI in this run."])

@@ -111,12 +111,11 @@ def headline_section(res: dict[str, Any], where: str) -> str:
                      f"{_against(b['contenders'], ('bare_decode', 'ffcv_raw', 'litdata_raw', 'webdataset_raw'))} |")
     ld = res.get("load", {})
     raw = ld.get("groups", {}).get("raw", {})
-    for key in ("cachebuild_npy_dataloader", "cachebuild_npy_fastloader"):
-        r = raw.get(key)
-        if r:
-            lines.append(f"| load: {r['label'].split(': ', 1)[-1]}, batch {ld['batch']}, uint8 | "
-                         f"{r['img_s']['median']:,.0f} | "
-                         f"{_against(raw, ('imagefolder_pil', 'ffcv_raw', 'limit_bare_gather'))} |")
+    r = raw.get("cachebuild_npy_dataloader")
+    if r:
+        lines.append(f"| load: {r['label'].split(': ', 1)[-1]}, batch {ld['batch']}, uint8 | "
+                     f"{r['img_s']['median']:,.0f} | "
+                     f"{_against(raw, ('imagefolder_pil', 'ffcv_raw', 'limit_bare_gather'))} |")
     tr = res.get("train", {}).get("contenders", {})
     if "cachebuild_dataloader" in tr and "imagefolder_pil" in tr:
         lines.append(f"| share of a training step waiting for data ({res['train']['model']}, "

@@ -50,8 +50,7 @@ class DatasetOptions:
         decode: for compact caches (``--codec jpeg``): ``"cpu"`` decodes each batch where it is read (a small
             pool of threads per process, ``decode_threads`` of them: the one setting of how many; default, by
             ``cachebuild.storage.kinds.jpeg.decode_threads``: the CPUs divided among the DataLoader's workers, at
-            most 4, and none in ``ThreadLoader``'s threads, which decode their own samples); ``"none"`` makes
-            batches carry the stored JPEGs undecoded
+            most 4); ``"none"`` makes batches carry the stored JPEGs undecoded
             (:class:`~loaders.encoded.EncodedImages`) for ``device_loader(..., decode="cuda")``, which sets
             it. Raw caches have nothing to decode and ignore both.
 

@@ -1,4 +1,4 @@
-"""``device_loader``: a loader's batches (a DataLoader's, a ``ThreadLoader``'s) on the training device.
+"""``device_loader``: a DataLoader's batches on the training device.
 
 uint8 NHWC batches (pinned by ``pin_memory=True``) are copied with ``non_blocking=True`` and viewed as NCHW by
 ``permute(0, 3, 1, 2)``, which for an NHWC tensor *is* channels_last NCHW (no copy). On CUDA the copy of
@@ -14,11 +14,16 @@ import torch
 
 from loaders.dataset import CacheBatch, CachedImageDataset
 from loaders.encoded import EncodedImages
-from loaders.thread_loader import ThreadLoader
 
-__all__ = ["DeviceLoader", "FastLoader", "device_loader", "to_device"]
+__all__ = ["DeviceLoader", "device_loader", "to_device"]
 
-FastLoader = ThreadLoader  # ThreadLoader's name and home in the previous release, kept for one release
+
+def __getattr__(name: str) -> Any:
+    if name == "FastLoader":  # a removed loader's home in an earlier release: the error that names the DataLoader way
+        import loaders
+
+        return getattr(loaders, name)
+    raise AttributeError(f"module 'loaders.device' has no attribute {name!r}")
 
 
 def _as_tuple(batch: Any) -> tuple[Any, ...]:

@@ -1,5 +1,5 @@
-"""Crop + resize + flip (+ normalize) fused into the gather, in the loader's workers (DataLoader processes or
-``ThreadLoader`` threads): a batch leaves the worker at its training size, and the device only normalizes.
+"""Crop + resize + flip (+ normalize) fused into the gather, in the DataLoader's workers (or its main process with
+``num_workers=0``): a batch leaves the worker at its training size, and the device only normalizes.
 On a CPU the device transforms would crop on the main process's cores, competing with the model, and on any
 device they receive whole stored samples.
 
@@ -103,7 +103,7 @@ def normalize_matrix(crop: Any, normalize: tuple[Sequence[float], Sequence[float
     """``normalize`` ((mean, std), 0-1 units as torchvision's ``Normalize``) checked against ``crop`` and made
     into the (3, 4) affine map of ``cv2.transform``: channel c of a pixel v becomes ``v / (255 std[c]) -
     mean[c] / std[c]``, i.e. ``(v / 255 - mean[c]) / std[c]`` within 1e-6 (float32 arithmetic). One map per
-    crop beats a 256-entry ``cv2.LUT`` to float32, and OpenCV releases the GIL: threads normalize in parallel."""
+    crop beats a 256-entry ``cv2.LUT`` to float32."""
     if normalize is None:
         return None
     if crop is None:
@@ -325,7 +325,8 @@ _local = threading.local()
 
 
 def _scratch(shape: tuple[int, ...]) -> np.ndarray:
-    """A per-thread buffer of ``shape`` (ThreadLoader threads gather at once; DataLoader workers have one)."""
+    """This thread's buffer of ``shape``: a DataLoader worker has one thread, and a dataset read from several
+    threads at once still gives each its own scratch."""
     buf = getattr(_local, "buf", None)
     n = int(np.prod(shape))
     if buf is None or buf.size < n:

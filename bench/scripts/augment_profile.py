@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
-    cv2.setNumThreads(1)  # as in a DataLoader worker or a ThreadLoader thread: one core each
+    cv2.setNumThreads(1)  # as in a DataLoader worker: one core each
     load = [round(x, 2) for x in os.getloadavg()]
     with tempfile.TemporaryDirectory() as d:
         cache = _synthetic_cache(Path(d) / "cache", a.n, a.size)

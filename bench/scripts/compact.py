@@ -10,8 +10,7 @@ What it reports (ratios taken within one run, per round where there are rounds, 
   decoders    one process decoding every stored JPEG: simplejpeg (into the batch) vs cv2.imdecode
   load        shuffled epochs, batch 256: DataLoader with 2 workers decoding on read (collate_batch) vs a
               bare decode loop of the same bytes in 2 processes (memory-mapped shards, simplejpeg into a
-              reused batch buffer, no checks) (issue: >= 0.8x); FastLoader (2 threads) and the raw cache's
-              DataLoader for context
+              reused batch buffer, no checks) (issue: >= 0.8x); the raw cache's DataLoader for context
   ffcv        FFCV's Loader on a .beton of the same samples as JPEG q90 (bench/scripts/ffcv_jpeg_contender.py in FFCV's
               own venv: --ffcv-python, $FFCV_PYTHON, or $BENCH_VENVS/ffcv, default bench/.venvs/ffcv)
               (issue: DataLoader >= 3x FFCV)
@@ -47,7 +46,6 @@ from cachebuild.sources.folder import folder_plan  # noqa: E402
 from cachebuild.storage.cache import open_cache  # noqa: E402
 from cachebuild.storage.kinds.jpeg import JpegImages  # noqa: E402
 from loaders.dataset import CachedImageDataset, collate_batch  # noqa: E402
-from loaders.device import FastLoader  # noqa: E402
 from loaders.encoded import EncodedImages  # noqa: E402
 from loaders.sampler import CacheSampler  # noqa: E402
 
@@ -226,7 +224,7 @@ def _decoders(ds: CachedImageDataset, payloads: list[np.ndarray], rounds: int, r
 
 
 def _load(ds: CachedImageDataset, raw_path: Path, a: argparse.Namespace, res: dict[str, Any]) -> None:
-    """Load: DataLoader vs the bare decode loop in as many processes, FastLoader, the raw cache's DataLoader."""
+    """Load: DataLoader vs the bare decode loop in as many processes, and the raw cache's DataLoader."""
     n = len(ds)
     sampler = CacheSampler(ds, shuffle=True, seed=0)
     dl = torch.utils.data.DataLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=a.workers,
@@ -235,20 +233,18 @@ def _load(ds: CachedImageDataset, raw_path: Path, a: argparse.Namespace, res: di
     raw_sampler = CacheSampler(raw_ds, shuffle=True, seed=0)
     raw_dl = torch.utils.data.DataLoader(raw_ds, batch_size=BATCH, sampler=raw_sampler, num_workers=a.workers,
                                          collate_fn=collate_batch, persistent_workers=True)
-    fast = FastLoader(ds, BATCH, shuffle=True, num_threads=a.workers)
     ctx = multiprocessing.get_context("fork")
     pool = ctx.Pool(a.workers, initializer=_bare_init, initargs=(_jpeg_images(ds).files, ds.shape))
     pool.map(int, range(a.workers))  # started before any timing
     _epoch(dl)  # warm: workers started, page cache holds the shards
     _epoch(raw_dl)
-    rows: dict[str, list[float]] = {"bare decode": [], "DataLoader": [], "FastLoader": [], "raw DataLoader": []}
+    rows: dict[str, list[float]] = {"bare decode": [], "DataLoader": [], "raw DataLoader": []}
     for r in range(a.rounds):
         perm = np.random.default_rng(r).permutation(n)
         parts = np.array_split(perm, a.workers)
         rows["bare decode"].append(n / _time(lambda parts=parts: pool.map(_bare_decode, parts)))
         sampler.set_epoch(r + 1)
         rows["DataLoader"].append(n / _time(lambda: _epoch(dl)))
-        rows["FastLoader"].append(n / _time(lambda: _epoch(fast)))
         raw_sampler.set_epoch(r + 1)
         rows["raw DataLoader"].append(n / _time(lambda: _epoch(raw_dl)))
         print(f"  round {r}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in rows.items()), flush=True)
@@ -259,8 +255,8 @@ def _load(ds: CachedImageDataset, raw_path: Path, a: argparse.Namespace, res: di
     ratio = statistics.median(d / b for d, b in zip(rows["DataLoader"], rows["bare decode"], strict=True))
     res["dataloader_over_bare_decode"] = ratio
     print(f"load ({a.workers} processes, batch {BATCH}): DataLoader {res['load_img_s']['DataLoader']} img/s = "
-          f"{ratio:.2f}x the bare decode loop ({res['load_img_s']['bare decode']} img/s); FastLoader "
-          f"{res['load_img_s']['FastLoader']}; raw cache DataLoader {res['load_img_s']['raw DataLoader']}",
+          f"{ratio:.2f}x the bare decode loop ({res['load_img_s']['bare decode']} img/s); raw cache DataLoader "
+          f"{res['load_img_s']['raw DataLoader']}",
           flush=True)
 
 

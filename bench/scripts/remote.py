@@ -100,14 +100,8 @@ def epochs(ds: Any, args: argparse.Namespace, count: int, persistent: bool = Tru
     from loaders.sampler import CacheSampler
 
     sampler = CacheSampler(ds, shuffle=True, seed=0)
-    dl: Any
-    if args.threads:  # ThreadLoader: args.threads batches in flight in this process (no worker processes)
-        from loaders.thread_loader import ThreadLoader
-
-        dl = ThreadLoader(ds, args.batch, sampler=sampler, num_threads=args.threads, prefetch=2)
-    else:
-        dl = DataLoader(ds, batch_size=args.batch, sampler=sampler, num_workers=args.workers,
-                        collate_fn=collate_batch, persistent_workers=persistent, prefetch_factor=4)
+    dl = DataLoader(ds, batch_size=args.batch, sampler=sampler, num_workers=args.workers,
+                    collate_fn=collate_batch, persistent_workers=persistent, prefetch_factor=4)
     rates = []
     for e in range(count):
         sampler.set_epoch(e)
@@ -205,8 +199,6 @@ def main() -> None:
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--threads", type=int, default=0,
-                   help="read through a ThreadLoader with this many threads instead of a DataLoader with --workers")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--baseline-tree", type=Path, default=None)
@@ -230,7 +222,6 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bench-remote-"))
     results: dict[str, Any] = {"n": args.n, "size": args.size, "batch": args.batch, "workers": args.workers,
-                               "threads": args.threads,
                                "loadavg_start": os.getloadavg()}
     if args.machine:
         results.update(_provenance())

@@ -4,8 +4,8 @@ Two groups run one after the other. "raw": fixed-size uint8 batches (what a cach
 pipelines decode + resize + centre-crop). "augmented": the standard training augmentation
 (RandomResizedCrop + flip + normalize), each contender its own usual way (per sample in the workers
 for JPEG pipelines and the naive cache; on the whole batch for cachebuild, here on the CPU, in the main
-process, with the npy DataLoader and FastLoader: its transforms are made for the GPU; and per sample in
-cachebuild's workers or threads, the normalize on the batch or fused there too). Within a
+process: its transforms are made for the GPU; and per sample in cachebuild's DataLoader workers, the
+normalize on the batch or fused there too). Within a
 group our contenders run interleaved epoch by epoch (the machine's speed drifts); each has one warm-up
 epoch (worker start-up, page faults, lazy imports), left out; the others give median and min-max.
 Peers run in their venvs after ours, with the same epochs. Every cache is in the page cache (warm).
@@ -40,7 +40,7 @@ MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 Epoch = Callable[[], Iterable[Any]]
 # Rows bound by memory copies, measured again without GLIBC_TUNABLES when the run has it (bench.sections.load_child)
-COPY_BOUND = ("cachebuild_npy_dataloader", "cachebuild_npy_fastloader")
+COPY_BOUND = ("cachebuild_npy_dataloader",)
 
 
 class NaiveNpy(Dataset):
@@ -126,7 +126,7 @@ def _loaders(cfg: dict[str, Any], src: Path, outputs: dict[str, Path], aug: bool
 
     from loaders import transforms as CT
     from loaders.dataset import CachedImageDataset, collate_batch
-    from loaders.device import FastLoader, device_loader
+    from loaders.device import device_loader
     from loaders.sampler import CacheSampler
 
     s, b, w = cfg["size"], cfg["batch"], cfg["workers"]
@@ -187,8 +187,6 @@ def _loaders(cfg: dict[str, Any], src: Path, outputs: dict[str, Path], aug: bool
             dl_plain = DataLoader(ds, batch_size=b, sampler=sampler, **kw)
             out[f"{key}_dataloader_plain"] = (f"4. cachebuild {storage}: plain DataLoader (no collate_fn), {w} workers"
                                               f"{what}", via(dl_plain))
-        fast = FastLoader(ds, b, sampler=sampler, num_threads=w)
-        out[f"{key}_fastloader"] = (f"4. cachebuild {storage}: FastLoader, {w} threads{what}", via(fast))
         if aug:
             out.update(_crop_in_workers(key, storage, outputs[key], cfg, via))
     return out
@@ -196,13 +194,12 @@ def _loaders(cfg: dict[str, Any], src: Path, outputs: dict[str, Path], aug: bool
 
 def _crop_in_workers(key: str, storage: str, cache: Path, cfg: dict[str, Any],
                      via: Callable[..., Epoch]) -> dict[str, tuple[str, Epoch]]:
-    """The augmented load with RandomResizedCrop + flip per sample in the loader's workers or threads, straight
+    """The augmented load with RandomResizedCrop + flip per sample in the DataLoader's workers, straight
     from the stored sample into the batch (``CachedImageDataset(crop=..., flip=True)``), then Normalize on the
     batch in the main process; and the same with the normalize fused in the workers too (``normalize=``:
     float32 batches out of the workers, FFCV's place for all of this work, what the peers' rows deliver)."""
     from loaders import transforms as CT
     from loaders.dataset import CachedImageDataset, DatasetOptions, collate_batch
-    from loaders.device import FastLoader
     from loaders.sampler import CacheSampler
     from loaders.worker_crop import RandomResizedCrop
 
@@ -210,25 +207,19 @@ def _crop_in_workers(key: str, storage: str, cache: Path, cfg: dict[str, Any],
     norm = CT.Normalize(CT.IMAGENET_MEAN, CT.IMAGENET_STD)
     ds = CachedImageDataset(cache, DatasetOptions(crop=RandomResizedCrop(s), flip=True, seed=0))
     sampler = CacheSampler(ds, shuffle=True, seed=0)
-    what = ", RandomResizedCrop + flip in the {} (crop=), Normalize on the batch"
+    what = ", RandomResizedCrop + flip in the workers (crop=), Normalize on the batch"
     dl = DataLoader(ds, batch_size=b, sampler=sampler, collate_fn=collate_batch, num_workers=w,
                     persistent_workers=w > 0)
-    fast = FastLoader(ds, b, sampler=sampler, num_threads=w)
     fds = CachedImageDataset(cache, DatasetOptions(crop=RandomResizedCrop(s), flip=True, seed=0,
                                                    normalize=(CT.IMAGENET_MEAN, CT.IMAGENET_STD)))
     fsampler = CacheSampler(fds, shuffle=True, seed=0)
     fdl = DataLoader(fds, batch_size=b, sampler=fsampler, collate_fn=collate_batch, num_workers=w,
                      persistent_workers=w > 0)
-    ffast = FastLoader(fds, b, sampler=fsampler, num_threads=w)
-    fused = ", RandomResizedCrop + flip + Normalize in the {} (crop=, normalize=), float32 out"
-    return {f"{key}_crop_in_workers": (f"4. cachebuild {storage}: DataLoader + collate_batch, {w} workers"
-                                       + what.format("workers"), via(dl, norm, sampler, [0])),
-            f"{key}_crop_in_threads": (f"4. cachebuild {storage}: FastLoader, {w} threads" + what.format("threads"),
-                                       via(fast, norm, sampler, [0])),
-            f"{key}_fused_in_workers": (f"4. cachebuild {storage}: DataLoader + collate_batch, {w} workers"
-                                        + fused.format("workers"), via(fdl, None, fsampler, [0])),
-            f"{key}_fused_in_threads": (f"4. cachebuild {storage}: FastLoader, {w} threads" + fused.format("threads"),
-                                        via(ffast, None, fsampler, [0]))}
+    fused = ", RandomResizedCrop + flip + Normalize in the workers (crop=, normalize=), float32 out"
+    return {f"{key}_crop_in_workers": (f"4. cachebuild {storage}: DataLoader + collate_batch, {w} workers" + what,
+                                       via(dl, norm, sampler, [0])),
+            f"{key}_fused_in_workers": (f"4. cachebuild {storage}: DataLoader + collate_batch, {w} workers" + fused,
+                                        via(fdl, None, fsampler, [0]))}
 
 
 def _bare_gather(path: Path, batch: int) -> Epoch:

@@ -4,7 +4,7 @@ harness runs with it, so one run shows both).
     python -m bench.sections.load_child --src TRAIN_DIR --cache NPY_CACHE --size S --batch B --workers W --epochs E
 
 Prints one JSON line: img/s of each timed epoch (one warm-up left out) of the npy DataLoader +
-``collate_batch``, FastLoader and the bare memmap gather, measured as in ``bench.sections.load``.
+``collate_batch`` and the bare memmap gather, measured as in ``bench.sections.load``.
 """
 
 from __future__ import annotations

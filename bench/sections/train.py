@@ -82,7 +82,6 @@ def pipelines(cfg: dict[str, Any], src: Path, outputs: dict[str, Path], indices:
 
     from loaders import transforms as CT
     from loaders.dataset import CachedImageDataset, DatasetOptions, collate_batch
-    from loaders.device import FastLoader
 
     b, w = cfg["batch"], cfg["workers"]
     pin = device.type == "cuda"
@@ -117,13 +116,6 @@ def pipelines(cfg: dict[str, Any], src: Path, outputs: dict[str, Path], indices:
         tf = CT.imagenet_train(crop).to(device)
         out["cachebuild_dataloader"] = ("4. cachebuild npy: DataLoader + collate_batch, imagenet_train() on the batch",
                                         loader(ds, collate_fn=collate_batch), tf)
-        epoch_no = [0]
-
-        def fast() -> Iterable[Any]:
-            epoch_no[0] += 1
-            order = np.random.default_rng(epoch_no[0]).permutation(indices)
-            return FastLoader(ds, b, sampler=order.tolist(), num_threads=max(1, w), pin_memory=pin, drop_last=True)
-        out["cachebuild_fastloader"] = ("4. cachebuild npy: FastLoader, imagenet_train() on the batch", fast, tf)
         from loaders.worker_crop import RandomResizedCrop
 
         cropped = CachedImageDataset(outputs["cachebuild_npy"],

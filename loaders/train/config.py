@@ -14,18 +14,15 @@ from dataclasses import dataclass
 from cachebuild.errors import CacheBuildError, OptionError
 from cachebuild.options import REQUIRED, check_fields, option
 
-__all__ = ["AMP_CHOICES", "AUGMENTS", "AUGMENT_IN", "IN_MEMORY", "LOADERS", "OPTIMIZERS", "TrainConfig",
-           "TrainSetupError", "parse_progressive"]
+__all__ = ["AMP_CHOICES", "AUGMENTS", "AUGMENT_IN", "IN_MEMORY", "OPTIMIZERS", "TrainConfig", "TrainSetupError",
+           "parse_progressive"]
 
 AMP_CHOICES: tuple[str, ...] = ("auto", "bf16", "fp16", "off")
 AUGMENTS: tuple[str, ...] = ("auto", "imagenet", "cifar", "none")
 # Where the preset's crop + resize + flip run: "device" on the batch (loaders.transforms), "workers" per sample
-# in the loader's workers or threads, straight into a batch of the crop's size (loaders.worker_crop).
+# in the DataLoader's workers, straight into a batch of the crop's size (loaders.worker_crop).
 AUGMENT_IN: tuple[str, ...] = ("device", "workers")
 IN_MEMORY: tuple[str, ...] = ("auto", "yes", "no")
-# "threads": a ThreadLoader (loaders.thread_loader) gathers batches in threads of the training process;
-# "dataloader": torch's DataLoader with worker processes; "auto": threads on CPU, dataloader on CUDA.
-LOADERS: tuple[str, ...] = ("auto", "dataloader", "threads")
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
@@ -40,6 +37,12 @@ def _known_model(name: str) -> None:
     if not is_known_model(name):
         raise ValueError(f"unknown model {name!r}; try small_cnn, tiny_cnn, linear, resnet18, resnet50 (any "
                          "torchvision classifier name)")
+
+
+def _no_loader(value: str) -> None:
+    raise ValueError("--loader is no longer a flag of train: batches are loaded by DataLoader worker processes "
+                     "(--workers N; --workers 0 loads in the main process), in Python "
+                     "torch.utils.data.DataLoader(ds, ..., collate_fn=collate_batch)")
 
 
 def _device(name: str) -> None:
@@ -106,18 +109,15 @@ class TrainConfig:
                           "(RandomResizedCrop).", choices=AUGMENTS)
     crop: int | None = option(None, "Train/eval resolution [default: the cache's image size].", min=8)
     augment_in: str = option("device", "Where the preset's crop, resize and flip run: device (on the batch) or "
-                             "workers (per sample, in the loader's workers/threads, straight into a batch of the "
+                             "workers (per sample, in the DataLoader's workers, straight into a batch of the "
                              "crop's size; the device only normalizes). imagenet and none presets.",
                              choices=AUGMENT_IN)
     progressive: str | None = option(None, "Progressive resizing (needs --augment-in workers): train at LOW px "
                                      "until epoch START, then rise to HIGH px at epoch END (multiples of 8) "
                                      "[START, END default: 0 and the last epoch]. Evaluation stays at --crop.",
                                      metavar="LOW:HIGH[:START:END]", check=parse_progressive)
-    workers: int = option(2, "DataLoader worker processes (--loader dataloader) or ThreadLoader threads (--loader "
-                          "threads).", min=0)
-    loader: str = option("auto", "threads: a ThreadLoader (batches gathered by threads of this process); "
-                         "dataloader: DataLoader worker processes; auto: threads on CPU (no processes competing "
-                         "for the cores), dataloader on CUDA.", choices=LOADERS)
+    workers: int = option(2, "DataLoader worker processes (0: batches are loaded in the main process).", min=0)
+    loader: str | None = option(None, None, hidden=True, check=_no_loader)  # an earlier release's flag: refused
     in_memory: str = option("auto", "Load the cache into shared RAM once (auto: when it fits half the free "
                             "memory).", choices=IN_MEMORY)
     device: str = option("auto", "cpu, cuda, cuda:N or auto.", check=_device)

@@ -1,5 +1,5 @@
-"""The data side of a run: the caches opened and checked against each other, the sampler, the loaders
-(``ThreadLoader`` or DataLoader workers) and the device transforms of the augmentation preset."""
+"""The data side of a run: the caches opened and checked against each other, the sampler, the DataLoaders
+and the device transforms of the augmentation preset."""
 
 from __future__ import annotations
 
@@ -30,7 +30,6 @@ class TrainData:
     eval_tf: Callable[..., torch.Tensor]
     augment: str
     crop: int
-    loader_kind: str  # "threads" or "dataloader" (LOADERS, resolved)
     notes: list[str] = dataclasses.field(default_factory=list)  # said once at the start of the run
     # A batch-level mix after train_tf ((x, labels) -> (x, soft targets): MixUp, CutMix); None: none.
     batch_tf: BatchTransform | None = None
@@ -140,16 +139,15 @@ def build_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
         train_tf = train_tf.to(info.device)
         eval_tf = eval_tf.to(info.device)
 
-    kind = cfg.loader if cfg.loader != "auto" else ("threads" if info.device.type == "cpu" else "dataloader")
     # set_epoch also sets the crop epoch (and the schedule's size) of a dataset that crops in the workers
     sampler = CacheSampler(train_ds, shuffle=True, seed=cfg.seed, num_replicas=info.world_size, rank=info.rank,
                            drop_last=False, shard_window=cfg.shard_window)
     # Evaluation shards without padding (each sample counted once when the counts are summed).
     val_idx = list(range(info.rank, len(val_ds), info.world_size)) if val_ds is not None else []
     pin = info.device.type == "cuda"
-    return TrainData(train_ds, list(train_ds.classes), shape, sampler, make_loader(train_ds, sampler, cfg, kind, pin),
-                     val_ds, make_loader(val_ds, val_idx, cfg, kind, pin) if val_ds is not None else None,
-                     train_tf, eval_tf, augment, crop, kind, notes, mixing(cfg, len(train_ds.classes)))
+    return TrainData(train_ds, list(train_ds.classes), shape, sampler, make_loader(train_ds, sampler, cfg, pin),
+                     val_ds, make_loader(val_ds, val_idx, cfg, pin) if val_ds is not None else None,
+                     train_tf, eval_tf, augment, crop, notes, mixing(cfg, len(train_ds.classes)))
 
 
 def mixing(cfg: TrainConfig, num_classes: int) -> BatchTransform | None:
@@ -164,14 +162,8 @@ def mixing(cfg: TrainConfig, num_classes: int) -> BatchTransform | None:
                        label_smoothing=cfg.label_smoothing)
 
 
-def make_loader(ds: Any, order: Any, cfg: TrainConfig, kind: str, pin: bool) -> Any:
-    """A loader of ``ds`` in ``order``: a ThreadLoader (``kind`` "threads") or a DataLoader with workers."""
-    if kind == "threads":
-        from loaders.thread_loader import ThreadLoader
-
-        # On CPU, worker processes compete with the model for the same cores; gather threads
-        # release the GIL in their copies and leave the cores to the step.
-        return ThreadLoader(ds, cfg.batch_size, sampler=order, num_threads=max(1, cfg.workers), pin_memory=pin)
+def make_loader(ds: Any, order: Any, cfg: TrainConfig, pin: bool) -> Any:
+    """A DataLoader of ``ds`` in ``order`` with ``cfg.workers`` worker processes (0: in this process)."""
     from loaders.collate import dataloader
 
     return dataloader(ds, cfg.batch_size, order, num_workers=cfg.workers, pin_memory=pin, seed=cfg.seed)

@@ -79,6 +79,8 @@ BAD_TRAIN = [
     ("crop", 4),
     ("workers", -1),
     ("loader", "ffcv"),
+    ("loader", "threads"),
+    ("loader", "dataloader"),
     ("in_memory", "maybe"),
     ("device", "tpu"),
     ("seed", 1.5),

@@ -1,5 +1,5 @@
 """Columns in the loaders: ``DatasetOptions(columns=)`` carried with every sample and batch (DataLoader with
-and without ``collate_batch``, workers, ThreadLoader, Lightning), ``labels=`` a relabelled or soft column,
+and without ``collate_batch``, with and without workers, Lightning), ``labels=`` a relabelled or soft column,
 MixUp/CutMix on soft labels, and ``cachebuild train --labels``."""
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from cachebuild.errors import CacheCorruptError
 from cachebuild.storage.columns import add_column
 from loaders.collate import collate_batch
 from loaders.dataset import CachedImageDataset, DatasetOptions
-from loaders.thread_loader import ThreadLoader
 from loaders.transforms import CutMix, MixUp, MixUpCutMix
 from tests.loaders_fixtures import make_cache
 
@@ -49,7 +48,7 @@ def test_columns_come_with_samples_and_every_loaders_batches(cache: Path) -> Non
     loaders = {
         "workers": DataLoader(ds, batch_size=8, num_workers=2, collate_fn=collate_batch),
         "default_collate": DataLoader(ds, batch_size=8, num_workers=0),
-        "threads": ThreadLoader(ds, 8, num_threads=2),
+        "main_process": DataLoader(ds, batch_size=8, num_workers=0, collate_fn=collate_batch),
     }
     for name, dl in loaders.items():
         seen = []

@@ -1,8 +1,8 @@
 """Loader-side integrity: a batch holds exactly the samples asked for, whatever path it takes.
 
 Encoded (decode="none") batches through torch's default collate, batched indices with ``batch_size=None``,
-indices that are not integers, ThreadLoader batches kept across a fork, and encoded batches sent to CUDA on a
-machine without it.
+indices that are not integers, batches kept across a fork, and encoded batches sent to CUDA on a machine
+without it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, Subset
 
 from cachebuild.storage.cache import read_manifest
-from loaders import CachedImageDataset, DatasetOptions, ThreadLoader, collate_batch, device_loader
+from loaders import CachedImageDataset, DatasetOptions, collate_batch, device_loader
 from loaders.encoded import EncodedImages
 from tests.compact_fixtures import jpeg_index_cache, shard_payloads
 from tests.loaders_fixtures import decode_index, make_cache
@@ -118,42 +118,26 @@ def test_batched_indices_with_batch_size_none(tmp_path: Path, workers: int) -> N
     assert np.array_equal(collate_batch(sub.__getitems__([2, 0]))[0].numpy(), images[[30, 9]])
 
 
-# ---------------------------------------------------------------- ThreadLoader buffers and fork
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_WIPEONFORK is Linux's")
-def test_thread_loader_kept_batch_reaches_a_forked_child(tmp_path: Path) -> None:
-    """ThreadLoader's buffers are wipe-on-fork so that a fork does not make them copy-on-write; a batch the
-    program still holds used to reach a forked child (a multiprocessing.Process, a DataLoader over kept
-    batches) as zeros. Held buffers go to the child as they are; free ones are still wiped."""
-    root, images, _ = make_cache(tmp_path / "c", n=96, h=32, w=32)
-    fl = ThreadLoader(CachedImageDataset(root), 16, num_threads=2)
-    kept = [x for i, (x, _) in enumerate(fl) if i in (1, 4)]
-    assert len(fl._pool.bufs) > 2
-    held = [any(np.shares_memory(b, k.numpy()) for k in kept) for b in fl._pool.bufs]
-    child = os.fork()
-    if child == 0:
-        ok = (np.array_equal(kept[0].numpy(), images[16:32]) and np.array_equal(kept[1].numpy(), images[64:80])
-              and not any(b.any() for b, h in zip(fl._pool.bufs, held, strict=True) if not h))
-        os._exit(0 if ok else 1)
-    _, status = os.waitpid(child, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, "the child saw zeros in a kept batch, or pixels in a free buffer"
-    del kept
-    child = os.fork()  # nothing held now: every buffer is wiped in the child again
-    if child == 0:
-        os._exit(0 if not any(b.any() for b in fl._pool.bufs) else 1)
-    _, status = os.waitpid(child, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    assert np.array_equal(torch.cat([x.clone() for x, _ in fl]).numpy(), images)
+# ---------------------------------------------------------------- kept batches and fork
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork")
-def test_dataloader_over_kept_thread_loader_batch(tmp_path: Path) -> None:
-    """The same through a DataLoader whose forked workers read a kept ThreadLoader batch (TensorDataset)."""
-    root, images, labels = make_cache(tmp_path / "c", n=64, h=16, w=16)
-    x, y = next(iter(ThreadLoader(CachedImageDataset(root), 32, num_threads=1)))
-    dl = DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8, num_workers=2,
+def test_a_kept_batch_reaches_a_forked_child(tmp_path: Path) -> None:
+    """A batch the program keeps (a slot of a DataLoader worker's ring, mapped in this process) reaches a forked
+    child with its pixels: a multiprocessing.Process, or a DataLoader whose forked workers read kept batches."""
+    root, images, labels = make_cache(tmp_path / "c", n=96, h=32, w=32)
+    dl = DataLoader(CachedImageDataset(root), batch_size=16, num_workers=2, collate_fn=collate_batch,
                     multiprocessing_context="fork")
-    got = list(dl)
-    assert np.array_equal(torch.cat([b for b, _ in got]).numpy(), images[:32])
-    assert np.array_equal(torch.cat([t for _, t in got]).numpy(), labels[:32])
+    kept = [(x, y) for i, (x, y) in enumerate(dl) if i in (1, 4)]
+    child = os.fork()
+    if child == 0:
+        ok = np.array_equal(kept[0][0].numpy(), images[16:32]) and np.array_equal(kept[1][0].numpy(), images[64:80])
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child saw other pixels in a kept batch"
+    x, y = kept[1]
+    over = DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8, num_workers=2,
+                      multiprocessing_context="fork")
+    got = list(over)
+    assert np.array_equal(torch.cat([b for b, _ in got]).numpy(), images[64:80])
+    assert np.array_equal(torch.cat([t for _, t in got]).numpy(), labels[64:80])

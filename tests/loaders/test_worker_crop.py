@@ -16,7 +16,6 @@ from loaders import batch_ring, worker_crop
 from loaders.collate import collate_batch
 from loaders.dataset import CachedImageDataset, DatasetOptions
 from loaders.sampler import CacheSampler
-from loaders.thread_loader import ThreadLoader
 from loaders.transforms import CenterCrop, Compose, RandomResizedCrop, Resize
 from loaders.transforms import functional as TF
 from loaders.worker_crop import draw_crops, progressive, resize_into, uniforms
@@ -238,14 +237,14 @@ def test_same_batches_any_workers_persistent_resolution_and_resume(tmp_path: Pat
     assert all(np.array_equal(a, b) for a, b in zip(rest, workers[2:], strict=True))
 
 
-def test_thread_loader_crops_the_same_batches(tmp_path: Path) -> None:
+def test_workers_crop_a_boxed_cache_the_same_batches_inside_its_boxes(tmp_path: Path) -> None:
     ds = CachedImageDataset(_npy(tmp_path, boxes=True),
                             DatasetOptions(crop=RandomResizedCrop(20, flip_p=0.5), return_boxes=True))
     sampler = CacheSampler(ds, seed=2)
     ref = _epoch(DataLoader(ds, batch_size=8, sampler=sampler, collate_fn=collate_batch))
-    tl = ThreadLoader(ds, 8, sampler=sampler, num_threads=2)
-    got = list(tl)
+    dl = DataLoader(ds, batch_size=8, sampler=sampler, num_workers=2, collate_fn=collate_batch)
+    got = list(dl)
     assert all(np.array_equal(g[0].numpy(), r) for g, r in zip(got, ref, strict=True))
     assert got[0][2].tolist()[0] == [0, 0, 20, 20]  # cropped inside the valid box: all of the output is valid
     ds.set_resolution(12)
-    assert next(iter(tl))[0].shape == (8, 12, 12, 3)
+    assert next(iter(dl))[0].shape == (8, 12, 12, 3)

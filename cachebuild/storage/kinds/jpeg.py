@@ -24,7 +24,6 @@ import json
 import mmap
 import os
 import sys
-import threading
 import warnings
 import zlib
 from collections.abc import Collection, Sequence
@@ -56,8 +55,8 @@ if TYPE_CHECKING:
     from cachebuild.format.manifest import Manifest, ShardInfo
 
 __all__ = ["DEFAULT_QUALITY", "DEFAULT_SUBSAMPLING", "ENCODER", "SUBSAMPLINGS", "JpegBackend", "JpegImages",
-           "JpegShardSink", "PayloadFiles", "ShardIndex", "check_params", "decode_in_this_thread", "decode_into",
-           "decode_jpegs", "decode_threads", "encode", "index_bytes", "parse_index", "shard_file_name", "write_shard"]
+           "JpegShardSink", "PayloadFiles", "ShardIndex", "check_params", "decode_into", "decode_jpegs",
+           "decode_threads", "encode", "index_bytes", "parse_index", "shard_file_name", "write_shard"]
 
 # ---------------------------------------------------------------- the codec
 
@@ -273,25 +272,12 @@ def shard_file_name(index: int) -> str:
     return f"images-{index:05d}.jpegs"
 
 
-_here = threading.local()  # .inline: this thread decodes its own gathers (a loader's thread)
-
-
-def decode_in_this_thread() -> None:
-    """Mark this thread as one that decodes the samples it gathers itself, with no pool of decoding threads: a
-    thread of a loader whose threads already share the CPUs among them (``ThreadLoader``'s initializer), where
-    handing each chunk to a pool and waiting costs more than it gains."""
-    _here.inline = True
-
-
 def decode_threads(requested: int | None = None) -> int:
     """How many threads decode a batch of a compact cache here: the one rule. ``requested``
-    (``DatasetOptions(decode_threads=)``) when given; else 1 in a thread that decodes its own samples
-    (:func:`decode_in_this_thread`); else the CPUs this process may use divided among the DataLoader's workers
-    when in one, at most ``MAX_DECODE_THREADS``."""
+    (``DatasetOptions(decode_threads=)``) when given; else the CPUs this process may use divided among the
+    DataLoader's workers when in one, at most ``MAX_DECODE_THREADS``."""
     if requested is not None:
         return requested
-    if getattr(_here, "inline", False):
-        return 1
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     workers = 1
     data = sys.modules.get("torch.utils.data")  # never imported here: only asked when the caller uses torch

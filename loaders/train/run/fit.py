@@ -33,7 +33,7 @@ from loaders.train.checkpoints import (
     run_layout,
     write_json,
 )
-from loaders.train.config import AUGMENTS, IN_MEMORY, LOADERS, OPTIMIZERS, TrainConfig, TrainSetupError
+from loaders.train.config import AUGMENTS, IN_MEMORY, OPTIMIZERS, TrainConfig, TrainSetupError
 from loaders.train.data import TrainData, build_data, on_device, transforms_for
 from loaders.train.distributed import DistInfo, all_reduce_sum, cleanup_distributed, init_distributed
 from loaders.train.loop.amp import make_scaler, resolve_amp
@@ -42,9 +42,9 @@ from loaders.train.loop.step import EpochConfig, EpochResult, StepInfo, evaluate
 from loaders.train.metrics import MetricsWriter, PlotsUnavailableError, plot_metrics
 from loaders.train.models import build_model
 
-__all__ = ["AUGMENTS", "IN_MEMORY", "LOADERS", "METRICS_NAME", "OPTIMIZERS", "RUN_FILES", "STOP_EXIT_CODE",
-           "EpochLoop", "TrainConfig", "TrainSetupError", "WarmupCosine", "build_optimizer", "build_scheduler",
-           "fit", "transforms_for"]
+__all__ = ["AUGMENTS", "IN_MEMORY", "METRICS_NAME", "OPTIMIZERS", "RUN_FILES", "STOP_EXIT_CODE", "EpochLoop",
+           "TrainConfig", "TrainSetupError", "WarmupCosine", "build_optimizer", "build_scheduler", "fit",
+           "transforms_for"]
 
 STOP_EXIT_CODE = 75  # --stop-after-steps: a hard exit (os._exit) that tests treat as a crash
 Say = Callable[[str], None]
@@ -250,7 +250,7 @@ def resolved_config(cfg: TrainConfig, info: DistInfo, data: TrainData, amp_dtype
             "device": str(info.device), "world_size": info.world_size,
             "amp_dtype": str(amp_dtype).replace("torch.", "") if amp_dtype else "off",
             "num_classes": len(data.classes), "image_shape": list(data.shape), "augment": data.augment,
-            "crop": data.crop, "loader": data.loader_kind, "train_count": len(data.train_ds),
+            "crop": data.crop, "train_count": len(data.train_ds),
             "val_count": len(data.val_ds) if data.val_ds is not None else 0,
             "batches_per_epoch": num_batches, "steps_per_epoch": steps_per_epoch,
             "global_batch": cfg.batch_size * cfg.accum * info.world_size, "params": n_params,
@@ -266,7 +266,7 @@ def say_start(say: Say, cfg: TrainConfig, info: DistInfo, data: TrainData, resol
     say(f"model {cfg.model} ({r['params'] / 1e6:.2f} M params) on {info.device} x {info.world_size} process(es), "
         f"amp {r['amp_dtype']}, batch {cfg.batch_size} x accum {cfg.accum} x {info.world_size} = "
         f"{r['global_batch']}, {r['steps_per_epoch']} steps/epoch, augment {data.augment} @ {data.crop}px, "
-        f"loader {data.loader_kind} x {cfg.workers}")
+        f"{cfg.workers} DataLoader workers")
     for note in data.notes:
         say(note)
     if resumed is not None:

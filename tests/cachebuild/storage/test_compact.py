@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import zlib
 from pathlib import Path
 
@@ -372,36 +371,36 @@ def test_stored_index_matches_its_checksums(builds):
         assert [zlib.crc32(payload[a:z]) for a, z in itertools.pairwise(offsets)] == crc.tolist()
 
 
-def test_thread_loader_threads_decode_in_themselves_and_the_option_still_wins(tmp_path, monkeypatch):
-    """ThreadLoader's threads decode their own samples (no pool of decoding threads behind them: the loader's
-    threads already share the cores), with the same pixels; DatasetOptions(decode_threads=) still wins in them."""
-    from loaders.thread_loader import ThreadLoader
+class _DecodeThreadsHere(torch.utils.data.Dataset):
+    """What the decode-thread rule says in the process that loads item i."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> tuple[int, int]:
+        return jpeg_backend.decode_threads(), jpeg_backend.decode_threads(3)
+
+
+def test_decode_threads_is_one_rule_for_the_main_process_and_dataloader_workers(tmp_path, monkeypatch):
+    """The CPUs divided among the DataLoader's workers (at most 4), all of them in the main process; the option
+    wins in both; with a crop too, every way of decoding gives the pixels of one decoding thread."""
     from loaders.worker_crop import RandomResizedCrop
 
-    root = jpeg_index_cache(tmp_path / "c", n=40)[0]
     monkeypatch.delenv("CACHEBUILD_DECODE_THREADS", raising=False)
+    cpus = len(os.sched_getaffinity(0))
+    assert jpeg_backend.decode_threads() == min(jpeg_backend.MAX_DECODE_THREADS, cpus)
+    assert jpeg_backend.decode_threads(3) == 3
+    seen = DataLoader(_DecodeThreadsHere(), batch_size=None, num_workers=2, multiprocessing_context="fork")
+    assert {(int(a), int(b)) for a, b in seen} == {(max(1, min(jpeg_backend.MAX_DECODE_THREADS, cpus // 2)), 3)}
+    root = jpeg_index_cache(tmp_path / "c", n=40)[0]
     for crop in (None, RandomResizedCrop(16)):
-        ds = CachedImageDataset(root, DatasetOptions(crop=crop, seed=3))
-        loader = ThreadLoader(ds, 8, sampler=CacheSampler(ds, seed=1), num_threads=2)
-        got = np.concatenate([b[0].numpy() for b in loader])
-        order = np.asarray(list(CacheSampler(ds, seed=1)))
         plain = CachedImageDataset(root, DatasetOptions(crop=crop, seed=3, decode_threads=1))
+        order = np.asarray(list(CacheSampler(plain, seed=1)))
         want = plain.load_batch(order, torch.empty((40, *plain.output_shape), dtype=torch.uint8)).images.numpy()
-        assert np.array_equal(got, want)
-        assert ds._images._pool is None  # no decoding pool was made: every gather decoded in its own thread
-    seen: list[int] = []
-
-    def ask() -> None:
-        jpeg_backend.decode_in_this_thread()
-        seen.append(jpeg_backend.decode_threads())
-        seen.append(jpeg_backend.decode_threads(3))
-
-    t = threading.Thread(target=ask)
-    t.start()
-    t.join()
-    assert seen == [1, 3]
-    assert jpeg_backend.decode_threads() == min(jpeg_backend.MAX_DECODE_THREADS, len(os.sched_getaffinity(0)))
-    three = CachedImageDataset(root, DatasetOptions(decode_threads=3))
-    loader = ThreadLoader(three, 8, sampler=CacheSampler(three, seed=1), num_threads=2)
-    assert np.array_equal(np.concatenate([b[0].numpy() for b in loader]), three.gather(order))
-    assert three._images._pool is not None and three._images._pool._max_workers == 3  # the option won
+        for options in (DatasetOptions(crop=crop, seed=3), DatasetOptions(crop=crop, seed=3, decode_threads=3)):
+            ds = CachedImageDataset(root, options)
+            for workers in (0, 2):
+                dl = DataLoader(ds, batch_size=8, sampler=CacheSampler(ds, seed=1), num_workers=workers,
+                                collate_fn=collate_batch)
+                assert np.array_equal(np.concatenate([b[0].numpy() for b in dl]), want), (crop, options, workers)
+        assert ds._images._pool is not None and ds._images._pool._max_workers == 3  # the option won here too

@@ -150,19 +150,25 @@ def test_a_batch_over_40_shards_waits_once_for_their_retry_after(tmp_path, http_
     assert sum(r.status == 503 for r in server.log) == 40
 
 
-def test_a_thread_loader_epoch_through_10_percent_faults_is_the_local_cache(tmp_path, http_server, fault_proxy):
-    """sharing.md's advice for a throttling store: a ThreadLoader keeps many batches in flight. Through 500s,
-    503s, resets and short bodies on 10% of requests its shuffled epoch is the cache's bytes, in order."""
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")  # more workers than cores: meant
+def test_an_epoch_of_many_batches_in_flight_through_10_percent_faults_is_the_local_cache(tmp_path, http_server,
+                                                                                        fault_proxy):
+    """sharing.md's advice for a throttling store: more DataLoader workers than cores, each a batch in flight.
+    Through 500s, 503s, resets and short bodies on 10% of requests their shuffled epoch is the cache's bytes, in
+    order."""
+    from torch.utils.data import DataLoader
+
+    from loaders.collate import collate_batch
     from loaders.sampler import CacheSampler
-    from loaders.thread_loader import ThreadLoader
 
     _root, images, server = _site(tmp_path, http_server)
     proxy = fault_proxy(server.url, rate=0.1, seed=3, kinds=("500", "503", "reset", "short"), retry_after=0.1)
     ds = CachedImageDataset(f"{proxy.url}/c")
     sampler = CacheSampler(ds, shuffle=True, seed=0)
     order = np.fromiter(iter(sampler), dtype=np.int64)
-    batches = list(ThreadLoader(ds, 16, sampler=sampler, num_threads=8))
-    assert np.array_equal(np.concatenate([b[0].numpy() for b in batches]), images[order])
+    dl = DataLoader(ds, batch_size=16, sampler=sampler, num_workers=8, collate_fn=collate_batch, timeout=300)
+    batches = list(dl)
+    assert len(batches) == 8 and np.array_equal(np.concatenate([b[0].numpy() for b in batches]), images[order])
     assert sum(proxy.faults.values()) >= 3, proxy.faults
 
 

@@ -19,8 +19,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from cachebuild.errors import OptionError
 from cachebuild.storage.cache import write_cache
 from loaders.train.cli import train
+from loaders.train.config import TrainConfig
 from loaders.train.run.fit import STOP_EXIT_CODE
 from tests.train_fixtures import CLASSES, _colour_images
 from tests.trees import tree_bytes
@@ -158,6 +160,20 @@ def test_bad_options_are_usage_errors(caches: dict[str, Path], tmp_path: Path, a
     assert not (tmp_path / "checkpoint.pt").exists()
 
 
+@pytest.mark.parametrize("value", ["threads", "dataloader", "auto"])
+def test_the_removed_loader_flag_is_an_error_naming_the_dataloader_way(caches: dict[str, Path], tmp_path: Path,
+                                                                       value: str) -> None:
+    """--loader chose ThreadLoader threads or DataLoader workers; batches are loaded one way now, by
+    DataLoader workers (--workers 0: the main process): the flag is hidden, and refused with what to write."""
+    assert "--loader" not in _invoke("--help").output
+    res = _invoke(str(caches["train"]), "--out", str(tmp_path), "--loader", value)
+    _assert_one_line_error(res, 2, "--loader is no longer a flag of train", "DataLoader worker processes",
+                           "--workers 0 loads in the main process", "collate_fn=collate_batch")
+    assert not tmp_path.joinpath("config.json").exists()
+    with pytest.raises(OptionError, match=r"^loader: --loader is no longer a flag of train"):
+        TrainConfig(train=str(caches["train"]), out=str(tmp_path), loader=value)
+
+
 def test_val_cache_with_other_classes_is_refused(caches: dict[str, Path], tmp_path: Path) -> None:
     res = _invoke(str(caches["train"]), "--val", str(caches["val_other"]), "--out", str(tmp_path / "r"),
                   "--device", "cpu", "--workers", "0")
@@ -282,7 +298,7 @@ def test_fit_with_dataloader_workers_leaves_no_batch_rings_mapped(caches: dict[s
 
     monkeypatch.setattr(run, "drop_dead_rings", spy)
     fit(TrainConfig(train=str(caches["train"]), out=str(tmp_path), model="tiny_cnn", epochs=2, batch_size=16,
-                    lr=0.05, workers=2, loader="dataloader", device="cpu", amp="off"), echo=lambda _msg: None)
+                    lr=0.05, workers=2, device="cpu", amp="off"), echo=lambda _msg: None)
     assert seen["rings"] == 2 and seen["slot_batches"] >= 2 * 96 // 16  # both workers' rings carried batches
     assert ring_stats()["rings"] == 0
 
@@ -390,8 +406,8 @@ def test_accumulation_with_a_short_last_micro_batch_equals_the_union_batches(cac
         torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-6, msg=k)
 
 
-@pytest.mark.parametrize("loader", ["threads", "dataloader"])
-def test_a_pad_cache_trains_on_crops_inside_its_boxes(tmp_path: Path, loader: str) -> None:
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_pad_cache_trains_on_crops_inside_its_boxes(tmp_path: Path, workers: int) -> None:
     """A letterboxed cache's training batches carry its boxes, and the train transform crops inside them:
     no pixel of the black bars reaches the model (batches used to come without boxes: crops took bars)."""
     from loaders.train.config import TrainConfig
@@ -404,7 +420,7 @@ def test_a_pad_cache_trains_on_crops_inside_its_boxes(tmp_path: Path, loader: st
     boxes = np.tile(np.array([10, 0, 30, side], np.int32), (n, 1))
     write_cache(tmp_path / "pad", images, np.arange(n) % 3, ["a", "b", "c"], boxes=boxes, fit="pad")
     cfg = TrainConfig(train=str(tmp_path / "pad"), out=str(tmp_path / "run"), model="linear", batch_size=8,
-                      workers=1, loader=loader, device="cpu", augment="imagenet")
+                      workers=workers, device="cpu", augment="imagenet")
     data = build_data(cfg, DistInfo(0, 1, 0, torch.device("cpu")))
     torch.manual_seed(0)
     inside = (200 / 255 - torch.tensor([0.485, 0.456, 0.406])) / torch.tensor([0.229, 0.224, 0.225])
@@ -446,7 +462,7 @@ def test_the_options_take_their_choices_and_defaults_from_train_config() -> None
     fields = {f.name: f.default for f in dataclasses.fields(config.TrainConfig)}
     params = {p.name: p for p in train.params}
     choices = {"amp": config.AMP_CHOICES, "optimizer": config.OPTIMIZERS, "augment": config.AUGMENTS,
-               "loader": config.LOADERS, "in_memory": config.IN_MEMORY}
+               "in_memory": config.IN_MEMORY}
     for name, tuple_ in choices.items():
         assert isinstance(params[name].type, click.Choice) and tuple(params[name].type.choices) == tuple_, name
     assert list(params) == list(fields)  # one parameter per field, named as it, in field order
