@@ -44,6 +44,7 @@ from cachebuild.errors import (
     CacheCorruptError,
     CacheExistsError,
     CacheNotFoundError,
+    NoSuchBucketError,
     OptionError,
     RemoteError,
     RemoteNotFoundError,
@@ -106,8 +107,9 @@ def read_manifest(where: str | os.PathLike[str] | Location) -> Manifest:
                     hint = f"; it holds the caches {subs}: pass one of them, e.g. {root / subs[0]}"
                 elif any(root.glob("*.partial")) or root.name.endswith(".partial"):
                     hint = "; a build into it is unfinished: rerun the same cachebuild command to resume it"
-        elif isinstance(e, RemoteError) and not isinstance(e, RemoteNotFoundError):
-            raise  # access denied, unreachable...: that, not "not a cache", is the news
+        elif isinstance(e, RemoteError) and (not isinstance(e, RemoteNotFoundError)
+                                             or isinstance(e, NoSuchBucketError)):
+            raise  # access denied, unreachable, no such bucket...: that, not "not a cache", is the news
         raise not_a_cache(location, hint) from None
     return parse_manifest(raw, location.describe(MANIFEST_NAME))
 
@@ -161,6 +163,8 @@ class CacheReader:
         else:  # every read is tied to the file versions of the cache opened now (storage.pinning)
             try:
                 location = location.pinned(anchor=MANIFEST_NAME)
+            except NoSuchBucketError:
+                raise
             except RemoteNotFoundError:  # not "open unpinned": the manifest may appear a moment later
                 raise not_a_cache(location) from None
         self.location = location

@@ -1,0 +1,308 @@
+"""The commands around a finished cache, attacked as a hostile or unlucky user would: ``push`` to a bucket that
+is not there; ``info``/``verify``/``show``/``report``/``columns`` on a path that is not there; ``columns add``
+with column files that say one thing twice, hold numbers no column dtype holds, or are not files at all;
+``show --out`` and ``report --out`` aimed at a cache's own files, at links leaving the folder, at special files;
+a report folder whose file list was edited to name other files.
+
+Every trial checks the promise: one line naming the file and the fix, the documented exit code, and every
+file the tool did not write unchanged (hashed before and after, links included).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from cachebuild.cli import main
+from cachebuild.storage.cache import open_cache, read_manifest
+from tests.loaders_fixtures import make_cache
+from tests.reliability.helpers import file_hashes
+
+MISSING_BUCKET = "push/pull/ls/info of a bucket that does not exist: one line naming it"
+MISSING_PATH = "a path that does not exist: one line saying so (not 'not a cache')"
+COLUMNS_NO_TRACE = "columns add/rm on a path that is no cache: nothing made there (no .lock, no folders)"
+COLUMN_VALUES = "column files: duplicate keys, numbers no dtype holds, special files: refused by name"
+SHOW_TARGETS = "show --out/--layout on a cache's files, links, special files: refused, nothing replaced"
+REPORT_LIST = "report: an edited file list, links and special files in --out: nothing outside touched"
+
+
+def _run(*args: object, timeout: float = 60) -> tuple[int, str]:
+    """The command in this process (CliRunner), bounded in time: a hang fails the trial instead of the suite."""
+    got: dict[str, object] = {}
+
+    def go() -> None:
+        r = CliRunner().invoke(main, [str(a) for a in args])
+        got["code"], got["out"], got["exc"] = r.exit_code, r.output, r.exception
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), f"cachebuild {' '.join(map(str, args))} still runs after {timeout} s (a hang)"
+    exc = got["exc"]
+    if exc is not None and not isinstance(exc, SystemExit):
+        raise AssertionError(f"traceback: {type(exc).__name__}: {exc}\n{got['out']}")
+    return int(got["code"]), str(got["out"])  # type: ignore[call-overload]
+
+
+def _one_line_error(output: str) -> str:
+    lines = [ln for ln in output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in output, output
+    return lines[0]
+
+
+def _tree(root: Path) -> dict[str, str]:
+    return file_hashes(root)
+
+
+# ---------------------------------------------------------------- push and friends: a missing bucket
+
+
+def test_a_bucket_that_does_not_exist_is_one_line_naming_it(tmp_path: Path, s3, ledger) -> None:
+    root, _, _ = make_cache(tmp_path / "c", n=20)
+    bucket = "no-such-bucket-cb52"
+    for command in (["push", root, f"s3://{bucket}/team/c", "--no-progress"],
+                    ["pull", f"s3://{bucket}/team/c", tmp_path / "pulled", "--no-progress"],
+                    ["ls", f"s3://{bucket}/team"], ["info", f"s3://{bucket}/team/c"],
+                    ["verify", f"s3://{bucket}/team/c"]):
+        with ledger.trial(MISSING_BUCKET, command[0]):
+            code, out = _run(*command)
+            line = _one_line_error(out)
+            assert code == 1, (command, code, out)
+            assert f"s3://{bucket}" in line and "bucket" in line and "does not exist" in line, line
+            assert "another push" not in out and "push-in-progress" not in out, out
+            assert not (tmp_path / "pulled").exists()
+
+
+# ---------------------------------------------------------------- a path that is not there
+
+
+@pytest.mark.parametrize("command", [["info", "{cache}"], ["verify", "{cache}"], ["verify", "--quick", "{cache}"],
+                                     ["columns", "ls", "{cache}"], ["show", "{cache}", "--out", "{tmp}/s.png"],
+                                     ["report", "{cache}", "--out", "{tmp}/r"]])
+def test_a_missing_path_is_named_as_missing(tmp_path: Path, ledger, command: list[str]) -> None:
+    missing = tmp_path / "no" / "such" / "cache"
+    args = [a.replace("{cache}", str(missing)).replace("{tmp}", str(tmp_path)) for a in command]
+    with ledger.trial(MISSING_PATH, " ".join(command[:2])):
+        code, out = _run(*args)
+        line = _one_line_error(out)
+        assert code == 1 and str(missing) in line and "does not exist" in line, out
+        assert "not a cachebuild cache" not in line, line
+        assert sorted(p.name for p in tmp_path.iterdir()) == [], "nothing is made for a missing cache"
+
+
+def test_columns_on_a_wrong_path_leave_nothing_behind(tmp_path: Path, ledger) -> None:
+    values = tmp_path / "v.csv"
+    values.write_text("a.jpg,1\n")
+    plain = tmp_path / "photos"  # a user's folder, not a cache
+    plain.mkdir()
+    (plain / "a.jpg").write_bytes(b"x")
+    before = _tree(tmp_path)
+    for cache in (tmp_path / "no" / "such" / "cache", plain, plain / "a.jpg"):
+        for command in (["columns", "add", cache, "soft", values], ["columns", "rm", cache, "soft"]):
+            with ledger.trial(COLUMNS_NO_TRACE, f"{command[1]} {cache.name}"):
+                code, out = _run(*command)
+                line = _one_line_error(out)
+                assert code == 1 and str(cache) in line, out
+                assert _tree(tmp_path) == before, "a lock file or folder was made"
+                assert sorted(p.name for p in tmp_path.iterdir()) == ["photos", "v.csv"]
+
+
+# ---------------------------------------------------------------- column files
+
+
+def _paths(cache: Path) -> list[str]:
+    return open_cache(cache).paths()
+
+
+@pytest.fixture
+def small_cache(tmp_path: Path) -> Path:
+    root, _, _ = make_cache(tmp_path / "c", n=6)
+    return root
+
+
+def _column_refused(cache: Path, file: Path, *words: str) -> None:
+    before = _tree(cache)
+    manifest = read_manifest(cache)
+    code, out = _run("columns", "add", cache, "col", file)
+    line = _one_line_error(out)
+    assert code == 1 and str(file) in line, out
+    for w in words:
+        assert w in line, (w, line)
+    assert read_manifest(cache) == manifest and _tree(cache) == before
+
+
+def test_a_json_object_naming_a_path_twice_is_refused(small_cache: Path, tmp_path: Path, ledger) -> None:
+    paths = _paths(small_cache)
+    body = ", ".join(f"{json.dumps(p)}: {i}" for i, p in enumerate(paths))
+    twice = tmp_path / "twice.json"
+    twice.write_text("{" + body + f", {json.dumps(paths[2])}: 99" + "}")
+    with ledger.trial(COLUMN_VALUES, "JSON key twice"):
+        _column_refused(small_cache, twice, paths[2], "twice")
+
+
+@pytest.mark.parametrize("value", ["9223372036854775808", "-9223372036854775809", "18446744073709551616",
+                                   "1e39", "nan", "inf", "-Infinity"])
+@pytest.mark.parametrize("suffix", [".csv", ".json"])
+def test_numbers_no_column_dtype_holds_are_refused(small_cache: Path, tmp_path: Path, ledger, value: str,
+                                                    suffix: str) -> None:
+    """An integer outside int64 (it became float32 9.22e18), a float that float32 turns into infinity, NaN and
+    infinities: refused, naming the file, the sample and the value."""
+    paths = _paths(small_cache)
+    file = tmp_path / f"col{suffix}"
+    if suffix == ".csv":
+        file.write_text("".join(f"{p},{value if i == 3 else i}\n" for i, p in enumerate(paths)))
+    else:
+        json_value = {"nan": "NaN", "inf": "Infinity"}.get(value, value)
+        file.write_text("{" + ", ".join(f"{json.dumps(p)}: {json_value if i == 3 else i}"
+                                        for i, p in enumerate(paths)) + "}")
+    with ledger.trial(COLUMN_VALUES, f"{value} in {suffix}"):
+        _column_refused(small_cache, file, paths[3])
+
+
+def test_integers_at_the_edges_of_int64_are_kept_exactly(small_cache: Path, tmp_path: Path, ledger) -> None:
+    paths = _paths(small_cache)
+    edges = [2**63 - 1, -(2**63), 0, 2**53 + 1, -1, 7]
+    file = tmp_path / "edges.json"
+    file.write_text(json.dumps(dict(zip(paths, edges, strict=True))))
+    with ledger.trial(COLUMN_VALUES, "int64 edges kept exactly"):
+        code, out = _run("columns", "add", small_cache, "big", file)
+        assert code == 0, out
+        col = open_cache(small_cache).column("big")
+        assert col.dtype == np.int64 and col.tolist() == edges
+
+
+@pytest.mark.parametrize("special", ["fifo", "directory", "dev-zero"])
+def test_a_column_file_that_is_not_a_regular_file_is_refused_without_reading(small_cache: Path, tmp_path: Path,
+                                                                              ledger, special: str) -> None:
+    file = tmp_path / "col.npy"
+    if special == "fifo":
+        os.mkfifo(file)  # np.load of it waits for a writer forever
+    elif special == "directory":
+        file.mkdir()
+    else:
+        file.symlink_to("/dev/zero")
+    with ledger.trial(COLUMN_VALUES, special):
+        _column_refused(small_cache, file, "not a regular file")
+
+
+# ---------------------------------------------------------------- show: where the sheet goes
+
+
+def test_show_never_replaces_what_it_did_not_write(small_cache: Path, tmp_path: Path, ledger) -> None:
+    mine = tmp_path / "notes.txt"
+    mine.write_text("mine")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "sheet.png").write_text("not a png of ours")
+    link = tmp_path / "link.png"
+    link.symlink_to(elsewhere / "sheet.png")
+    fifo = tmp_path / "fifo.png"
+    os.mkfifo(fifo)
+    before = _tree(tmp_path)
+    targets = {"the manifest": ["--out", small_cache / "manifest.json"],
+               "a shard": ["--out", small_cache / "images-00000.npy"],
+               "a new file inside the cache": ["--out", small_cache / "sheet.png"],
+               "a file below the cache": ["--out", small_cache / "more" / "sheet.png"],
+               "--layout on the manifest": ["--out", tmp_path / "ok.png", "--layout", small_cache / "manifest.json"],
+               "a user's text file": ["--out", mine],
+               "a link to a file elsewhere": ["--out", link],
+               "a FIFO": ["--out", fifo],
+               "a folder": ["--out", elsewhere]}
+    for what, args in targets.items():
+        with ledger.trial(SHOW_TARGETS, what):
+            code, out = _run("show", small_cache, *args, "--n", "4")
+            _one_line_error(out)
+            assert code != 0, (what, out)
+            assert _tree(tmp_path) == before, what
+            assert not (tmp_path / "ok.png").exists()
+    with ledger.trial(SHOW_TARGETS, "its own PNG and layout are replaced"):
+        for _ in range(2):
+            code, out = _run("show", small_cache, "--out", tmp_path / "s.png", "--layout", tmp_path / "s.json",
+                             "--n", "4")
+            assert code == 0, out
+        assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert len(json.loads((tmp_path / "s.json").read_text())["tiles"]) == 4
+
+
+# ---------------------------------------------------------------- report: its own files only
+
+
+def _report(cache: Path, out: Path) -> tuple[int, str]:
+    return _run("report", cache, "--out", out, "--stats-sample", "4")
+
+
+def test_report_deletes_only_its_own_files_and_follows_no_link(small_cache: Path, tmp_path: Path, ledger) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "img").mkdir(parents=True)
+    for name in ("precious.txt", "index.html", "img/counts.png", "classes-001.html"):
+        (elsewhere / name).write_text(f"the user's {name}")
+    r = tmp_path / "r"
+    assert _report(small_cache, r)[0] == 0
+    listing = r / ".cachebuild-report"
+    (r / "lnk").symlink_to(elsewhere)
+    (r / "mine.txt").write_text("the user's own notes")
+    with open(listing, "a") as f:  # a list edited to name what no report writes
+        f.write("lnk/precious.txt\nlnk/index.html\nlnk/img/counts.png\nmine.txt\n../elsewhere/precious.txt\n"
+                f"{elsewhere / 'precious.txt'}\nlnk\n")
+    before_elsewhere = _tree(elsewhere)
+    with ledger.trial(REPORT_LIST, "a file list naming files through a link"):
+        code, out = _report(small_cache, r)
+        assert code == 0, out
+        assert _tree(elsewhere) == before_elsewhere
+        assert (r / "mine.txt").read_text() == "the user's own notes" and (r / "lnk").is_symlink()
+        assert (r / "index.html").is_file() and not (r / "index.html").is_symlink()
+
+
+@pytest.mark.parametrize("trap", ["img is a link out", "index.html is a link out", "file list is a link out",
+                                  "file list is a FIFO", "a user's index.html", "file list is huge"])
+def test_report_follows_no_link_and_waits_on_no_special_file(small_cache: Path, tmp_path: Path, ledger,
+                                                              trap: str) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "precious.txt").write_text("the user's")
+    (elsewhere / "counts.png").write_text("the user's png")
+    r = tmp_path / "r"
+    assert _report(small_cache, r)[0] == 0
+    listing = r / ".cachebuild-report"
+    if trap == "img is a link out":
+        for p in (r / "img").iterdir():
+            p.unlink()
+        (r / "img").rmdir()
+        (r / "img").symlink_to(elsewhere)
+    elif trap == "index.html is a link out":
+        (r / "index.html").unlink()
+        (r / "index.html").symlink_to(elsewhere / "precious.txt")
+    elif trap == "file list is a link out":
+        listing.unlink()
+        listing.symlink_to(elsewhere / "precious.txt")
+    elif trap == "file list is a FIFO":
+        listing.unlink()
+        os.mkfifo(listing)
+    elif trap == "a user's index.html":
+        lines = [n for n in listing.read_text().splitlines() if n != "index.html"]
+        listing.write_text("".join(f"{n}\n" for n in lines))
+        (r / "index.html").write_text("the user's own page")
+    else:
+        with open(listing, "a") as f:
+            f.truncate(64 << 20)  # sparse: reading it whole would be 64 MB of NULs
+    before = _tree(tmp_path)
+    with ledger.trial(REPORT_LIST, trap):
+        code, out = _report(small_cache, r)
+        line = _one_line_error(out)
+        assert code == 1 and str(r) in line, out
+        assert _tree(tmp_path) == before, "a file was changed or deleted"
+
+
+def test_report_out_inside_a_cache_is_refused(small_cache: Path, tmp_path: Path, ledger) -> None:
+    before = _tree(small_cache)
+    with ledger.trial(REPORT_LIST, "--out inside the cache"):
+        code, out = _report(small_cache, small_cache / "report")
+        line = _one_line_error(out)
+        assert code == 1 and "cache" in line, out
+        assert _tree(small_cache) == before
