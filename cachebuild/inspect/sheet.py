@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
@@ -50,10 +51,11 @@ class Sheet:
     columns: int = 0
     scale: int = 1
 
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        Image.fromarray(self.image).save(path, format="PNG", optimize=False, compress_level=1)
-        return path
+    def save(self, path: str | Path | IO[bytes]) -> Path | IO[bytes]:
+        """The sheet as a PNG, to a path or into a binary file; returns where."""
+        target = path if not isinstance(path, str | Path) else Path(path)
+        Image.fromarray(self.image).save(target, format="PNG", optimize=False, compress_level=1)
+        return target
 
 
 @lru_cache(maxsize=1)

@@ -100,6 +100,9 @@ def read_manifest(where: str | os.PathLike[str] | Location) -> Manifest:
         hint = ""
         if location.is_local:
             root = location.local_path()
+            if not os.path.lexists(root):
+                raise CacheNotFoundError(f"{root} does not exist: name the folder of a cache (the one holding "
+                                         f"{MANIFEST_NAME})") from None
             if root.is_dir():
                 subs = sorted(p.name for p in root.iterdir()
                               if (p / MANIFEST_NAME).is_file() and ".replaced-" not in p.name)

@@ -188,7 +188,13 @@ def test_a_column_file_that_is_not_a_regular_file_is_refused_without_reading(sma
     else:
         file.symlink_to("/dev/zero")
     with ledger.trial(COLUMN_VALUES, special):
-        _column_refused(small_cache, file, "not a regular file")
+        if special == "directory":  # the command line's own check: a usage error (exit 2) naming it
+            before = _tree(small_cache)
+            code, out = _run("columns", "add", small_cache, "col", file)
+            assert code == 2 and f"'{file}' is a directory" in out, out
+            assert _tree(small_cache) == before
+        else:
+            _column_refused(small_cache, file, "not a regular file")
 
 
 # ---------------------------------------------------------------- show: where the sheet goes
@@ -217,8 +223,11 @@ def test_show_never_replaces_what_it_did_not_write(small_cache: Path, tmp_path: 
     for what, args in targets.items():
         with ledger.trial(SHOW_TARGETS, what):
             code, out = _run("show", small_cache, *args, "--n", "4")
-            _one_line_error(out)
-            assert code != 0, (what, out)
+            if what == "a folder":  # the command line's own check: a usage error (exit 2) naming it
+                assert code == 2 and f"'{elsewhere}' is a directory" in out, out
+            else:
+                _one_line_error(out)
+                assert code == 1, (what, out)
             assert _tree(tmp_path) == before, what
             assert not (tmp_path / "ok.png").exists()
     with ledger.trial(SHOW_TARGETS, "its own PNG and layout are replaced"):

@@ -202,9 +202,15 @@ def test_bad_selections_are_one_line_errors(tmp_path: Path, args: list[str], mes
 
 
 def test_no_cache_is_a_one_line_error(tmp_path: Path) -> None:
+    (tmp_path / "nothing").mkdir()
     res = CliRunner().invoke(show_command, [str(tmp_path / "nothing"), "--out", str(tmp_path / "x.png")])
     assert res.exit_code == 1
     assert res.output.strip() == f"Error: {tmp_path / 'nothing'} is not a cachebuild cache (no manifest.json)"
+    res = CliRunner().invoke(show_command, [str(tmp_path / "gone"), "--out", str(tmp_path / "x.png")])
+    assert res.exit_code == 1
+    assert res.output.strip() == (f"Error: {tmp_path / 'gone'} does not exist: name the folder of a cache (the one "
+                                  f"holding manifest.json)")
+    assert not (tmp_path / "x.png").exists()
     with pytest.raises(OptionError, match="--n must be at least 1"):
         select(open_cache(inspect_cache(tmp_path / "c")[0]), n=0)
 
