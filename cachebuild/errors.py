@@ -5,27 +5,10 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-__all__ = [
-    "CacheBuildError",
-    "CacheChangedError",
-    "CacheCorruptError",
-    "CacheExistsError",
-    "CacheNotFoundError",
-    "DecodeError",
-    "FingerprintMismatchError",
-    "LockHeldError",
-    "MissingExtraError",
-    "NoSuchBucketError",
-    "OptionError",
-    "OutputError",
-    "RemoteError",
-    "RemoteNotFoundError",
-    "RemoteUnavailableError",
-    "SourceError",
-    "TransferError",
-    "UnsupportedFormatError",
-    "require_extra",
-]
+__all__ = ["CacheBuildError", "CacheChangedError", "CacheCorruptError", "CacheExistsError", "CacheNotFoundError",
+           "DecodeError", "FingerprintMismatchError", "LockHeldError", "MissingExtraError", "NoSuchBucketError",
+           "OptionError", "OutputError", "RemoteError", "RemoteNotFoundError", "RemoteUnavailableError", "SourceError",
+           "TransferError", "UnsupportedFormatError", "require_extra"]
 
 
 class CacheBuildError(Exception):
