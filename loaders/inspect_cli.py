@@ -96,6 +96,11 @@ def _show(**kw: Any) -> None:
             write_file(o.layout, lambda f: f.write(text.encode("ascii")))
     except OSError as e:
         raise click.ClickException(f"cannot write {e.filename or o.out}: {e.strerror or e}") from None
+    if sheet.missing_glyphs:
+        shown = " ".join(sheet.missing_glyphs[:10]) + (" ..." if len(sheet.missing_glyphs) > 10 else "")
+        click.echo(f"note: no installed font draws {len(sheet.missing_glyphs)} character(s) of the captions "
+                   f"({shown}): they show as boxes; --layout writes the names exactly. Install a font that has "
+                   f"them (e.g. Noto Sans CJK for Chinese, Japanese, Korean) and run show again", err=True)
     extra = f", --augment {o.augment} beside each" if o.augment else ""
     click.echo(f"{o.out}: {len(sheet.tiles)} samples of {reader.location.describe()} ({sheet.columns} per "
                f"row{extra}), {time.perf_counter() - t0:.2f} s")
