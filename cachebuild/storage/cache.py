@@ -221,8 +221,12 @@ class CacheReader:
     def verify(self) -> list[str]:
         """Re-hash every shard and side array; return one line per mismatch (empty: intact). Remote caches
         are verified against the remote bytes, never against a local block cache."""
-        images = self.images if self.block_cache is None else self.backend.open(self.location, self.manifest)
-        problems = images.verify() + self.verify_arrays()
+        damaged = self._damaged_metadata()
+        if damaged:  # every sample would fail to decode: name the cause once, not each chunk
+            problems = damaged + self.verify_arrays()
+        else:
+            images = self.images if self.block_cache is None else self.backend.open(self.location, self.manifest)
+            problems = images.verify() + self.verify_arrays()
         algorithm = self.manifest.digest
         for col in self.manifest.columns.values():  # checksums of whole files, as paths.json's
             try:
@@ -233,6 +237,30 @@ class CacheReader:
             if len(data) != col.size or algorithm.of(data) != col.digest:
                 problems.append(f"{col.file}: checksum mismatch (column)")
         return problems + self._verify_other_files(problems)
+
+    def _damaged_metadata(self) -> list[str]:
+        """The storage kind's metadata files (zarr's array metadata) that differ from the file table."""
+        names = self.backend.metadata_files
+        if not names:
+            return []
+        try:
+            got = read_file_table(self.location, self.manifest)
+        except CacheCorruptError:
+            return []  # the file table's own problem is reported with the other files
+        out = []
+        for name in names:
+            entry = got[0].get(name) if got is not None else None
+            if entry is None:
+                continue
+            try:
+                data = self.location.read_bytes(name)
+            except (OSError, RemoteError) as e:
+                out.append(f"{name}: {e}")
+                continue
+            if len(data) != entry.size or self.manifest.digest.of(data) != entry.digest:
+                out.append(f"{name}: checksum mismatch (files.json): the metadata every sample is decoded with "
+                           f"is damaged, so no sample was checked; rebuild or re-fetch the cache")
+        return out
 
     def verify_arrays(self, names: Iterable[str] | None = None) -> list[str]:
         """Re-hash the side arrays ``names`` (None: every one); one line per mismatch."""

@@ -315,3 +315,46 @@ def test_report_out_inside_a_cache_is_refused(small_cache: Path, tmp_path: Path,
         line = _one_line_error(out)
         assert code == 1 and "cache" in line, out
         assert _tree(small_cache) == before
+
+
+# ---------------------------------------------------------------- damaged zarr metadata
+
+ZARR_META = "damaged zarr metadata: named once, not every chunk failing"
+
+
+def _zarr_damage(meta: dict, text: str, how: str) -> str:
+    codec = next(c for c in meta["codecs"] if c["name"] != "bytes")
+    edits = {
+        "cut short": lambda: text[: len(text) // 2],
+        "a JSON list": lambda: "[]",
+        "unknown codec": lambda: json.dumps({**meta, "codecs": [meta["codecs"][0], {**codec, "name": "zstf"}]}),
+        "codec setting of another type": lambda: json.dumps(
+            {**meta, "codecs": [meta["codecs"][0], {**codec, "configuration": {**codec["configuration"],
+                                                                               "level": "x"}}]}),
+        "fill value not a number": lambda: json.dumps({**meta, "fill_value": "z"}),
+        "bytes codec gone": lambda: json.dumps({**meta, "codecs": [codec]}),
+        "checksum flag flipped": lambda: json.dumps(
+            {**meta, "codecs": [meta["codecs"][0], {**codec, "configuration": {
+                **codec["configuration"], "checksum": not codec["configuration"]["checksum"]}}]}),
+    }
+    return edits[how]()
+
+
+@pytest.mark.parametrize("how", ["cut short", "a JSON list", "unknown codec", "codec setting of another type",
+                                 "fill value not a number", "bytes codec gone", "checksum flag flipped"])
+def test_damaged_zarr_metadata_is_named_once(tmp_path: Path, ledger, how: str) -> None:
+    root, _, _ = make_cache(tmp_path / "c", n=64, storage="zarr", shard_size=16, h=8, w=8, compression="zstd")
+    meta_file = root / "images.zarr" / "zarr.json"
+    text = meta_file.read_text()
+    meta = json.loads(text)
+    assert meta["codecs"][0]["name"] == "bytes" and len(meta["codecs"]) == 2
+    meta_file.write_text(_zarr_damage(meta, text, how))
+    with ledger.trial(ZARR_META, how):
+        code, out = _run("verify", root)
+        assert code == 1 and "Traceback" not in out, out
+        lines = [ln for ln in out.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "images.zarr/zarr.json" in lines[0], out
+        assert "chunk" not in lines[0] or "no chunk" in lines[0], out  # the metadata, not a chunk, is named
+        assert "rebuild or re-fetch" in lines[0], out
+        code, out = _run("info", root)
+        assert "Traceback" not in out and (code == 0 or "images.zarr/zarr.json" in _one_line_error(out)), out
