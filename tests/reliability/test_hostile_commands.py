@@ -358,3 +358,34 @@ def test_damaged_zarr_metadata_is_named_once(tmp_path: Path, ledger, how: str) -
         assert "rebuild or re-fetch" in lines[0], out
         code, out = _run("info", root)
         assert "Traceback" not in out and (code == 0 or "images.zarr/zarr.json" in _one_line_error(out)), out
+
+
+# ---------------------------------------------------------------- replaced versions left by a build
+
+REPLACED = "a rebuild that no reader holds leaves no *.replaced-* folder"
+
+
+@pytest.mark.parametrize("storage", ["zarr", "npy"])
+def test_an_update_leaves_no_replaced_folder_when_no_reader_holds_it(photo_tree: Path, tmp_path: Path, ledger,
+                                                                     storage: str) -> None:
+    """``--update --jobs 2`` of a zarr cache copies the old samples in worker processes (each keeps a reader of
+    the old cache, with its shared lock): once the command exits, nothing holds the replaced cache, so nothing
+    of it may stay on disk. The same for a source copied with ``cp -r`` (every file new by its mtime)."""
+    import shutil
+
+    from tests.reliability.helpers import cli
+
+    src = tmp_path / "src"
+    shutil.copytree(photo_tree, src)
+    for p in src.rglob("*"):
+        os.utime(p, (1.6e9, 1.6e9))  # long before the build: an update may trust their stats
+    out = tmp_path / "c"
+    args = ["folder", str(src), "--size", "16", "--out", str(out), "--format", storage, "--jobs", "2",
+            "--no-progress", "-q"]
+    assert cli(*args).returncode == 0
+    next(src.rglob("*.JPEG")).touch()  # one file newer: the update decodes it and copies the others
+    with ledger.trial(REPLACED, f"{storage}: --update of one changed file"):
+        r = cli(*args, "--update")
+        assert r.returncode == 0, r.stderr
+        assert sorted(p.name for p in out.iterdir()) == ["train", "train.lock"], sorted(os.listdir(out))
+        assert open_cache(out / "train").verify() == []
