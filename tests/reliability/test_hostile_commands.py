@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
-from cachebuild.cli import main
 from cachebuild.storage.cache import open_cache, read_manifest
 from tests.loaders_fixtures import make_cache
-from tests.reliability.helpers import file_hashes
+from tests.reliability.helpers import file_hashes, one_line_error, run_bounded
 
 MISSING_BUCKET = "push/pull/ls/info of a bucket that does not exist: one line naming it"
 MISSING_PATH = "a path that does not exist: one line saying so (not 'not a cache')"
@@ -30,30 +27,6 @@ COLUMNS_NO_TRACE = "columns add/rm on a path that is no cache: nothing made ther
 COLUMN_VALUES = "column files: duplicate keys, numbers no dtype holds, special files: refused by name"
 SHOW_TARGETS = "show --out/--layout on a cache's files, links, special files: refused, nothing replaced"
 REPORT_LIST = "report: an edited file list, links and special files in --out: nothing outside touched"
-
-
-def _run(*args: object, timeout: float = 60) -> tuple[int, str]:
-    """The command in this process (CliRunner), bounded in time: a hang fails the trial instead of the suite."""
-    got: dict[str, object] = {}
-
-    def go() -> None:
-        r = CliRunner().invoke(main, [str(a) for a in args])
-        got["code"], got["out"], got["exc"] = r.exit_code, r.output, r.exception
-
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    t.join(timeout)
-    assert not t.is_alive(), f"cachebuild {' '.join(map(str, args))} still runs after {timeout} s (a hang)"
-    exc = got["exc"]
-    if exc is not None and not isinstance(exc, SystemExit):
-        raise AssertionError(f"traceback: {type(exc).__name__}: {exc}\n{got['out']}")
-    return int(got["code"]), str(got["out"])  # type: ignore[call-overload]
-
-
-def _one_line_error(output: str) -> str:
-    lines = [ln for ln in output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in output, output
-    return lines[0]
 
 
 def _tree(root: Path) -> dict[str, str]:
@@ -71,8 +44,8 @@ def test_a_bucket_that_does_not_exist_is_one_line_naming_it(tmp_path: Path, s3, 
                     ["ls", f"s3://{bucket}/team"], ["info", f"s3://{bucket}/team/c"],
                     ["verify", f"s3://{bucket}/team/c"]):
         with ledger.trial(MISSING_BUCKET, command[0]):
-            code, out = _run(*command)
-            line = _one_line_error(out)
+            code, out = run_bounded(*command)
+            line = one_line_error(out)
             assert code == 1, (command, code, out)
             assert f"s3://{bucket}" in line and "bucket" in line and "does not exist" in line, line
             assert "another push" not in out and "push-in-progress" not in out, out
@@ -89,8 +62,8 @@ def test_a_missing_path_is_named_as_missing(tmp_path: Path, ledger, command: lis
     missing = tmp_path / "no" / "such" / "cache"
     args = [a.replace("{cache}", str(missing)).replace("{tmp}", str(tmp_path)) for a in command]
     with ledger.trial(MISSING_PATH, " ".join(command[:2])):
-        code, out = _run(*args)
-        line = _one_line_error(out)
+        code, out = run_bounded(*args)
+        line = one_line_error(out)
         assert code == 1 and str(missing) in line and "does not exist" in line, out
         assert "not a cachebuild cache" not in line, line
         assert sorted(p.name for p in tmp_path.iterdir()) == [], "nothing is made for a missing cache"
@@ -106,8 +79,8 @@ def test_columns_on_a_wrong_path_leave_nothing_behind(tmp_path: Path, ledger) ->
     for cache in (tmp_path / "no" / "such" / "cache", plain, plain / "a.jpg"):
         for command in (["columns", "add", cache, "soft", values], ["columns", "rm", cache, "soft"]):
             with ledger.trial(COLUMNS_NO_TRACE, f"{command[1]} {cache.name}"):
-                code, out = _run(*command)
-                line = _one_line_error(out)
+                code, out = run_bounded(*command)
+                line = one_line_error(out)
                 assert code == 1 and str(cache) in line, out
                 assert _tree(tmp_path) == before, "a lock file or folder was made"
                 assert sorted(p.name for p in tmp_path.iterdir()) == ["photos", "v.csv"]
@@ -129,8 +102,8 @@ def small_cache(tmp_path: Path) -> Path:
 def _column_refused(cache: Path, file: Path, *words: str) -> None:
     before = _tree(cache)
     manifest = read_manifest(cache)
-    code, out = _run("columns", "add", cache, "col", file)
-    line = _one_line_error(out)
+    code, out = run_bounded("columns", "add", cache, "col", file)
+    line = one_line_error(out)
     assert code == 1 and str(file) in line, out
     for w in words:
         assert w in line, (w, line)
@@ -171,7 +144,7 @@ def test_integers_at_the_edges_of_int64_are_kept_exactly(small_cache: Path, tmp_
     file = tmp_path / "edges.json"
     file.write_text(json.dumps(dict(zip(paths, edges, strict=True))))
     with ledger.trial(COLUMN_VALUES, "int64 edges kept exactly"):
-        code, out = _run("columns", "add", small_cache, "big", file)
+        code, out = run_bounded("columns", "add", small_cache, "big", file)
         assert code == 0, out
         col = open_cache(small_cache).column("big")
         assert col.dtype == np.int64 and col.tolist() == edges
@@ -190,7 +163,7 @@ def test_a_column_file_that_is_not_a_regular_file_is_refused_without_reading(sma
     with ledger.trial(COLUMN_VALUES, special):
         if special == "directory":  # the command line's own check: a usage error (exit 2) naming it
             before = _tree(small_cache)
-            code, out = _run("columns", "add", small_cache, "col", file)
+            code, out = run_bounded("columns", "add", small_cache, "col", file)
             assert code == 2 and f"'{file}' is a directory" in out, out
             assert _tree(small_cache) == before
         else:
@@ -222,17 +195,17 @@ def test_show_never_replaces_what_it_did_not_write(small_cache: Path, tmp_path: 
                "a folder": ["--out", elsewhere]}
     for what, args in targets.items():
         with ledger.trial(SHOW_TARGETS, what):
-            code, out = _run("show", small_cache, *args, "--n", "4")
+            code, out = run_bounded("show", small_cache, *args, "--n", "4")
             if what == "a folder":  # the command line's own check: a usage error (exit 2) naming it
                 assert code == 2 and f"'{elsewhere}' is a directory" in out, out
             else:
-                _one_line_error(out)
+                one_line_error(out)
                 assert code == 1, (what, out)
             assert _tree(tmp_path) == before, what
             assert not (tmp_path / "ok.png").exists()
     with ledger.trial(SHOW_TARGETS, "its own PNG and layout are replaced"):
         for _ in range(2):
-            code, out = _run("show", small_cache, "--out", tmp_path / "s.png", "--layout", tmp_path / "s.json",
+            code, out = run_bounded("show", small_cache, "--out", tmp_path / "s.png", "--layout", tmp_path / "s.json",
                              "--n", "4")
             assert code == 0, out
         assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -243,7 +216,7 @@ def test_show_never_replaces_what_it_did_not_write(small_cache: Path, tmp_path: 
 
 
 def _report(cache: Path, out: Path) -> tuple[int, str]:
-    return _run("report", cache, "--out", out, "--stats-sample", "4")
+    return run_bounded("report", cache, "--out", out, "--stats-sample", "4")
 
 
 def test_report_deletes_only_its_own_files_and_follows_no_link(small_cache: Path, tmp_path: Path, ledger) -> None:
@@ -303,7 +276,7 @@ def test_report_follows_no_link_and_waits_on_no_special_file(small_cache: Path, 
     before = _tree(tmp_path)
     with ledger.trial(REPORT_LIST, trap):
         code, out = _report(small_cache, r)
-        line = _one_line_error(out)
+        line = one_line_error(out)
         assert code == 1 and str(r) in line, out
         assert _tree(tmp_path) == before, "a file was changed or deleted"
 
@@ -312,7 +285,7 @@ def test_report_out_inside_a_cache_is_refused(small_cache: Path, tmp_path: Path,
     before = _tree(small_cache)
     with ledger.trial(REPORT_LIST, "--out inside the cache"):
         code, out = _report(small_cache, small_cache / "report")
-        line = _one_line_error(out)
+        line = one_line_error(out)
         assert code == 1 and "cache" in line, out
         assert _tree(small_cache) == before
 
@@ -350,14 +323,14 @@ def test_damaged_zarr_metadata_is_named_once(tmp_path: Path, ledger, how: str) -
     assert meta["codecs"][0]["name"] == "bytes" and len(meta["codecs"]) == 2
     meta_file.write_text(_zarr_damage(meta, text, how))
     with ledger.trial(ZARR_META, how):
-        code, out = _run("verify", root)
+        code, out = run_bounded("verify", root)
         assert code == 1 and "Traceback" not in out, out
         lines = [ln for ln in out.splitlines() if ln.strip()]
         assert len(lines) == 1 and "images.zarr/zarr.json" in lines[0], out
         assert "chunk" not in lines[0] or "no chunk" in lines[0], out  # the metadata, not a chunk, is named
         assert "rebuild or re-fetch" in lines[0], out
-        code, out = _run("info", root)
-        assert "Traceback" not in out and (code == 0 or "images.zarr/zarr.json" in _one_line_error(out)), out
+        code, out = run_bounded("info", root)
+        assert "Traceback" not in out and (code == 0 or "images.zarr/zarr.json" in one_line_error(out)), out
 
 
 # ---------------------------------------------------------------- replaced versions left by a build
