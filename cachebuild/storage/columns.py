@@ -291,9 +291,20 @@ def _check_shape(file: Path, dtype: str, shape: tuple[int, ...], count: int, cac
                           f"row per sample in cache order (or key a CSV/JSON by source path)")
 
 
+def _columns_dir(folder: Path) -> Path:
+    """``folder/columns``, refused when it is a link or not a folder: columns are written, linked and deleted
+    only inside the cache (a link would send them, and the sweep's deletions, elsewhere)."""
+    cols = folder / COLUMNS_DIR
+    if cols.is_symlink() or (cols.exists() and not cols.is_dir()):
+        raise ColumnError(f"{cols} is {'a symbolic link' if cols.is_symlink() else 'not a folder'}, where a cache "
+                          f"keeps its columns: nothing is written through it; put the cache's own columns folder "
+                          f"back (or rebuild the cache)")
+    return cols
+
+
 def _swap_manifest(folder: Path, new: Manifest) -> None:
     """Keep the old manifest's inode linked (readers hold their lock on it), then swap in ``new`` atomically."""
-    cols = folder / COLUMNS_DIR
+    cols = _columns_dir(folder)
     cols.mkdir(exist_ok=True)
     os.link(folder / MANIFEST_NAME, cols / f"held-{os.getpid()}-{secrets.token_hex(4)}.json")
     write_bytes_atomic(folder / MANIFEST_NAME, manifest_bytes(new), durable=True)
@@ -302,8 +313,8 @@ def _swap_manifest(folder: Path, new: Manifest) -> None:
 def sweep_columns(folder: Path, m: Manifest) -> None:
     """Delete column files ``m`` does not name, once no reader holds an older manifest; then the held links."""
     cols = folder / COLUMNS_DIR
-    if not cols.is_dir():
-        return
+    if not cols.is_dir() or cols.is_symlink():
+        return  # nothing of ours to delete, or a link: never swept through
     held = sorted(cols.glob("held-*.json"))
     if any(is_locked(p) for p in held):
         return
@@ -331,7 +342,7 @@ def write_column_file(folder: Path, name: str, values: np.ndarray, algorithm: Di
     data = buf.getvalue()
     digest = algorithm.of(data)
     rel = f"{COLUMNS_DIR}/{name}-{digest[:12]}.npy"
-    (folder / COLUMNS_DIR).mkdir(exist_ok=True)
+    _columns_dir(folder).mkdir(exist_ok=True)
     write_bytes_atomic(folder / rel, data, durable=True)
     return ColumnInfo(file=rel, dtype=str(values.dtype), shape=tuple(values.shape), digest=digest, size=len(data))
 
@@ -341,6 +352,7 @@ def add_column(cache: str | os.PathLike[str], name: str, file: str | os.PathLike
     """Add column ``name`` from ``file`` to the local cache ``cache``; returns the new manifest."""
     folder = local_folder(cache)
     m = read_manifest(folder)
+    _columns_dir(folder)
     _check_name(name, m, folder)
     if name in m.columns and not replace:
         raise ColumnError(f"{folder} already has a column {name!r}; pass --replace to replace it, or choose "
@@ -361,6 +373,7 @@ def remove_column(cache: str | os.PathLike[str], name: str) -> Manifest:
     """Remove column ``name`` from the local cache ``cache`` (its file goes once no reader holds it)."""
     folder = local_folder(cache)
     m = read_manifest(folder)
+    _columns_dir(folder)
     if name not in m.columns:
         have = ", ".join(sorted(m.columns)) or "none"
         raise ColumnError(f"{folder} has no column {name!r} (its columns: {have}); `cachebuild columns ls "

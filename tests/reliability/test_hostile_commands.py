@@ -362,3 +362,24 @@ def test_an_update_leaves_no_replaced_folder_when_no_reader_holds_it(photo_tree:
         assert r.returncode == 0, r.stderr
         assert sorted(p.name for p in out.iterdir()) == ["train", "train.lock"], sorted(os.listdir(out))
         assert open_cache(out / "train").verify() == []
+
+
+def test_a_columns_folder_that_links_out_is_never_written_or_swept(small_cache: Path, tmp_path: Path,
+                                                                   ledger) -> None:
+    """``columns/`` replaced by a link to another folder: adding or removing a column must neither write there
+    nor delete what is there (files named like column files included)."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "soft-0123456789ab.npy").write_bytes(b"the user's")
+    (elsewhere / "held-1-0123abcd.json").write_text("the user's")
+    values = tmp_path / "v.npy"
+    np.save(values, np.arange(6, dtype=np.int64))
+    (small_cache / "columns").symlink_to(elsewhere)
+    before = {p: _tree(p) for p in (elsewhere, small_cache)}  # (the writer lock beside the cache is the tool's)
+    manifest = read_manifest(small_cache)
+    for command in (["columns", "add", small_cache, "col", values], ["columns", "rm", small_cache, "soft"]):
+        with ledger.trial(COLUMN_VALUES, f"columns/ a link out: {command[1]}"):
+            code, out = run_bounded(*command)
+            line = one_line_error(out)
+            assert code == 1 and str(small_cache) in line, out
+            assert {p: _tree(p) for p in before} == before and read_manifest(small_cache) == manifest
