@@ -7,6 +7,12 @@ column added to a sha256 cache makes it version 3, to a version 4 one keeps 4). 
 reader keeps the manifest it opened; a new version of a column has another name, and a file no current manifest
 names is deleted only once no reader holds an older one (each swap keeps the old manifest's inode linked as
 ``columns/held-*.json``, where readers hold a shared ``flock``). The caller holds the cache's writer lock.
+
+What a column file may hold is checked whole before anything is written: a regular file (a FIFO or a device
+is refused unread; a CSV or JSON at most ``TEXT_BYTES_PER_SAMPLE`` a sample), one value per sample (a JSON
+object naming a path twice is refused, as a CSV row is), and every number one a column keeps exactly: CSV/JSON
+integers inside int64 (never rounded into a float), floats that float32 holds, and no NaN or infinity in any
+column file. Each refusal names the file, the sample and the fix.
 """
 
 from __future__ import annotations
