@@ -6,8 +6,8 @@ import importlib
 from types import ModuleType
 
 __all__ = ["CacheBuildError", "CacheChangedError", "CacheCorruptError", "CacheExistsError", "CacheNotFoundError",
-           "DecodeError", "FingerprintMismatchError", "LockHeldError", "MissingExtraError", "OptionError",
-           "OutputError", "RemoteError", "RemoteNotFoundError", "RemoteUnavailableError", "SourceError",
+           "DecodeError", "FingerprintMismatchError", "LockHeldError", "MissingExtraError", "NoSuchBucketError",
+           "OptionError", "OutputError", "RemoteError", "RemoteNotFoundError", "RemoteUnavailableError", "SourceError",
            "TransferError", "UnsupportedFormatError", "require_extra"]
 
 
@@ -42,6 +42,11 @@ class RemoteError(CacheBuildError, OSError):
 
 class RemoteNotFoundError(RemoteError):
     """A URL that answers "not found" (404, or the store's own no-such-key)."""
+
+
+class NoSuchBucketError(RemoteNotFoundError):
+    """The bucket (or container) a URL names does not exist: no file under it can be read or written, so a
+    command stops at once instead of treating it as an empty prefix."""
 
 
 class RemoteUnavailableError(RemoteError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from cachebuild.errors import CacheBuildError
 from cachebuild.inspect.report import ReportOptions  # no torch: numpy and the cache reader, as report needs
 from cachebuild.options import REQUIRED, check_fields, field_options, option
 
-__all__ = ["ReportTarget", "ShowOptions", "report", "run_curves", "show"]
+__all__ = ["ReportTarget", "ShowOptions", "report", "run_curves", "run_figures", "show"]
 
 _PRESETS = ("auto", "imagenet", "imagenet-eval", "cifar", "cifar-eval")  # loaders.augment_view.PRESETS
 
@@ -65,11 +66,15 @@ def _show(**kw: Any) -> None:
     captioned with its index, class and source file."""
     from cachebuild.inspect import select
     from cachebuild.inspect import show as make_sheet
+    from cachebuild.inspect.output import check_file_target, write_file
 
     o = ShowOptions(**kw)
     t0 = time.perf_counter()
     reader = _open(o.cache)
     try:
+        check_file_target(o.out, "png")  # before any pixel is read: a cache's own file, a link, a FIFO...
+        if o.layout is not None:
+            check_file_target(o.layout, "layout")
         selection = select(reader, n=o.n, seed=o.seed, per_class=o.per_class, classes=o.classes,
                            indices=o.indices)
         fn = None
@@ -84,12 +89,18 @@ def _show(**kw: Any) -> None:
               "augmented": t.augmented, "caption": t.caption} for t in sheet.tiles]
     try:
         o.out.parent.mkdir(parents=True, exist_ok=True)
-        sheet.save(o.out)
+        write_file(o.out, sheet.save)
         if o.layout is not None:
             doc = {"scale": sheet.scale, "columns": sheet.columns, "tiles": tiles}
-            o.layout.write_text(json.dumps(doc, indent=1))  # ASCII: non-UTF-8 names survive as \udcXX escapes
+            text = json.dumps(doc, indent=1)  # ASCII: non-UTF-8 names survive as \udcXX escapes
+            write_file(o.layout, lambda f: f.write(text.encode("ascii")))
     except OSError as e:
         raise click.ClickException(f"cannot write {e.filename or o.out}: {e.strerror or e}") from None
+    if sheet.missing_glyphs:
+        shown = " ".join(sheet.missing_glyphs[:10]) + (" ..." if len(sheet.missing_glyphs) > 10 else "")
+        click.echo(f"note: no installed font draws {len(sheet.missing_glyphs)} character(s) of the captions "
+                   f"({shown}): they show as boxes; --layout writes the names exactly. Install a font that has "
+                   f"them (e.g. Noto Sans CJK for Chinese, Japanese, Korean) and run show again", err=True)
     extra = f", --augment {o.augment} beside each" if o.augment else ""
     click.echo(f"{o.out}: {len(sheet.tiles)} samples of {reader.location.describe()} ({sheet.columns} per "
                f"row{extra}), {time.perf_counter() - t0:.2f} s")
@@ -100,22 +111,54 @@ show = click.Command("show", params=field_options(ShowOptions), callback=_show, 
 
 
 def run_curves(run: Path, png: Path) -> tuple[Path, dict[str, object]] | None:
-    """The report's training section: ``plot_metrics`` of the run's metrics file, and its summary's numbers."""
-    from loaders.train.metrics import plot_metrics
+    """The report's training section: ``plot_metrics`` of the run's metrics file, and its figures in words."""
+    from loaders.train.metrics import plot_metrics, read_metrics
     from loaders.train.run.fit import METRICS_NAME
 
     metrics = run / METRICS_NAME
     if not metrics.is_file():
         return None
     plot_metrics(metrics, png)
-    summary: dict[str, object] = {}
+    return png, run_figures(read_metrics(metrics), _planned_epochs(run))
+
+
+def _planned_epochs(run: Path) -> int | None:
     try:
-        doc = json.loads((run / "summary.json").read_text(encoding="utf-8"))
-        keys = ("epoch", "train_loss", "val_loss", "val_top1", "val_top5", "img_per_s", "data_wait")
-        summary = {k: doc[k] for k in keys if isinstance(doc, dict) and doc.get(k) is not None}
+        doc = json.loads((run / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        pass  # a run still going (or killed) has metrics but no summary yet
-    return png, summary
+        return None  # a run folder without its config (copied in part): the epochs done are still counted
+    epochs = doc.get("epochs") if isinstance(doc, dict) else None
+    return epochs if isinstance(epochs, int) and not isinstance(epochs, bool) else None
+
+
+_FIGURES = (("train_loss", "train loss", "{:.4f}"), ("val_loss", "val loss", "{:.4f}"),
+            ("val_top1", "val top-1", "{:.1%}"), ("val_top5", "val top-5", "{:.1%}"),
+            ("img_per_s", "throughput", "{:,.0f} img/s"), ("data_wait", "data wait", "{:.1%} of step time"))
+
+
+def run_figures(records: list[dict[str, Any]], planned: int | None) -> dict[str, object]:
+    """A run's figures as a reader wants them: epochs counted from the metrics file's epoch records (they
+    survive a resume, where ``summary.json`` counts only the epochs of the last process), the last epoch's
+    losses to 4 decimals, accuracies and the data-wait share in percent, throughput in whole images a second."""
+    epochs: dict[int, dict[str, Any]] = {}
+    for r in records:
+        e = r.get("epoch")
+        if r.get("kind") == "epoch" and isinstance(e, int) and e >= 0:
+            epochs[e] = r  # a resumed epoch's record replaces the one logged before the kill
+    out: dict[str, object] = {"epochs": f"{len(epochs)} of {planned}" if planned else str(len(epochs))}
+    if not epochs:
+        return out
+    last = max(epochs)
+    out["last epoch"] = str(last + 1)
+    for key, label, fmt in _FIGURES:
+        value = epochs[last].get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            out[label] = fmt.format(value)
+    tops = [(r["val_top1"], e) for e, r in epochs.items() if isinstance(r.get("val_top1"), int | float)]
+    if len(tops) > 1:
+        top, at = max(tops)
+        out["best val top-1"] = f"{top:.1%} (epoch {at + 1})"
+    return out
 
 
 @dataclass(frozen=True)

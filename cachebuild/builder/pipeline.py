@@ -38,7 +38,14 @@ from cachebuild.builder.destination import check_destination, check_outside_sour
 from cachebuild.builder.locks import exclusive_lock
 from cachebuild.builder.options import BuildOptions, BuildResult, build_key
 from cachebuild.builder.sample import ResizeSpec, one_thread_each, pixel_tools
-from cachebuild.builder.update import Reuse, gc_paused, plan_reuse, racy_files, release_reader
+from cachebuild.builder.update import (
+    Reuse,
+    end_worker_processes,
+    gc_paused,
+    plan_reuse,
+    racy_files,
+    release_reader,
+)
 from cachebuild.errors import CacheBuildError
 from cachebuild.format.manifest import Failure, Manifest, decode_path
 from cachebuild.sources.plan import Plan, block_reader
@@ -135,6 +142,8 @@ def build(plan: Plan, out: str | os.PathLike[str], opts: BuildOptions) -> BuildR
                     bar.update(rec.planned)
             if reuse is not None:
                 release_reader()  # this process's reader of the cache an update replaces: gone before the commit
+                if jobs > 1 and _prefer(opts) == "processes":
+                    end_worker_processes()  # and the workers' readers, which would keep it on disk
             manifest = _finish(plan, out, records, opts, params, key, reuse)
     except CacheBuildError:
         raise

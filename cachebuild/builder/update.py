@@ -66,8 +66,8 @@ from cachebuild.storage.cache import load_paths, load_source_inputs, map_array, 
 from cachebuild.storage.columns import write_column_file
 from cachebuild.storage.kinds.base import BlockRecord
 
-__all__ = ["RACY_NS", "BlockReuse", "CarriedColumns", "Reuse", "gc_paused", "plan_reuse", "racy_files",
-           "release_reader"]
+__all__ = ["RACY_NS", "BlockReuse", "CarriedColumns", "Reuse", "end_worker_processes", "gc_paused", "plan_reuse",
+           "racy_files", "release_reader"]
 
 log = logging.getLogger("cachebuild")
 
@@ -109,6 +109,15 @@ def gc_paused() -> Iterator[None]:
 def release_reader() -> None:
     """Drop this process's reader of a replaced cache (the build's own process, once the update committed)."""
     _READER.clear()
+
+
+def end_worker_processes() -> None:
+    """End the worker processes an update's blocks ran in: each keeps its reader of the old cache, with its
+    shared lock, until it exits, and that lock would keep the replaced cache on disk after the build although
+    no job reads it. They are started again by the next build that needs them."""
+    from joblib.externals.loky import get_reusable_executor
+
+    get_reusable_executor().shutdown(wait=True)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -25,7 +25,7 @@ def pyplot() -> Any:
     return plt
 
 
-def counts_chart(counts: np.ndarray, classes: Sequence[str], png: Path) -> Path:
+def counts_chart(counts: np.ndarray, classes: Sequence[str], png: Path | IO[bytes]) -> Path | IO[bytes]:
     """Samples per class as bars (class names on the axis when there are few enough to read)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 3.6))
@@ -37,12 +37,12 @@ def counts_chart(counts: np.ndarray, classes: Sequence[str], png: Path) -> Path:
     ax.set_ylabel("samples")
     ax.set_title(f"samples per class ({len(counts)} classes, {int(counts.sum())} samples)")
     fig.tight_layout()
-    fig.savefig(png, dpi=100)
+    fig.savefig(png, dpi=100, format="png")
     plt.close(fig)
     return png
 
 
-def histogram_chart(hist: np.ndarray, png: Path) -> Path:
+def histogram_chart(hist: np.ndarray, png: Path | IO[bytes]) -> Path | IO[bytes]:
     """Per-channel value histograms (R, G, B) of the statistics' sample."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3))
@@ -54,6 +54,6 @@ def histogram_chart(hist: np.ndarray, png: Path) -> Path:
     ax.set_xlim(0, 255)
     ax.legend(loc="upper right")
     fig.tight_layout()
-    fig.savefig(png, dpi=100)
+    fig.savefig(png, dpi=100, format="png")
     plt.close(fig)
     return png

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from cachebuild.errors import OutputError
 from cachebuild.inspect import page as P
 from cachebuild.inspect.charts import counts_chart, histogram_chart, pyplot
+from cachebuild.inspect.output import FILE_LIST, IMG, ReportFolder
 from cachebuild.inspect.select import pick_per_class, pick_random
 from cachebuild.inspect.show import Selection, show, source_paths
 from cachebuild.inspect.stats import PixelStats, pixel_stats
@@ -24,9 +24,6 @@ from cachebuild.options import Options, option
 from cachebuild.storage.cache import CacheReader
 
 __all__ = ["FILE_LIST", "ReportOptions", "RunCurves", "write_report"]
-
-FILE_LIST = ".cachebuild-report"  # the files a report wrote: the only ones a later report replaces
-IMG = "img"
 
 # (run folder, PNG to write) -> (the PNG, a few summary lines) or None when the folder holds no metrics
 RunCurves = Callable[[Path, Path], "tuple[Path, dict[str, object]] | None"]
@@ -46,38 +43,6 @@ class ReportOptions(Options):
     classes_per_page: int = option(10, None, min=1)
     overview: int = 32  # random samples on the first page (not a flag)
     seed: int = option(0, None)
-
-
-class _Ledger:
-    """The report's own files, listed in ``FILE_LIST`` as each is written: an interrupted report is still
-    replaced by the next one, file by file, and nothing else in the folder ever is."""
-
-    def __init__(self, out: Path) -> None:
-        self.path = out / FILE_LIST
-        self.path.write_text(f"{FILE_LIST}\n", encoding="utf-8")
-
-    def add(self, name: str) -> str:
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(f"{name}\n")
-        return name
-
-
-def _prepare(out: Path) -> None:
-    """Make ``out``; a previous report there is replaced (only the files it listed), anything else refused."""
-    listing = out / FILE_LIST
-    if out.exists() and not out.is_dir():
-        raise OutputError(f"{out} is a file; pass a folder to --out")
-    if out.is_dir() and any(out.iterdir()):
-        if not listing.is_file():
-            raise OutputError(f"{out} is not empty and holds no cachebuild report: choose a new or empty --out "
-                              f"folder (a report never overwrites files it did not write)")
-        for name in listing.read_text(encoding="utf-8").splitlines():
-            if name and ".." not in Path(name).parts and not Path(name).is_absolute():
-                (out / name).unlink(missing_ok=True)
-        img = out / IMG
-        if img.is_dir() and not any(img.iterdir()):
-            img.rmdir()
-    (out / IMG).mkdir(parents=True, exist_ok=True)
 
 
 def _words(reader: CacheReader) -> dict[str, object]:
@@ -138,8 +103,8 @@ def _failures_html(reader: CacheReader) -> str:
             f"manifest):</p>\n" + P.table(["file", "reason"], [(f.path, f.reason) for f in fails]))
 
 
-def _class_pages(reader: CacheReader, out: Path, counts: np.ndarray, opts: ReportOptions, table: list[str],
-                 ledger: _Ledger) -> list[str]:
+def _class_pages(reader: CacheReader, folder: ReportFolder, counts: np.ndarray, opts: ReportOptions,
+                 table: list[str]) -> list[str]:
     """One contact sheet per class, ``classes_per_page`` classes per page; returns the pages written."""
     m = reader.manifest
     n_pages = max(1, math.ceil(len(m.classes) / opts.classes_per_page))
@@ -157,11 +122,12 @@ def _class_pages(reader: CacheReader, out: Path, counts: np.ndarray, opts: Repor
                 parts.append('<p class="muted">no samples</p>\n')
                 continue
             sheet = show(reader, Selection(picks[c]), columns=opts.per_class, paths=table)
-            name = ledger.add(f"{IMG}/class-{c:05d}.png")
-            sheet.save(out / name)
+            name = f"{IMG}/class-{c:05d}.png"
+            with folder.open(name) as f:
+                sheet.save(f)
             parts.append(f'<img src="{name}" alt="samples of class {P.esc(m.classes[c])}">\n')
         title = f"{m.dataset}/{m.split}: classes {lo}-{hi - 1}"
-        (out / ledger.add(_page_name(p))).write_text(P.page(title, "".join(parts), " ".join(nav)), encoding="utf-8")
+        folder.write_text(_page_name(p), P.page(title, "".join(parts), " ".join(nav)))
         written.append(_page_name(p))
     return written
 
@@ -176,23 +142,26 @@ def write_report(reader: CacheReader, out: str | Path, options: ReportOptions | 
     opts = options or ReportOptions()
     out = Path(out)
     pyplot()  # before anything is written: without matplotlib, a one-line error and no folder
-    _prepare(out)
-    ledger = _Ledger(out)
+    folder = ReportFolder(out)
+    folder.prepare()
     m = reader.manifest
     counts = _counts(reader)
-    counts_chart(counts, m.classes, out / ledger.add(f"{IMG}/counts.png"))
+    with folder.open(f"{IMG}/counts.png") as f:
+        counts_chart(counts, m.classes, f)
     st = pixel_stats(reader, opts.stats_sample, opts.seed)
-    histogram_chart(st.histogram, out / ledger.add(f"{IMG}/histogram.png"))
+    with folder.open(f"{IMG}/histogram.png") as f:
+        histogram_chart(st.histogram, f)
     table = source_paths(reader)
     body = [f"<h2>The cache</h2>\n{P.definition_list(_words(reader))}",
             "<h2>Build parameters</h2>\n" + P.table(["parameter", "value"], sorted(m.build.items()))]
     if m.count:
         sheet = show(reader, Selection(pick_random(m.count, opts.overview, opts.seed)), paths=table)
-        sheet.save(out / ledger.add(f"{IMG}/samples.png"))
+        with folder.open(f"{IMG}/samples.png") as f:
+            sheet.save(f)
         body.append(f"<h2>Samples</h2>\n<p>{len(sheet.tiles)} at random (seed {opts.seed}); each captioned "
                     f"with its index, label, class and source file.</p>\n"
                     f'<img src="{IMG}/samples.png" alt="random samples">')
-    pages = _class_pages(reader, out, counts, opts, table, ledger) if m.classes else []
+    pages = _class_pages(reader, folder, counts, opts, table) if m.classes else []
     links = " ".join(f'<a href="{n}">{n.removesuffix(".html")}</a>' for n in pages)
     nonzero = counts[counts > 0] if len(counts) else counts
     spread = (f"min {int(counts.min())}, median {int(np.median(counts))}, max {int(counts.max())}"
@@ -204,15 +173,15 @@ def write_report(reader: CacheReader, out: str | Path, options: ReportOptions | 
     body.append("<h2>Pixel statistics</h2>\n" + _stats_html(st, m.fit == "pad"))
     body.append("<h2>Skipped files</h2>\n" + _failures_html(reader))
     if run is not None and run_curves is not None:
-        body.append(_run_html(run, out, run_curves, ledger))
+        body.append(_run_html(run, folder, run_curves))
     title = f"{m.dataset}/{m.split}: {m.count} samples, {m.shape[0]}x{m.shape[1]}"
     nav = " ".join(['<a href="index.html">overview</a>', links])
-    (out / ledger.add("index.html")).write_text(P.page(title, "\n".join(body), nav), encoding="utf-8")
+    folder.write_text("index.html", P.page(title, "\n".join(body), nav))
     return out / "index.html"
 
 
-def _run_html(run: Path, out: Path, run_curves: RunCurves, ledger: _Ledger) -> str:
-    got = run_curves(run, out / ledger.add(f"{IMG}/curves.png"))
+def _run_html(run: Path, folder: ReportFolder, run_curves: RunCurves) -> str:
+    got = run_curves(run, folder.claim(f"{IMG}/curves.png"))
     if got is None:
         return f"<h2>Training</h2>\n<p>{P.esc(run)} holds no metrics file: no curves to show.</p>\n"
     _png, summary = got

@@ -26,6 +26,17 @@ def columns() -> None:
     rewriting its pixels; read with CachedImageDataset(..., DatasetOptions(columns=[NAME]))."""
 
 
+def _cache_folder(cache: str) -> Path:
+    """The local cache folder ``cache`` names, checked to be a cache before its writer lock is taken: the lock
+    file goes beside the folder, and a wrong path must leave nothing behind (no lock, no folders)."""
+    from cachebuild.storage.cache import read_manifest
+    from cachebuild.storage.columns import local_folder
+
+    folder = local_folder(cache)
+    read_manifest(folder)  # a missing path, or one that is not a cache: one line, nothing made
+    return folder
+
+
 @dataclass(frozen=True)
 class AddOptions(Options):
     cache: str = option(REQUIRED, None, argument=True, metavar="CACHE")
@@ -42,10 +53,10 @@ def add(o: AddOptions) -> None:
     The column file is written first, then the manifest swapped atomically: a crash leaves the cache as it
     was, and jobs reading it keep what they opened.
     """
-    from cachebuild.storage.columns import add_column, local_folder
+    from cachebuild.storage.columns import add_column
 
     try:
-        folder = local_folder(o.cache)
+        folder = _cache_folder(o.cache)
         with exclusive_lock(folder, wait=o.wait, action="changing the columns of"):
             m = add_column(folder, o.name, o.file, replace=o.replace)
     except CacheBuildError as e:
@@ -64,10 +75,10 @@ class RemoveOptions(Options):
 
 def rm(o: RemoveOptions) -> None:
     """Remove column NAME from the local CACHE (its file is deleted once no job reads it)."""
-    from cachebuild.storage.columns import local_folder, remove_column
+    from cachebuild.storage.columns import remove_column
 
     try:
-        folder = local_folder(o.cache)
+        folder = _cache_folder(o.cache)
         with exclusive_lock(folder, wait=o.wait, action="changing the columns of"):
             m = remove_column(folder, o.name)
     except CacheBuildError as e:

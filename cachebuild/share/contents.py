@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from cachebuild.errors import CacheCorruptError, RemoteError, RemoteNotFoundError
+from cachebuild.errors import CacheCorruptError, NoSuchBucketError, RemoteError, RemoteNotFoundError
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest
 from cachebuild.share.listing import find_caches
 from cachebuild.share.transfer import Item
@@ -43,9 +43,9 @@ def read_manifest_bytes(location: Location) -> bytes | None:
     """``manifest.json`` of ``location`` as stored; None when there is none (access errors are raised)."""
     try:
         return location.read_bytes(MANIFEST_NAME)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except RemoteNotFoundError:
+    except NoSuchBucketError:
+        raise  # not "no cache here": nothing can be there
+    except (FileNotFoundError, NotADirectoryError, RemoteNotFoundError):
         return None
 
 

@@ -32,6 +32,7 @@ from cachebuild.errors import (
     CacheBuildError,
     CacheCorruptError,
     CacheExistsError,
+    NoSuchBucketError,
     RemoteError,
     RemoteNotFoundError,
     TransferError,
@@ -89,6 +90,8 @@ def push(src: str | os.PathLike[str], dest: str | os.PathLike[str] | Location, *
 def _remote_files(dst: Location) -> dict[str, int]:
     try:
         return dst.list_files()
+    except NoSuchBucketError:
+        raise  # not an empty prefix: nothing can be written there
     except RemoteNotFoundError:
         return {}
 
@@ -119,9 +122,10 @@ def _send(folder: Path, dst: Location, contents: CacheContents, force: bool, job
         claim = PushClaim(dst, PUSH_MARKER)
         try:
             return _send_claimed(folder, dst, contents, force, jobs, progress, t0, claim)
-        except (ClaimRaced, RemoteNotFoundError):
-            # Before the claim is ours, a file that vanished means another push is changing the prefix.
-            if attempt == 2 or claim.taken:
+        except (ClaimRaced, RemoteNotFoundError) as e:
+            # Before the claim is ours, a file that vanished means another push is changing the prefix; a
+            # bucket that is not there means nothing at all.
+            if attempt == 2 or claim.taken or isinstance(e, NoSuchBucketError):
                 claim.abandon()
                 raise
             log.info("%s changed while this push looked at it (another push); looking again", dst.describe())

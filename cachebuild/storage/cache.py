@@ -44,6 +44,7 @@ from cachebuild.errors import (
     CacheCorruptError,
     CacheExistsError,
     CacheNotFoundError,
+    NoSuchBucketError,
     OptionError,
     RemoteError,
     RemoteNotFoundError,
@@ -99,6 +100,9 @@ def read_manifest(where: str | os.PathLike[str] | Location) -> Manifest:
         hint = ""
         if location.is_local:
             root = location.local_path()
+            if not os.path.lexists(root):
+                raise CacheNotFoundError(f"{root} does not exist: name the folder of a cache (the one holding "
+                                         f"{MANIFEST_NAME})") from None
             if root.is_dir():
                 subs = sorted(p.name for p in root.iterdir()
                               if (p / MANIFEST_NAME).is_file() and ".replaced-" not in p.name)
@@ -106,8 +110,9 @@ def read_manifest(where: str | os.PathLike[str] | Location) -> Manifest:
                     hint = f"; it holds the caches {subs}: pass one of them, e.g. {root / subs[0]}"
                 elif any(root.glob("*.partial")) or root.name.endswith(".partial"):
                     hint = "; a build into it is unfinished: rerun the same cachebuild command to resume it"
-        elif isinstance(e, RemoteError) and not isinstance(e, RemoteNotFoundError):
-            raise  # access denied, unreachable...: that, not "not a cache", is the news
+        elif isinstance(e, RemoteError) and (not isinstance(e, RemoteNotFoundError)
+                                             or isinstance(e, NoSuchBucketError)):
+            raise  # access denied, unreachable, no such bucket...: that, not "not a cache", is the news
         raise not_a_cache(location, hint) from None
     return parse_manifest(raw, location.describe(MANIFEST_NAME))
 
@@ -161,6 +166,8 @@ class CacheReader:
         else:  # every read is tied to the file versions of the cache opened now (storage.pinning)
             try:
                 location = location.pinned(anchor=MANIFEST_NAME)
+            except NoSuchBucketError:
+                raise
             except RemoteNotFoundError:  # not "open unpinned": the manifest may appear a moment later
                 raise not_a_cache(location) from None
         self.location = location
@@ -214,8 +221,12 @@ class CacheReader:
     def verify(self) -> list[str]:
         """Re-hash every shard and side array; return one line per mismatch (empty: intact). Remote caches
         are verified against the remote bytes, never against a local block cache."""
-        images = self.images if self.block_cache is None else self.backend.open(self.location, self.manifest)
-        problems = images.verify() + self.verify_arrays()
+        damaged = self._damaged_metadata()
+        if damaged:  # every sample would fail to decode: name the cause once, not each chunk
+            problems = damaged + self.verify_arrays()
+        else:
+            images = self.images if self.block_cache is None else self.backend.open(self.location, self.manifest)
+            problems = images.verify() + self.verify_arrays()
         algorithm = self.manifest.digest
         for col in self.manifest.columns.values():  # checksums of whole files, as paths.json's
             try:
@@ -226,6 +237,30 @@ class CacheReader:
             if len(data) != col.size or algorithm.of(data) != col.digest:
                 problems.append(f"{col.file}: checksum mismatch (column)")
         return problems + self._verify_other_files(problems)
+
+    def _damaged_metadata(self) -> list[str]:
+        """The storage kind's metadata files (zarr's array metadata) that differ from the file table."""
+        names = self.backend.metadata_files
+        if not names:
+            return []
+        try:
+            got = read_file_table(self.location, self.manifest)
+        except CacheCorruptError:
+            return []  # the file table's own problem is reported with the other files
+        out = []
+        for name in names:
+            entry = got[0].get(name) if got is not None else None
+            if entry is None:
+                continue
+            try:
+                data = self.location.read_bytes(name)
+            except (OSError, RemoteError) as e:
+                out.append(f"{name}: {e}")
+                continue
+            if len(data) != entry.size or self.manifest.digest.of(data) != entry.digest:
+                out.append(f"{name}: checksum mismatch (files.json): the metadata every sample is decoded with "
+                           f"is damaged, so no sample was checked; rebuild or re-fetch the cache")
+        return out
 
     def verify_arrays(self, names: Iterable[str] | None = None) -> list[str]:
         """Re-hash the side arrays ``names`` (None: every one); one line per mismatch."""

@@ -20,8 +20,8 @@ from typing import Any
 from cachebuild.storage.cache import open_cache
 from tests.repo import REPO
 
-__all__ = ["FAULT_HOOKS", "REPO", "ReadTally", "build_reference", "cli", "cli_env", "file_hashes", "read_under_load",
-           "same_cache", "without_dac_override"]
+__all__ = ["FAULT_HOOKS", "REPO", "ReadTally", "bounded", "build_reference", "cli", "cli_env", "file_hashes",
+           "one_line_error", "read_under_load", "run_bounded", "same_cache", "without_dac_override"]
 
 
 
@@ -82,6 +82,50 @@ def build_reference(*args: str) -> None:
 
     r = CliRunner().invoke(main, list(args))
     assert r.exit_code == 0, r.output
+
+
+def bounded(fn: Callable[[], Any], timeout: float, what: str) -> Any:
+    """``fn()`` in a thread, bounded in time: a hang (a FIFO opened for reading waits for a writer forever) fails
+    the trial instead of stopping the suite. Its exception, if any, is raised here."""
+    import threading
+
+    got: dict[str, Any] = {}
+
+    def go() -> None:
+        try:
+            got["value"] = fn()
+        except BaseException as e:  # handed to the caller
+            got["error"] = e
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        raise AssertionError(f"{what} still runs after {timeout} s (a hang)")
+    if "error" in got:
+        raise got["error"]
+    return got.get("value")
+
+
+def run_bounded(*args: object, timeout: float = 60) -> tuple[int, str]:
+    """``cachebuild ARGS`` in this process (click's CliRunner: stdout, stderr and log lines together), bounded in
+    time; a traceback (any exception but SystemExit) fails. Returns (exit code, output)."""
+    from click.testing import CliRunner
+
+    from cachebuild.cli import main
+
+    r = bounded(lambda: CliRunner().invoke(main, [str(a) for a in args]), timeout,
+                f"cachebuild {' '.join(map(str, args))}")
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        raise AssertionError(f"traceback: {type(r.exception).__name__}: {r.exception}\n{r.output}")
+    return r.exit_code, r.output
+
+
+def one_line_error(output: str) -> str:
+    """The only line of ``output``, which must be an ``Error: ...`` line (no traceback, nothing else)."""
+    lines = [ln for ln in output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in output, output
+    return lines[0]
 
 
 def file_hashes(root: Path) -> dict[str, str]:

@@ -5,12 +5,19 @@ plan (order, labels, problems, source digest, the table of every sample's file i
 Local files only, read with ``os.pread`` through a few descriptors kept open per thread. A file whose size or
 mtime differs from the plan's is not read: its samples are failures naming it (``cachebuild status`` calls the
 cache stale), so no new bytes land under the old source digest.
+
+Regular files only: every file a converter opens (an index, a shard, a chunk, a ``.beton``) is opened without
+waiting (a FIFO would wait for a writer forever) and refused unless it is a regular file (a link to one is
+followed, as ImageFolder follows links); every read is checked to lie inside the file before it is made, so a
+size or offset read from a damaged header never asks for more memory than the file holds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Sequence
+import stat
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,8 +32,37 @@ from cachebuild.sources.sample_table import SampleTable
 from cachebuild.sources.shards.files import thread_handle
 from cachebuild.sources.shards.plan import check_labels, split_words
 
-__all__ = ["PeerFile", "PeerOptions", "PeerReader", "Samples", "first_payload_check", "peer_plan", "pick_field",
-           "read_at", "reason_of", "split_of"]
+__all__ = ["MAX_UNNAMED_CLASSES", "PeerFile", "PeerOptions", "PeerReader", "Samples", "first_payload_check",
+           "open_regular", "peer_plan", "pick_field", "read_at", "reason_of", "split_of"]
+
+# Without --classes, classes are named 0..max label: a label above this (a damaged label field) is refused
+# rather than making that many class names.
+MAX_UNNAMED_CLASSES = 1_000_000
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+def open_regular(path: str | os.PathLike[str], what: str) -> int:
+    """A descriptor of ``path``, opened without waiting (O_NONBLOCK: a FIFO would block until a writer came) and
+    refused with a SourceError unless it is a regular file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (OSError, ValueError) as e:  # ValueError: a name with a NUL byte
+        raise SourceError(f"{path}: cannot read the {what} ({getattr(e, 'strerror', None) or e}); copy the "
+                          f"dataset again completely") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise SourceError(f"{path} is not a regular file ({_kind(mode)}), so it is not read as the {what}: put the "
+                          f"file itself there")
+    return fd
 
 @dataclass(frozen=True)
 class PeerFile:
@@ -39,29 +75,56 @@ class PeerFile:
 
     @classmethod
     def stat(cls, path: Path, name: str, what: str) -> PeerFile:
+        """The file at ``path`` as planned; a SourceError unless it is a regular file that can be opened."""
+        fd = open_regular(path, what)
         try:
-            st = os.stat(path)
-        except OSError as e:
-            raise SourceError(f"{path}: cannot read the {what} ({e.strerror or e}); copy the dataset again "
-                              f"completely") from None
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
         return cls(str(path), name, st.st_size, st.st_mtime_ns)
 
+    @contextlib.contextmanager
+    def opened(self) -> Iterator[int]:
+        """A descriptor of the file while planning (a regular file, as :meth:`stat` found it)."""
+        fd = open_regular(self.path, "file")
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
     def read(self, offset: int, size: int) -> bytes:
-        """Bytes [offset, offset + size) while planning (SourceError when the file ends before)."""
-        with open(self.path, "rb") as f:
-            f.seek(offset)
-            data = f.read(size)
+        """Bytes [offset, offset + size) while planning (SourceError when the file ends before: checked against
+        its planned size before anything is read, so a damaged size never asks for more than the file holds)."""
+        if offset < 0 or size < 0 or offset + size > self.size:
+            raise SourceError(f"{self.path} is truncated or damaged: its own index or header puts data at bytes "
+                              f"[{offset:,}, {offset + size:,}), past its end at {self.size:,}; copy or write it "
+                              f"again")
+        with self.opened() as fd:
+            data = read_all(fd, offset, size)
         if len(data) != size:
             raise SourceError(f"{self.path} is truncated: it ends at byte {offset + len(data):,}, before "
                               f"{offset + size:,} where its own index says data lies; copy or write it again")
         return data
 
 
+def read_all(fd: int, offset: int, size: int) -> bytes:
+    """Bytes [offset, offset + size) of ``fd``, fewer only where the file ends (pread may return less)."""
+    parts = []
+    while size > 0:
+        chunk = os.pread(fd, min(size, 1 << 30), offset)
+        if not chunk:
+            break
+        parts.append(chunk)
+        offset += len(chunk)
+        size -= len(chunk)
+    return b"".join(parts)
+
+
 def _descriptor(f: PeerFile, key: str) -> int:
     """This thread's open descriptor of ``f``, checked against the plan on every use (an ``fstat``: a file
     rewritten while a descriptor stays open is caught too)."""
-    fd = thread_handle(("peer", f), lambda: os.open(f.path, os.O_RDONLY | os.O_CLOEXEC), os.close)
-    st = os.fstat(fd)
+    fd = thread_handle(("peer", f), lambda: os.open(f.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), os.close)
+    st = os.fstat(fd)  # a FIFO put in its place since the plan: opened without waiting, refused by its size
     if (st.st_size, st.st_mtime_ns) != (f.size, f.mtime_ns):
         raise DecodeError(key, f"{f.name} changed after the build planned it ({f.size:,} -> {st.st_size:,} bytes, "
                                f"mtime {f.mtime_ns} -> {st.st_mtime_ns}); not read: `cachebuild status` lists it, "
@@ -71,8 +134,11 @@ def _descriptor(f: PeerFile, key: str) -> int:
 
 def read_at(f: PeerFile, offset: int, size: int, key: str) -> bytes:
     """Bytes [offset, offset + size) of ``f`` in a worker; DecodeError naming ``key`` when they are not there."""
+    if offset < 0 or size < 0 or offset + size > f.size:
+        raise DecodeError(key, f"{f.name}: the sample's bytes [{offset:,}, {offset + size:,}) lie past its end at "
+                               f"{f.size:,}: damaged")
     try:
-        data = os.pread(_descriptor(f, key), size, offset)
+        data = read_all(_descriptor(f, key), offset, size)
     except OSError as e:
         raise DecodeError(key, f"cannot read {f.name} ({e.strerror or e})") from None
     if len(data) != size:
@@ -157,6 +223,16 @@ def peer_plan(samples: Samples, *, codec: str, dataset: str, split: str, root: P
         raise SourceError(f"{root}: the dataset holds no samples")
     labels = samples.labels.astype(np.int64, copy=False)
     problems = dict(samples.problems)
+    if classes is None:
+        ok = np.ones(len(labels), bool)
+        ok[list(problems)] = False
+        big = np.flatnonzero(ok & (labels >= MAX_UNNAMED_CLASSES))
+        if len(big):
+            i = int(big[0])
+            raise SourceError(f"{root}: sample {samples.keys[i]} has the label {int(labels[i]):,}: classes would be "
+                              f"named 0..{int(labels[ok].max()):,}, over the {MAX_UNNAMED_CLASSES:,} made without "
+                              f"names; pass --classes FILE naming them (or --label-field, if this field is not "
+                              f"the labels)")
     classes = check_labels(labels, classes, problems, str(root))
     # a sample's inputs as the file table keeps them: its payload's size and its file's mtime (a rewritten
     # shard changes every sample of it); the files' own sizes go into the digest beside them

@@ -23,6 +23,7 @@ Order: sample order of the file. Provenance: ``NAME.beton#INDEX``.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,8 @@ _FIELD = np.dtype([("type_id", "<u1"), ("name", ("<u1", 16)), ("arguments", ("<u
 _ALLOC = np.dtype([("sample_id", "<u8"), ("ptr", "<u8"), ("size", "<u8")])
 _PTR_SIZE = np.dtype([("ptr", "<u8"), ("size", "<u8")])
 _ND_ARGS = np.dtype([("shape", "<u8", 32), ("type_length", "<u8")])
+_MAX_ARRAY_BYTES = 1 << 32  # one sample's array: larger is a damaged shape, not an image
+_ALLOCATING = (2, 3, 4, 5, 6)  # field types whose payloads the allocation table lists, one row per sample
 # type id -> (the type's name, its metadata record)
 _TYPES: dict[int, tuple[str, np.dtype]] = {
     0: ("FloatField", np.dtype("<f8")),
@@ -75,14 +78,21 @@ class _Field:
         return _TYPES[self.type_id][0]
 
     def ndarray(self) -> tuple[np.dtype, tuple[int, ...]]:
-        """An NDArrayField's (dtype, shape), from its arguments."""
+        """An NDArrayField's (dtype, shape), from its arguments; ValueError saying why they are not one."""
         head = np.frombuffer(self.arguments[:_ND_ARGS.itemsize], _ND_ARGS)[0]
         n = int(head["type_length"])
-        descr = json.loads(self.arguments[_ND_ARGS.itemsize:_ND_ARGS.itemsize + n].decode("ascii"))
-        dtype = np.dtype([tuple(d) for d in descr])["f0"]
+        if n > len(self.arguments) - _ND_ARGS.itemsize:
+            raise ValueError(f"a dtype description of {n:,} bytes, past the field's arguments")
+        try:
+            descr = json.loads(self.arguments[_ND_ARGS.itemsize:_ND_ARGS.itemsize + n].decode("ascii"))
+            dtype = np.dtype([tuple(d) for d in descr])["f0"]
+        except (ValueError, TypeError, KeyError, IndexError, UnicodeDecodeError, RecursionError) as e:
+            raise ValueError(f"its dtype description cannot be read ({type(e).__name__}: {e})") from None
         shape = [int(d) for d in head["shape"]]
         while shape and shape[-1] == 0:
             shape.pop()
+        if 0 in shape or math.prod(shape) * max(dtype.itemsize, 1) > _MAX_ARRAY_BYTES:
+            raise ValueError(f"an array of shape {tuple(shape)} of {dtype}: empty, or larger than any sample")
         return dtype, tuple(shape)
 
     def described(self) -> str:
@@ -103,10 +113,9 @@ def _read_layout(f: PeerFile) -> tuple[Any, list[_Field]]:
     fields_end = _HEADER.itemsize + n_fields * _FIELD.itemsize
     if not 0 < n_fields <= 255 or fields_end > f.size:
         raise SourceError(f"{f.path}: header says {n_fields} fields: not an FFCV .beton, or truncated")
-    if table > f.size or (f.size - table) % _ALLOC.itemsize:
+    if table > f.size:
         raise SourceError(f"{f.path} is truncated ({f.size:,} bytes; its header puts the allocation table at byte "
-                          f"{table:,}, which runs to the end of the file in {_ALLOC.itemsize}-byte rows): copy it "
-                          f"again or write it again")
+                          f"{table:,}, past its end): copy it again or write it again")
     raw = np.frombuffer(f.read(_HEADER.itemsize, n_fields * _FIELD.itemsize), _FIELD)
     fields = [_Field(bytes(d["name"]).split(b"\0")[0].decode("ascii", "replace"), int(d["type_id"]),
                      bytes(d["arguments"])) for d in raw]
@@ -115,7 +124,36 @@ def _read_layout(f: PeerFile) -> tuple[Any, list[_Field]]:
             raise SourceError(f"{f.path}: field {fd.name!r} has FFCV type id {fd.type_id} (a custom field), whose "
                               f"metadata size only its own code knows, so no sample of this file can be located; "
                               f"write the file again without it (or with it as a BytesField)")
+        if fd.type_id in (4, 6):
+            try:
+                fd.ndarray()
+            except ValueError as e:
+                raise SourceError(f"{f.path}: field {fd.name!r} ({fd.kind}): its arguments are not an array's "
+                                  f"shape and dtype ({e}): damaged; write the file again") from None
+    names = [fd.name for fd in fields]
+    if len(set(names)) != len(names):
+        raise SourceError(f"{f.path}: two fields of one name ({', '.join(names)}): damaged; write the file again")
     return header, fields
+
+
+def _check_allocations(f: PeerFile, fields: list[_Field], n: int, meta_end: int, table: int) -> None:
+    """The allocation table runs from ``table`` to the end of the file, one row per payload: ffcv's writer
+    allocates one for each sample in each field that stores data outside the metadata. Fewer rows means the file
+    was cut short, by whole rows (its length says nothing then): refused, as a file cut elsewhere is."""
+    if table < meta_end:
+        raise SourceError(f"{f.path}: its header puts the allocation table at byte {table:,}, inside its header and "
+                          f"metadata (which end at byte {meta_end:,}): not an FFCV .beton, or damaged; write it again")
+    if (f.size - table) % _ALLOC.itemsize:
+        raise SourceError(f"{f.path} is truncated ({f.size:,} bytes; its header puts the allocation table at byte "
+                          f"{table:,}, which runs to the end of the file in {_ALLOC.itemsize}-byte rows): copy it "
+                          f"again or write it again")
+    rows = (f.size - table) // _ALLOC.itemsize
+    payloads = sum(fd.type_id in _ALLOCATING for fd in fields)
+    if rows < n * payloads:
+        raise SourceError(f"{f.path} is truncated: its allocation table (from byte {table:,} to its end) holds "
+                          f"{rows:,} rows where its {n:,} samples' {payloads} payload field(s) need {n * payloads:,} "
+                          f"(the file was cut short by whole {_ALLOC.itemsize}-byte rows, or its header is "
+                          f"damaged); copy it again or write it again")
 
 
 def _image_use(fd: _Field) -> str | None:
@@ -141,7 +179,7 @@ def _image_locations(f: PeerFile, field: _Field, meta: np.ndarray, table: int,
         return {"offset": meta["ptr"].astype(np.int64), "size": meta["size"].astype(np.int64)}, "encoded", problems
     if field.type_id in (4, 6):
         dtype, shape = field.ndarray()
-        size = np.full(n, int(np.prod(shape)) * dtype.itemsize, np.int64)
+        size = np.full(n, math.prod(shape) * dtype.itemsize, np.int64)  # bounded by ndarray()
         return {"offset": meta.astype(np.int64), "size": size}, "raw:" + ",".join(map(str, shape)), problems
     alloc = np.frombuffer(f.read(table, f.size - table), _ALLOC)
     order = np.argsort(alloc["ptr"], kind="stable")
@@ -169,9 +207,10 @@ def ffcv_plan(src: str | Path, options: PeerOptions, classes: list[str] | None =
     n, table = int(header["num_samples"]), int(header["alloc_table_ptr"])
     record = np.dtype([(f"f{i}", _TYPES[fd.type_id][1]) for i, fd in enumerate(fields)], align=True)
     start = _HEADER.itemsize + len(fields) * _FIELD.itemsize
-    if start + n * record.itemsize > table:
-        raise SourceError(f"{f.path}: its {n:,} metadata records run past byte {table:,} where its data ends: "
-                          f"damaged; write it again")
+    if start + n * record.itemsize > f.size:
+        raise SourceError(f"{f.path}: its {n:,} metadata records run past its end at byte {f.size:,}: truncated or "
+                          f"damaged; copy it again or write it again")
+    _check_allocations(f, fields, n, start + n * record.itemsize, table)
     meta = np.frombuffer(f.read(start, n * record.itemsize), record)
     by_name = {fd.name: fd for fd in fields}
     names = {fd.name: fd.described() for fd in fields}

@@ -11,6 +11,7 @@ field order. Planning reads each record's size header and its label field: two s
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,17 +33,23 @@ from cachebuild.sources.peers.common import (
 from cachebuild.sources.plan import Plan
 from cachebuild.sources.shards.plan import dataset_name
 
-__all__ = ["INDEX", "dataset_dir", "index_fields", "index_plan", "read_index", "shard_samples"]
+__all__ = ["INDEX", "count_of", "dataset_dir", "entries", "index_fields", "index_plan", "plain_name", "read_index",
+           "shard_samples"]
 
 INDEX = "index.json"
 
 
+MAX_INDEX_BYTES = 1 << 30  # an index.json listing a million shards is ~500 MB
+MAX_NAME_BYTES = 255  # a file name, as filesystems allow
+
+
 def dataset_dir(src: str | Path, split: str | None, what: str) -> Path:
-    """The folder holding the dataset's ``index.json``: ``SRC/SPLIT`` where ``--split`` names one, else SRC."""
+    """The folder holding the dataset's ``index.json``: ``SRC/SPLIT`` where ``--split`` names one, else SRC.
+    (Anything named index.json counts: reading it says what else it is.)"""
     root = Path(src)
-    if split is not None and (root / split / INDEX).is_file():
+    if split is not None and os.path.lexists(root / split / INDEX):
         return root / split
-    if (root / INDEX).is_file():
+    if os.path.lexists(root / INDEX):
         return root
     if not root.is_dir():
         raise SourceError(f"{root}: no such folder; name the {what} folder (the one holding {INDEX})")
@@ -56,13 +63,43 @@ def dataset_dir(src: str | Path, split: str | None, what: str) -> Path:
 
 def read_index(folder: Path, what: str) -> tuple[PeerFile, dict[str, Any]]:
     f = PeerFile.stat(folder / INDEX, INDEX, f"{what} index")
+    if f.size > MAX_INDEX_BYTES:
+        raise SourceError(f"{f.path}: {f.size:,} bytes, over the {MAX_INDEX_BYTES:,} an index may hold: not a {what} "
+                          f"index, or damaged; write it again")
     try:
         obj = json.loads(f.read(0, f.size))
     except (ValueError, UnicodeDecodeError) as e:
         raise SourceError(f"{f.path}: not JSON ({e}): not a {what} index, or damaged; write it again") from None
+    except RecursionError:
+        raise SourceError(f"{f.path}: JSON nested deeper than any {what} index: damaged; write it again") from None
     if not isinstance(obj, dict):
         raise SourceError(f"{f.path}: a JSON {type(obj).__name__}, not the object a {what} index is")
     return f, obj
+
+
+def entries(index: dict[str, Any], key: str, where: str, what: str) -> list[dict[str, Any]]:
+    """The index's list ``key`` (its shards, its chunks): a list of objects, else a SourceError."""
+    got = index.get(key)
+    if not isinstance(got, list) or not all(isinstance(e, dict) for e in got):
+        raise SourceError(f"{where}: its {key!r} is not a list of {what} entries (objects): damaged index; write "
+                          f"it again")
+    return got
+
+
+def plain_name(value: Any, where: str, what: str) -> str:
+    """A file name from an index: a string naming a file beside it (no folder, no NUL, not hidden), else a
+    SourceError: a converter opens nothing outside the dataset's folder."""
+    if (not isinstance(value, str) or not value or "/" in value or "\0" in value or value.startswith(".")
+            or len(value.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES):
+        raise SourceError(f"{where}: a {what} without a plain file name ({value!r}): damaged index; write it again")
+    return value
+
+
+def count_of(value: Any, where: str, what: str) -> int:
+    """A non-negative integer of an index (a count, a size); ``True`` is not one."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise SourceError(f"{where}: {what} is {value!r}, not a count: damaged index; write it again")
+    return value
 
 
 def index_fields(found: dict[str, str], options: PeerOptions, image_codec: Callable[[str], Any],
@@ -98,11 +135,15 @@ def decode_labels(raw: list[bytes], kind: str, where: str) -> tuple[np.ndarray, 
                 out[i] = int(b.decode("ascii")) if b else -1
             except (ValueError, UnicodeDecodeError):
                 problems[i] = f"label {b[:20]!r} of {where} is not a decimal integer"
+            except OverflowError:
+                problems[i] = f"label {b[:20]!r} of {where} is beyond any class index"
         return out, problems
     width = np.dtype(kind).itemsize
     ok = np.fromiter((len(b) == width for b in raw), bool, len(raw))
     if ok.any():
         values = np.frombuffer(b"".join(b for b, good in zip(raw, ok, strict=True) if good), kind)
+        if values.dtype == np.uint64:  # above int64: no class index (and not -1, "no label")
+            values = np.where(values > np.iinfo(np.int64).max, np.iinfo(np.int64).max, values)
         out[ok] = values.astype(np.int64)
     for i in np.flatnonzero(~ok).tolist():
         if raw[i]:
@@ -123,6 +164,9 @@ class ShardRecords:
 def _offsets(f: PeerFile, n_expected: int, what: str) -> np.ndarray:
     head = f.read(0, 4)
     n = int(np.frombuffer(head, "<u4")[0])
+    if n == n_expected and 4 * (n + 2) > f.size:
+        raise SourceError(f"{f.path}: its header counts {n:,} samples, whose offsets alone need more than its "
+                          f"{f.size:,} bytes: truncated or damaged; copy or write it again")
     if n != n_expected:
         raise SourceError(f"{f.path}: its header counts {n:,} samples where the index says {n_expected:,}: the "
                           f"{what} and its index disagree (a shard of another write, or damaged); write it again")
@@ -146,12 +190,11 @@ def index_records(f: PeerFile, n: int, sizes: list[int | None], image: int, labe
         if s is not None:
             table[:, i] = s
     problems: dict[int, str] = {}
-    with open(f.path, "rb") as fh:
+    with f.opened() as fd:
         if variable:
             raw = bytearray()
             for begin in offsets[:-1].tolist():
-                fh.seek(begin)
-                raw += fh.read(head).ljust(head, b"\0")
+                raw += os.pread(fd, head, begin).ljust(head, b"\0")
             table[:, variable] = np.frombuffer(bytes(raw), "<u4").reshape(n, len(variable))
         starts = offsets[:-1, None] + head + np.concatenate([np.zeros((n, 1), np.int64),
                                                              np.cumsum(table, axis=1)[:, :-1]], axis=1)
@@ -164,8 +207,7 @@ def index_records(f: PeerFile, n: int, sizes: list[int | None], image: int, labe
             if i in problems:
                 labels.append(b"")
                 continue
-            fh.seek(at)
-            labels.append(fh.read(size))
+            labels.append(os.pread(fd, size, at))  # inside the record's slot: checked above
     return ShardRecords(starts[:, image].copy(), table[:, image].copy(), labels, problems)
 
 

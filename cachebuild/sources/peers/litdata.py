@@ -24,7 +24,16 @@ from typing import Any
 from cachebuild.errors import SourceError
 from cachebuild.sources.kind import SourceKind
 from cachebuild.sources.peers.common import PeerFile, PeerOptions
-from cachebuild.sources.peers.indexed import dataset_dir, index_fields, index_plan, read_index, shard_samples
+from cachebuild.sources.peers.indexed import (
+    count_of,
+    dataset_dir,
+    entries,
+    index_fields,
+    index_plan,
+    plain_name,
+    read_index,
+    shard_samples,
+)
 from cachebuild.sources.plan import Plan
 
 __all__ = ["LitdataSource", "leaf_names", "litdata_plan"]
@@ -63,20 +72,28 @@ def _label_kind(fmt: str) -> str:
 def leaf_names(spec_text: Any, n_leaves: int, where: str) -> list[str]:
     """The path of every leaf of the samples' pytree spec, in leaf order."""
     try:
+        if not isinstance(spec_text, str):
+            raise TypeError(f"a {type(spec_text).__name__}, not the JSON text of a pytree spec")
         version, root = json.loads(spec_text)
         if version != 1:
             raise ValueError(f"pytree spec version {version}")
         names: list[str] = []
         _walk(root, "", names)
-    except (ValueError, TypeError, KeyError) as e:
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise SourceError(f"{where}: its data_spec cannot be read ({e}): damaged, or of a newer LitData") from None
+    except RecursionError:
+        raise SourceError(f"{where}: its data_spec is nested deeper than a sample could be: damaged") from None
     if len(names) != n_leaves:
         raise SourceError(f"{where}: its data_spec has {len(names)} leaves, its data_format {n_leaves}: damaged")
+    if len(set(names)) != len(names):
+        raise SourceError(f"{where}: its data_spec names two leaves alike ({sorted(names)}): damaged")
     return names
 
 
 def _walk(node: dict[str, Any], path: str, out: list[str]) -> None:
     children = node["children_spec"]
+    if not isinstance(children, list):
+        raise TypeError(f"children_spec is a {type(children).__name__}, not a list")
     if node["type"] is None:
         out.append(path or "item")
         return
@@ -91,8 +108,9 @@ def _config(index: dict[str, Any], where: str) -> tuple[list[dict[str, Any]], di
     chunks, config = index.get("chunks"), index.get("config")
     if not isinstance(chunks, list) or not isinstance(config, dict):
         raise SourceError(f"{where}: not a LitData index (no chunks and config)")
+    chunks = entries(index, "chunks", where, "chunk")
     loader = config.get("item_loader")
-    if loader != "PyTreeLoader":
+    if not isinstance(loader, str) or loader != "PyTreeLoader":
         raise SourceError(f"{where}: items of LitData's {loader}: only the PyTreeLoader's samples (what optimize "
                           f"writes for a function returning a sample) are read"
                           + ("; the Parquet files themselves build with `cachebuild parquet`"
@@ -108,15 +126,12 @@ def _config(index: dict[str, Any], where: str) -> tuple[list[dict[str, Any]], di
 
 
 def _chunk_file(folder: Path, chunk: dict[str, Any], where: str) -> PeerFile:
-    name = str(chunk.get("filename", ""))
-    if not name or "/" in name or name.startswith("."):
-        raise SourceError(f"{where}: a chunk without a plain file name ({name!r}): damaged index")
-    if not isinstance(chunk.get("chunk_size"), int) or chunk["chunk_size"] < 0:
-        raise SourceError(f"{where}: chunk {name} has no item count: damaged index")
+    name = plain_name(chunk.get("filename"), where, "chunk")
+    count_of(chunk.get("chunk_size"), where, f"the item count of chunk {name}")
+    want = count_of(chunk.get("chunk_bytes"), where, f"the size of chunk {name}")
     f = PeerFile.stat(folder / name, name, "LitData chunk")
-    want = chunk.get("chunk_bytes")
     if f.size != want:
-        state = "truncated" if isinstance(want, int) and f.size < want else "not the file the index describes"
+        state = "truncated" if f.size < want else "not the file the index describes"
         raise SourceError(f"{f.path}: {f.size:,} bytes where index.json says {want!r}: {state}; copy the dataset "
                           f"again or optimize it again")
     return f
@@ -128,7 +143,10 @@ def litdata_plan(src: str | Path, options: PeerOptions, classes: list[str] | Non
     index_file, index = read_index(folder, _WHAT)
     where = index_file.path
     chunks, config = _config(index, where)
-    formats = [str(x) for x in config.get("data_format") or []]
+    formats = config.get("data_format")
+    if not isinstance(formats, list) or not formats or not all(isinstance(x, str) for x in formats):
+        raise SourceError(f"{where}: its data_format is not a list of serializer names: damaged index; optimize "
+                          f"it again")
     names = leaf_names(config.get("data_spec"), len(formats), where)
     found = dict(zip(names, formats, strict=True))
     image, label = index_fields(found, options, image_codec, _label_kind, where)

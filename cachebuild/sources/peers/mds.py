@@ -22,7 +22,16 @@ from typing import Any
 from cachebuild.errors import SourceError
 from cachebuild.sources.kind import SourceKind
 from cachebuild.sources.peers.common import PeerFile, PeerOptions
-from cachebuild.sources.peers.indexed import dataset_dir, index_fields, index_plan, read_index, shard_samples
+from cachebuild.sources.peers.indexed import (
+    count_of,
+    dataset_dir,
+    entries,
+    index_fields,
+    index_plan,
+    plain_name,
+    read_index,
+    shard_samples,
+)
 from cachebuild.sources.plan import Plan
 
 __all__ = ["MdsSource", "mds_plan"]
@@ -49,9 +58,10 @@ def image_codec(encoding: str) -> str:
             raise ValueError("an ndarray of fixed shape but per-sample dtype: write it as ndarray:uint8[:H,W,C]")
         if shape:
             dims = shape.split(",")
-            if len(dims) not in (2, 3) or (len(dims) == 3 and dims[2] not in ("1", "3", "4")):
+            if (len(dims) not in (2, 3) or (len(dims) == 3 and dims[2] not in ("1", "3", "4"))
+                    or not all(d.isdigit() and 0 < int(d) < 2**31 for d in dims)):
                 raise ValueError(f"an ndarray of shape ({shape}): not an image (H, W[, 1|3|4])")
-            return "raw:" + shape
+            return "raw:" + ",".join(str(int(d)) for d in dims)
         return "mds-ndarray:uint8" if dtype else "mds-ndarray"
     if encoding in _LISTS:
         raise ValueError("several images per sample: not read (one image a sample)")
@@ -66,31 +76,36 @@ def _label_kind(encoding: str) -> str:
     return _LABELS[encoding]
 
 
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def _shards(folder: Path, index: dict[str, Any], where: str) -> list[tuple[dict[str, Any], PeerFile]]:
     if index.get("version") != 2 or not isinstance(index.get("shards"), list):
         raise SourceError(f"{where}: not a Streaming index of version 2 (version {index.get('version')!r}, "
                           f"{'a' if isinstance(index.get('shards'), list) else 'no'} shard list)")
     out = []
-    for shard in index["shards"]:
-        fmt = shard.get("format") if isinstance(shard, dict) else None
+    for shard in entries(index, "shards", where, "shard"):
+        fmt = shard.get("format")
         if fmt != "mds":
             raise SourceError(f"{where}: a shard of format {fmt!r}: only MDS shards are read (Streaming's json, "
                               f"csv and tsv shards are not image datasets' formats)")
-        raw = shard.get("raw_data") or {}
-        name, size = str(raw.get("basename", "")), raw.get("bytes")
-        if not name or "/" in name or name.startswith("."):
-            raise SourceError(f"{where}: a shard without a plain file name ({name!r}): damaged index")
-        if not isinstance(shard.get("samples"), int) or shard["samples"] < 0:
-            raise SourceError(f"{where}: shard {name} has no sample count: damaged index")
+        raw = shard.get("raw_data")
+        if not isinstance(raw, dict):
+            raise SourceError(f"{where}: a shard whose raw_data is {type(raw).__name__}, not an object: damaged "
+                              f"index; write it again")
+        name = plain_name(raw.get("basename"), where, "shard")
+        size = count_of(raw.get("bytes"), where, f"the size of shard {name}")
+        count_of(shard.get("samples"), where, f"the sample count of shard {name}")
         path = folder / name
         if shard.get("zip_data") and not path.is_file():
-            zipped = (shard["zip_data"] or {}).get("basename")
+            zipped = _mapping(shard["zip_data"]).get("basename")
             raise SourceError(f"{folder / str(zipped)}: compressed ({shard.get('compression')}) and its decompressed "
                               f"{name} is not beside it: decompress the shards first, or write them with "
                               f"compression=None")
         f = PeerFile.stat(path, name, "MDS shard")
         if f.size != size:
-            state = "truncated" if isinstance(size, int) and f.size < size else "not the file the index describes"
+            state = "truncated" if f.size < size else "not the file the index describes"
             raise SourceError(f"{f.path}: {f.size:,} bytes where index.json says {size!r}: {state}; copy the dataset "
                               f"again or write it again")
         out.append((shard, f))
@@ -106,10 +121,12 @@ def _columns(shards: list[tuple[dict[str, Any], PeerFile]], where: str) -> tuple
             raise SourceError(f"{where}: shard {f.name} has other columns than {shards[0][1].name}: one dataset "
                               f"has one set of columns")
     if not (isinstance(names, list) and isinstance(encodings, list) and isinstance(sizes, list)
-            and len(names) == len(encodings) == len(sizes)
-            and all(s is None or (isinstance(s, int) and s >= 0) for s in sizes)):
-        raise SourceError(f"{where}: damaged column lists (names, encodings and sizes must pair up)")
-    return [str(n) for n in names], [str(e) for e in encodings], sizes
+            and len(names) == len(encodings) == len(sizes) and len(set(map(str, names))) == len(names)
+            and all(isinstance(x, str) for x in (*names, *encodings))
+            and all(s is None or (isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**32) for s in sizes)):
+        raise SourceError(f"{where}: damaged column lists (names and encodings strings, names unique, sizes "
+                          f"counts or null, all three of one length); write it again")
+    return list(names), list(encodings), sizes
 
 
 def mds_plan(src: str | Path, options: PeerOptions, classes: list[str] | None = None) -> Plan:

@@ -21,6 +21,7 @@ decodes a grey or RGBA PNG file the same way).
 
 from __future__ import annotations
 
+import math
 import struct
 
 import numpy as np
@@ -69,7 +70,7 @@ def _rgb(arr: np.ndarray, key: str) -> np.ndarray:
 
 
 def _exact(data: bytes | memoryview, shape: tuple[int, ...], key: str) -> np.ndarray:
-    want = int(np.prod(shape))
+    want = math.prod(shape)  # Python integers: a damaged shape cannot wrap around
     if len(data) != want:
         raise DecodeError(key, f"{len(data):,} bytes of pixels where shape {shape} needs {want:,}: damaged")
     return np.frombuffer(bytearray(data), np.uint8).reshape(shape)  # writable: the resize hands it to torch
@@ -134,8 +135,18 @@ def _litdata_array(codec: str, data: bytes, key: str) -> np.ndarray:
 
 def to_image(codec: str, data: bytes, key: str, mode: int = 0, width: int = 0, height: int = 0
              ) -> bytes | np.ndarray:
-    """The payload ``data`` of sample ``key`` as encoded bytes or RGB pixels; DecodeError when it is not one.
-    ``mode``, ``width``, ``height``: an FFCV RGBImageField's per-sample metadata."""
+    """The payload ``data`` of sample ``key`` as encoded bytes or RGB pixels; DecodeError when it is not one
+    (whatever is wrong with a damaged payload: its headers are other files' bytes)."""
+    try:
+        return _to_image(codec, data, key, mode, width, height)
+    except (ValueError, OverflowError, IndexError, TypeError, struct.error) as e:
+        if isinstance(e, DecodeError):
+            raise
+        raise DecodeError(key, f"a damaged {codec} payload of {len(data):,} bytes ({type(e).__name__}: {e})") from None
+
+
+def _to_image(codec: str, data: bytes, key: str, mode: int, width: int, height: int) -> bytes | np.ndarray:
+    """``mode``, ``width``, ``height``: an FFCV RGBImageField's per-sample metadata."""
     if codec == "encoded":
         return data
     if codec == "ffcv-rgb":

@@ -280,6 +280,9 @@ class Backend(ABC):
     staging_names: ClassVar[str] = ""
     #: names a finished cache of this kind holds beyond the files its manifest lists (zarr: the group metadata)
     cache_names: ClassVar[frozenset[str]] = frozenset()
+    #: files of a finished cache without which no sample can be read (zarr: the array's metadata): ``verify``
+    #: checks them first, and names them instead of every sample that then fails
+    metadata_files: ClassVar[tuple[str, ...]] = ()
     #: True when :meth:`adopt_shard` can take an older cache's local shard whole (one file per block)
     adopts_shards: ClassVar[bool] = False
     #: True when a shard's manifest digest is that of its whole file (one file per shard; format version >= 2):

@@ -219,6 +219,9 @@ def compact_zarr(staging: str, moves: list[tuple[int, int, int]], count: int) ->
 
 # ---------------------------------------------------------------- read side
 
+ARRAY_METADATA = f"{ZARR_NAME}/zarr.json"
+
+
 def chunk_name(k: int) -> str:
     """Chunk ``k`` of the images array, relative to the cache (default v3 keys, ``/`` separator)."""
     return f"{ZARR_NAME}/c/{k}/0/0/0"
@@ -231,17 +234,28 @@ class ZarrLayout(NamedTuple):
     raw: bool  # only the bytes codec and default "/" chunk keys: chunk files are plain rows
 
 
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def read_layout(location: Location, manifest: Manifest) -> ZarrLayout:
-    name = f"{ZARR_NAME}/zarr.json"
+    """The layout of the cache's array, from its metadata: checked as zarr itself parses it (codecs, their
+    settings, fill value...) and against the manifest, so damaged metadata is named here, once, instead of
+    every chunk failing to decode later."""
+    name = ARRAY_METADATA
     where = location.describe(name)
     try:
         meta = json.loads(location.read_bytes(name))
     except (FileNotFoundError, RemoteError) as e:
         raise CacheCorruptError(f"zarr store {location.describe(ZARR_NAME)} cannot be opened: {e}") from None
-    except ValueError as e:
-        raise CacheCorruptError(f"{where} is not valid JSON: {e}") from None
+    except (ValueError, RecursionError) as e:
+        raise CacheCorruptError(f"{where} is not valid JSON: {e}: the zarr metadata is damaged; rebuild or "
+                                f"re-fetch the cache") from None
+    if not isinstance(meta, dict):
+        raise CacheCorruptError(f"{where} holds a JSON {type(meta).__name__}, not zarr array metadata: damaged; "
+                                f"rebuild or re-fetch the cache")
     expected = [manifest.count, *manifest.shape]
-    grid = meta.get("chunk_grid", {}).get("configuration", {}).get("chunk_shape")
+    grid = _mapping(_mapping(meta.get("chunk_grid")).get("configuration")).get("chunk_shape")
     if (meta.get("zarr_format") != 3 or meta.get("node_type") != "array" or meta.get("shape") != expected
             or meta.get("data_type") != "uint8" or not isinstance(grid, list) or len(grid) != 4
             or grid[1:] != list(manifest.shape) or not isinstance(grid[0], int) or grid[0] < 1):
@@ -249,13 +263,28 @@ def read_layout(location: Location, manifest: Manifest) -> ZarrLayout:
             f"zarr store {location.describe(ZARR_NAME)} holds {meta.get('data_type')}{meta.get('shape')} in chunks "
             f"{grid}, the manifest says uint8{expected} chunked along samples"
         )
-    codecs = meta.get("codecs", [])
-    enc = meta.get("chunk_key_encoding", {})
-    default_keys = enc.get("name") == "default" and enc.get("configuration", {}).get("separator", "/") == "/"
+    codecs = meta.get("codecs")
+    enc = _mapping(meta.get("chunk_key_encoding"))
+    default_keys = enc.get("name") == "default" and _mapping(enc.get("configuration")).get("separator", "/") == "/"
     if not default_keys:
         raise CacheCorruptError(f"{where}: chunk keys {enc} are not the default v3 '/' keys a cache uses")
-    raw = (len(codecs) == 1 and codecs[0].get("name") == "bytes" and not meta.get("storage_transformers"))
+    _check_metadata(meta, where)
+    raw = (isinstance(codecs, list) and len(codecs) == 1 and _mapping(codecs[0]).get("name") == "bytes"
+           and not meta.get("storage_transformers"))
     return ZarrLayout(int(grid[0]), raw)
+
+
+def _check_metadata(meta: dict[str, Any], where: str) -> None:
+    """Raise CacheCorruptError unless zarr parses ``meta`` (an unknown codec, a codec setting of the wrong type,
+    a fill value that is not a number...): then no chunk could be decoded."""
+    from zarr.core.metadata.v3 import ArrayV3Metadata
+
+    try:
+        ArrayV3Metadata.from_dict(dict(meta))
+    except Exception as e:  # zarr raises its own, ValueError and TypeError for the many ways metadata is wrong
+        raise CacheCorruptError(f"{where} cannot be read as zarr array metadata ({type(e).__name__}: {e}): the "
+                                f"zarr metadata is damaged, so no chunk can be decoded; rebuild or re-fetch the "
+                                f"cache") from None
 
 
 def check_chunks(location: Location, manifest: Manifest, layout: ZarrLayout) -> None:
@@ -476,6 +505,7 @@ class ZarrBackend(Backend):
     # the array (and its temporary, create_staging_zarr), the compaction marker, the group metadata
     staging_names = r"images\.zarr(\.tmp)?|compacting\.json|zarr\.json"
     cache_names = frozenset({"zarr.json"})  # the group metadata that makes the folder readable by xarray
+    metadata_files = (ARRAY_METADATA,)  # the array's: its codecs decode every chunk
     # each sink opens the array under zarr.config.set(...), a process-wide setting one thread's exit restores
     # under another's open (found by the threaded build: "ignored write_empty_chunks")
     threaded_sinks = False

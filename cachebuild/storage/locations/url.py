@@ -20,6 +20,7 @@ from cachebuild.errors import (
     CacheChangedError,
     CacheCorruptError,
     MissingExtraError,
+    NoSuchBucketError,
     RemoteError,
     RemoteNotFoundError,
     RemoteUnavailableError,
@@ -395,6 +396,29 @@ def _unavailable(where: str, what: str, exc: Exhausted, url: str) -> RemoteUnava
         where, exc.status, exc.attempts)
 
 
+def _missing_bucket(exc: BaseException) -> bool:
+    """Whether the store answered that the bucket itself does not exist (S3's ``NoSuchBucket``; GCS and
+    s3fs say it in words), not merely the file asked for."""
+    e: BaseException | None = exc
+    for _ in range(8):  # exc and what it wraps
+        if e is None:
+            return False
+        response = getattr(e, "response", None)
+        if isinstance(response, dict) and (response.get("Error") or {}).get("Code") == "NoSuchBucket":
+            return True
+        if "specified bucket does not exist" in str(e).lower():
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _bucket_url(url: str) -> str:
+    """``s3://bucket`` of ``s3://bucket/some/prefix`` (credentials left out)."""
+    shown = redact(url)
+    scheme, sep, rest = shown.partition("://")
+    return f"{scheme}{sep}{rest.split('/', 1)[0]}" if sep else shown
+
+
 def _named_error(where: str, what: str, exc: BaseException, url: str) -> Exception:
     """The error to raise for ``exc``, a request for the file shown as ``where`` (to ``what`` it) that failed
     for good; ``url`` (the location's) is shown without its credentials wherever the failure's text holds it."""
@@ -404,6 +428,10 @@ def _named_error(where: str, what: str, exc: BaseException, url: str) -> Excepti
     missing = getattr(exc, "filename", None) or (exc.args[0] if exc.args else None)
     if isinstance(exc, FileNotFoundError) and isinstance(missing, str) and is_url(missing):
         where = redact(missing)  # the file of a multi-file call that was not there
+    if _missing_bucket(exc):
+        bucket = _bucket_url(url)
+        return NoSuchBucketError(f"{bucket}: the bucket does not exist ({where}: cannot {what}); check the URL's "
+                                 f"spelling and the endpoint it goes to, or create the bucket first")
     if status == 404 or (isinstance(exc, FileNotFoundError) and status is None):
         return RemoteNotFoundError(f"{where}: not found (cannot {what})")
     if status in (401, 403) or (isinstance(exc, PermissionError) and status is None):

@@ -120,8 +120,11 @@ def test_version_1_caches_still_read_and_verify(cache):
 
 
 def test_not_a_cache_and_a_parent_of_caches(tmp_path, cache):
+    (tmp_path / "nothing").mkdir()
     with pytest.raises(CacheNotFoundError, match="not a cachebuild cache"):
         open_cache(tmp_path / "nothing")
+    with pytest.raises(CacheNotFoundError, match="gone does not exist"):
+        open_cache(tmp_path / "gone")
     with pytest.raises(CacheNotFoundError, match="pass one of them"):
         open_cache(tmp_path)  # holds the cache 'c'
 

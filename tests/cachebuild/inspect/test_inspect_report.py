@@ -137,7 +137,9 @@ def test_training_curves_of_a_run_folder(tmp_path: Path) -> None:
     res = CliRunner().invoke(report_command, [str(root), "--out", str(tmp_path / "r"), "--run", str(run)])
     assert res.exit_code == 0, res.output
     page = (tmp_path / "r" / "index.html").read_text(encoding="utf-8")
-    assert "<h2>Training</h2>" in page and "<td>val_top1</td><td>0.625</td>" in page
+    assert "<h2>Training</h2>" in page and "<td>val top-1</td><td>62.5%</td>" in page
+    assert "<td>epochs</td><td>2</td>" in page and "<td>val loss</td><td>0.7000</td>" in page
+    assert "0.625" not in page and "val_top1" not in page  # figures in words, not raw floats and keys
     curves = np.asarray(Image.open(tmp_path / "r" / "img" / "curves.png").convert("RGB"))
     assert curves.shape[:2] == (400, 1000) and len(np.unique(curves.reshape(-1, 3), axis=0)) > 20
     empty = tmp_path / "not-a-run"
@@ -179,9 +181,15 @@ def test_report_replaces_only_its_own_files(tmp_path: Path) -> None:
 
 
 def test_no_cache_is_a_one_line_error(tmp_path: Path) -> None:
+    (tmp_path / "none").mkdir()
     res = CliRunner().invoke(report_command, [str(tmp_path / "none"), "--out", str(tmp_path / "r")])
     assert res.exit_code == 1
     assert res.output.strip() == f"Error: {tmp_path / 'none'} is not a cachebuild cache (no manifest.json)"
+    assert not (tmp_path / "r").exists()
+    res = CliRunner().invoke(report_command, [str(tmp_path / "gone"), "--out", str(tmp_path / "r")])
+    assert res.exit_code == 1
+    assert res.output.strip() == (f"Error: {tmp_path / 'gone'} does not exist: name the folder of a cache (the one "
+                                  f"holding manifest.json)")
     assert not (tmp_path / "r").exists()
     root, *_ = inspect_cache(tmp_path / "c", n=10)
     (tmp_path / "file").write_text("x")
@@ -197,3 +205,26 @@ def test_report_without_matplotlib_names_the_extra(tmp_path: Path, monkeypatch: 
     assert res.exit_code == 1 and res.output.strip() == (
         "Error: the report draws its charts with matplotlib: pip install 'cachebuild[plots]'")
     assert not (tmp_path / "r").exists()  # refused before anything was written
+
+
+def test_a_resumed_three_epoch_run_reports_three_epochs_in_words(tmp_path: Path) -> None:
+    """Killed in epoch 2 and resumed: the resumed process trains 2 epochs (its summary.json says epochs_run 2),
+    the metrics file holds all 3; the report counts those, against the 3 the run's config plans."""
+    root, *_ = inspect_cache(tmp_path / "c", n=30)
+    run = tmp_path / "run"
+    writer = MetricsWriter(run / "metrics.jsonl")
+    figures = [(2.3456789, 0.1234567, 1834.56, 0.0312345), (1.8765432, 0.3456789, 1901.2, 0.02),
+               (1.2345678, 0.2987654, 1950.7, 0.0123456)]
+    for epoch, (loss, top1, rate, wait) in enumerate(figures):
+        writer.write("epoch", epoch=epoch, global_step=4 * (epoch + 1), train_loss=loss, val_loss=loss + 0.1,
+                     val_top1=top1, val_top5=min(1.0, top1 + 0.4), img_per_s=rate, data_wait=wait)
+    (run / "config.json").write_text(json.dumps({"epochs": 3, "model": "resnet18"}))
+    (run / "summary.json").write_text(json.dumps({"epochs_run": 2, "epoch": 2, "val_top1": 0.2987654}))
+    res = CliRunner().invoke(report_command, [str(root), "--out", str(tmp_path / "r"), "--run", str(run)])
+    assert res.exit_code == 0, res.output
+    page = (tmp_path / "r" / "index.html").read_text(encoding="utf-8")
+    section = page[page.index("<h2>Training</h2>"):]
+    rows = dict(re.findall(r"<tr><td>([^<]+)</td><td>([^<]+)</td></tr>", section))
+    assert rows == {"epochs": "3 of 3", "last epoch": "3", "train loss": "1.2346", "val loss": "1.3346",
+                    "val top-1": "29.9%", "val top-5": "69.9%", "throughput": "1,951 img/s",
+                    "data wait": "1.2% of step time", "best val top-1": "34.6% (epoch 2)"}, rows

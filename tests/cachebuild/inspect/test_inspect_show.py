@@ -202,9 +202,15 @@ def test_bad_selections_are_one_line_errors(tmp_path: Path, args: list[str], mes
 
 
 def test_no_cache_is_a_one_line_error(tmp_path: Path) -> None:
+    (tmp_path / "nothing").mkdir()
     res = CliRunner().invoke(show_command, [str(tmp_path / "nothing"), "--out", str(tmp_path / "x.png")])
     assert res.exit_code == 1
     assert res.output.strip() == f"Error: {tmp_path / 'nothing'} is not a cachebuild cache (no manifest.json)"
+    res = CliRunner().invoke(show_command, [str(tmp_path / "gone"), "--out", str(tmp_path / "x.png")])
+    assert res.exit_code == 1
+    assert res.output.strip() == (f"Error: {tmp_path / 'gone'} does not exist: name the folder of a cache (the one "
+                                  f"holding manifest.json)")
+    assert not (tmp_path / "x.png").exists()
     with pytest.raises(OptionError, match="--n must be at least 1"):
         select(open_cache(inspect_cache(tmp_path / "c")[0]), n=0)
 
@@ -262,3 +268,37 @@ def test_class_names_carry_imagenet_words() -> None:
     assert class_label(classes, ["tench, Tinca tinca", ""], 0) == "n01440764 tench, Tinca tinca"
     assert class_label(classes, ["tench, Tinca tinca", ""], 1) == "n01443537"
     assert class_label(classes, None, 1) == "n01443537" and class_label(classes, None, 7) == "class 7"
+
+
+def _caption_pixels(sheet, k: int) -> np.ndarray:
+    x0, _, _, y1 = sheet.tiles[k].stored
+    return sheet.image[y1 + 2 : y1 + 2 + 3 * 13, x0 : x0 + 200]
+
+
+@pytest.mark.parametrize("a, b", [("Жук.jpg", "Лук.jpg"), ("αβγ.png", "δεζ.png"), ("café.jpg", "cafè.jpg"),
+                                  ("שלום.jpg", "עולם.jpg")])
+def test_non_ascii_names_are_drawn_not_boxes(a: str, b: str) -> None:
+    """Two names that differ only in letters outside ASCII draw differently: each letter is a glyph, not the
+    one box a font draws for every character it lacks."""
+    from cachebuild.inspect import compose_sheet
+
+    tiles = np.full((2, 16, 16, 3), 90, np.uint8)
+    sheet = compose_sheet(tiles, [0, 1], [0, 0], ["class", "class"], [a, b])
+    assert sheet.missing_glyphs == ""
+    assert not np.array_equal(_caption_pixels(sheet, 0), _caption_pixels(sheet, 1))
+
+
+def test_characters_no_font_draws_are_said(tmp_path: Path) -> None:
+    """A character no installed font has (a private-use code point here) stays a box, and show says so."""
+    from cachebuild.inspect import compose_sheet
+    from cachebuild.storage.cache import write_cache
+
+    odd = "\U000f0001"
+    sheet = compose_sheet(np.zeros((1, 16, 16, 3), np.uint8), [0], [0], ["c"], [f"x{odd}.jpg"])
+    assert sheet.missing_glyphs == odd
+    root, *_ = inspect_cache(tmp_path / "c", h=16, w=16)
+    write_cache(tmp_path / "odd", open_cache(root).gather(range(2)), np.zeros(2, np.int64), ["c"],
+                paths=[f"a{odd}.jpg", "b.jpg"])
+    res = CliRunner().invoke(show_command, [str(tmp_path / "odd"), "--out", str(tmp_path / "s.png")])
+    assert res.exit_code == 0, res.output
+    assert "no installed font draws 1 character(s)" in res.stderr and odd in res.stderr and "--layout" in res.stderr
