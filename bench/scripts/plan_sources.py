@@ -9,7 +9,7 @@ headers and label members only, never image bytes. Parquet: as many files in the
 (row groups of 100 rows, struct image column, ClassLabel metadata) with small image payloads; planning reads
 footers and the label column only.
 
-    python bench/scripts/plan_sources.py --shards 100 --per-shard 1251 --jobs 2 --json bench-out/plan.json
+    python -m bench.scripts.plan_sources --shards 100 --per-shard 1251 --jobs 2 --json bench-out/plan.json
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The harness's sections that are whole scripts of their own (``bench/scripts/``, each also run alone as
-``python bench/scripts/X.py``): remote reads, compact caches, sharing, resize quality, planning shard sources.
+``python -m bench.scripts.X`` from the repository root, where the harness and its test servers import): remote
+reads, compact caches, sharing, resize quality, planning shard sources.
 Each runs in a child process on its own data (its script says how it is made) and its JSON lands in
 ``results.json`` under the section's name."""
 
@@ -16,7 +17,6 @@ from typing import Any
 __all__ = ["EXTRA_SECTIONS", "run_extra"]
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPTS = REPO / "bench" / "scripts"
 
 # section -> (script, title, arguments per profile)
 EXTRA_SECTIONS: dict[str, tuple[str, str, dict[str, list[str]]]] = {
@@ -43,7 +43,8 @@ def run_extra(section: str, cfg: dict[str, Any], work: Path, log: Callable[[str]
     script, title, per_profile = EXTRA_SECTIONS[section]
     out = work / f"{section}.json"
     out.unlink(missing_ok=True)
-    args = [sys.executable, str(SCRIPTS / script), *per_profile[cfg["profile"]], "--json", str(out)]
+    module = "bench.scripts." + Path(script).stem
+    args = [sys.executable, "-m", module, *per_profile[cfg["profile"]], "--json", str(out)]
     if section == "compact":  # FFCV's JPEG Loader beside ours, when its venv is there and peers are wanted
         from bench.peers import peer_python
 
@@ -53,7 +54,7 @@ def run_extra(section: str, cfg: dict[str, Any], work: Path, log: Callable[[str]
     r = subprocess.run(args, capture_output=True, text=True, timeout=cfg["child_timeout"],
                        cwd=REPO)
     seconds = round(time.perf_counter() - t0, 1)
-    command = "python bench/scripts/" + script + " " + " ".join(args[2:-2])
+    command = "python -m " + module + " " + " ".join(args[3:-2])
     if r.returncode != 0 or not out.is_file():
         why = (r.stderr.strip().splitlines() or ["no output"])[-1]
         log(f"{section}: failed ({why})")
