@@ -159,7 +159,7 @@ def test_recipes_keep_the_shape_of_this_release_and_replan_to_the_same_plan(imag
     train = str(imagenet_clean["train_dir"])
     folder = plan_source("folder", train, FolderOptions(split="x"))
     assert folder[0].recipe == {"kind": "folder", "src": train, "split": "x", "dataset": "train",
-                                "classes_given": False}
+                                "allow_empty": False, "classes_given": False}
     classes = [f"c{i}" for i in range(4)]
     wds = plan_source("wds", wds_set["pattern"], WdsOptions(label_key="label"), classes=classes)
     assert wds[0].recipe == {"kind": "wds", "src": wds_set["pattern"], "dataset": "imagenet1k", "split": "train",
@@ -253,7 +253,7 @@ _FLAGS = {
     "imagenet": ["--split", "--size", *_BUILD],
     "cifar10": ["--split", "--size", *_BUILD],
     "cifar100": ["--split", "--size", *_BUILD],
-    "folder": ["--size", "--split", "--name", *_BUILD],
+    "folder": ["--size", "--split", "--name", "--allow-empty", *_BUILD],
     "wds": ["--split", "--size", "--classes", "--label-key", "--cls-key", "--image-keys", "--name", *_BUILD],
     "parquet": ["--split", "--size", "--classes", "--image-column", "--label-column", "--name", *_BUILD],
     **{peer: ["--split", "--size", "--classes", "--image-field", "--label-field", "--name", *_BUILD]
