@@ -10,6 +10,10 @@ The source is planned again from the recipe the build recorded (``source.recipe`
 what was named, the options), through the registry of source kinds (``cachebuild.sources.registry``).
 Caches built before recipes were recorded are planned by the manifest's ``dataset`` (``imagenet``,
 ``cifar10``, ``cifar100``; any other name is a class-folder tree).
+
+A recipe names its source as an absolute path (or a URL), so ``status`` plans the same tree from any folder.
+Earlier releases recorded the path as it was typed (``ds``): that is read from the absolute root the manifest
+records (``source.root``), never from the folder ``status`` runs in (:func:`recorded_source`).
 """
 
 from __future__ import annotations
@@ -21,14 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from cachebuild.errors import CacheNotFoundError
+from cachebuild.errors import CacheNotFoundError, SourceError
 from cachebuild.format import FORMAT_VERSION
 from cachebuild.sources.plan import Plan
 from cachebuild.sources.registry import recipe_of_old_cache, replan
-from cachebuild.storage import Location, open_location
+from cachebuild.storage import Location, is_url, open_location
 from cachebuild.storage.cache import SourceInputs, load_source_inputs, read_manifest
 
-__all__ = ["EXIT_CODES", "SourceStatus", "cache_status"]
+__all__ = ["EXIT_CODES", "SourceStatus", "cache_status", "recorded_source"]
 
 EXIT_CODES = {"up to date": 0, "stale": 1, "not a cache": 2}
 EXAMPLES = 5
@@ -106,6 +110,37 @@ def _compare(old: SourceInputs, plan: Plan, stats: np.ndarray) -> tuple[dict[str
     return counts, examples
 
 
+_PATTERN = frozenset("*?[{")
+
+
+def recorded_source(src: str, root: str) -> str:
+    """The source a recipe's ``src`` names, as an absolute path (or URL). A relative one (earlier releases
+    recorded it as typed) is placed by ``root``, the absolute root of the plan the build recorded: the build
+    ran in a folder C where C/``src`` was that root, the folder holding it (a shard file or pattern), or a
+    folder above it (a dataset root whose split folder is the plan's root). Of the folders C at or above
+    ``root``, the first that gives an existing path, in that order of fit, is taken."""
+    if is_url(src) or os.path.isabs(src):
+        return src
+    top = Path(root)
+    if not top.is_absolute():
+        raise SourceError(f"the cache records its source as {src!r}, relative to the folder it was built in, "
+                          f"which it does not record: pass --source to name it")
+    lead: list[str] = []  # src's folders before any pattern (x-{0000..0099}.tar, *.parquet)
+    for part in Path(os.path.normpath(src)).parts:
+        if _PATTERN & set(part):
+            break
+        lead.append(part)
+    fits = (lambda p: p == top, lambda p: p.parent == top, lambda p: p in top.parents)
+    for fit in fits:
+        for c in (top, *top.parents):
+            named = Path(os.path.normpath(c.joinpath(src)))
+            literal = Path(os.path.normpath(c.joinpath(*lead)))
+            if fit(named) and (literal.exists() if len(lead) == len(Path(src).parts) else literal.is_dir()):
+                return str(named)
+    raise SourceError(f"the cache records its source as {src!r}, relative to the folder it was built in, and no "
+                      f"such path leads to the root it records ({root}): pass --source to name the source")
+
+
 def cache_status(cache: str | os.PathLike[str] | Location, source: str | os.PathLike[str] | None = None
                  ) -> SourceStatus:
     """Compare the cache at ``cache`` with the source at ``source`` (default: the root the manifest records)."""
@@ -117,7 +152,9 @@ def cache_status(cache: str | os.PathLike[str] | Location, source: str | os.Path
         return SourceStatus(shown, str(source or ""), "not a cache", message=str(e))
     recipe = m.source.get("recipe")
     if isinstance(recipe, dict) and recipe.get("kind"):  # built by a release that records how it planned
-        shown_src = str(source if source is not None else recipe.get("src", ""))
+        if source is None:
+            source = recorded_source(str(recipe.get("src", "")), str(m.source.get("root", "")))
+        shown_src = str(source)
         plan = replan(recipe, source, list(m.classes))  # SourceError for a missing or foreign source
     else:  # built before recipes were recorded: planned by the manifest's dataset name
         src = Path(source) if source is not None else Path(str(m.source.get("root", "")))

@@ -248,3 +248,51 @@ def test_status_replans_shard_sources_from_the_recipe_the_build_recorded(kind, w
     os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     r = _cli("status", cache, "--json")
     assert r.exit_code == 1 and json.loads(r.output)["status"] == "stale", r.output
+
+
+def test_status_from_another_folder_compares_against_the_tree_the_build_named(imagenet_clean, tmp_path, monkeypatch):
+    """A build named its source relatively: status, run from anywhere, plans the same tree (the recipe records
+    it absolute), never a folder of the same name where status runs."""
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    shutil.copytree(imagenet_clean["train_dir"], here / "ds")
+    shutil.copytree(imagenet_clean["val_dir"], elsewhere / "ds")  # another tree, under the same relative name
+    monkeypatch.chdir(here)
+    r = _cli("folder", "ds", "--size", "16", "--out", "c", "-j", "1", "--no-progress")
+    assert r.exit_code == 0, r.output
+    cache = here / "c" / "train"
+    assert read_manifest(cache).source["recipe"]["src"] == str(here / "ds")
+    for cwd in (elsewhere, tmp_path):
+        monkeypatch.chdir(cwd)
+        r = _cli("status", cache)
+        assert r.exit_code == 0 and f"up to date with {here / 'ds'}" in r.output, (cwd, r.output)
+
+
+def test_status_of_a_cache_that_recorded_a_relative_source_plans_it_from_its_recorded_root(imagenet_clean, tmp_path,
+                                                                                         monkeypatch):
+    """Caches of earlier releases recorded the source as it was named (``ds``): status finds it from the absolute
+    root the manifest records, wherever it runs; a name that leads nowhere near that root is one line asking for
+    --source."""
+    from tests.manifest_edits import load_unsealed
+
+    shutil.copytree(imagenet_clean["root"], tmp_path / "work" / "ds")
+    monkeypatch.chdir(tmp_path / "work")
+    for kind, name in (("folder", "ds/train"), ("imagenet", "ds")):
+        out = tmp_path / "work" / f"c-{kind}"
+        r = _cli(kind, name, "--size", "16", "--out", out, "-j", "1", "--no-progress")
+        assert r.exit_code == 0, r.output
+        manifest = out / "train" / "manifest.json"
+        d = load_unsealed(manifest)
+        d["source"]["recipe"]["src"] = name  # as an earlier release wrote it
+        manifest.write_text(json.dumps(d))
+    (tmp_path / "away" / "ds" / "train").mkdir(parents=True)  # a decoy of the same relative name
+    monkeypatch.chdir(tmp_path / "away")
+    for kind in ("folder", "imagenet"):
+        r = _cli("status", tmp_path / "work" / f"c-{kind}" / "train")
+        assert r.exit_code == 0 and "up to date" in r.output, (kind, r.output)
+    manifest = tmp_path / "work" / "c-folder" / "train" / "manifest.json"
+    d = load_unsealed(manifest)
+    d["source"]["recipe"]["src"] = "elsewhere/pics"
+    manifest.write_text(json.dumps(d))
+    r = _cli("status", manifest.parent)
+    assert r.exit_code == 2 and "elsewhere/pics" in r.output and "--source" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1
