@@ -34,7 +34,13 @@ from joblib.externals.loky.process_executor import TerminatedWorkerError
 
 from cachebuild.atomic import write_json_atomic
 from cachebuild.builder.block import BlockTask, run_block
-from cachebuild.builder.destination import check_destination, check_outside_source, output_error, prepare_staging
+from cachebuild.builder.destination import (
+    check_destination,
+    check_outside_source,
+    output_error,
+    prepare_staging,
+    replaced_cache,
+)
 from cachebuild.builder.locks import exclusive_lock
 from cachebuild.builder.options import BuildOptions, BuildResult, build_key
 from cachebuild.builder.sample import ResizeSpec, one_thread_each, pixel_tools
@@ -125,6 +131,8 @@ def build(plan: Plan, out: str | os.PathLike[str], opts: BuildOptions) -> BuildR
                 m = None
             if m is not None:
                 return BuildResult(out, "up to date", m.count, len(m.failures), 0.0, 0, decoded=0, reused=m.count)
+            if opts.force and (replaced := replaced_cache(out, plan.source_digest, params)):
+                log.info("%s: replacing %s", out, replaced)
             # an update refuses another recipe before anything is written
             reuse = plan_reuse(out, plan, params, opts.resolved_block(len(plan))) if opts.update else None
             records, tasks, jobs = _blocks(plan, out, opts, key, reuse)
@@ -170,7 +178,7 @@ def _blocks(plan: Plan, out: Path, opts: BuildOptions, key: str, reuse: Reuse | 
     staging = staging_path(out)
     done = prepare_staging(staging, key, opts.storage)
     spec = ResizeSpec(size=opts.size, fit=opts.fit, interpolation=opts.interpolation, max_pixels=opts.max_pixels,
-                      reduced_decode=opts.reduced_decode)
+                      reduced_decode=opts.reduced_decode, exif_orientation=opts.exif_orientation)
     jobs, claim = opts.jobs, ""
     if opts.decode_device != "cpu":
         from cachebuild.builder.gpu_build import gpu_workers  # only imported where a GPU build is asked for
@@ -274,7 +282,7 @@ def _finish(plan: Plan, out: Path, records: dict[int, BlockRecord], opts: BuildO
         fit=opts.fit,
         interpolation=f"{opts.interpolation}" + ("+jpeg-dct-reduce" if opts.reduced_decode else ""),
         source=source,
-        build={"key": key, **params, "on_error": opts.on_error, "exif_orientation": "ignored"},
+        build={"key": key, **params, "on_error": opts.on_error, "exif_orientation": opts.exif_orientation},
         tool={**tool_versions(), **pixel_tools()},
         shards=tuple(shards),
         arrays=arrays,

@@ -225,8 +225,8 @@ def test_build_flags_take_their_defaults_and_choices_from_build_options(scratch_
     params = {p.name: p for p in build_params()}
     shared = sorted(set(params) & set(defaults))
     assert shared == sorted(["storage", "fit", "interpolation", "jobs", "block_size", "chunk_size", "compression",
-                             "quality", "subsampling", "decode_device", "on_error", "max_pixels", "reduced_decode",
-                             "force", "update", "summary", "lock_wait", "progress"])
+                             "quality", "subsampling", "decode_device", "on_error", "exif_orientation", "max_pixels",
+                             "reduced_decode", "force", "update", "summary", "lock_wait", "progress"])
     assert {n: params[n].default for n in shared} == {n: defaults[n] for n in shared}
     choices = {n: list(getattr(params[n].type, "choices", [])) for n in shared}
     assert (choices["fit"], choices["compression"], choices["subsampling"], choices["decode_device"],
@@ -246,9 +246,9 @@ def test_build_flags_take_their_defaults_and_choices_from_build_options(scratch_
 
 # The flags of every build command (`cachebuild X --help`), in the order they are listed.
 _BUILD = ["--format", "--fit", "--interpolation", "-j, --jobs", "--shard-size", "--chunk-size", "--compression",
-          "--quality", "--subsampling", "--decode-device", "--on-error", "--max-pixels", "--force", "--update",
-          "--json", "--wait", "--progress / --no-progress", "--out", "--dask-scheduler", "-q, --quiet",
-          "-v, --verbose", "-h, --help"]
+          "--quality", "--subsampling", "--decode-device", "--on-error", "--exif-orientation", "--max-pixels",
+          "--force", "--update", "--json", "--wait", "--progress / --no-progress", "--out", "--dask-scheduler",
+          "-q, --quiet", "-v, --verbose", "-h, --help"]
 _FLAGS = {
     "imagenet": ["--split", "--size", *_BUILD],
     "cifar10": ["--split", "--size", *_BUILD],
