@@ -52,18 +52,21 @@ def test_status_is_up_to_date_then_stale_after_add_remove_touch(built, monkeypat
     files = sorted(classes[0].iterdir())
     shutil.copy(files[0], classes[1] / "added_copy.JPEG")  # added
     files[1].unlink()  # removed
-    st = files[2].stat()
-    os.utime(files[2], ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched
+    files[2].write_bytes(files[0].read_bytes())  # modified: other bytes
+    st = files[3].stat()
+    os.utime(files[3], ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched: a new mtime, the same bytes
     r = _cli("status", cache, "--source", src, "--json")
     assert r.exit_code == 1, r.output
     d = json.loads(r.output)
-    assert d["status"] == "stale" and (d["added"], d["removed"], d["modified"]) == (1, 1, 1)
+    assert d["status"] == "stale" and (d["added"], d["removed"], d["modified"], d["touched"]) == (1, 1, 1, 1)
     assert d["examples"]["added"] == [f"{classes[1].name}/added_copy.JPEG"]
     assert d["examples"]["removed"] == [f"{classes[0].name}/{files[1].name}"]
     assert d["examples"]["modified"] == [f"{classes[0].name}/{files[2].name}"]
+    assert d["examples"]["touched"] == [f"{classes[0].name}/{files[3].name}"]
     assert d["source_digest"]["cache"] != d["source_digest"]["source"]
     r = _cli("status", cache, "--source", src)
-    assert r.exit_code == 1 and "stale: 1 added, 1 removed, 1 modified" in r.output
+    assert r.exit_code == 1 and "stale: 1 added, 1 removed, 1 modified; 1 touched (new mtimes, the same bytes" \
+        in r.output, r.output
 
 
 def test_status_says_when_an_up_to_date_cache_was_written_by_an_older_format(built, tmp_path):
