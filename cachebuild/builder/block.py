@@ -1,9 +1,9 @@
 """One block's work, in a worker: decode its source files into the storage kind's sink, write its record.
 
 Each sample is decoded into its sink's reused slot; the sink writes and hashes it while it is hot in cache
-(``Sink.close``). A build of files also digests each file's bytes as they are read (xxh3: ~10 GB/s, a few
-microseconds a photo), into ``blocks/inputs-NNNNN.npy`` beside the block's record: the build's
-``source_files.json`` keeps them, so that a later ``--update`` knows a file whose mtime alone changed unchanged.
+(``Sink.close``). A build of files also digests each file's bytes as they are read (xxh3, far cheaper than
+the decode), into ``blocks/inputs-NNNNN.npy`` beside the block's record: the build's ``source_files.json`` keeps
+them, so that a later ``--update`` knows a file whose mtime alone changed unchanged.
 No fsync: a finished block survives any kill of the build (the kernel holds the pages); after a machine crash,
 ``cachebuild verify`` checks every shard against its checksum. ``decode_device="cuda"``
 decodes the block's sources in batches on this worker's GPU instead (``cachebuild.builder.gpu_build``).

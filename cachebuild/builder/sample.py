@@ -315,7 +315,8 @@ _PNG_EXIF_CHUNKS = (b"eXIf", b"Raw profile type exif", b"XML:com.adobe.xmp")
 
 
 def exif_orientation(data: bytes, fmt: str) -> int:
-    """The EXIF orientation (1-8) PIL's ``ImageOps.exif_transpose`` would apply to this file; 1 when it has none."""
+    """The EXIF orientation (1-8) PIL's ``ImageOps.exif_transpose`` would apply to this file; 1 when it has none,
+    0 when its EXIF cannot be read (PIL's transpose would leave such a file as stored)."""
     if fmt == "PNG" and not any(name in data for name in _PNG_EXIF_CHUNKS):
         return 1
     from PIL import Image
@@ -326,7 +327,7 @@ def exif_orientation(data: bytes, fmt: str) -> int:
         with im:
             value = im.getexif().get(0x0112, 1)
     except Exception:  # a damaged EXIF block tells no orientation; the decode decides whether the image is good
-        return 1
+        return 0
     return value if isinstance(value, int) and 1 <= value <= 8 else 1
 
 
@@ -437,7 +438,7 @@ def decode_into(data: bytes | np.ndarray, spec: ResizeSpec, out: np.ndarray, *, 
             r = reduction(h, w, spec) if spec.reduced_decode and fmt == "JPEG" else 1
             img = _decode(data, h, w, fmt, r)
             if spec.exif_orientation == "apply":
-                turn = exif_orientation(data, fmt)
+                turn = exif_orientation(data, fmt) or 1
         # a DCT-scaled decode is ceil(h / r) x ceil(w / r), of which the image spans h / r x w / r
         ih, iw = img.shape[:2]
         ky, kx = (1 / r, 1 / r) if (ih, iw) == (-(-h // r), -(-w // r)) else (ih / h, iw / w)
