@@ -235,12 +235,12 @@ class GpuBlockDecoder:
         tensors = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for _, d, _, _ in gpu]
         try:
             images = decode_jpegs(tensors, self.device)
-        except RuntimeError:  # one file nvJPEG refuses fails the batch: find it, one by one
+        except (RuntimeError, ValueError):  # one file nvJPEG refuses fails the batch: find it, one by one
             images = []
             for t in tensors:
                 try:
                     images.append(decode_jpegs(t, self.device))
-                except RuntimeError:
+                except (RuntimeError, ValueError):
                     images.append(None)
         kept, out = [], []
         for (i, data, h, w), img in zip(gpu, images, strict=True):
