@@ -10,7 +10,8 @@ whose stat is racy (below), is reused too when its bytes are the bytes the old b
 digested (``SOURCE_DIGEST``, xxh3-64) and compared with the digest the old build recorded of them, in threads,
 before any block runs; nothing is decoded for it. Every other file is decoded as a fresh build decodes it:
 added, changed, relabelled-and-moved (a new path), failed before, and racy ones whose bytes cannot be compared
-(caches of releases before the digests).
+(caches of releases before the digests). An update of a cache that recorded no digests reads the files it
+reuses once, to record theirs (no decode), so that its result is a fresh build's, digests included.
 
 Racy files (git's "racily clean" entries): a file rewritten in the same tick of the filesystem's clock as
 the old build stat'ed it keeps its size and mtime. So a file whose recorded mtime is not at least
@@ -410,6 +411,13 @@ def plan_reuse(out: Path, plan: Plan, params: dict[str, Any], block: int, jobs: 
     columns = plan_columns(out, location, m, plan.keys, paths, fix) if not problems else None
     adopts = get_backend(m.storage).adopts_shards and m.digest == BUILD  # else every sample is copied, re-hashed
     carried = None if recorded is None else np.where(old >= 0, recorded, b"")
+    unknown = np.flatnonzero(old >= 0) if carried is None else np.flatnonzero((old >= 0) & (carried == b""))
+    if len(unknown) and plan.file_stats is not None:  # reused, no digest recorded (an earlier release's cache)
+        log.info("%s: recording the digests of %d reused files' bytes (its release recorded none): reading them, "
+                 "decoding none", out, len(unknown))
+        if carried is None:
+            carried = np.zeros(len(plan), f"S{SOURCE_DIGEST.hex_len}")
+        carried[unknown] = digest_contents(plan, unknown, jobs)
     reuse = Reuse(str(out), m.content_id, old, sizes, boxes, {(sh.start, sh.count): sh for sh in m.shards},
                   columns, adopts, carried)
     if not problems:  # a shard taken whole keeps its checksum, for `verify` of the new cache; a copied one is checked

@@ -146,3 +146,19 @@ def test_the_recipe_records_the_options_of_the_layout(tmp_path):
     train, val = plan_source("folder", src)
     assert [train.recipe["split"], val.recipe["split"]] == ["train", "val"]
     assert train.recipe["allow_empty"] is False and json.loads(json.dumps(val.recipe)) == val.recipe
+
+
+def test_a_root_of_split_folders_at_a_url_plans_as_its_local_copy(tmp_path, http_server):
+    """The same rule over a listing: a URL holding train/ and val/ plans each split as the local root does
+    (classes, keys, labels), and an empty class (a folder of no image file) is refused there too."""
+    src = _split_root(tmp_path / "site" / "ds")
+    url = http_server(tmp_path / "site").url_for("ds")
+    local = plan_source("folder", src)
+    remote = plan_source("folder", url)
+    assert [(p.split, p.classes, list(p.keys), p.labels.tolist()) for p in remote] == \
+        [(p.split, p.classes, list(p.keys), p.labels.tolist()) for p in local]
+    assert [p.recipe["split"] for p in remote] == ["train", "val"] and remote[1].root == f"{url.rstrip('/')}/val"
+    (src / "val" / "b").mkdir()
+    (src / "val" / "b" / "notes.txt").write_text("no image")
+    with pytest.raises(SourceError, match=r"val/b.*no image files"):
+        plan_source("folder", url)
