@@ -397,3 +397,18 @@ def test_a_cache_without_digests_updates_by_stat_as_before_and_gains_them(imagen
     assert (got.decoded, got.reused) == (got.count, 0)
     build(folder_plan(copy), tmp_path / "fresh", BuildOptions(**opts))
     _assert_same_cache(out, tmp_path / "fresh")
+
+
+def test_a_shard_linked_in_again_leaves_no_temporary_file(tmp_path):
+    """A killed update may have linked an old shard in already; linking it again (the resumed update) must not
+    leave its temporary name behind (rename(2) of a hard link over another of the same file does nothing)."""
+    from cachebuild.storage.kinds.base import link_shard
+
+    old = tmp_path / "old.npy"
+    old.write_bytes(b"shard bytes")
+    staged = tmp_path / "staging" / "images-00003.npy"
+    staged.parent.mkdir()
+    link_shard(old, staged)
+    link_shard(old, staged)  # the resumed update, the same block taken whole again
+    assert sorted(p.name for p in staged.parent.iterdir()) == ["images-00003.npy"]
+    assert staged.read_bytes() == b"shard bytes"
