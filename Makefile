@@ -69,12 +69,14 @@ bench-peers: $(STAMP)  ## a venv per peer (FFCV, LitData, WebDataset, DALI, SPDL
 	PY=$(BIN)/python bash bench/peers/setup.sh || echo "some peers did not install (above): the run skips them with the reason"
 	$(BENCH_RUN) --profile full $(BENCH_ARGS)
 
-device-wheels: $(STAMP)  ## zarr, simplejpeg, psutil, matplotlib for the GPU device image (Python 3.12, x86-64, no registry)
+device-wheels: $(STAMP)  ## zarr, simplejpeg, torchcodec, psutil, matplotlib for the GPU device image (Python 3.12, x86-64, no registry)
 	$(BIN)/python -m pip download -q "zarr==$$($(BIN)/python -c 'import zarr; print(zarr.__version__)')" psutil matplotlib \
 		--python-version 3.12 --only-binary=:all: \
 		--platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d .device-wheels
 	$(BIN)/python -m pip download -q "simplejpeg==$$($(BIN)/python -c 'import simplejpeg; print(simplejpeg.__version__)')" \
 		--python-version 3.12 --only-binary=:all: --no-deps \
+		--platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d .device-wheels
+	$(BIN)/python -m pip download -q "torchcodec>=0.16" --python-version 3.12 --only-binary=:all: --no-deps \
 		--platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d .device-wheels
 
 lint: $(STAMP)

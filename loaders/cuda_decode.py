@@ -1,8 +1,9 @@
 """nvJPEG batch decode of a compact cache's samples on a CUDA device (imported only there).
 
-``torchvision.io.decode_jpeg(list_of_tensors, device="cuda")`` decodes the whole list in one batched
-nvJPEG call; the host has sent only the compressed bytes. Each sample's crc32 was already checked by the
-DataLoader worker that read it, so a damaged sample never reaches the GPU.
+TorchCodec's ``decode_jpeg(list_of_tensors, device="cuda")`` (the optional extra ``torchcodec``:
+``cachebuild.storage.kinds.jpeg.decode_jpegs``) decodes the whole list in one batched nvJPEG call; the host has
+sent only the compressed bytes. Each sample's crc32 was already checked by the DataLoader worker that read it, so a
+damaged sample never reaches the GPU.
 """
 
 from __future__ import annotations

@@ -72,6 +72,10 @@ class DeviceLoader:
         if decode == "cuda" and (self.device.type != "cuda" or not torch.cuda.is_available()):
             raise ValueError(f"decode='cuda' decodes on a CUDA device, and this one is {self.device} "
                              f"(CUDA available: {torch.cuda.is_available()}); use decode='cpu'")
+        if decode == "cuda":  # TorchCodec's nvJPEG decoder, an optional extra: missing, one line now, not a batch in
+            from cachebuild.storage.kinds.jpeg import jpeg_batch_decoder
+
+            jpeg_batch_decoder()
         self.decode = decode
 
     def __len__(self) -> int:
@@ -122,5 +126,6 @@ def device_loader(loader: Iterable[Any], device: torch.device | str = "cuda", no
     """Yield ``(x, y[, boxes])`` on ``device``, x uint8 NCHW (a channels_last view of the NHWC batch), once per
     iteration (every epoch), with ``len(loader)``. Pass ``pin_memory=True`` to the loader so that the copies
     are asynchronous. ``decode="cuda"`` (compact caches, on CUDA): the loader's dataset is set to
-    ``decode="none"``, so its workers send the stored JPEGs (checksummed), decoded on the GPU by nvJPEG."""
+    ``decode="none"``, so its workers send the stored JPEGs (checksummed), decoded on the GPU by nvJPEG through
+    TorchCodec (``pip install 'cachebuild[torchcodec]'``; without it, a one-line error here)."""
     return DeviceLoader(loader, device, non_blocking, nchw, decode)

@@ -55,8 +55,9 @@ def _zarr_rows(folder: Path, start: int, count: int) -> bytes:
 def as_sha256_cache(folder: Path, version: int = 2) -> None:
     """Rewrite the version 4 cache in ``folder`` as a release of format ``version`` (1, 2 or 3) wrote it: every
     checksum sha256 under the key ``sha256``, no ``digest_algorithm``, ``files.json`` without its ``digest``
-    and in that release's bytes, the build's ``format_version`` 2 with the key that
-    release gave it, sealed. Version 1: an npy shard's checksum is of its pixel rows alone."""
+    and in that release's bytes, ``source_files.json`` without the digests of the source files' bytes, the
+    build's ``format_version`` 2 with the key that release gave it, sealed. Version 1: an npy shard's checksum is
+    of its pixel rows alone."""
     path = folder / "manifest.json"
     d = json.loads(path.read_text())
     assert d.pop("checksum") and d["format_version"] == 4 and d.pop("digest_algorithm") == "xxh3-128"
@@ -78,18 +79,25 @@ def as_sha256_cache(folder: Path, version: int = 2) -> None:
     inputs = d["source"].get("inputs")
     if inputs:
         del inputs["digest"]
+        table = json.loads((folder / inputs["file"]).read_text())
+        if table.pop("digests", None) is not None:  # those releases recorded no digest of the source files' bytes
+            del table["digest"]
+            (folder / inputs["file"]).write_text(json.dumps(table, ensure_ascii=True))
         inputs["sha256"] = _sha((folder / inputs["file"]).read_bytes())
     if d.get("files"):
         table = json.loads((folder / "files.json").read_text())
-        rows = [[name, size, _sha((folder / name).read_bytes())] for name, size, _ in table["files"]]
+        rows = [[name, (folder / name).stat().st_size, _sha((folder / name).read_bytes())]
+                for name, _, _ in table["files"]]
         body = ",\n".join(json.dumps(r, ensure_ascii=True) for r in rows)
         data = f'{{"format": "cachebuild-files", "files": [\n{body}\n]}}\n'.encode()
         (folder / "files.json").write_bytes(data)
         d["files"] = {"table": d["files"]["table"], "sha256": _sha(data), "count": d["files"]["count"],
-                      "bytes": d["files"]["bytes"]}
+                      "bytes": sum(size for _, size, _ in rows)}
     d["format_version"] = version
     if "format_version" in d["build"]:  # a build's (write_cache's key is of the pixels: the same in every version)
         d["build"]["format_version"] = 2
+        if d["build"].get("exif_orientation") == "ignore":
+            d["build"]["exif_orientation"] = "ignored"  # how those releases wrote the one choice they had
         params = {k: v for k, v in d["build"].items() if k not in ("key", "on_error", "exif_orientation")}
         blob = json.dumps({"source": d["source"]["fingerprint"], "params": params}, sort_keys=True).encode()
         d["build"]["key"] = _sha(blob)  # builder.options.build_key, as that release computed it

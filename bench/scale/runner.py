@@ -58,20 +58,20 @@ class Runner:
         return args + (["--shard-size", str(self.shard_size)] if self.shard_size else [])
 
     def touched_status(self, src: Path, cache: Path, k: int = 10) -> dict[str, Any]:
-        """``status`` after ``k`` files spread over the tree got a new mtime; their times are put back after
-        (the subsets share the full tree's files by hard link)."""
+        """``status`` after ``k`` files spread over the tree were rewritten (a byte appended: a new mtime alone
+        would be found unchanged by its bytes' digest); their bytes and times are put back after (the subsets
+        share the full tree's files by hard link)."""
         classes = sorted(os.listdir(src / "train"))
         picked = []
         for c in classes[:: max(1, len(classes) // k)][:k]:
             picked.append(src / "train" / c / sorted(os.listdir(src / "train" / c))[0])
-        saved = [(p, os.stat(p)) for p in picked]
+        saved = [(p, os.stat(p), p.read_bytes()) for p in picked]
         try:
-            for p, st in saved:
-                os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+            for p, _, data in saved:
+                p.write_bytes(data + b"\0")
             r = self.step("status_touched", "cli", "status", str(cache), "--json", expect_exit=1)
         finally:
-            for p, st in saved:
-                os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+            _put_back(saved)
         status = _json_in(r.get("output", ""))
         r["modified"] = status.get("modified")
         if "error" not in r and status.get("modified") != k:
@@ -79,21 +79,20 @@ class Runner:
         return r
 
     def update_touched(self, src: Path, out: Path, build_seconds: float, k: int = 10) -> dict[str, Any]:
-        """``--update`` of the cache in ``out`` after ``k`` files spread over the tree got a new mtime (then put
+        """``--update`` of the cache in ``out`` after ``k`` files spread over the tree were rewritten (then put
         back: the cache is updated once more to match), against the full build's ``build_seconds``."""
         classes = sorted(os.listdir(src / "train"))
         picked = [src / "train" / c / sorted(os.listdir(src / "train" / c))[0]
                   for c in classes[:: max(1, len(classes) // k)][:k]]
-        saved = [(p, os.stat(p)) for p in picked]
+        saved = [(p, os.stat(p), p.read_bytes()) for p in picked]
         summary = self.work / "update.json"
         try:
-            for p, st in saved:
-                os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+            for p, _, data in saved:
+                p.write_bytes(data + b"\0")  # another size: decoded again (a new mtime alone: digested, reused)
             r = self.step("update_touched", *self.build_args(src, out, "train", "--update", "-q", "--json",
                                                               str(summary)))
         finally:
-            for p, st in saved:
-                os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+            _put_back(saved)
         if "error" in r:
             return r
         doc = json.loads(summary.read_text())
@@ -127,6 +126,13 @@ class Runner:
                 r["error"] = "the pulled cache's checksums differ from the served one's"
         shutil.rmtree(dest, ignore_errors=True)
         return r
+
+
+def _put_back(saved: list[tuple[Path, os.stat_result, bytes]]) -> None:
+    """The files' bytes and times as they were."""
+    for p, st, data in saved:
+        p.write_bytes(data)
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 def _json_in(text: str) -> dict[str, Any]:

@@ -8,7 +8,7 @@ flip + normalize:
   dali      fn.readers.file(random_shuffle) -> fn.decoders.image_random_crop(device="mixed": nvJPEG, the crop
             fused into the decode) -> fn.resize + fn.crop_mirror_normalize on the GPU; num_threads = workers
   cachebuild  CachedImageDataset(compact cache) + DataLoader(workers, pin_memory) -> device_loader(decode="cuda")
-            (nvJPEG, torchvision.io.decode_jpeg on the batch) -> loaders.transforms.imagenet_train on the GPU
+            (nvJPEG, TorchCodec's decode_jpeg on the batch) -> loaders.transforms.imagenet_train on the GPU
 The first epoch of each is a warm-up (left out). Without CUDA, or without DALI in this python, the script
 says what it skipped in its JSON and exits 0: the step is wired on every machine and measures where it can.
 """

@@ -45,6 +45,7 @@ __all__ = [
     "output_error",
     "prepare_staging",
     "read_raw_manifest",
+    "replaced_cache",
     "some_names",
 ]
 
@@ -255,6 +256,26 @@ def check_destination(out: Path, source_digest: str, key: str, params: dict[str,
         f"{out} holds this recipe's cache of this source, written by another cachebuild release (format version "
         f"{existing.format_version}; this one writes {FORMAT_VERSION}); it reads as it is: pass --update to bring "
         f"it to this release's format (reusing its samples), {choices}")
+
+
+def replaced_cache(out: Path, source_digest: str, params: dict[str, Any]) -> str | None:
+    """What a build with ``--force`` replaces at ``out``, in the words its refusal without ``--force`` uses (a
+    cache of another recipe, naming each difference; of another state of the source...); None where ``out``
+    holds no cache whose manifest reads."""
+    try:
+        existing = read_manifest(out)
+    except (CacheBuildError, OSError):
+        return None
+    diffs = recipe_differences(existing.build, params)
+    if diffs:
+        return f"a cache of another recipe ({'; '.join(diffs)})"
+    if existing.source.get("fingerprint") != source_digest:
+        return "this recipe's cache of another state of the source"
+    if pixel_recipe(existing.build) < PIXEL_RECIPE:
+        return f"this recipe's cache of this source, made by pixel recipe {pixel_recipe(existing.build)}"
+    if existing.format_version != FORMAT_VERSION:
+        return f"this recipe's cache of this source, written in format version {existing.format_version}"
+    return "this recipe's cache of this source"
 
 
 def prepare_staging(staging: Path, key: str, storage: str) -> dict[int, BlockRecord]:

@@ -2,14 +2,16 @@
 
 Each build worker owns one GPU (claimed for the worker's life with a lock, so several GPUs on a node get
 one worker each). For a block it reads its files, checks each header exactly as the CPU path does
-(``cachebuild.builder.sample.probe``: size limit, truncation), sends the JPEGs nvJPEG takes to
-``torchvision.io.decode_jpeg(list, device="cuda")`` in batches, keeps the same window of each as the CPU path
+(``cachebuild.builder.sample.probe``: size limit, truncation), sends the JPEGs nvJPEG takes to TorchCodec's
+``decode_jpeg(list, device="cuda")`` in batches (the optional extra ``torchcodec``: checked before the build
+starts, one line without it), keeps the same window of each as the CPU path
 (``cachebuild.builder.sample.window``), resizes it with torch's bilinear on the GPU (antialiased from the same
 downscale on), and copies the samples back into the storage sink's slots. While the worker hashes and stores
 one batch, a background thread prepares the next.
 
 Files nvJPEG cannot take (CMYK or other non-YCbCr JPEGs, lossless or arithmetic-coded ones, PNGs named
-``.JPEG``, a progressive file it refuses, CIFAR's decoded arrays) go through the CPU path
+``.JPEG``, a progressive file it refuses, CIFAR's decoded arrays), and JPEGs with an EXIF orientation (TorchCodec
+always turns them by it; the CPU path turns them as ``--exif-orientation`` says), go through the CPU path
 (``cachebuild.builder.sample.decode_into``) in the same worker. Pixels differ slightly from a CPU build (no DCT
 reduction, another IDCT and float resampling): close (PSNR >= 40 dB), not byte-equal, so the build key
 records the device. This module is imported only when a GPU build is asked for.
@@ -32,6 +34,7 @@ from cachebuild.builder.sample import (
     Placement,
     ResizeSpec,
     decode_into,
+    exif_orientation,
     letterbox,
     probe,
     scaled_window,
@@ -39,7 +42,8 @@ from cachebuild.builder.sample import (
 )
 from cachebuild.errors import CacheBuildError, DecodeError
 
-__all__ = ["BATCH", "GpuBlockDecoder", "check_decode_device", "fit_tensor", "gpu_workers", "nvjpeg_can_take"]
+__all__ = ["BATCH", "GpuBlockDecoder", "check_decode_device", "fit_tensor", "gpu_workers", "nvjpeg_can_take",
+           "upright"]
 
 BATCH = 64  # sources per nvJPEG call: large enough to fill the GPU's decode, small enough to overlap
 
@@ -52,10 +56,13 @@ def check_decode_device(device: str) -> None:
         raise CacheBuildError(f"unknown decode device {device!r}: expected 'cpu' or 'cuda'")
     import torch
 
+    from cachebuild.storage.kinds.jpeg import jpeg_batch_decoder
+
     if not torch.cuda.is_available():
         raise CacheBuildError(
             f"--decode-device cuda needs a CUDA GPU, and torch {torch.__version__} sees none here; "
             f"build with --decode-device cpu (the default)")
+    jpeg_batch_decoder()  # TorchCodec, an optional extra: without it, one line before anything is built
 
 
 def gpu_workers(device: str) -> tuple[int, str]:
@@ -116,6 +123,16 @@ def nvjpeg_can_take(data: bytes) -> bool:
     return False
 
 
+_EXIF_SEARCH = 1 << 16  # an EXIF block sits in APP1, right after the start of the file
+
+
+def upright(data: bytes) -> bool:
+    """Whether a JPEG is shown as stored: no EXIF block, or one whose orientation is 1. TorchCodec turns a JPEG
+    by its EXIF orientation, always; only upright files are hers to decode, so a sample is the same whatever
+    ``--exif-orientation`` says (the others, and any whose EXIF cannot be read, go to the CPU path)."""
+    return data.find(b"Exif\x00\x00", 0, _EXIF_SEARCH) < 0 or exif_orientation(data, "JPEG") == 1
+
+
 def fit_tensor(img: Any, spec: ResizeSpec) -> tuple[Any, tuple[int, int, int, int]]:
     """The CPU path's fit (``cachebuild.builder.sample.decode_into``) of a (3, H, W) uint8 tensor on any device:
     (3, S, S), box. The same window, scale and filter policy, in float arithmetic."""
@@ -150,7 +167,7 @@ class GpuBlockDecoder:
     """``fill(i, key, slot) -> Placement`` for the sources of one block, decoded in batches on a GPU.
 
     ``device`` defaults to the GPU this worker claims in ``claim``; pass ``"cpu"`` to run the same code on
-    the CPU (torchvision's CPU decoder stands in for nvJPEG), as the tests without a GPU do.
+    the CPU (TorchCodec's CPU decoder standing in for nvJPEG), as the tests without a GPU do.
     """
 
     def __init__(self, plan_reader: Any, keys: list[str], start: int, spec: ResizeSpec, claim: str = "",
@@ -209,7 +226,7 @@ class GpuBlockDecoder:
             except OSError as e:
                 done[i] = e
                 continue
-            if fmt == "JPEG" and nvjpeg_can_take(data):
+            if fmt == "JPEG" and nvjpeg_can_take(data) and upright(data):
                 gpu.append((i, data, h, w))
             else:
                 done[i] = (_CPU, data)
@@ -218,12 +235,12 @@ class GpuBlockDecoder:
         tensors = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for _, d, _, _ in gpu]
         try:
             images = decode_jpegs(tensors, self.device)
-        except RuntimeError:  # one file nvJPEG refuses fails the batch: find it, one by one
+        except (RuntimeError, ValueError):  # one file nvJPEG refuses fails the batch: find it, one by one
             images = []
             for t in tensors:
                 try:
                     images.append(decode_jpegs(t, self.device))
-                except RuntimeError:
+                except (RuntimeError, ValueError):
                     images.append(None)
         kept, out = [], []
         for (i, data, h, w), img in zip(gpu, images, strict=True):

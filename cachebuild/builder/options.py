@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cachebuild.builder.sample import DEFAULT_MAX_PIXELS, FITS, INTERPOLATIONS, PIXEL_RECIPE
+from cachebuild.builder.sample import DEFAULT_MAX_PIXELS, EXIF_ORIENTATIONS, FITS, INTERPOLATIONS, PIXEL_RECIPE
 from cachebuild.errors import OptionError
 from cachebuild.format.manifest import FORMAT_VERSION
 from cachebuild.options import REQUIRED, Options, option, wait_option
@@ -20,8 +20,8 @@ from cachebuild.storage.kinds.zarr import COMPRESSIONS
 if TYPE_CHECKING:
     from cachebuild.sources.plan import Plan
 
-__all__ = ["COMPRESSIONS", "DECODE_DEVICES", "MAX_SIZE", "ON_ERROR", "PIXEL_RECIPE", "SUBSAMPLINGS", "BuildOptions",
-           "BuildResult", "build_key", "pixel_recipe", "recipe_differences"]
+__all__ = ["COMPRESSIONS", "DECODE_DEVICES", "EXIF_ORIENTATIONS", "MAX_SIZE", "ON_ERROR", "PIXEL_RECIPE",
+           "SUBSAMPLINGS", "BuildOptions", "BuildResult", "build_key", "pixel_recipe", "recipe_differences"]
 
 BLOCK_TARGET_BYTES = 64 << 20  # ~64 MB of pixels per block/shard: few files, tasks long enough to amortise
 MIN_BLOCKS = 64  # a plan of n files makes at least min(64, n / 64) blocks
@@ -60,6 +60,10 @@ class BuildOptions(Options):
                                 "take go to the CPU.", choices=DECODE_DEVICES)
     on_error: str = option("skip", "skip: list bad files in the manifest and go on; fail: stop at the first.",
                            choices=ON_ERROR)
+    exif_orientation: str = option("ignore", "ignore: the stored pixels, as torchvision's PIL-based ImageFolder "
+                                   "sees them; apply: turned upright by the file's EXIF orientation tag (as a "
+                                   "photo viewer shows them, PIL's ImageOps.exif_transpose).",
+                                   choices=EXIF_ORIENTATIONS)
     max_pixels: int = option(DEFAULT_MAX_PIXELS, "Refuse, before decoding, any image whose header declares more "
                              "pixels.", min=1)
     reduced_decode: bool = option(True, None, hidden=True)  # JPEGs decoded at a DCT scale when large
@@ -115,6 +119,8 @@ def build_key(plan: Plan, opts: BuildOptions) -> tuple[str, dict[str, Any]]:
     }
     if opts.decode_device != "cpu":  # other pixels than a CPU build (close, not equal): another cache
         params["decode_device"] = opts.decode_device
+    if opts.exif_orientation != "ignore":  # the default adds nothing: caches of earlier releases keep their key
+        params["exif_orientation"] = opts.exif_orientation
     blob = json.dumps({"source": plan.source_digest, "params": params}, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest(), params
 
@@ -122,8 +128,17 @@ def build_key(plan: Plan, opts: BuildOptions) -> tuple[str, dict[str, Any]]:
 # Build parameters that differ between two caches of one recipe: the key itself, the block size (from the plan's
 # length), what shapes no pixel (the file format's version among them), and how a release makes pixels (the
 # pixel recipe, and what earlier releases recorded of theirs).
-_NOT_RECIPE = frozenset({"key", "block_size", "on_error", "exif_orientation", "format_version", "pixel_recipe",
-                         "antialias_from", "reduced_geometry"})
+_NOT_RECIPE = frozenset({"key", "block_size", "on_error", "format_version", "pixel_recipe", "antialias_from",
+                         "reduced_geometry"})
+# Parameters whose absence means a value: the key leaves out a default (earlier releases' caches keep theirs), and
+# earlier releases recorded EXIF orientation as "ignored".
+_IMPLIED = {"exif_orientation": "ignore"}
+_SPELLINGS = {("exif_orientation", "ignored"): "ignore"}
+
+
+def _recipe_of(build: dict[str, Any]) -> dict[str, Any]:
+    seen = {**_IMPLIED, **{k: v for k, v in build.items() if k not in _NOT_RECIPE}}
+    return {k: _SPELLINGS.get((k, v), v) if isinstance(v, str) else v for k, v in seen.items()}
 
 
 def pixel_recipe(build: dict[str, Any]) -> int:
@@ -135,8 +150,7 @@ def pixel_recipe(build: dict[str, Any]) -> int:
 def recipe_differences(old: dict[str, Any], params: dict[str, Any]) -> list[str]:
     """What makes a cache's recipe (its manifest's ``build``) another than ``params``: ``name: old -> new``
     for each parameter a user chose differently."""
-    was = {k: v for k, v in old.items() if k not in _NOT_RECIPE}
-    now = {k: v for k, v in params.items() if k not in _NOT_RECIPE}
+    was, now = _recipe_of(old), _recipe_of(params)
     return [f"{k} {was.get(k, '(none)')} -> {now.get(k, '(none)')}"
             for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)]
 

@@ -33,8 +33,14 @@ from joblib import Parallel, delayed
 from joblib.externals.loky.process_executor import TerminatedWorkerError
 
 from cachebuild.atomic import write_json_atomic
-from cachebuild.builder.block import BlockTask, run_block
-from cachebuild.builder.destination import check_destination, check_outside_source, output_error, prepare_staging
+from cachebuild.builder.block import BlockTask, load_input_digests, run_block
+from cachebuild.builder.destination import (
+    check_destination,
+    check_outside_source,
+    output_error,
+    prepare_staging,
+    replaced_cache,
+)
 from cachebuild.builder.locks import exclusive_lock
 from cachebuild.builder.options import BuildOptions, BuildResult, build_key
 from cachebuild.builder.sample import ResizeSpec, one_thread_each, pixel_tools
@@ -132,8 +138,10 @@ def build(plan: Plan, out: str | os.PathLike[str], opts: BuildOptions) -> BuildR
                 m = None
             if m is not None:
                 return BuildResult(out, "up to date", m.count, len(m.failures), 0.0, 0, decoded=0, reused=m.count)
+            if opts.force and (replaced := replaced_cache(out, plan.source_digest, params)):
+                log.info("%s: replacing %s", out, replaced)
             # an update refuses another recipe before anything is written
-            reuse = plan_reuse(out, plan, params, opts.resolved_block(len(plan))) if opts.update else None
+            reuse = plan_reuse(out, plan, params, opts.resolved_block(len(plan)), opts.jobs) if opts.update else None
             records, tasks, jobs = _blocks(plan, out, opts, key, reuse)
             with _block_settings(opts, reuse), _progress(len(plan), sum(r.planned for r in records.values()),
                                                          f"{plan.dataset}/{plan.split}", opts.progress) as bar:
@@ -179,7 +187,7 @@ def _blocks(plan: Plan, out: Path, opts: BuildOptions, key: str, reuse: Reuse | 
     staging = staging_path(out)
     done = prepare_staging(staging, key, opts.storage)
     spec = ResizeSpec(size=opts.size, fit=opts.fit, interpolation=opts.interpolation, max_pixels=opts.max_pixels,
-                      reduced_decode=opts.reduced_decode)
+                      reduced_decode=opts.reduced_decode, exif_orientation=opts.exif_orientation)
     jobs, claim = opts.jobs, ""
     if opts.decode_device != "cpu":
         from cachebuild.builder.gpu_build import gpu_workers  # only imported where a GPU build is asked for
@@ -195,7 +203,8 @@ def _blocks(plan: Plan, out: Path, opts: BuildOptions, key: str, reuse: Reuse | 
     tasks = (delayed(run_block)(BlockTask(block_reader(plan.reader, lo, lo + bs), list(plan.keys[lo : lo + bs]),
                                           lo, b, spec, str(staging), opts.on_error, opts.storage, params,
                                           opts.decode_device, claim,
-                                          None if reuse is None else reuse.for_block(lo, lo + bs)))
+                                          None if reuse is None else reuse.for_block(lo, lo + bs),
+                                          digest_inputs=plan.file_stats is not None))
              for b, lo in todo)
     return dict(done), tasks, jobs
 
@@ -270,7 +279,8 @@ def _finish(plan: Plan, out: Path, records: dict[int, BlockRecord], opts: BuildO
     if plan.recipe:  # how to plan the source again (`cachebuild status`)
         source["recipe"] = plan.recipe
     if plan.file_stats is not None:  # what `cachebuild status` compares a source against, file by file
-        source["inputs"] = save_source_inputs(staging, plan.keys, plan.labels, plan.file_stats)
+        digests = load_input_digests(staging, ordered, len(plan), None if reuse is None else reuse.digests)
+        source["inputs"] = save_source_inputs(staging, plan.keys, plan.labels, plan.file_stats, digests)
         if plan.listed_ns is not None:  # when those stats were taken: what an update trusts them from
             source["inputs"]["listed_ns"] = plan.listed_ns
     manifest = Manifest(
@@ -283,7 +293,7 @@ def _finish(plan: Plan, out: Path, records: dict[int, BlockRecord], opts: BuildO
         fit=opts.fit,
         interpolation=f"{opts.interpolation}" + ("+jpeg-dct-reduce" if opts.reduced_decode else ""),
         source=source,
-        build={"key": key, **params, "on_error": opts.on_error, "exif_orientation": "ignored"},
+        build={"key": key, **params, "on_error": opts.on_error, "exif_orientation": opts.exif_orientation},
         tool={**tool_versions(), **pixel_tools()},
         shards=tuple(shards),
         arrays=arrays,

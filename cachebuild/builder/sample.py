@@ -17,7 +17,10 @@ keeps is computed exactly, in fractional source pixels, and resampled by two wel
 pixels is :data:`PIXEL_RECIPE`, recorded in the build key: a cache made by an earlier recipe still reads and
 verifies, and ``status`` and ``--update`` name it.
 
-EXIF orientation is ignored, as torchvision's PIL-based ``ImageFolder`` ignores it.
+EXIF orientation is ignored by default, as torchvision's PIL-based ``ImageFolder`` ignores it; with
+``exif_orientation="apply"`` the decoded pixels are turned upright first, as PIL's ``ImageOps.exif_transpose``
+turns them (the tag read by PIL, so JPEG, PNG, WebP and TIFF, and XMP's orientation, count as there), and the
+recorded size is the upright one.
 """
 
 from __future__ import annotations
@@ -37,12 +40,13 @@ import simplejpeg
 
 from cachebuild.errors import DecodeError
 
-__all__ = ["ANTIALIAS_FROM", "DEFAULT_MAX_PIXELS", "FITS", "INTERPOLATIONS", "PIXEL_RECIPE", "Placement",
-           "ResizeSpec", "decode_into", "letterbox", "one_thread_each", "pixel_tools", "probe", "reduction",
-           "scaled_window", "window"]
+__all__ = ["ANTIALIAS_FROM", "DEFAULT_MAX_PIXELS", "EXIF_ORIENTATIONS", "FITS", "INTERPOLATIONS", "PIXEL_RECIPE",
+           "Placement", "ResizeSpec", "decode_into", "exif_orientation", "letterbox", "one_thread_each", "orient",
+           "pixel_tools", "probe", "reduction", "scaled_window", "window"]
 
 FITS = ("crop", "squash", "pad")
 INTERPOLATIONS = ("antialias", "area", "linear")
+EXIF_ORIENTATIONS = ("ignore", "apply")
 DEFAULT_MAX_PIXELS = 178_956_970  # PIL's decompression-bomb error threshold (2 x MAX_IMAGE_PIXELS)
 ANTIALIAS_FROM = 2.0  # "antialias": the downscale factor from which the filter widens with the factor
 # The version of how a source file becomes a sample's pixels (decode, window, kernels). Caches without it
@@ -64,6 +68,7 @@ class ResizeSpec:
     interpolation: str = "antialias"
     max_pixels: int = DEFAULT_MAX_PIXELS
     reduced_decode: bool = True
+    exif_orientation: str = "ignore"  # or "apply"
 
 
 @dataclass(frozen=True)
@@ -302,6 +307,58 @@ def _resize_into(img: np.ndarray, win: tuple[float, float, float, float], out: n
     out[...] = y[0, :, top : top + oh, left : left + ow].permute(1, 2, 0).numpy()
 
 
+# ------------------------------------------------------------------------------------------- orientation
+
+# PNG chunks PIL takes an orientation from (eXIf, ImageMagick's exif profile, XMP): without any, PIL would decode
+# the whole image to look for one, so their names are searched for first.
+_PNG_EXIF_CHUNKS = (b"eXIf", b"Raw profile type exif", b"XML:com.adobe.xmp")
+
+
+def exif_orientation(data: bytes, fmt: str) -> int:
+    """The EXIF orientation (1-8) PIL's ``ImageOps.exif_transpose`` would apply to this file; 1 when it has none,
+    0 when its EXIF cannot be read (PIL's transpose would leave such a file as stored)."""
+    if fmt == "PNG" and not any(name in data for name in _PNG_EXIF_CHUNKS):
+        return 1
+    from PIL import Image
+
+    try:
+        with _pil_unlimited():  # PIL's bomb check runs when a file is opened; the exif is read after the lock
+            im = Image.open(io.BytesIO(data))
+        with im:
+            value = im.getexif().get(0x0112, 1)
+    except Exception:  # a damaged EXIF block tells no orientation; the decode decides whether the image is good
+        return 0
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+# orientation -> (transposed, rows flipped, columns flipped): what PIL's exif_transpose does to the stored pixels
+# (the transpose first, then the flips of the upright image's axes)
+_TURNS = {1: (False, False, False), 2: (False, False, True), 3: (False, True, True), 4: (False, True, False),
+          5: (True, False, False), 6: (True, False, True), 7: (True, True, True), 8: (True, True, False)}
+
+
+def orient(img: np.ndarray, orientation: int) -> np.ndarray:
+    """``img`` (H, W, C) turned upright for EXIF ``orientation``, as PIL's ``exif_transpose`` turns it."""
+    transposed, flip_rows, flip_cols = _TURNS[orientation]
+    out = img.transpose(1, 0, 2) if transposed else img
+    out = out[::-1] if flip_rows else out
+    return np.ascontiguousarray(out[:, ::-1] if flip_cols else out)
+
+
+def _stored_window(win: tuple[float, float, float, float], h: int, w: int,
+                   orientation: int) -> tuple[float, float, float, float]:
+    """The window ``win`` of the upright h x w image, in the stored image's frame. A sample is resized from the
+    pixels as stored and turned afterwards: resampling commutes with flips and transposes, and a reduced (DCT
+    scaled) decode keeps its partial edge pixel at the far end, where the geometry expects it."""
+    transposed, flip_rows, flip_cols = _TURNS[orientation]
+    y0, x0, y1, x1 = win
+    if flip_rows:
+        y0, y1 = h - y1, h - y0
+    if flip_cols:
+        x0, x1 = w - x1, w - x0
+    return (x0, y0, x1, y1) if transposed else (y0, x0, y1, x1)
+
+
 # ------------------------------------------------------------------------------------------------ decode
 
 # imdecode flags, full or DCT-reduced by 1/r. OpenCV >= 4.11 gives RGB straight from libjpeg; older
@@ -373,26 +430,33 @@ def decode_into(data: bytes | np.ndarray, spec: ResizeSpec, out: np.ndarray, *, 
     """Decode one source (encoded bytes, or RGB pixels already decoded) into ``out`` (S, S, 3) uint8 RGB;
     raises :class:`DecodeError` naming ``path``."""
     try:
+        turn = 1
         if isinstance(data, np.ndarray):  # already-decoded RGB pixels (CIFAR, peers' raw fields)
             img, (h, w), r = data, data.shape[:2], 1
         else:
             h, w, fmt = probe(data, spec.max_pixels)
             r = reduction(h, w, spec) if spec.reduced_decode and fmt == "JPEG" else 1
             img = _decode(data, h, w, fmt, r)
+            if spec.exif_orientation == "apply":
+                turn = exif_orientation(data, fmt) or 1
         # a DCT-scaled decode is ceil(h / r) x ceil(w / r), of which the image spans h / r x w / r
         ih, iw = img.shape[:2]
         ky, kx = (1 / r, 1 / r) if (ih, iw) == (-(-h // r), -(-w // r)) else (ih / h, iw / w)
-        y0, x0, y1, x1 = window(h, w, spec)
+        uh, uw = (w, h) if _TURNS[turn][0] else (h, w)  # the upright size
+        y0, x0, y1, x1 = _stored_window(window(uh, uw, spec), uh, uw, turn)
         win = (y0 * ky, x0 * kx, y1 * ky, x1 * kx)
         s = spec.size
+        box = letterbox(uh, uw, s) if spec.fit == "pad" else (0, 0, s, s)
         if spec.fit == "pad":
-            box = letterbox(h, w, s)
             out[...] = 0
-            _resize_into(img, win, out[box[0] : box[2], box[1] : box[3]], spec.interpolation)
+        region = out[box[0] : box[2], box[1] : box[3]]
+        if turn == 1:
+            _resize_into(img, win, region, spec.interpolation)
         else:
-            box = (0, 0, s, s)
-            _resize_into(img, win, out, spec.interpolation)
-        return Placement(h, w, box)
+            stored = np.empty((region.shape[1], region.shape[0], 3) if _TURNS[turn][0] else region.shape, np.uint8)
+            _resize_into(img, win, stored, spec.interpolation)
+            region[...] = orient(stored, turn)
+        return Placement(uh, uw, box)
     except DecodeError:
         raise
     except (ValueError, cv2.error) as e:

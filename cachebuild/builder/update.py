@@ -4,17 +4,23 @@ The cache at ``--out`` must have been built with the same recipe (every paramete
 else is refused, naming what differs. Each planned file whose (relative path, size, mtime) equals the row the
 old build stat'ed (``source_files.json``) and that gave a sample there is *reused*: its stored bytes are copied
 into the new cache through the storage kind's own interfaces (``ImageStore.read_stored`` ->
-``Sink.commit_stored``: raw rows, or the stored JPEG as it is), with its recorded source size and box. Every
-other file is decoded as a fresh build decodes it: added, changed, relabelled-and-moved (a new path), failed
-before, and *racy* ones.
+``Sink.commit_stored``: raw rows, or the stored JPEG as it is), with its recorded source size and box. A file of
+the same path and size whose mtime changed (a ``cp -r`` of the tree, a ``touch``, a restore from backup), or
+whose stat is racy (below), is reused too when its bytes are the bytes the old build read: they are read and
+digested (``SOURCE_DIGEST``, xxh3-64) and compared with the digest the old build recorded of them, in threads,
+before any block runs; nothing is decoded for it. Every other file is decoded as a fresh build decodes it:
+added, changed, relabelled-and-moved (a new path), failed before, and racy ones whose bytes cannot be compared
+(caches of releases before the digests). An update of a cache that recorded no digests reads the files it
+reuses once, to record theirs (no decode), so that its result is a fresh build's, digests included.
 
 Racy files (git's "racily clean" entries): a file rewritten in the same tick of the filesystem's clock as
 the old build stat'ed it keeps its size and mtime. So a file whose recorded mtime is not at least
 :data:`RACY_NS` older than the moment the old build listed the source (``source.inputs.listed_ns``; caches
-built before it was recorded: their ``created`` time) is not trusted, and is decoded again: that decode is
-its content check. 2 s covers the coarsest clocks in use (FAT; ext3, HFS+ and many NFS servers tick per
-second). A tool that rewrites a file and then sets its old size-equal mtime back (``touch -r``, an
-``rsync -t`` of other bytes) defeats any size-and-mtime check, as it does rsync's and make's: ``--force``.
+built before it was recorded: their ``created`` time) is not trusted by its stat: its bytes are compared with
+their recorded digest, or, without one, it is decoded again (that decode is its content check). 2 s covers the
+coarsest clocks in use (FAT; ext3, HFS+ and many NFS servers tick per second). A tool that rewrites a file and
+then sets its old size-equal mtime back (``touch -r``, an ``rsync -t`` of other bytes) defeats any size-and-mtime
+check, as it does rsync's and make's: ``--force``.
 
 The blocks, the staging folder, resume after a kill, ``finish`` and the commit are the build's own, so the
 result is a fresh build's: the same plan order, labels, block layout, bytes, manifest and file table (but
@@ -59,10 +65,17 @@ from cachebuild.builder.block import Decoded, decode_run
 from cachebuild.builder.options import PIXEL_RECIPE, pixel_recipe, recipe_differences
 from cachebuild.builder.sample import pixel_tools
 from cachebuild.errors import CacheBuildError, CacheExistsError
-from cachebuild.format.manifest import BUILD, MANIFEST_NAME, ColumnInfo, Manifest, ShardInfo
-from cachebuild.sources.plan import Plan
+from cachebuild.format.manifest import BUILD, MANIFEST_NAME, SOURCE_DIGEST, ColumnInfo, Manifest, ShardInfo
+from cachebuild.sources.plan import Plan, digest_contents
 from cachebuild.storage import Location, get_backend, open_location
-from cachebuild.storage.cache import load_paths, load_source_inputs, map_array, open_cache, read_manifest
+from cachebuild.storage.cache import (
+    SourceInputs,
+    load_paths,
+    load_source_inputs,
+    map_array,
+    open_cache,
+    read_manifest,
+)
 from cachebuild.storage.columns import write_column_file
 from cachebuild.storage.kinds.base import BlockRecord
 
@@ -194,6 +207,8 @@ class Reuse:
     shards: dict[tuple[int, int], ShardInfo] = dataclasses.field(default_factory=dict)  # (start, count) -> shard
     columns: CarriedColumns | None = None  # the old cache's columns, their rows by path (plan_columns)
     adopts: bool = True  # shards may be taken whole: the old cache's checksums are the build's (format.manifest)
+    # S16 (len(plan),): the recorded digest of each reused file's bytes (b"": not known), for the new table
+    digests: np.ndarray | None = None
 
     @property
     def reused(self) -> int:
@@ -315,9 +330,13 @@ def _old_samples(keys: list[str], paths: list[str], where: str) -> np.ndarray:
     return sample_of
 
 
-def _match(plan: Plan, keys: list[str], rows: np.ndarray, sample_of: np.ndarray, trusted_before: int) -> np.ndarray:
-    """Per planned file, the old sample to reuse or -1, by arrays (1.28M files: one dict, no row objects)."""
+def _match(plan: Plan, inputs: SourceInputs, sample_of: np.ndarray, trusted_before: int
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per planned file: the old sample to reuse or -1; whether its bytes must be compared with the recorded
+    digest first (same size, but another mtime or a racy one); the recorded digest (b"": none). By arrays (1.28M
+    files: one dict, no row objects)."""
     n = len(plan)
+    keys, rows = inputs.keys, inputs.rows
     if keys == list(plan.keys):
         at = np.arange(n, dtype=np.int64)
     else:
@@ -327,9 +346,13 @@ def _match(plan: Plan, keys: list[str], rows: np.ndarray, sample_of: np.ndarray,
     at0 = np.where(found, at, 0)
     old = rows[at0] if len(rows) else np.zeros((n, 3), np.int64)
     new = np.asarray(plan.file_stats, dtype=np.int64)
-    same = found & (old[:, 1] == new[:, 0]) & (old[:, 2] == new[:, 1]) & (new[:, 0] >= 0)
-    trusted = old[:, 2] < trusted_before - RACY_NS
-    return np.where(same & trusted, sample_of[at0] if len(sample_of) else -1, -1).astype(np.int64)
+    sample = np.where(found, sample_of[at0], -1) if len(sample_of) else np.full(n, -1, np.int64)
+    same_size = found & (old[:, 1] == new[:, 0]) & (new[:, 0] >= 0) & (sample >= 0)
+    trusted = same_size & (old[:, 2] == new[:, 1]) & (old[:, 2] < trusted_before - RACY_NS)
+    recorded = (np.where(found, inputs.digests[at0], b"") if inputs.digests is not None and len(inputs.digests)
+                else np.zeros(n, f"S{SOURCE_DIGEST.hex_len}"))
+    check = same_size & ~trusted & (recorded != b"")
+    return np.where(trusted | check, sample, -1).astype(np.int64), check, recorded
 
 
 def racy_files(plan: Plan, m: Manifest) -> int:
@@ -351,10 +374,11 @@ def _carried(out: Path, location: Any, m: Manifest, plan: Plan, fix: str) -> Car
     return plan_columns(out, location, m, plan.keys, load_paths(location, m), fix)
 
 
-def plan_reuse(out: Path, plan: Plan, params: dict[str, Any], block: int) -> Reuse | None:
+def plan_reuse(out: Path, plan: Plan, params: dict[str, Any], block: int, jobs: int = 1) -> Reuse | None:
     """The update of the cache at ``out`` to ``plan`` (None: nothing there, a plain build). Refuses another
     recipe or a damaged cache, by name; a cache without per-file inputs (CIFAR, WebDataset, Parquet), or whose
-    pixels an earlier release made, is rebuilt by decoding every file, with a warning."""
+    pixels an earlier release made, is rebuilt by decoding every file, with a warning. Files whose bytes must be
+    compared with their recorded digest are read in ``jobs`` threads."""
     if not (out / MANIFEST_NAME).is_file():
         return None
     fix = "pass --force to rebuild it, or choose another --out"
@@ -382,13 +406,29 @@ def plan_reuse(out: Path, plan: Plan, params: dict[str, Any], block: int) -> Reu
     problems = held.verify_arrays([n for n in ("paths", "sizes", "boxes") if n in m.arrays])
     paths = load_paths(location, m) if not problems else []
     sample_of = _old_samples(inputs.keys, paths, str(out)) if not problems else np.zeros(0)
-    old = _match(plan, inputs.keys, inputs.rows, sample_of, _listed_ns(m)) if not problems else np.zeros(0)
+    old, recorded = np.zeros(0, np.int64), None
+    if not problems:
+        old, check, recorded = _match(plan, inputs, sample_of, _listed_ns(m))
+        checked = np.flatnonzero(check)
+        if len(checked):  # same size, another (or a racy) mtime: the same bytes as the old build read?
+            differs = digest_contents(plan, checked, jobs) != recorded[checked]
+            old[checked[differs]] = -1
+            log.info("%s: %d of %d files with a new mtime (or a racy one) hold the bytes the cache was built from",
+                     out, len(checked) - int(differs.sum()), len(checked))
     sizes = np.asarray(map_array(location, m, "sizes"))
     boxes = np.asarray(map_array(location, m, "boxes")) if "boxes" in m.arrays else None
     columns = plan_columns(out, location, m, plan.keys, paths, fix) if not problems else None
     adopts = get_backend(m.storage).adopts_shards and m.digest == BUILD  # else every sample is copied, re-hashed
+    carried = None if recorded is None else np.where(old >= 0, recorded, b"")
+    unknown = np.flatnonzero(old >= 0) if carried is None else np.flatnonzero((old >= 0) & (carried == b""))
+    if len(unknown) and plan.file_stats is not None:  # reused, no digest recorded (an earlier release's cache)
+        log.info("%s: recording the digests of %d reused files' bytes (its release recorded none): reading them, "
+                 "decoding none", out, len(unknown))
+        if carried is None:
+            carried = np.zeros(len(plan), f"S{SOURCE_DIGEST.hex_len}")
+        carried[unknown] = digest_contents(plan, unknown, jobs)
     reuse = Reuse(str(out), m.content_id, old, sizes, boxes, {(sh.start, sh.count): sh for sh in m.shards},
-                  columns, adopts)
+                  columns, adopts, carried)
     if not problems:  # a shard taken whole keeps its checksum, for `verify` of the new cache; a copied one is checked
         problems = held.images.verify(reuse.copied_shards(block, adopts))
     if problems:

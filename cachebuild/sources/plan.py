@@ -12,6 +12,7 @@ import os
 import stat
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,9 +20,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from cachebuild.errors import DecodeError
+from cachebuild.format.manifest import SOURCE_DIGEST
 
-__all__ = ["MAX_FILE_BYTES", "FileReader", "Plan", "SampleReader", "block_reader", "digest_files", "digest_stats",
-           "file_plan", "stat_files"]
+__all__ = ["MAX_FILE_BYTES", "FileReader", "Plan", "SampleReader", "block_reader", "digest_contents", "digest_files",
+           "digest_stats", "file_plan", "stat_files"]
 
 
 class SampleReader(Protocol):
@@ -183,3 +185,23 @@ def file_plan(dataset: str, split: str, root: Path, keys: list[str], labels: np.
         file_stats=stats,
         listed_ns=listed_ns,
     )
+
+
+def digest_contents(plan: Plan, positions: np.ndarray, jobs: int = 1) -> np.ndarray:
+    """The :data:`~cachebuild.format.manifest.SOURCE_DIGEST` hex (``S16``) of the bytes of the plan's files at
+    ``positions``, read as a build reads them (``plan.reader``: regular files only, bounded, and refused if changed
+    since planning), in ``jobs`` threads (-1: one per core; the reads and xxhash run outside the GIL); ``b""`` for
+    a file that cannot be read or gives no bytes."""
+    keys = plan.keys
+
+    def one(i: int) -> bytes:
+        try:
+            data = plan.reader(i, keys[i])
+        except Exception:  # unreadable now (gone, changed, special): not the bytes of any digest
+            return b""
+        return SOURCE_DIGEST.of(data).encode() if isinstance(data, bytes) else b""
+
+    todo = np.asarray(positions, dtype=np.int64).tolist()
+    workers = (os.cpu_count() or 1) if jobs < 0 else max(1, jobs)
+    with ThreadPoolExecutor(max_workers=min(workers, max(1, len(todo)))) as pool:
+        return np.array(list(pool.map(one, todo)), dtype=f"S{SOURCE_DIGEST.hex_len}").reshape(-1)

@@ -4,8 +4,9 @@ A kind is one module with a :class:`~cachebuild.sources.kind.SourceKind` (name, 
 and one line in ``_KINDS`` (or a call to :func:`register_source`); the ``cachebuild`` build commands are
 generated from this table. Kinds are imported on first use.
 
-A recipe is small JSON kept in the manifest (``source.recipe``): the kind, what the user named (a path, or a
-URL without its credentials) and the options as they made that plan. :func:`plan_source` attaches it to every
+A recipe is small JSON kept in the manifest (``source.recipe``): the kind, what the user named (a path made
+absolute, so that it names the same tree wherever ``status`` runs; a URL without its credentials) and the
+options as they made that plan. :func:`plan_source` attaches it to every
 plan, so no source writes its own; :func:`replan` makes the plan again (``cachebuild status``).
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 from cachebuild.errors import SourceError
 from cachebuild.sources.kind import SourceKind, SourceOptions
 from cachebuild.sources.plan import Plan
-from cachebuild.storage.locations import redact
+from cachebuild.storage.locations import is_url, redact
 
 __all__ = ["get_source", "plan_source", "recipe_of_old_cache", "register_source", "replan", "source_names"]
 
@@ -79,7 +80,9 @@ def plan_source(name: str, src: str | os.PathLike[str], options: SourceOptions |
     kind.check()
     plans = kind.plan(os.fspath(src), options, classes=classes, jobs=jobs)
     given = {"classes_given": classes is not None} if kind.pins_classes else {}
-    return [dataclasses.replace(p, recipe={"kind": name, "src": redact(os.fspath(src)),
+    named = os.fspath(src)
+    named = redact(named) if is_url(named) else os.path.abspath(named)
+    return [dataclasses.replace(p, recipe={"kind": name, "src": named,
                                            **options.resolved(p).to_dict(), **given}) for p in plans]
 
 

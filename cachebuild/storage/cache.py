@@ -10,7 +10,8 @@ verify a finished cache, local or at a URL (:class:`CacheReader`, :func:`open_ca
   zarr shard's content spans many chunk files) and ``verify --quick`` by size; the manifest's ``files`` field
   holds its checksum. Caches built before it have none.
 - ``source_files.json``: the per-file inputs of the source digest (path, label, size, mtime), so ``status`` says
-  *what* changed.
+  *what* changed, and a digest of each file's bytes as the build read them, so that a file whose mtime alone
+  changed (a copy, a ``touch``) is known unchanged without decoding it.
 - ``built_by``: a user and host name, nothing secret.
 
 Written files are hashed with the build's algorithm (``format.manifest.BUILD``), read ones checked with the
@@ -56,6 +57,7 @@ from cachebuild.format.manifest import (
     FORMAT_VERSION,
     MANIFEST_NAME,
     SHA256,
+    SOURCE_DIGEST,
     ArrayInfo,
     ColumnInfo,
     Digest,
@@ -544,19 +546,43 @@ INPUTS_FORMAT = "cachebuild-source-files"
 
 class SourceInputs(NamedTuple):
     """The table as arrays: ``keys`` in the build's plan order and one int64 row (label, size, mtime_ns) each
-    (half the memory of a dict of tuples: ~330 bytes a file while parsing, most of it the JSON)."""
+    (half the memory of a dict of tuples: ~330 bytes a file while parsing, most of it the JSON); ``digests``, the
+    :data:`~cachebuild.format.manifest.SOURCE_DIGEST` hex of each file's bytes as the build read them (``b""``:
+    not known), or None for tables without them (earlier releases) or of another algorithm."""
 
     keys: list[str]
     rows: np.ndarray
+    digests: np.ndarray | None = None
 
 
-def save_source_inputs(folder: Path, keys: Sequence[str], labels: np.ndarray, stats: np.ndarray) -> dict[str, Any]:
-    """Write the table into ``folder``; returns the manifest's ``source.inputs`` entry."""
-    doc = {"format": INPUTS_FORMAT, "keys": list(keys), "labels": np.asarray(labels).tolist(),
-           "sizes": stats[:, 0].tolist(), "mtimes_ns": stats[:, 1].tolist()}
+def save_source_inputs(folder: Path, keys: Sequence[str], labels: np.ndarray, stats: np.ndarray,
+                       digests: np.ndarray | None = None) -> dict[str, Any]:
+    """Write the table into ``folder`` (``digests``: one :data:`SOURCE_DIGEST` hex per key, ``b""`` where the file
+    was not read); returns the manifest's ``source.inputs`` entry."""
+    doc: dict[str, Any] = {"format": INPUTS_FORMAT, "keys": list(keys), "labels": np.asarray(labels).tolist(),
+                           "sizes": stats[:, 0].tolist(), "mtimes_ns": stats[:, 1].tolist()}
+    if digests is not None:  # an optional field: readers of earlier releases ignore it, and decode as they did
+        if len(digests) != len(keys):
+            raise ValueError(f"{len(digests)} digests for {len(keys)} source files: one each")
+        doc["digest"] = SOURCE_DIGEST.name
+        doc["digests"] = [d.decode() if d else None for d in np.asarray(digests, dtype="S").tolist()]
     data = json.dumps(doc, ensure_ascii=True).encode()  # ASCII: undecodable names survive as \udcxx escapes
     write_bytes_atomic(folder / SOURCE_INPUTS, data, durable=False)
     return {"file": SOURCE_INPUTS, entry_key(FORMAT_VERSION): BUILD.of(data)}  # a build's: format version 4
+
+
+def _source_digests(doc: dict[str, Any], n: int) -> np.ndarray | None:
+    """The table's digests as ``S16`` (``b""``: not known); None without them, or of an algorithm this release
+    does not compute (a later one's: they cannot be compared, so every file is treated as it was before them)."""
+    listed = doc.pop("digests", None)
+    if listed is None or doc.get("digest") != SOURCE_DIGEST.name:
+        return None
+    if not isinstance(listed, list) or len(listed) != n or not set(map(type, listed)) <= {str, type(None)}:
+        raise ValueError(f"digests must be a list of {n} hex strings (null: not read)")
+    out = np.array([d or "" for d in listed], dtype=f"S{SOURCE_DIGEST.hex_len}")
+    if n and not np.isin(np.char.str_len(out), (0, SOURCE_DIGEST.hex_len)).all():
+        raise ValueError(f"each digest must be {SOURCE_DIGEST.hex_len} hex digits")
+    return out
 
 
 def load_source_inputs(location: Location, manifest: Manifest) -> SourceInputs | None:
@@ -582,7 +608,8 @@ def load_source_inputs(location: Location, manifest: Manifest) -> SourceInputs |
         if not isinstance(keys, list) or not set(map(type, keys)) <= {str} or \
                 any(c.shape != (len(keys),) for c in columns):
             raise ValueError("keys must be strings, one label, size and mtime each")
-        return SourceInputs(keys, np.stack(columns, axis=1) if keys else np.zeros((0, 3), np.int64))
+        digests = _source_digests(doc, len(keys))
+        return SourceInputs(keys, np.stack(columns, axis=1) if keys else np.zeros((0, 3), np.int64), digests)
     except (ValueError, KeyError, TypeError, OverflowError) as e:
         raise CacheCorruptError(f"{where} is not a valid source table: {e}") from None
 

@@ -12,7 +12,7 @@ from tests.repo import REPO
 
 # the packages of the extras (pyproject.toml's optional-dependencies), as imported
 OPTIONAL = ("fsspec", "s3fs", "aiohttp", "zarr", "numcodecs", "braceexpand", "scipy", "matplotlib", "pyarrow",
-            "dask", "distributed", "lightning", "timm", "skimage", "sklearn", "psutil", "tenacity")
+            "torchcodec", "dask", "distributed", "lightning", "timm", "skimage", "sklearn", "psutil", "tenacity")
 
 CHILD = """
 import sys

@@ -375,6 +375,9 @@ def link_shard(src: Path, dst: Path) -> None:
     except OSError:
         shutil.copyfile(src, tmp)
     os.replace(tmp, dst)
+    # rename(2) of one hard link over another of the same file does nothing and succeeds: where a killed update had
+    # linked this shard in already, ``tmp`` is still there, and would be committed as a file of the cache
+    tmp.unlink(missing_ok=True)
 
 
 def digest_file(path: str | os.PathLike[str], algorithm: Digest, read_bytes: int = 8 << 20) -> str:

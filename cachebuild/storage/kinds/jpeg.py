@@ -11,9 +11,10 @@ The manifest's digest covers every byte of the shard, so ``verify`` finds any fl
 crc32 makes a damaged sample an error naming it at read time, never a wrong image. A reader reads the index once
 and then only its batch's samples' bytes (memory-map views locally, coalesced byte ranges remotely), decoded
 straight into the caller's buffer by a few threads (:func:`decode_threads`), or handed over undecoded
-(``read_encoded``) for nvJPEG (:func:`decode_jpegs`). The codec is libjpeg-turbo through simplejpeg: it decodes
-into a caller's buffer, scales across threads, and with ``strict=True`` turns libjpeg's "corrupt data" warnings
-into errors; accurate IDCT and fancy upsampling, so any libjpeg-turbo decodes the stored bytes to the same pixels.
+(``read_encoded``) for nvJPEG (:func:`decode_jpegs`: TorchCodec's batch decoder, the optional extra
+``torchcodec``). The codec is libjpeg-turbo through simplejpeg: it decodes into a caller's buffer, scales across
+threads, and with ``strict=True`` turns libjpeg's "corrupt data" warnings into errors; accurate IDCT and fancy
+upsampling, so any libjpeg-turbo decodes the stored bytes to the same pixels.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import json
 import mmap
 import os
 import sys
-import warnings
 import zlib
 from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -35,7 +35,7 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from cachebuild.atomic import AtomicFile
-from cachebuild.errors import CacheCorruptError, OptionError, RemoteError
+from cachebuild.errors import CacheCorruptError, MissingExtraError, OptionError, RemoteError, require_extra
 from cachebuild.format.manifest import BUILD, Digest, decode_path
 from cachebuild.storage.kinds.base import (
     Backend,
@@ -54,9 +54,10 @@ from cachebuild.storage.remote.block_cache import BlockCache
 if TYPE_CHECKING:
     from cachebuild.format.manifest import Manifest, ShardInfo
 
-__all__ = ["DEFAULT_QUALITY", "DEFAULT_SUBSAMPLING", "ENCODER", "SUBSAMPLINGS", "JpegBackend", "JpegImages",
-           "JpegShardSink", "PayloadFiles", "ShardIndex", "check_params", "decode_into", "decode_jpegs",
-           "decode_threads", "encode", "index_bytes", "parse_index", "shard_file_name", "write_shard"]
+__all__ = ["DEFAULT_QUALITY", "DEFAULT_SUBSAMPLING", "ENCODER", "SUBSAMPLINGS", "TORCHCODEC_EXTRA", "JpegBackend",
+           "JpegImages", "JpegShardSink", "PayloadFiles", "ShardIndex", "check_params",
+           "decode_into", "decode_jpegs", "decode_threads", "encode", "index_bytes", "jpeg_batch_decoder",
+           "parse_index", "shard_file_name", "write_shard"]
 
 # ---------------------------------------------------------------- the codec
 
@@ -94,17 +95,29 @@ def decode_into(data: bytes | memoryview | np.ndarray, out: np.ndarray) -> None:
                          f"{out.shape[1]}x{out.shape[0]}")
 
 
-def decode_jpegs(data: Any, device: Any) -> Any:
-    """``decode_jpeg(data, mode=RGB, device=device)``: a 1-D uint8 CPU tensor, or a list of them (one
-    batched nvJPEG call on CUDA), to (3, H, W) uint8 tensor(s) on ``device``. EXIF orientation ignored.
-    torchvision deprecates its image codecs in favour of TorchCodec (not a dependency) and warns on every call;
-    they still work, and the warning is silenced here, for these calls only."""
-    from torchvision.io import ImageReadMode, decode_jpeg
+TORCHCODEC_EXTRA = "torchcodec"  # pip install 'cachebuild[torchcodec]': the JPEG batch decoder on a GPU
 
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*image decoding and encoding capabilities of TorchVision",
-                                category=DeprecationWarning)
-        return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+
+def jpeg_batch_decoder() -> Any:
+    """TorchCodec's ``decode_jpeg`` (``torchcodec.decoders``, from torchcodec 0.16: libjpeg-turbo on the CPU,
+    nvJPEG in batches on CUDA), which supersedes torchvision's deprecated image decoders. It is the optional
+    extra ``torchcodec``, imported here only: without it (or with a torchcodec too old to decode images), a
+    one-line :class:`~cachebuild.errors.MissingExtraError` names the extra."""
+    decoders = require_extra("torchcodec.decoders", TORCHCODEC_EXTRA,
+                             "decoding JPEGs with nvJPEG (device_loader(decode='cuda'), --decode-device cuda)")
+    decode = getattr(decoders, "decode_jpeg", None)
+    if decode is None:
+        raise MissingExtraError(f"this torchcodec decodes no images (its image decoders came in torchcodec 0.16); "
+                                f"upgrade it with pip install -U 'cachebuild[{TORCHCODEC_EXTRA}]'")
+    return decode
+
+
+def decode_jpegs(data: Any, device: Any) -> Any:
+    """TorchCodec's ``decode_jpeg(data, mode="RGB", device=device)``: a 1-D uint8 CPU tensor, or a list of them
+    (one batched nvJPEG call on CUDA), to (3, H, W) uint8 tensor(s) on ``device``. TorchCodec turns a JPEG by its
+    EXIF orientation, always: a compact cache's own JPEGs carry none, and the GPU build hands it only files that
+    are upright (``cachebuild.builder.gpu_build``)."""
+    return jpeg_batch_decoder()(data, mode="RGB", device=device)
 
 
 # ---------------------------------------------------------------- the shard layout and its reader

@@ -149,6 +149,58 @@ def test_up_to_date_different_and_force(imagenet_clean, tmp_path):
     assert not list(tmp_path.glob("c.replaced-*"))  # no reader held the old one: deleted
 
 
+def test_a_forced_rebuild_names_what_it_replaces(imagenet_clean, tmp_path):
+    """--force at an --out of another recipe says what differs, as the refusal without it and --update do."""
+    train = tmp_path / "train"
+    shutil.copytree(imagenet_clean["train_dir"], train)
+    out = tmp_path / "c"
+    args = ["folder", str(train), "--out", str(out), "-j", "1", "--no-progress"]
+    assert CliRunner().invoke(main, [*args, "--size", "32"]).exit_code == 0
+    r = CliRunner().invoke(main, [*args, "--size", "40", "--force"])
+    assert r.exit_code == 0, r.output
+    assert f"{out / 'train'}: replacing a cache of another recipe (size 32 -> 40)" in r.output, r.output
+    victim = next(train.rglob("*.JPEG"))
+    st = victim.stat()
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    r = CliRunner().invoke(main, [*args, "--size", "40", "--force"])
+    assert r.exit_code == 0 and "replacing this recipe's cache of another state of the source" in r.output, r.output
+
+
+def test_exif_orientation_is_an_option_of_the_pixels_the_key_and_the_recipe(imagenet_tree, tmp_path):
+    """--exif-orientation apply turns the sample photos' EXIF-rotated JPEG upright (and records its upright
+    size); every other sample keeps its bytes. It is part of the build key and of the recipe: a build or an
+    update at the other's --out names it; the default adds nothing to the key, so caches of earlier releases
+    (which recorded "ignored") keep theirs."""
+    from PIL import Image
+
+    from cachebuild.builder.options import build_key, recipe_differences
+
+    exif = imagenet_tree["quirks"]["exif"]
+    train = str(imagenet_tree["train_dir"])
+    base = ["folder", train, "--size", "48", "--fit", "squash", "-j", "1", "--no-progress"]
+    for name, extra in (("ignore", []), ("apply", ["--exif-orientation", "apply"])):
+        r = CliRunner().invoke(main, [*base, "--out", str(tmp_path / name), *extra])
+        assert r.exit_code == 0, r.output
+    ignore, apply = (open_cache(tmp_path / name / "train") for name in ("ignore", "apply"))
+    i = ignore.paths().index(str(Path(exif["path"]).relative_to(train)))
+    upright = np.asarray(Image.fromarray(exif["upright"]).resize((48, 48), Image.BILINEAR))
+    a, b = apply.gather([i])[0].astype(float), ignore.gather([i])[0].astype(float)
+    assert np.abs(a - upright).mean() < 4 < np.abs(b - upright).mean()
+    w, h = exif["size"]  # as displayed
+    assert apply.sizes[i].tolist() == [h, w] and ignore.sizes[i].tolist() == [w, h]
+    others = np.arange(len(ignore)) != i
+    assert np.array_equal(ignore.gather(np.flatnonzero(others)), apply.gather(np.flatnonzero(others)))
+    assert (ignore.manifest.build["exif_orientation"], apply.manifest.build["exif_orientation"]) == ("ignore", "apply")
+    assert ignore.manifest.build_key != apply.manifest.build_key
+    for extra in ([], ["--update"]):
+        r = CliRunner().invoke(main, [*base, "--out", str(tmp_path / "ignore"), "--exif-orientation", "apply", *extra])
+        assert r.exit_code != 0 and "exif_orientation ignore -> apply" in r.output, r.output
+    plan = folder_plan(train)
+    assert "exif_orientation" not in build_key(plan, BuildOptions(size=48))[1]
+    assert recipe_differences({**ignore.manifest.build, "exif_orientation": "ignored"}, build_key(
+        plan, BuildOptions(size=48, fit="squash"))[1]) == []
+
+
 def test_a_cache_of_another_release_is_named_as_such(imagenet_clean, tmp_path):
     """A cache written by a release with another format version (and so another build key) is not
     called "a different cache" of other sources: the message says which release wrote it and that

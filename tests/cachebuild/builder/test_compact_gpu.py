@@ -1,8 +1,10 @@
 """GPU paths of compact caches: the ``--decode-device cuda`` build and nvJPEG decoding in ``device_loader``.
 
-Without a GPU the GPU build's code runs on the CPU (torchvision's CPU JPEG decoder standing in for
-nvJPEG): batching, CPU fallbacks, geometry and its place in the pipeline are tested here. The tests
-marked ``gpu`` run the same on CUDA (``.ci/gpu-checks``) and skip cleanly without it.
+Both decode through TorchCodec (``torchcodec.decoders.decode_jpeg``, the optional extra ``torchcodec``). Without a
+GPU their code runs on the CPU, through TorchCodec's CPU decoder standing in for nvJPEG (or, where torchcodec is not
+installed, ``tests/torchcodec_standin.py``'s stand-in of it): batching, CPU fallbacks, geometry, the pixels and its
+place in the pipeline are tested here. The tests marked ``gpu`` run the same on CUDA (``.ci/gpu-checks``) and skip
+cleanly without it.
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ from cachebuild.storage.cache import open_cache, read_manifest
 from loaders.dataset import CachedImageDataset, collate_batch
 from loaders.device import device_loader
 from tests.compact_fixtures import jpeg_index_cache, read_index
+from tests.repo import REPO
+from tests.torchcodec_standin import torchcodec_decoder  # noqa: F401  (TorchCodec, or its stand-in here)
 
 gpu = pytest.mark.gpu
+uses_torchcodec = pytest.mark.usefixtures("torchcodec_decoder")
 
 
 def _psnr(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -60,9 +65,10 @@ def _only_reduced_decodes_differ(plan, ok, psnr, spec) -> None:
 
 
 @pytest.mark.parametrize("fit", ["crop", "pad"])
+@uses_torchcodec
 def test_gpu_block_decoder_on_cpu_matches_the_cpu_path(imagenet_tree, fit):
     """Same files kept and refused (with the same reasons), same original sizes and boxes, and pixels
-    within 40 dB of the CPU path; CMYK and PNG-named-JPEG go to the CPU fallback."""
+    within 40 dB of the CPU path; CMYK, PNG-named-JPEG and the EXIF-rotated JPEG go to the CPU fallback."""
     plan = imagenet_plans(imagenet_tree["root"], "train")[0]
     spec = ResizeSpec(size=64, fit=fit)
 
@@ -78,9 +84,27 @@ def test_gpu_block_decoder_on_cpu_matches_the_cpu_path(imagenet_tree, fit):
     psnr = _psnr(got[ok], ref[ok])
     assert np.median(psnr) >= 40
     _only_reduced_decodes_differ(plan, ok, psnr, spec)
-    assert gpu_fill.cpu_samples == 2 and gpu_fill.gpu_samples == len(ok) - 2  # the CMYK and the PNG
+    assert gpu_fill.cpu_samples == 3 and gpu_fill.gpu_samples == len(ok) - 3  # the CMYK, the PNG, the EXIF one
 
 
+@uses_torchcodec
+@pytest.mark.parametrize("exif", ["ignore", "apply"])
+def test_an_exif_rotated_jpeg_is_the_cpu_paths_in_a_gpu_build(imagenet_tree, exif):
+    """TorchCodec turns a JPEG by its EXIF orientation, always: the GPU build leaves such a file to the CPU path,
+    which turns it as --exif-orientation says; an upright one is TorchCodec's."""
+    rotated, plain = imagenet_tree["quirks"]["exif"]["path"], imagenet_tree["train"][0]["path"]
+    assert gpu_build.upright(plain.read_bytes()) and not gpu_build.upright(rotated.read_bytes())
+    files = [rotated, plain]
+    spec = ResizeSpec(size=48, exif_orientation=exif)
+    fill = gpu_build.GpuBlockDecoder(lambda i, key: files[i].read_bytes(), ["r", "p"], 0, spec, device="cpu")
+    got = np.zeros((2, 48, 48, 3), np.uint8)
+    placed = [fill(i, k, got[i]) for i, k in enumerate(["r", "p"])]
+    ref = np.zeros_like(got)
+    assert placed[0] == decode_into(rotated.read_bytes(), spec, ref[0])
+    assert np.array_equal(got[0], ref[0]) and (fill.cpu_samples, fill.gpu_samples) == (1, 1)
+
+
+@uses_torchcodec
 def test_without_dct_reduction_the_gpu_geometry_is_the_cpu_geometry(imagenet_clean):
     """With no DCT reduction on either side the two paths differ only by float vs uint8 resampling."""
     plan = imagenet_plans(imagenet_clean["root"], "train")[0]
@@ -107,6 +131,7 @@ def test_which_files_nvjpeg_is_given(imagenet_tree):
     assert not gpu_build.nvjpeg_can_take(b"\xff\xd8\xff\xd9")
 
 
+@uses_torchcodec
 def test_the_gpu_build_path_in_the_pipeline(imagenet_tree, tmp_path, monkeypatch):
     """The pipeline's GPU path end to end, with the decoder on the CPU: another build key than the CPU
     build, the same samples, labels, sizes and failures, and pixels within 40 dB of it."""
@@ -124,9 +149,10 @@ def test_the_gpu_build_path_in_the_pipeline(imagenet_tree, tmp_path, monkeypatch
     assert np.median(psnr) >= 40
 
 
+@uses_torchcodec
 def test_the_nvjpeg_batch_path_on_cpu_gives_the_served_pixels(tmp_path):
-    """loaders.cuda_decode run with torchvision's CPU decoder: one batched call, each sample in its place,
-    NCHW channels_last like raw batches, exactly the pixels the CPU decode-on-read serves."""
+    """loaders.cuda_decode run with TorchCodec's CPU decoder: one batched call, each sample in its place,
+    NCHW channels_last like raw batches, exactly the pixels the CPU decode-on-read (simplejpeg) serves."""
     from loaders.cuda_decode import decode_on_cuda
     from loaders.encoded import EncodedImages
 
@@ -139,6 +165,72 @@ def test_the_nvjpeg_batch_path_on_cpu_gives_the_served_pixels(tmp_path):
     assert x.shape == (24, 3, 32, 32) and x.is_contiguous(memory_format=torch.channels_last)
     assert np.array_equal(x.permute(0, 2, 3, 1).numpy(), ds.gather(idx))
     assert np.array_equal(read_index(x.permute(0, 2, 3, 1).numpy()), idx)
+
+
+@uses_torchcodec
+def test_both_gpu_paths_decode_through_torchcodec_and_never_torchvision(imagenet_tree, tmp_path, monkeypatch):
+    """The GPU build and the compact cache's nvJPEG batches call TorchCodec's decode_jpeg, a batch per call, and
+    nothing of ours calls torchvision's image decoders (deprecated since torchvision 0.29)."""
+    import re
+    import sys
+
+    from loaders.cuda_decode import decode_on_cuda
+    from loaders.encoded import EncodedImages
+
+    decoders = sys.modules["torchcodec.decoders"]
+    calls: list[int] = []
+    real = decoders.decode_jpeg
+
+    def counted(source, **kw):
+        calls.append(len(source) if isinstance(source, list) else 1)
+        return real(source, **kw)
+
+    monkeypatch.setattr(decoders, "decode_jpeg", counted)
+    plan = imagenet_plans(imagenet_tree["root"], "train")[0]
+    fill = gpu_build.GpuBlockDecoder(plan.reader, list(plan.keys), 0, ResizeSpec(size=32), device="cpu", batch=16)
+    _decode_all(fill, plan, ResizeSpec(size=32))
+    assert sum(calls) == fill.gpu_samples and max(calls) > 1
+    root, _images, _ = jpeg_index_cache(tmp_path / "c", n=12)
+    ds = CachedImageDataset(root)
+    data, offsets = ds._images.read_encoded(np.arange(12))
+    calls.clear()
+    decode_on_cuda(EncodedImages(torch.from_numpy(data), torch.from_numpy(offsets), ds.shape).payloads(), ds.shape,
+                   torch.device("cpu"))
+    assert calls == [12]
+    ours = [p for folder in ("cachebuild", "loaders") for p in (REPO / folder).rglob("*.py")]
+    assert not [p for p in ours if re.search(r"torchvision\.io|from torchvision import io", p.read_text())]
+
+
+_WITHOUT_TORCHCODEC = """
+import sys
+sys.modules["torchcodec"] = None  # import torchcodec: ImportError, as where it is not installed
+import torch
+torch.cuda.is_available = lambda: True  # as on a GPU machine: the extra is what is missing
+from click.testing import CliRunner
+from torch.utils.data import DataLoader
+from cachebuild.cli import main
+from loaders import CachedImageDataset, collate_batch, device_loader
+try:
+    device_loader(DataLoader(CachedImageDataset(sys.argv[1]), batch_size=4, collate_fn=collate_batch), "cuda",
+                  decode="cuda")
+except ImportError as e:
+    print(type(e).__name__, e)
+r = CliRunner().invoke(main, ["folder", sys.argv[2], "--size", "16", "--out", sys.argv[3], "--decode-device", "cuda"])
+print(r.exit_code)
+print(r.output.strip())
+"""
+
+
+def test_without_torchcodec_both_gpu_paths_are_one_line_naming_the_extra(imagenet_clean, tmp_path):
+    root, _, _ = jpeg_index_cache(tmp_path / "c", n=8)
+    r = subprocess.run([sys.executable, "-c", _WITHOUT_TORCHCODEC, str(root), str(imagenet_clean["train_dir"]),
+                        str(tmp_path / "out")], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    loader_error, code, *build_output = r.stdout.strip().splitlines()
+    for line in (loader_error, *build_output):
+        assert "pip install 'cachebuild[torchcodec]'" in line and "nvJPEG" in line, line
+    assert loader_error.startswith("MissingExtraError")
+    assert code == "1" and len(build_output) == 1 and not (tmp_path / "out").exists()
 
 
 # ---------------------------------------------------------------- on a GPU

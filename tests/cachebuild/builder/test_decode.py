@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torchvision.transforms as T
-from PIL import Image
+from PIL import Image, ImageOps
 
 from cachebuild.builder import sample as decode
 from cachebuild.builder.pipeline import BuildOptions, build
@@ -71,6 +71,65 @@ def test_quirks_decode_like_pil(imagenet_tree, tmp_path):
     decode_into(Path(rotated["path"]).read_bytes(), spec, out)
     upright = np.asarray(Image.fromarray(rotated["upright"]).resize((128, 128), Image.BILINEAR))
     assert psnr(out, upright) < 25
+
+
+# exif_transpose's method for each orientation, and the inverse that stores the upright picture that way
+_TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
+              5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+              8: Image.Transpose.ROTATE_90}
+_INVERSE = {**_TRANSPOSE, 6: Image.Transpose.ROTATE_90, 8: Image.Transpose.ROTATE_270}
+
+
+def _stored_as(upright: Image.Image, orientation: int, fmt: str = "JPEG") -> bytes:
+    """``upright`` stored turned, with the EXIF orientation that tells a viewer to turn it back."""
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    buf = io.BytesIO()
+    stored = upright.transpose(_INVERSE[orientation]) if orientation > 1 else upright
+    stored.save(buf, fmt, exif=exif.tobytes(), **({"quality": 95} if fmt == "JPEG" else {}))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("fit", ["crop", "pad"])
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientation_apply_turns_samples_upright_as_pil_exif_transpose(imagenet_clean, orientation, fit):
+    """``exif_orientation="apply"`` gives what torchvision's pipeline gives after ``ImageOps.exif_transpose``, for
+    all eight orientations, on a large photo (decoded at a DCT scale: the turned axes' partial edge pixel must not
+    shift the window) and a small one; "ignore" (the default) gives the stored pixels, as ImageFolder does."""
+    big = next(e for e in imagenet_clean["train"] if e["kind"] == "large")
+    with Image.open(big["path"]) as im:
+        photos = [im.convert("RGB"), im.convert("RGB").resize((im.width // 5, im.height // 5))]
+    for upright in photos:
+        data = _stored_as(upright, orientation)
+        turned = ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB")
+        assert turned.size == upright.size
+        out = np.empty((64, 64, 3), np.uint8)
+        placed = decode_into(data, ResizeSpec(64, fit=fit, exif_orientation="apply"), out)
+        assert (placed.height, placed.width) == (upright.height, upright.width)  # the upright size
+        if fit == "crop":
+            ref = np.asarray(T.CenterCrop(64)(T.Resize(64)(turned)))
+        else:
+            y0, x0, y1, x1 = placed.box
+            ref = np.zeros_like(out)
+            ref[y0:y1, x0:x1] = np.asarray(turned.resize((x1 - x0, y1 - y0), Image.BILINEAR))
+        assert psnr(out, ref) >= 40, (orientation, upright.size, psnr(out, ref))  # 48-60 dB measured
+        stored = np.empty_like(out)
+        decode_into(data, ResizeSpec(64, fit=fit), stored)  # ignore: the stored pixels
+        if orientation != 1:  # 1: the same pixels either way
+            assert psnr(stored, ref) < psnr(out, ref) - 10, orientation
+
+
+def test_exif_orientation_of_png_and_webp_is_read_as_pil_reads_it():
+    upright = Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 60, 3), dtype=np.uint8))
+    for fmt in ("PNG", "WEBP"):
+        data = _stored_as(upright, 6, fmt)
+        assert decode.exif_orientation(data, fmt) == 6
+        out = np.empty((40, 40, 3), np.uint8)
+        placed = decode_into(data, ResizeSpec(40, fit="squash", exif_orientation="apply"), out)
+        assert (placed.height, placed.width) == (40, 60)
+    plain = io.BytesIO()
+    upright.save(plain, "PNG")
+    assert decode.exif_orientation(plain.getvalue(), "PNG") == 1
 
 
 def test_pad_records_the_valid_box(imagenet_clean, tmp_path):

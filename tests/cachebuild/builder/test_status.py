@@ -52,18 +52,21 @@ def test_status_is_up_to_date_then_stale_after_add_remove_touch(built, monkeypat
     files = sorted(classes[0].iterdir())
     shutil.copy(files[0], classes[1] / "added_copy.JPEG")  # added
     files[1].unlink()  # removed
-    st = files[2].stat()
-    os.utime(files[2], ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched
+    files[2].write_bytes(files[0].read_bytes())  # modified: other bytes
+    st = files[3].stat()
+    os.utime(files[3], ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched: a new mtime, the same bytes
     r = _cli("status", cache, "--source", src, "--json")
     assert r.exit_code == 1, r.output
     d = json.loads(r.output)
-    assert d["status"] == "stale" and (d["added"], d["removed"], d["modified"]) == (1, 1, 1)
+    assert d["status"] == "stale" and (d["added"], d["removed"], d["modified"], d["touched"]) == (1, 1, 1, 1)
     assert d["examples"]["added"] == [f"{classes[1].name}/added_copy.JPEG"]
     assert d["examples"]["removed"] == [f"{classes[0].name}/{files[1].name}"]
     assert d["examples"]["modified"] == [f"{classes[0].name}/{files[2].name}"]
+    assert d["examples"]["touched"] == [f"{classes[0].name}/{files[3].name}"]
     assert d["source_digest"]["cache"] != d["source_digest"]["source"]
     r = _cli("status", cache, "--source", src)
-    assert r.exit_code == 1 and "stale: 1 added, 1 removed, 1 modified" in r.output
+    assert r.exit_code == 1 and "stale: 1 added, 1 removed, 1 modified; 1 touched (new mtimes, the same bytes" \
+        in r.output, r.output
 
 
 def test_status_says_when_an_up_to_date_cache_was_written_by_an_older_format(built, tmp_path):
@@ -248,3 +251,51 @@ def test_status_replans_shard_sources_from_the_recipe_the_build_recorded(kind, w
     os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     r = _cli("status", cache, "--json")
     assert r.exit_code == 1 and json.loads(r.output)["status"] == "stale", r.output
+
+
+def test_status_from_another_folder_compares_against_the_tree_the_build_named(imagenet_clean, tmp_path, monkeypatch):
+    """A build named its source relatively: status, run from anywhere, plans the same tree (the recipe records
+    it absolute), never a folder of the same name where status runs."""
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    shutil.copytree(imagenet_clean["train_dir"], here / "ds")
+    shutil.copytree(imagenet_clean["val_dir"], elsewhere / "ds")  # another tree, under the same relative name
+    monkeypatch.chdir(here)
+    r = _cli("folder", "ds", "--size", "16", "--out", "c", "-j", "1", "--no-progress")
+    assert r.exit_code == 0, r.output
+    cache = here / "c" / "train"
+    assert read_manifest(cache).source["recipe"]["src"] == str(here / "ds")
+    for cwd in (elsewhere, tmp_path):
+        monkeypatch.chdir(cwd)
+        r = _cli("status", cache)
+        assert r.exit_code == 0 and f"up to date with {here / 'ds'}" in r.output, (cwd, r.output)
+
+
+def test_status_of_a_cache_that_recorded_a_relative_source_plans_it_from_its_recorded_root(imagenet_clean, tmp_path,
+                                                                                         monkeypatch):
+    """Caches of earlier releases recorded the source as it was named (``ds``): status finds it from the absolute
+    root the manifest records, wherever it runs; a name that leads nowhere near that root is one line asking for
+    --source."""
+    from tests.manifest_edits import load_unsealed
+
+    shutil.copytree(imagenet_clean["root"], tmp_path / "work" / "ds")
+    monkeypatch.chdir(tmp_path / "work")
+    for kind, name in (("folder", "ds/train"), ("imagenet", "ds")):
+        out = tmp_path / "work" / f"c-{kind}"
+        r = _cli(kind, name, "--size", "16", "--out", out, "-j", "1", "--no-progress")
+        assert r.exit_code == 0, r.output
+        manifest = out / "train" / "manifest.json"
+        d = load_unsealed(manifest)
+        d["source"]["recipe"]["src"] = name  # as an earlier release wrote it
+        manifest.write_text(json.dumps(d))
+    (tmp_path / "away" / "ds" / "train").mkdir(parents=True)  # a decoy of the same relative name
+    monkeypatch.chdir(tmp_path / "away")
+    for kind in ("folder", "imagenet"):
+        r = _cli("status", tmp_path / "work" / f"c-{kind}" / "train")
+        assert r.exit_code == 0 and "up to date" in r.output, (kind, r.output)
+    manifest = tmp_path / "work" / "c-folder" / "train" / "manifest.json"
+    d = load_unsealed(manifest)
+    d["source"]["recipe"]["src"] = "elsewhere/pics"
+    manifest.write_text(json.dumps(d))
+    r = _cli("status", manifest.parent)
+    assert r.exit_code == 2 and "elsewhere/pics" in r.output and "--source" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1

@@ -88,9 +88,10 @@ def test_an_update_equals_a_fresh_build_of_the_changed_tree(imagenet_tree, tmp_p
     assert got.reused == len(plan) - got.decoded
     assert cache_status(out, src).status == "up to date"
     assert held.gather(np.arange(3)).tobytes() == old_first.tobytes()  # the old cache, whole, for its reader
-    # same stats again, but the 3 files written just now are racy (maybe rewritten unseen): only they are decoded
+    # same stats again, but the 3 files written just now are racy (maybe rewritten unseen): their bytes are
+    # compared with the digests the update recorded, the same: none is decoded (but those that fail)
     again = build(plan, out, BuildOptions(**opts, update=True))
-    assert (again.decoded, again.reused) == (3 + fresh.failures, len(plan) - 3 - fresh.failures)
+    assert (again.decoded, again.reused) == (fresh.failures, len(plan) - fresh.failures)
     _assert_same_cache(out, tmp_path / "fresh")
 
 
@@ -161,13 +162,15 @@ def _rewrite_keeping_stat(path: Path) -> None:
 
 def test_a_rewrite_in_the_listing_tick_is_decoded_again_an_old_one_is_trusted(tmp_path):
     """Racy entries: a file whose mtime is within RACY_NS of the old listing may have been rewritten unseen
-    (same size, same mtime), so it is decoded again; older ones are trusted by size and mtime (as rsync is)."""
+    (same size, same mtime), so its bytes are compared with the digest the build recorded: the rewritten one is
+    decoded again, the others reused; older ones are trusted by size and mtime (as rsync is)."""
     opts = BuildOptions(size=16, jobs=1, progress=False)
     racy = _bmp_tree(tmp_path / "racy", age_ns=0)  # written just now: the build lists it in the same second
     build(folder_plan(racy), tmp_path / "c1", opts)
     _rewrite_keeping_stat(racy / "a" / "0.bmp")
     got = build(folder_plan(racy), tmp_path / "c1", BuildOptions(size=16, jobs=1, progress=False, update=True))
-    assert got.decoded == 12 and got.reused == 0  # all of them within the window: all decoded, none trusted
+    assert got.decoded == 1 and got.reused == 11  # all within the window: all compared, the rewritten one differs
+    assert open_cache(tmp_path / "c1").gather(np.array([0])).max() == 7  # its new pixels
     build(folder_plan(racy), tmp_path / "f1", opts)
     _assert_same_cache(tmp_path / "c1", tmp_path / "f1")
 
@@ -233,8 +236,10 @@ def test_touched_files_leave_the_other_shards_taken_whole(imagenet_tree, tmp_pat
     out = tmp_path / "cache"
     build(folder_plan(src), out, BuildOptions(**opts))
     inodes = {p.name: p.stat().st_ino for p in out.glob("images-*")}
-    touched = sorted(f for f in src.rglob("*.JPEG") if f.is_file() and not f.is_symlink())[5]
-    os.utime(touched, ns=(touched.stat().st_atime_ns, touched.stat().st_mtime_ns + 10**9))
+    files = sorted(f for f in src.rglob("*.JPEG") if f.is_file() and not f.is_symlink())
+    touched, rewritten = files[5], files[20]
+    os.utime(touched, ns=(touched.stat().st_atime_ns, touched.stat().st_mtime_ns + 10**9))  # the same bytes
+    rewritten.write_bytes(files[0].read_bytes())  # other bytes: decoded again
     plan = folder_plan(src)
     got = build(plan, out, BuildOptions(**opts, update=True))
     build(plan, tmp_path / "fresh", BuildOptions(**opts))
@@ -271,7 +276,9 @@ def test_an_update_carries_columns_over_by_path(imagenet_tree, tmp_path):
     add_column(out, "crc", tmp_path / "crc.npy")
     add_column(out, "soft", tmp_path / "soft.npy")
     files = sorted(f for f in src.rglob("*.JPEG") if f.is_file() and not f.is_symlink())
-    os.utime(files[0], ns=(files[0].stat().st_atime_ns, files[0].stat().st_mtime_ns + 10**9))
+    files[0].write_bytes(files[2].read_bytes())  # rewritten: decoded again, its row kept
+    t = files[0].stat().st_mtime_ns - HOUR_NS  # not racy: the update after is up to date
+    os.utime(files[0], ns=(t, t))
     files[1].unlink()
     got = build(folder_plan(src), out, BuildOptions(**opts, update=True))
     assert got.decoded >= 1 and got.reused > 0
@@ -313,3 +320,95 @@ def test_an_update_with_a_file_a_column_has_no_row_for_is_refused(imagenet_tree,
     with pytest.raises(CacheBuildError, match=r"column file .*score.* does not match the checksum"):
         build(folder_plan(src), out, BuildOptions(**opts, update=True))
     assert (out / "manifest.json").read_bytes() == before
+
+
+def _copied_as_cp_r(src: Path, dst: Path) -> Path:
+    """``cp -r src dst``: the same bytes, every file's mtime new."""
+    shutil.copytree(src, dst, symlinks=True, copy_function=shutil.copyfile)
+    return dst
+
+
+def test_a_copied_tree_updates_without_decoding_a_file(imagenet_tree, tmp_path):
+    """A source copied with cp -r (same bytes, new mtimes): --update reads and digests each file, finds its bytes
+    the ones the cache was built from, and decodes none of them (the files that failed are tried again); status
+    calls them touched, not modified. The result is a fresh build of the copy, its digests included."""
+    from cachebuild.format.manifest import SOURCE_DIGEST
+
+    src = _copy_tree(imagenet_tree["root"] / "train", tmp_path / "src")
+    opts = dict(size=32, jobs=2, block_size=8, progress=False)
+    out = tmp_path / "cache"
+    first = build(folder_plan(src), out, BuildOptions(**opts))
+    table = json.loads((out / "source_files.json").read_text())
+    assert table["digest"] == SOURCE_DIGEST.name == "xxh3-64"
+    for key, digest in zip(table["keys"], table["digests"], strict=True):
+        path = src / key
+        readable = path.is_file()  # the dangling link is never read
+        assert digest == (SOURCE_DIGEST.of(path.read_bytes()) if readable else None), key
+    copy = _copied_as_cp_r(src, tmp_path / "copy")
+    plan = folder_plan(copy)
+    st = cache_status(out, copy)
+    regular = sum(1 for k in plan.keys if (copy / k).is_file())
+    assert (st.status, st.added, st.removed, st.modified, st.touched) == ("stale", 0, 0, 0, regular), st
+    got = build(plan, out, BuildOptions(**opts, update=True))
+    assert (got.decoded, got.reused) == (first.failures, first.count), got
+    build(plan, tmp_path / "fresh", BuildOptions(**opts))
+    _assert_same_cache(out, tmp_path / "fresh")
+    assert cache_status(out, copy).status == "up to date"
+
+
+def test_a_same_size_rewrite_with_a_new_mtime_is_decoded_its_untouched_neighbours_are_not(tmp_path):
+    """BMPs keep their size when rewritten: the digest tells a rewrite (decoded, new pixels) from a touch (reused),
+    and status counts one modified, one touched."""
+    src = _bmp_tree(tmp_path / "src", age_ns=HOUR_NS)
+    opts = dict(size=16, jobs=1, progress=False)
+    build(folder_plan(src), tmp_path / "c", BuildOptions(**opts))
+    rewritten, touched = src / "a" / "0.bmp", src / "b" / "3.bmp"
+    _rewrite_keeping_stat(rewritten)
+    for f in (rewritten, touched):
+        os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))
+    st = cache_status(tmp_path / "c", src)
+    assert (st.modified, st.touched) == (1, 1) and st.examples == {"modified": ["a/0.bmp"], "touched": ["b/3.bmp"]}
+    got = build(folder_plan(src), tmp_path / "c", BuildOptions(**opts, update=True))
+    assert (got.decoded, got.reused) == (1, 11)
+    assert open_cache(tmp_path / "c").gather(np.array([0])).max() == 7  # the rewrite's pixels
+    build(folder_plan(src), tmp_path / "f", BuildOptions(**opts))
+    _assert_same_cache(tmp_path / "c", tmp_path / "f")
+
+
+def test_a_cache_without_digests_updates_by_stat_as_before_and_gains_them(imagenet_clean, tmp_path):
+    """A cache of an earlier release records no digest of its source files' bytes: it reads, and a copied tree
+    updates by decoding every file (what that release did), the result a fresh build, digests included; a
+    table of an algorithm this release does not compute is read as having none."""
+    from cachebuild.storage import open_location
+    from cachebuild.storage.cache import load_source_inputs
+
+    src = _copy_tree(imagenet_clean["train_dir"], tmp_path / "src")
+    opts = dict(size=32, jobs=1, progress=False)
+    out = tmp_path / "cache"
+    build(folder_plan(src), out, BuildOptions(**opts))
+    as_sha256_cache(out, 2)  # as the previous release wrote it: no digests
+    assert "digests" not in json.loads((out / "source_files.json").read_text())
+    assert load_source_inputs(open_location(out), read_manifest(out)).digests is None
+    assert open_cache(out).verify() == []
+    copy = _copied_as_cp_r(src, tmp_path / "copy")
+    st = cache_status(out, copy)
+    assert (st.modified, st.touched) == (len(folder_plan(copy)), 0)
+    got = build(folder_plan(copy), out, BuildOptions(**opts, update=True))
+    assert (got.decoded, got.reused) == (got.count, 0)
+    build(folder_plan(copy), tmp_path / "fresh", BuildOptions(**opts))
+    _assert_same_cache(out, tmp_path / "fresh")
+
+
+def test_a_shard_linked_in_again_leaves_no_temporary_file(tmp_path):
+    """A killed update may have linked an old shard in already; linking it again (the resumed update) must not
+    leave its temporary name behind (rename(2) of a hard link over another of the same file does nothing)."""
+    from cachebuild.storage.kinds.base import link_shard
+
+    old = tmp_path / "old.npy"
+    old.write_bytes(b"shard bytes")
+    staged = tmp_path / "staging" / "images-00003.npy"
+    staged.parent.mkdir()
+    link_shard(old, staged)
+    link_shard(old, staged)  # the resumed update, the same block taken whole again
+    assert sorted(p.name for p in staged.parent.iterdir()) == ["images-00003.npy"]
+    assert staged.read_bytes() == b"shard bytes"
