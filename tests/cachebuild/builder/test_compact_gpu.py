@@ -1,10 +1,9 @@
 """GPU paths of compact caches: the ``--decode-device cuda`` build and nvJPEG decoding in ``device_loader``.
 
 Both decode through TorchCodec (``torchcodec.decoders.decode_jpeg``, the optional extra ``torchcodec``). Without a
-GPU their code runs on the CPU, through TorchCodec's CPU decoder standing in for nvJPEG (or, where torchcodec is not
-installed, ``tests/torchcodec_standin.py``'s stand-in of it): batching, CPU fallbacks, geometry, the pixels and its
-place in the pipeline are tested here. The tests marked ``gpu`` run the same on CUDA (``.ci/gpu-checks``) and skip
-cleanly without it.
+GPU their code runs on the CPU, through TorchCodec's CPU decoder (libjpeg-turbo) in nvJPEG's place (the test extra
+installs torchcodec): batching, CPU fallbacks, geometry, the pixels and its place in the pipeline are tested here.
+The tests marked ``gpu`` run the same on CUDA (``.ci/gpu-checks``) and skip cleanly without it.
 """
 
 from __future__ import annotations
@@ -30,10 +29,8 @@ from loaders.dataset import CachedImageDataset, collate_batch
 from loaders.device import device_loader
 from tests.compact_fixtures import jpeg_index_cache, read_index
 from tests.repo import REPO
-from tests.torchcodec_standin import torchcodec_decoder  # noqa: F401  (TorchCodec, or its stand-in here)
 
 gpu = pytest.mark.gpu
-uses_torchcodec = pytest.mark.usefixtures("torchcodec_decoder")
 
 
 def _psnr(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -65,7 +62,6 @@ def _only_reduced_decodes_differ(plan, ok, psnr, spec) -> None:
 
 
 @pytest.mark.parametrize("fit", ["crop", "pad"])
-@uses_torchcodec
 def test_gpu_block_decoder_on_cpu_matches_the_cpu_path(imagenet_tree, fit):
     """Same files kept and refused (with the same reasons), same original sizes and boxes, and pixels
     within 40 dB of the CPU path; CMYK, PNG-named-JPEG and the EXIF-rotated JPEG go to the CPU fallback."""
@@ -87,7 +83,6 @@ def test_gpu_block_decoder_on_cpu_matches_the_cpu_path(imagenet_tree, fit):
     assert gpu_fill.cpu_samples == 3 and gpu_fill.gpu_samples == len(ok) - 3  # the CMYK, the PNG, the EXIF one
 
 
-@uses_torchcodec
 @pytest.mark.parametrize("exif", ["ignore", "apply"])
 def test_an_exif_rotated_jpeg_is_the_cpu_paths_in_a_gpu_build(imagenet_tree, exif):
     """TorchCodec turns a JPEG by its EXIF orientation, always: the GPU build leaves such a file to the CPU path,
@@ -104,7 +99,6 @@ def test_an_exif_rotated_jpeg_is_the_cpu_paths_in_a_gpu_build(imagenet_tree, exi
     assert np.array_equal(got[0], ref[0]) and (fill.cpu_samples, fill.gpu_samples) == (1, 1)
 
 
-@uses_torchcodec
 def test_without_dct_reduction_the_gpu_geometry_is_the_cpu_geometry(imagenet_clean):
     """With no DCT reduction on either side the two paths differ only by float vs uint8 resampling."""
     plan = imagenet_plans(imagenet_clean["root"], "train")[0]
@@ -131,7 +125,6 @@ def test_which_files_nvjpeg_is_given(imagenet_tree):
     assert not gpu_build.nvjpeg_can_take(b"\xff\xd8\xff\xd9")
 
 
-@uses_torchcodec
 def test_the_gpu_build_path_in_the_pipeline(imagenet_tree, tmp_path, monkeypatch):
     """The pipeline's GPU path end to end, with the decoder on the CPU: another build key than the CPU
     build, the same samples, labels, sizes and failures, and pixels within 40 dB of it."""
@@ -149,7 +142,6 @@ def test_the_gpu_build_path_in_the_pipeline(imagenet_tree, tmp_path, monkeypatch
     assert np.median(psnr) >= 40
 
 
-@uses_torchcodec
 def test_the_nvjpeg_batch_path_on_cpu_gives_the_served_pixels(tmp_path):
     """loaders.cuda_decode run with TorchCodec's CPU decoder: one batched call, each sample in its place,
     NCHW channels_last like raw batches, exactly the pixels the CPU decode-on-read (simplejpeg) serves."""
@@ -167,7 +159,6 @@ def test_the_nvjpeg_batch_path_on_cpu_gives_the_served_pixels(tmp_path):
     assert np.array_equal(read_index(x.permute(0, 2, 3, 1).numpy()), idx)
 
 
-@uses_torchcodec
 def test_both_gpu_paths_decode_through_torchcodec_and_never_torchvision(imagenet_tree, tmp_path, monkeypatch):
     """The GPU build and the compact cache's nvJPEG batches call TorchCodec's decode_jpeg, a batch per call, and
     nothing of ours calls torchvision's image decoders (deprecated since torchvision 0.29)."""
