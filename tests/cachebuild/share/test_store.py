@@ -104,7 +104,7 @@ def test_the_cli_prints_the_url_and_pulls_with_out(imagenet_clean, tmp_path):
     built = _cli("imagenet", _src(imagenet_clean), "--store", store, *FLAGS)
     assert built.exit_code == 0, built.output
     name = plan_wanted("imagenet", _src(imagenet_clean), **RECIPE)[0].name
-    assert f"imagenet/train: built (50 samples" in built.output and f"published: {store / name}" in built.output
+    assert "imagenet/train: built (50 samples" in built.output and f"published: {store / name}" in built.output
     got = _cli("imagenet", _src(imagenet_clean), "--out", tmp_path / "mine", *FLAGS,
                env={"CACHEBUILD_STORE": str(store)})  # the store from the environment
     assert got.exit_code == 0, got.output
