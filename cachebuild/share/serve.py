@@ -25,7 +25,9 @@ write permission on ``DIR/.store`` for them; without it, a warning).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as _dt
+import functools
 import hashlib
 import hmac
 import html
@@ -236,8 +238,10 @@ class CacheServer:
             self.peak = max(self.peak, self.in_flight)
             try:
                 response = await handler(request)
-                await response.prepare(request)  # sent inside the slot: a file's bytes count too
-                await response.write_eof()
+                with contextlib.suppress(ConnectionError):  # a reader gone (a hedged read's loser): aiohttp says so
+                    if not response.prepared:
+                        await response.prepare(request)  # sent inside the slot: a file's bytes count too
+                    await response.write_eof()
                 return response
             finally:
                 self.in_flight -= 1
@@ -286,9 +290,10 @@ class CacheServer:
             self.leases.note(cache)
         # a file as it is: never a compressed sibling (FileResponse serves "x.gz" for "x" to gzip clients)
         plain = request.clone(headers={k: v for k, v in request.headers.items() if k.lower() != "accept-encoding"})
-        response = web.FileResponse(path, chunk_size=1 << 18)
+        response = _file_response()(path, chunk_size=1 << 18)
         response.content_type = "application/octet-stream"
-        await response.prepare(plain)
+        with contextlib.suppress(ConnectionError):  # the reader went away: nothing to answer, nothing to log
+            await response.prepare(plain)
         return response
 
     def _index(self, folder: Path) -> str:
@@ -308,6 +313,22 @@ class CacheServer:
         title = html.escape(base or "/")
         return (f"<!DOCTYPE html><html><head><title>Index of {title}</title></head><body><ul>\n" + "\n".join(links)
                 + "\n</ul></body></html>\n")
+
+
+@functools.cache
+def _file_response() -> type:
+    """aiohttp's ``FileResponse``, sent once: the server sends it itself (with the request as it chose to read it,
+    inside its slot), and aiohttp's own later ``prepare`` of the returned response then does nothing (the base
+    class's does nothing twice; ``FileResponse``'s would send the file again)."""
+    from aiohttp import web
+
+    class SentOnce(web.FileResponse):  # type: ignore[misc]
+        async def prepare(self, request: Any) -> Any:
+            if self.prepared:
+                return None
+            return await super().prepare(request)
+
+    return SentOnce
 
 
 def serve(root: str | os.PathLike[str], token: str, *, host: str = "127.0.0.1", port: int = 0,
