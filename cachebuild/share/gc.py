@@ -3,7 +3,7 @@ recently used first, never one in use. A dry run unless ``yes``.
 
 The caches are the store's own (complete caches directly under it); each one's last use is the latest of its
 record of use (``resolve``, a ``--store`` build that found it, a reader giving up its lease) and of its leases'
-renewals, else its build time. A cache is in use, and kept, while
+renewals, or, with neither, its build time. A cache is in use, and kept, while
 
 - a reader holds a live lease on it (``.store/leases/<cache>/``: jobs reading it from a URL, ``cachebuild serve``
   for its HTTP readers), renewed within ``CACHEBUILD_LEASE_S``;
@@ -38,7 +38,7 @@ from cachebuild.share.listing import cache_bytes, find_caches
 from cachebuild.share.store import Store
 from cachebuild.storage.cache import parse_manifest
 from cachebuild.storage.locations import is_locked, set_aside
-from cachebuild.storage.remote.lease import used_name, utc_now
+from cachebuild.storage.remote.lease import leases_folder, used_name, utc_now
 
 __all__ = ["Entry", "GcReport", "collect", "describe", "parse_age", "parse_bytes"]
 
@@ -170,7 +170,7 @@ def survey(st: Store) -> list[Entry]:
         created = _dt.datetime.fromisoformat(m.created) if m.created else utc_now()
         if created.tzinfo is None:
             created = created.replace(tzinfo=_dt.timezone.utc)
-        last = max(t for t in (usage.last_used, created) if t is not None)
+        last = usage.last_used if usage.last_used is not None else created
         entries.append(Entry(found.path, cache_bytes(loc, m) or 0, last, _held_by(st, found.path)))
     return entries
 
@@ -247,6 +247,9 @@ def _take_down(st: Store, e: Entry) -> str:
     for record in [used_name(e.name), *st.lease_files(e.name)]:
         with contextlib.suppress(OSError, RemoteError):  # a record left behind names no cache: harmless
             st.location.remove(record)
+    if st.is_folder:
+        with contextlib.suppress(OSError):  # emptied (a prefix of an object store vanishes with its last file)
+            st.location.local_path(leases_folder(e.name)).rmdir()
     return ""
 
 
