@@ -16,10 +16,11 @@ What it does, and nothing else:
 - a range that cannot be read (malformed, several ranges, past the end) is 416, a stale ``If-Match`` 412;
 - bound to 127.0.0.1 unless ``--host`` says otherwise; no access log (no header is ever logged).
 
-The caches it serves are leased in the store for as long as they are read (``.store/leases/<cache>/``): ``cachebuild
-gc`` on ``DIR`` then keeps them. A reader renews its lease with a ``HEAD`` now and then; a cache without a request
-for ``CACHEBUILD_LEASE_S`` loses it (its last use recorded). The server writes those records only (and needs
-write permission on ``DIR/.store`` for them; without it, a warning).
+In a store (``DIR/.store/store.json``), the caches it serves are leased for as long as they are read
+(``.store/leases/<cache>/``): ``cachebuild gc`` on ``DIR`` then keeps them. A reader renews its lease with a
+``HEAD`` now and then; a cache without a request for ``CACHEBUILD_LEASE_S`` loses it (its last use recorded).
+The server writes those records only (and needs write permission on ``DIR/.store`` for them; without it, a
+warning).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from cachebuild.atomic import write_bytes_atomic
 from cachebuild.errors import OptionError
 from cachebuild.format.manifest import MANIFEST_NAME
 from cachebuild.settings import settings
-from cachebuild.storage.remote.lease import LeaseRecord, lease_name, new_token, renew_every, used_name
+from cachebuild.storage.remote.lease import STORE_MARK, LeaseRecord, lease_name, new_token, renew_every, used_name
 
 __all__ = ["DEFAULT_MAX_REQUESTS", "CacheServer", "read_token", "serve"]
 
@@ -123,7 +124,11 @@ class _Leases:
 
     def flush(self, final: bool = False) -> None:
         """Write the leases of caches asked for since the last flush; give up those not asked for within the
-        lease's lifetime (all of them when ``final``), recording their last use."""
+        lease's lifetime (all of them when ``final``), recording their last use. Only in a store (its mark):
+        a plain folder of caches has no gc to tell, and gets no file it did not have."""
+        if not (self.root / STORE_MARK).is_file():
+            self.seen.clear()
+            return
         now = time.time()
         for cache, t in list(self.seen.items()):
             at = _dt.datetime.fromtimestamp(t, _dt.timezone.utc)
@@ -322,7 +327,7 @@ def _file_response() -> type:
     class's does nothing twice; ``FileResponse``'s would send the file again)."""
     from aiohttp import web
 
-    class SentOnce(web.FileResponse):  # type: ignore[misc]
+    class SentOnce(web.FileResponse):
         async def prepare(self, request: Any) -> Any:
             if self.prepared:
                 return None

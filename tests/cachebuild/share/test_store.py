@@ -346,3 +346,23 @@ def test_the_store_names_its_caches_by_key_and_keeps_the_whole_key(imagenet_clea
     with pytest.raises(Exception, match="holds another cache"):
         st.find(w)
     assert pipeline.build  # the build the store runs is the pipeline's own
+
+
+def test_resolve_takes_every_flag_of_the_build_commands_that_names_a_recipe():
+    """Its flags are the build commands' own declarations (BuildOptions, each kind's options), not new ones: a
+    flag that shapes a cache means the same to both."""
+    import click
+
+    from cachebuild.cli import main
+    from cachebuild.cli_build import build_command
+    from cachebuild.sources.registry import get_source, source_names
+
+    ctx = click.Context(main)
+    resolve = main.get_command(ctx, "resolve")
+    assert resolve is not None
+    mine = {o for p in resolve.params for o in p.opts}
+    not_recipe = {"--out", "--dask-scheduler", "--store", "--no-wait", "--quiet", "--verbose", "--codec",
+                  "--workers", "--force", "--update", "--json", "--wait", "--progress", "--on-error"}
+    for name in source_names():
+        flags = {o for p in build_command(get_source(name)).params for o in p.opts if o.startswith("--")}
+        assert flags - not_recipe <= mine, (name, flags - not_recipe - mine)

@@ -224,10 +224,10 @@ def test_the_waiter_says_whose_build_and_how_far(where, imagenet_clean, tmp_path
         store, env = s3.url("store"), {**s3.env, "CACHEBUILD_PUSH_STALE_S": "10"}
     else:
         store = str(tmp_path / "store")
-    builder = _start(src, store, tmp_path / "a", env, slow=0.4)
-    _go(builder)
-    time.sleep(1.5)
+    builder = _start(src, store, tmp_path / "a", env, slow=0.8)
     waiter = _start(src, store, tmp_path / "b", env)
+    _go(builder)
+    time.sleep(1.0)
     _go(waiter)
     builder.finish(), waiter.finish()
     lines = [line for line in waiter.output.splitlines() if line.startswith("waiting for")]
