@@ -366,3 +366,22 @@ def test_resolve_takes_every_flag_of_the_build_commands_that_names_a_recipe():
     for name in source_names():
         flags = {o for p in build_command(get_source(name)).params for o in p.opts if o.startswith("--")}
         assert flags - not_recipe <= mine, (name, flags - not_recipe - mine)
+
+
+def test_a_store_build_runs_on_a_dask_cluster(imagenet_clean, tmp_path):
+    """`--dask-scheduler` with `--store`: the blocks run on the cluster's workers, the cache is published as a
+    local build would be, byte for byte."""
+    from dask.distributed import Client, LocalCluster
+
+    store = tmp_path / "store"
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, host="127.0.0.1",
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        r = _cli("imagenet", _src(imagenet_clean), "--store", store, "--dask-scheduler", cluster.scheduler_address,
+                 "--out", tmp_path / "mine", *FLAGS, "-v")
+        assert r.exit_code == 0, r.output
+        assert "building on the Dask cluster" in r.output and "published" in r.output
+        ran = client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))
+        assert any("run_block" in k for k in ran), ran
+    (w,) = plan_wanted("imagenet", _src(imagenet_clean), **RECIPE)
+    ref = pipeline.build(w.plan, tmp_path / "ref", w.opts).path
+    assert same_cache(ref, store / w.name) and tree_bytes(store / w.name) == tree_bytes(tmp_path / "mine" / "train")
