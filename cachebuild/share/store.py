@@ -146,11 +146,13 @@ class Store:
 
     # ---------------------------------------------------------------- the store's own records
     def is_store(self) -> bool:
-        """Whether the store's mark is there (a folder of caches without it is no store: ``gc`` refuses it)."""
+        """Whether the store's mark is there (a folder of caches without it is no store: ``gc`` refuses it).
+        One range read, not ``exists`` (s3fs lists a missing object's prefix to tell a folder from nothing)."""
         try:
-            return self.location.exists(STORE_MARK)
+            self.location.read_heads([STORE_MARK], 16)
         except (OSError, RemoteError):
             return False
+        return True
 
     def mark(self) -> None:
         """Make the folder or prefix a store (its URL readers then hold leases): written once, by a publisher."""

@@ -475,8 +475,9 @@ def _reader_lease(url: str, storage_options: dict[str, Any], anchor: str) -> Lea
         return None  # at the root of a bucket: no folder to be a store
     records = FsspecLocation(parent, storage_options)
     try:
-        if not records.exists(STORE_MARK):
-            return None
+        records.read_heads([STORE_MARK], 16)  # one range read: s3fs's `exists` lists a missing object's prefix
+    except RemoteNotFoundError:
+        return None
     except Exception as e:  # the reader's own open says what is wrong with the store
         log.info("could not tell whether %s is a store (%s): reading it without a lease", redact(parent), e)
         return None

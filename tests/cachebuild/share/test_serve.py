@@ -358,6 +358,7 @@ def test_a_server_killed_and_restarted_mid_epoch(tmp_path, monkeypatch):
     rewritten with other pixels, back: readers stop with CacheChangedError, never reading the new pixels."""
     caches = _store(tmp_path)
     monkeypatch.setenv("CACHEBUILD_HTTP_TOKEN", TOKEN)
+    monkeypatch.setenv("CACHEBUILD_RETRIES", "40")  # enough tries to span a restart on a loaded machine
     local = caches["c-npy"]
     port = _free_port()
     token = _token_file(tmp_path)
