@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from cachebuild.atomic import write_bytes_atomic
-from cachebuild.errors import OptionError
+from cachebuild.errors import OptionError, require_extra
 from cachebuild.format.manifest import MANIFEST_NAME
 from cachebuild.settings import settings
 from cachebuild.storage.remote.lease import STORE_MARK, LeaseRecord, lease_name, new_token, renew_every, used_name
@@ -154,6 +154,7 @@ class CacheServer:
 
     def __init__(self, root: str | os.PathLike[str], token: str, *, max_requests: int = DEFAULT_MAX_REQUESTS,
                  lease_s: float | None = None) -> None:
+        require_extra("aiohttp.web", "remote", "cachebuild serve")
         self.root = Path(root).resolve(strict=True)  # DIR itself may be a link; nothing under it may
         if not self.root.is_dir():
             raise OptionError(f"{root} is not a folder: serve a folder of caches")

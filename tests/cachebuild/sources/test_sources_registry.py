@@ -247,8 +247,8 @@ def test_build_flags_take_their_defaults_and_choices_from_build_options(scratch_
 # The flags of every build command (`cachebuild X --help`), in the order they are listed.
 _BUILD = ["--format", "--fit", "--interpolation", "-j, --jobs", "--shard-size", "--chunk-size", "--compression",
           "--quality", "--subsampling", "--decode-device", "--on-error", "--max-pixels", "--force", "--update",
-          "--json", "--wait", "--progress / --no-progress", "--out", "--dask-scheduler", "-q, --quiet",
-          "-v, --verbose", "-h, --help"]
+          "--json", "--wait", "--progress / --no-progress", "--out", "--dask-scheduler", "--store", "--no-wait",
+          "-q, --quiet", "-v, --verbose", "-h, --help"]
 _FLAGS = {
     "imagenet": ["--split", "--size", *_BUILD],
     "cifar10": ["--split", "--size", *_BUILD],
