@@ -303,8 +303,8 @@ class CacheServer:
         return response
 
     def _index(self, folder: Path) -> str:
-        base = "/" + folder.relative_to(self.root).as_posix().strip(".").strip("/")
-        base = "" if base == "/" else base
+        rel = folder.relative_to(self.root).as_posix()
+        base = "" if rel == "." else "/" + rel
         links = []
         with os.scandir(folder) as entries:
             for e in sorted(entries, key=lambda e: e.name):

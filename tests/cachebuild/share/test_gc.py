@@ -197,3 +197,23 @@ def test_a_cache_removed_under_a_reader_is_an_error_there_never_other_pixels(tmp
         with pytest.raises((CacheChangedError, RemoteError)):
             got = ds.gather(batch)
             assert not np.array_equal(got, other_images[batch])  # never reached: an error comes first
+
+
+def test_a_reader_process_gives_its_lease_up_when_it_exits(tmp_path, s3):
+    """`cachebuild info` of a store's cache: a reader for a moment, its lease written, then given up at exit (its
+    last use recorded), and the process ends at once."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.repo import REPO
+
+    store, _ = _s3_store(tmp_path, s3, ["c"])
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "cachebuild", "info", f"{store}/c"], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, **s3.env, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0 and "40 samples" in r.stdout, r.stderr
+    assert time.monotonic() - t0 < 30
+    assert Store(store).lease_files("c") == {} and Store(store).usage("c").last_used is not None
+    puts = [q.path for q in s3.log if q.method == "PUT" and "/.store/" in q.path]
+    assert any("/.store/leases/c/" in p for p in puts) and any(p.endswith("/.store/used/c.json") for p in puts)

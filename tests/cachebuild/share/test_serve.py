@@ -161,6 +161,15 @@ def test_symbolic_links_are_refused_wherever_they_point(server, tmp_path):
     assert b"out-file" not in page and b"out-dir" not in page  # not listed either
 
 
+def test_folders_are_pages_of_links_that_ls_reads(server):
+    _, _, root = _raw(server.url, "/")
+    assert b'href="/c-npy/"' in root and b'href="/.store/"' in root and b"secret" not in root
+    _, _, records = _raw(server.url, "/.store/")
+    assert b'href="/.store/store.json"' in records
+    _, _, cache = _raw(server.url, "/c-npy")
+    assert b'href="/c-npy/manifest.json"' in cache
+
+
 def test_writes_are_refused(server):
     before = tree_bytes(server.root)
     for method in ("PUT", "POST", "DELETE", "PATCH"):
