@@ -92,6 +92,8 @@ class StoreResult:
             b = self.built
             took = f", {b.seconds:.1f} s" if b is not None and b.status == "built" else ""
             line = f"{what}: built ({self.count} samples{took}) and published: {self.url}"
+            if self.path is not None and self.pulled is None:
+                line += f"; built at {self.path}"
         else:
             line = (f"{what}: built at {self.path} ({self.count} samples); not published: an http(s) store is "
                     f"read-only (build with --store on the folder `cachebuild serve` serves, to share it)")
@@ -278,7 +280,7 @@ def _through_object_store(st: Store, w: Wanted, dest: Path | None, wait: bool) -
     st.mark()
     m = st.find(w)
     st.record_use(w.name)
-    return _result(st, w, "built", m, dest, built, None, waiting)
+    return _result(st, w, "built", m, local, built, None, waiting)  # its local copy: where it was built
 
 
 def _building(w: Wanted, done: int) -> dict[str, Any]:
