@@ -27,7 +27,7 @@ __all__ = ["COMMAND_GROUP", "main"]
 COMMAND_GROUP = "cachebuild.commands"  # entry points: more `cachebuild` commands from other packages
 # the sharing commands (cachebuild.share.cli), imported when one is run: a build's start-up does not pay for the
 # transfer code
-SHARE_COMMANDS = ("columns", "ls", "pull", "push", "status")
+SHARE_COMMANDS = ("columns", "gc", "ls", "pull", "push", "resolve", "serve", "status")
 
 
 def _command_entry_points() -> dict[str, EntryPoint]:

@@ -22,7 +22,7 @@ from cachebuild.errors import CacheBuildError, DecodeError, OptionError, SourceE
 from cachebuild.options import field_options, option, quiet_option, setup_logging
 from cachebuild.sources.kind import SourceKind
 
-__all__ = ["SIZE", "BuildCommand", "build_command", "build_params"]
+__all__ = ["SIZE", "BuildCommand", "build_command", "build_params", "read_classes_file"]
 
 log = logging.getLogger("cachebuild")
 
@@ -45,6 +45,12 @@ class BuildCommand:
     dask_scheduler: str | None = option(None, "Run the blocks on a Dask cluster (joblib's dask backend), e.g. "
                                         "tcp://host:8786; its workers must see SRC and --out at the same paths. "
                                         "Needs cachebuild[dask].", metavar="ADDRESS")
+    store: str | None = option(None, "A team store (a folder, s3://..., or http(s):// of `cachebuild serve`; default "
+                               "$CACHEBUILD_STORE): its cache of this recipe is used (nothing decoded; --out pulls "
+                               "it), one being built elsewhere is waited for, else it is built and published there.",
+                               metavar="URL")
+    no_wait: bool = option(False, "With --store: exit naming the build of this recipe running elsewhere instead of "
+                                  "waiting for it.")
     quiet: bool = quiet_option()
     verbose: bool = option(False, "Debug logging.", short="-v")
     # spellings of earlier releases: an error that names what to write instead
@@ -64,8 +70,9 @@ def build_command(kind: SourceKind) -> click.Command:
                                  help="Class names, one per line (line number = class index); a path or URL."))
     src = click.Argument(["src"], type=click.STRING if kind.url_src else click.Path(path_type=Path), metavar="SRC")
 
-    def run(src: str | Path, size: int, out: Path | None, dask_scheduler: str | None, quiet: bool, verbose: bool,
-            classes_file: str | None = None, codec: None = None, workers: None = None, **kw: Any) -> None:
+    def run(src: str | Path, size: int, out: Path | None, dask_scheduler: str | None, store: str | None,
+            no_wait: bool, quiet: bool, verbose: bool, classes_file: str | None = None, codec: None = None,
+            workers: None = None, **kw: Any) -> None:
         setup_logging(quiet, verbose)
         try:
             kind.check()
@@ -76,15 +83,20 @@ def build_command(kind: SourceKind) -> click.Command:
                 from cachebuild.builder.gpu_build import check_decode_device
 
                 check_decode_device(kw["decode_device"])
-            classes = None
-            if classes_file is not None:
-                from cachebuild.sources.shards.plan import read_classes
+            classes = read_classes_file(classes_file)
+            from cachebuild.settings import settings
 
-                classes = read_classes(classes_file)
-            from cachebuild.builder.pipeline import build_source
-
+            store = store or settings().store
             with _parallel_backend(dask_scheduler):
-                build_source(kind.name, src, out, size=size, classes=classes, report=_echo, **kw)
+                if store:
+                    from cachebuild.share.store_build import build_with_store
+
+                    build_with_store(kind.name, src, out, store=store, wait=not no_wait, size=size, classes=classes,
+                                     report=lambda r: click.echo(r.describe()), **kw)
+                else:
+                    from cachebuild.builder.pipeline import build_source
+
+                    build_source(kind.name, src, out, size=size, classes=classes, report=_echo, **kw)
         except DecodeError as e:
             raise click.ClickException(
                 f"{e.path}: {e.reason}\n(--on-error fail stopped the build; finished blocks are kept and the same "
@@ -99,6 +111,15 @@ def build_command(kind: SourceKind) -> click.Command:
 
     params = [src, *own[: kind.size_at], *size, *own[kind.size_at :], *build_params()]
     return click.Command(kind.name, params=params, callback=run, help=kind.help)
+
+
+def read_classes_file(classes_file: str | None) -> list[str] | None:
+    """``--classes FILE``: the class names it lists (a path or URL), or None."""
+    if classes_file is None:
+        return None
+    from cachebuild.sources.shards.plan import read_classes
+
+    return read_classes(classes_file)
 
 
 def build_params() -> list[click.Parameter]:

@@ -63,6 +63,11 @@ def _folder(text: str) -> Path:
     return Path(text).expanduser()
 
 
+def _text(text: str) -> str | None:
+    """Any text (surrounding whitespace dropped); empty is unset (None)."""
+    return text.strip() or None
+
+
 @dataclass(frozen=True)
 class Knob:
     """One environment variable: ``default`` is written as a user would set it (the docs' table shows it)."""
@@ -72,6 +77,7 @@ class Knob:
     meaning: str
     parse: Callable[[str], Any]  # the text to the value; ValueError(why) for a value that cannot work
     example: str = ""  # a good value for the error message (default: the default)
+    secret: bool = False  # a credential: never shown (not in messages, not in the settings' repr)
 
     def read(self, environ: Mapping[str, str]) -> Any:
         raw = environ.get(self.env, "")
@@ -80,12 +86,15 @@ class Knob:
         try:
             return self.parse(raw)
         except ValueError as e:
-            raise OptionError(f"{self.env}={raw!r} {e}; unset it or give e.g. "
+            shown = "(its value not shown)" if self.secret else f"={raw!r}"
+            raise OptionError(f"{self.env}{shown} {e}; unset it or give e.g. "
                               f"{self.env}={self.example or self.default}") from None
 
 
-def _knob(env: str, default: str, meaning: str, parse: Callable[[str], Any], example: str = "") -> Any:
-    return dataclasses.field(metadata={"knob": Knob(env, default, meaning, parse, example)})
+def _knob(env: str, default: str, meaning: str, parse: Callable[[str], Any], example: str = "",
+          secret: bool = False) -> Any:
+    return dataclasses.field(metadata={"knob": Knob(env, default, meaning, parse, example, secret)},
+                             repr=not secret)
 
 
 @dataclass(frozen=True)
@@ -115,6 +124,15 @@ class Settings:
                                 "claim on a URL counts as abandoned (another host may take it over); the "
                                 "holder stops at half of it and renews it every tenth of it, at most 30 s.",
                                 _seconds)
+    store: str | None = _knob("CACHEBUILD_STORE", "", "The team store a build command asks first when it is given "
+                              "no --store: a folder, s3:// or http(s):// URL (unset: none).", _text,
+                              example="s3://team/caches")
+    lease_s: float = _knob("CACHEBUILD_LEASE_S", "600", "Seconds a reader's lease on a store's cache lasts after "
+                           "its last renewal (readers renew it every tenth of it, at most every 60 s): gc never "
+                           "removes a cache with a live lease.", _seconds)
+    http_token: str | None = _knob("CACHEBUILD_HTTP_TOKEN", "", "The bearer token sent to http(s):// stores and "
+                                   "caches (a `cachebuild serve` server); never printed or logged.", _text,
+                                   example="$(cat ~/.cachebuild-token)", secret=True)
 
 
 def knobs() -> list[tuple[str, Knob]]:

@@ -10,15 +10,17 @@ and sequential (``shuffle=False``: the shards read ahead whole, ``cachebuild.sto
 The peers read with their own local copy: Streaming
 ``StreamingDataset(remote=url, local=DIR)``, LitData ``StreamingDataset(url, cache_dir=DIR)``, WebDataset
 ``WebDataset(urls, cache_dir=DIR)`` (S3 through ``pipe:aws s3 cp``, HTTP through its curl opener); every peer
-shuffles. Same batch, same workers. Epoch 1 is cold (every byte fetched, the workers' start-up included), the
-others warm (read from the local copy). Ratios: cachebuild's faster cold (and warm) row of that store against
-each peer's.
+shuffles. The row ``cachebuild_npy_serve`` reads the same cache with the same loader as the shuffled S3 row, from
+``cachebuild serve`` (a child process, with a bearer token). Same batch, same workers. Epoch 1 is cold (every
+byte fetched, the workers' start-up included), the others warm (read from the local copy). Ratios: cachebuild's
+faster cold (and warm) row of that store against each peer's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -33,7 +35,7 @@ from bench import peers
 from bench.children import ChildError, run_child
 from bench.stats import summary
 
-__all__ = ["run_remote_peers"]
+__all__ = ["run_remote_peers", "serve_row"]
 
 BUCKET = "bench"
 _SERVE = ("import sys, time\n"
@@ -107,6 +109,44 @@ def _s3_server(home: Path) -> Iterator[str]:
         proc.wait(10)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+@contextlib.contextmanager
+def _serve(root: Path, scratch: Path) -> Iterator[str]:
+    """``cachebuild serve ROOT`` in a child process, with a token of its own, which this process's environment
+    holds meanwhile (``CACHEBUILD_HTTP_TOKEN``: the loader's workers inherit it); yields the server's base URL."""
+    repo = Path(__file__).resolve().parents[2]
+    token = secrets.token_hex(16)
+    token_file = scratch / "serve-token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    proc = subprocess.Popen([sys.executable, "-m", "cachebuild", "serve", str(root), "--token-file", str(token_file),
+                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=repo)
+    saved = os.environ.get("CACHEBUILD_HTTP_TOKEN")
+    try:
+        line = proc.stdout.readline() if proc.stdout is not None else ""
+        if " at http://" not in line:
+            raise RuntimeError("`cachebuild serve` did not start")
+        os.environ["CACHEBUILD_HTTP_TOKEN"] = token
+        yield line.split(" at ", 1)[1].split("/ ", 1)[0]
+    finally:
+        if saved is None:
+            os.environ.pop("CACHEBUILD_HTTP_TOKEN", None)
+        else:
+            os.environ["CACHEBUILD_HTTP_TOKEN"] = saved
+        proc.terminate()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def serve_row(cache: Path, cfg: dict[str, Any], epochs: int, scratch: Path) -> dict[str, Any]:
+    """The row of ``cache`` read from ``cachebuild serve`` (its parent folder served) as the S3 row reads it from
+    S3: the same loader, shuffled, with a block cache; epoch 1 cold."""
+    with _serve(cache.parent, scratch) as base:
+        rates = _cachebuild_epochs(f"{base}/{cache.name}", cfg, epochs, scratch / "blocks-serve", True)
+    return _row(f"cachebuild npy from `cachebuild serve` (HTTP, bearer token): CachedImageDataset(url, local_cache) "
+                f"+ DataLoader, {cfg['workers']} workers, shuffled", rates)
 
 
 def _upload(folder: Path, key: str) -> str:
@@ -204,7 +244,8 @@ def _ratios(result: dict[str, Any]) -> dict[str, dict[str, float]]:
 
 def run_remote_peers(cfg: dict[str, Any], outputs: dict[str, Path], work: Path,
                      log: Callable[[str], None]) -> dict[str, Any]:
-    """Rows cachebuild_npy_{s3,http}[_windowed|_sequential] and {peer}_{store}: cold epoch img/s, warm epochs img/s;
+    """Rows cachebuild_npy_{s3,http}[_windowed|_sequential], cachebuild_npy_serve (shuffled, as the S3 row) and
+    {peer}_{store}: cold epoch img/s, warm epochs img/s;
     ``x``: cachebuild / peer per peer row (cachebuild's faster row of that store)."""
     epochs = max(2, cfg["epochs"] + 1)
     result: dict[str, Any] = {"batch": cfg["batch"], "workers": cfg["workers"], "epochs": epochs, "rows": {},
@@ -220,6 +261,8 @@ def run_remote_peers(cfg: dict[str, Any], outputs: dict[str, Path], work: Path,
                 if "s3" in stores and build in outputs and cfg["peers"]:
                     _peer(result, peer, "s3", _upload(outputs[build], peer), outputs[build], label, cfg, epochs, log)
             log(f"  S3 at {endpoint}: done")
+        # the same cache and loader from `cachebuild serve`, a team's store without object storage
+        result["rows"]["cachebuild_npy_serve"] = serve_row(outputs["cachebuild_npy"], cfg, epochs, scratch)
         with _http_server(work) as base:
             def url(folder: Path) -> str:
                 return f"{base}/{folder.resolve().relative_to(work.resolve()).as_posix()}"

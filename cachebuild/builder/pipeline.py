@@ -66,7 +66,7 @@ from cachebuild.storage.cache import (
 )
 from cachebuild.storage.kinds.base import BlockRecord
 
-__all__ = ["BuildOptions", "BuildResult", "build", "build_source", "default_out"]
+__all__ = ["BuildOptions", "BuildResult", "build", "build_source", "default_out", "plan_build"]
 
 log = logging.getLogger("cachebuild")
 
@@ -89,14 +89,8 @@ def build_source(kind: str, src: str | os.PathLike[str], out: str | os.PathLike[
     ``options``: the kind's own options (``split=``, ``val_labels=``...) and any field of
     :class:`BuildOptions` (``fit=``, ``storage=``, ``jobs=``...); ``size`` defaults to the kind's.
     ``report`` is called with each split's result as it is done."""
-    from cachebuild.sources.registry import get_source, plan_source
-
     t0 = time.perf_counter()
-    source = get_source(kind)
-    own = {f.name for f in dataclasses.fields(source.options)}
-    opts = BuildOptions(size=size or source.default_size, **{k: v for k, v in options.items() if k not in own})
-    plans = plan_source(kind, src, source.options(**{k: v for k, v in options.items() if k in own}),
-                        classes=classes, jobs=opts.jobs)
+    plans, opts = plan_build(kind, src, size=size, classes=classes, **options)
     planned = time.perf_counter() - t0
     root = Path(out) if out is not None else default_out(plans[0].dataset, opts.size, opts.fit, opts.storage)
     results = []
@@ -112,6 +106,21 @@ def build_source(kind: str, src: str | os.PathLike[str], out: str | os.PathLike[
                                                "seconds": round(time.perf_counter() - t0, 3),
                                                "splits": [r.summary() for r in results]})
     return results
+
+
+def plan_build(kind: str, src: str | os.PathLike[str], *, size: int | None = None, classes: list[str] | None = None,
+               **options: Any) -> tuple[list[Plan], BuildOptions]:
+    """The plans of ``src`` (one per split) and the build's options, from the keyword arguments of
+    :func:`build_source` (the kind's own options and the fields of :class:`BuildOptions`): a listing and a
+    ``stat`` per file, nothing decoded."""
+    from cachebuild.sources.registry import get_source, plan_source
+
+    source = get_source(kind)
+    own = {f.name for f in dataclasses.fields(source.options)}
+    opts = BuildOptions(size=size or source.default_size, **{k: v for k, v in options.items() if k not in own})
+    plans = plan_source(kind, src, source.options(**{k: v for k, v in options.items() if k in own}),
+                        classes=classes, jobs=opts.jobs)
+    return plans, opts
 
 
 def build(plan: Plan, out: str | os.PathLike[str], opts: BuildOptions) -> BuildResult:

@@ -40,7 +40,7 @@ from cachebuild.storage import Location
 from cachebuild.storage.cache import current_host
 from cachebuild.storage.remote.pinning import etag_of
 
-__all__ = ["HEARTBEAT_S", "ClaimRaced", "PushClaim"]
+__all__ = ["HEARTBEAT_S", "ClaimRaced", "PushClaim", "holder_text"]
 
 log = logging.getLogger("cachebuild")
 
@@ -54,7 +54,8 @@ class ClaimRaced(LockHeldError):
     """The claim went to another push that has already ended: look at the prefix again."""
 
 
-def _holder_text(doc: dict[str, Any]) -> str:
+def holder_text(doc: dict[str, Any]) -> str:
+    """The holder a marker ``doc`` names, as messages show it (host, pid, user, since when, command)."""
     h = doc.get("holder")
     if not isinstance(h, dict):
         return "holder not named in the marker"
@@ -142,7 +143,7 @@ class PushClaim:
 
     def _held(self, doc: dict[str, Any]) -> LockHeldError:
         return LockHeldError(
-            f"another push is writing {self.url}: {_holder_text(doc)}; its marker is "
+            f"another push is writing {self.url}: {holder_text(doc)}; its marker is "
             f"{self.dst.describe(self.name)}. Wait for it to finish; if it was stopped, rerun on its host (at "
             f"once) or anywhere once its marker is {self.stale_s:.0f} s old")
 
@@ -185,7 +186,7 @@ class PushClaim:
                 if not doc:  # written and removed since: that push ended; what it left decides
                     raise ClaimRaced(f"{self.url}: another push claimed it at the same moment and has ended")
                 raise self._held(doc)
-            self._lost = f"its marker was taken over: {_holder_text(self._read_doc())}"
+            self._lost = f"its marker was taken over: {holder_text(self._read_doc())}"
             raise self._conflict()
         self._etag, self._renewed = got, time.monotonic()  # type: ignore[assignment]
 
@@ -221,6 +222,10 @@ class PushClaim:
             return {}
         return doc if isinstance(doc, dict) else {}
 
+    def marker(self) -> dict[str, Any]:
+        """The marker at the prefix now ({}: none, or not JSON)."""
+        return self._read_doc()
+
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
             with self._lock:
@@ -244,7 +249,7 @@ class PushClaim:
             self._lost = f"its claim was not renewed for {time.monotonic() - self._renewed:.0f} s"
             raise self._conflict()
         if self.conditional and etag_of(self._info() or {}) != self._etag:
-            self._lost = f"its marker was taken over: {_holder_text(self._read_doc())}"
+            self._lost = f"its marker was taken over: {holder_text(self._read_doc())}"
             raise self._conflict()
 
     def publish(self, name: str, data: bytes) -> None:

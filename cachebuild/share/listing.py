@@ -129,6 +129,12 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         h, w, c = r["shape"]
         lines.append([path, f"{r['dataset']}/{r['split']}", f"{h}x{w}x{c}", r["fit"], r["storage"], str(r["count"]),
                       _size(r["bytes"]), r["created"].replace("+00:00", "Z"), str(r["version"]), r["fingerprint"]])
+    if any("last_used" in r for r in rows):  # the caches of a store: their last use, their live leases
+        head += ["LAST USED", "READERS"]
+        for line, r in zip(lines[1:], rows, strict=True):
+            used = r.get("last_used")
+            line += [used.replace("+00:00", "Z") if used else ("never" if "last_used" in r else ""),
+                     str(r["readers"]) if "readers" in r else ""]
     if any(r.get("columns") for r in rows):  # caches with columns (format version 3): their names
         head.append("COLUMNS")
         for line, r in zip(lines[1:], rows, strict=True):

@@ -69,7 +69,7 @@ def test_url_loads_from_s3_and_http_shuffled_and_sequential(tiny_run) -> None:
     out, res = tiny_run
     remote = res["load"]["remote"]
     assert set(remote["rows"]) == {f"cachebuild_npy_{s}{m}" for s in ("s3", "http")
-                                   for m in ("", "_windowed", "_sequential")}
+                                   for m in ("", "_windowed", "_sequential")} | {"cachebuild_npy_serve"}
     for row in remote["rows"].values():
         assert row["cold_img_s"] > 0 and row["warm_img_s"]["median"] > 0
     assert "## Load from URLs" in (out / "results.md").read_text()
@@ -184,6 +184,21 @@ def test_goals_and_stats() -> None:
     raw["cachebuild_npy_dataloader_glibc_default"] = {"img_s": summary([55.0])}
     raw["limit_bare_gather_glibc_default"] = {"img_s": summary([100.0])}
     assert [(g["measured"], g["met"]) for g in goals(res)][-1] == (0.55, False)
+
+
+def test_a_cold_epoch_from_cachebuild_serve_beside_the_s3_row(tmp_path: Path) -> None:
+    """The serve row on the tiny profile: the shuffled S3 row's loader (same cache, same loader) over `cachebuild
+    serve`, its bearer token in the loader's environment only while it reads."""
+    from bench.sections.peers_remote import serve_row
+    from tests.loaders_fixtures import make_cache
+
+    cfg = {**PROFILES["tiny"], "profile": "tiny"}
+    cache, _, _ = make_cache(tmp_path / "site" / "cache", n=cfg["n"], shard_size=16, h=cfg["size"], w=cfg["size"])
+    before = os.environ.get("CACHEBUILD_HTTP_TOKEN")
+    row = serve_row(cache, cfg, 2, tmp_path)  # raises unless every epoch delivered every sample
+    assert "`cachebuild serve`" in row["label"] and row["cold_img_s"] > 0 and row["warm_img_s"]["median"] > 0
+    assert os.environ.get("CACHEBUILD_HTTP_TOKEN") == before
+    assert not (tmp_path / "site" / ".store").exists()  # a folder that is no store gets no record
 
 
 def test_peer_venvs_absent_are_skipped_with_the_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

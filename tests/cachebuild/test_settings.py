@@ -16,12 +16,13 @@ from tests.repo import REPO
 # What each knob holds when it is not set; the declaration is the one place these live.
 DEFAULTS = {"retries": 10, "retry_budget_s": 120.0, "http_timeout_s": 60.0,
             "home": Path.home() / ".cache" / "cachebuild", "pin_versions": True, "hedge": True, "hedge_factor": 3.0,
-            "hedge_after_s": 0.05, "readahead_files": 1, "push_stale_s": 300.0}
+            "hedge_after_s": 0.05, "readahead_files": 1, "push_stale_s": 300.0, "store": None, "lease_s": 600.0,
+            "http_token": None}
 
 
 def test_one_field_per_variable_and_the_defaults() -> None:
     assert [f.name for f in dataclasses.fields(Settings)] == list(DEFAULTS)
-    assert len({k.env for k in KNOBS}) == len(KNOBS) == 10
+    assert len({k.env for k in KNOBS}) == len(KNOBS) == 13
     assert all(k.env.startswith("CACHEBUILD_") and k.meaning for k in KNOBS)
     assert dataclasses.asdict(defaults()) == DEFAULTS
     assert dataclasses.asdict(settings({k.env: "" for k in KNOBS})) == DEFAULTS  # empty: unset
@@ -50,6 +51,7 @@ def test_no_module_reads_a_knob_from_the_environment_itself() -> None:
     ("CACHEBUILD_READAHEAD_FILES", "-1", "must be 0 (off) or more"),
     ("CACHEBUILD_READAHEAD_FILES", "one", "is not a whole number"),
     ("CACHEBUILD_PUSH_STALE_S", "0", "must be positive"),
+    ("CACHEBUILD_LEASE_S", "-5", "must be positive"),
 ])
 def test_a_bad_value_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyPatch, env: str, value: str,
                                                     why: str) -> None:
@@ -90,3 +92,12 @@ def test_values_are_read_when_asked(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     monkeypatch.setenv("CACHEBUILD_HTTP_TIMEOUT", "zero")
     with pytest.raises(OptionError, match=r"^CACHEBUILD_HTTP_TIMEOUT='zero' is not a number"):
         retry.Budget()
+
+
+def test_the_http_token_is_never_shown(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read like any knob, but kept out of the settings' repr (a log line of them shows no credential)."""
+    monkeypatch.setenv("CACHEBUILD_HTTP_TOKEN", "  tok-123  ")
+    s = settings()
+    assert s.http_token == "tok-123" and "tok-123" not in repr(s)
+    knob = next(k for k in KNOBS if k.env == "CACHEBUILD_HTTP_TOKEN")
+    assert knob.secret and not any(k.secret for k in KNOBS if k is not knob)

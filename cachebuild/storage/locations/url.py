@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import logging
 import os
 import threading
 import weakref
@@ -27,8 +28,17 @@ from cachebuild.errors import (
     require_extra,
 )
 from cachebuild.settings import settings
-from cachebuild.storage.locations import Location, check_name, is_url, redact
+from cachebuild.storage.locations import Location, check_name, is_url, is_web_url, redact
 from cachebuild.storage.remote import retry
+from cachebuild.storage.remote.lease import (
+    STORE_MARK,
+    Lease,
+    LeaseRecord,
+    lease_name,
+    new_token,
+    renew_every,
+    used_name,
+)
 from cachebuild.storage.remote.pinning import (
     PINNABLE_PROTOCOLS,
     Pins,
@@ -40,6 +50,8 @@ from cachebuild.storage.remote.pinning import (
 from cachebuild.storage.remote.retry import Budget, Exhausted, RangeIgnored, ShortRead
 
 __all__ = ["FsspecLocation", "new_s3_session"]
+
+log = logging.getLogger("cachebuild")
 
 CONDITIONAL_WRITE_PROTOCOLS = frozenset({"s3", "s3a"})  # writes conditional on a version: If-Match, If-None-Match: *
 
@@ -56,11 +68,13 @@ class FsspecLocation(Location):
         require_extra("fsspec", "remote", f"reading {self.protocol}:// URLs")
         self.storage_options = dict(storage_options or {})
         self.pins = pins
+        self.lease: Lease | None = None  # a reader's lease on a store's cache (:meth:`pinned`), this process's
         self._fs: Any = None
         self._pid = -1
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_fs": None, "_pid": -1}
+        # the lease stays with the process that opened the cache (its DataLoader workers end before it does)
+        return {**self.__dict__, "_fs": None, "_pid": -1, "lease": None}
 
     def fs_options(self) -> dict[str, Any]:
         """``storage_options`` plus our defaults for this URL's filesystem (:func:`fs_options`)."""
@@ -126,9 +140,29 @@ class FsspecLocation(Location):
         """This location with every read tied by ``If-Match`` to the file versions it holds now; the
         anchor's tag (taken here) vouches for each other file's tag, taken on its first read. Returns the
         location unpinned where the protocol or the server cannot do it (no strong ETag on the anchor);
-        raises :class:`RemoteNotFoundError` when there is no anchor."""
-        if (self.pins is not None or not anchor or self.protocol not in PINNABLE_PROTOCOLS
-                or not settings().pin_versions):
+        raises :class:`RemoteNotFoundError` when there is no anchor.
+
+        A cache of a team store is also leased (:mod:`cachebuild.storage.remote.lease`) for as long as the
+        location returned lives in this process, the lease taken before the anchor is read: ``gc`` either sees
+        it or has already taken the cache down, which this reader then finds."""
+        if self.pins is not None or not anchor:
+            return self
+        lease = _reader_lease(self.url, self.storage_options, anchor)
+        try:
+            loc = self._pin(anchor)
+        except BaseException:
+            if lease is not None:
+                lease.close()
+            raise
+        if lease is not None:
+            if loc is self:  # not pinnable: a reader of its own all the same, holding the lease
+                loc = FsspecLocation(self.url, self.storage_options, None)
+            loc.lease = lease
+            weakref.finalize(loc, lease.close)
+        return loc
+
+    def _pin(self, anchor: str) -> FsspecLocation:
+        if self.protocol not in PINNABLE_PROTOCOLS or not settings().pin_versions:
             return self
         path = self._path(anchor)
         # The pinned location asks for the anchor's version with its own filesystem (the S3 hook installed
@@ -434,6 +468,9 @@ def _named_error(where: str, what: str, exc: BaseException, url: str) -> Excepti
                                  f"spelling and the endpoint it goes to, or create the bucket first")
     if status == 404 or (isinstance(exc, FileNotFoundError) and status is None):
         return RemoteNotFoundError(f"{where}: not found (cannot {what})")
+    if status == 401 and is_web_url(url):
+        return RemoteError(f"{where}: the server asks for a token (HTTP 401): set CACHEBUILD_HTTP_TOKEN to the token "
+                           f"it was started with (`cachebuild serve --token-file`), or check it")
     if status in (401, 403) or (isinstance(exc, PermissionError) and status is None):
         return RemoteError(f"{where}: access denied{f' (HTTP {status})' if status else ''}; check the "
                            f"credentials for this store (its standard environment variables or config files)")
@@ -443,6 +480,45 @@ def _named_error(where: str, what: str, exc: BaseException, url: str) -> Excepti
     if isinstance(exc, ShortRead):
         return CacheCorruptError(f"{where} is shorter than its manifest says (truncated upload?): {exc}")
     return RemoteError(f"{where}: cannot {what}: {type(exc).__name__}: {_detail(exc, url)}")
+
+
+# ---------------------------------------------------------------- a reader's lease on a store's cache
+
+def _reader_lease(url: str, storage_options: dict[str, Any], anchor: str) -> Lease | None:
+    """The lease of a reader of the cache at ``url`` if it is a cache of a team store (its parent holds the
+    store's mark): a record the reader writes into the store and renews. Over http(s), which a reader cannot
+    write, a ``HEAD`` of ``anchor`` now and then instead: a ``cachebuild serve`` server records it. None for a
+    cache outside a store."""
+    every = renew_every(settings().lease_s)
+    shown = redact(url)
+    if is_web_url(url):
+        cache = FsspecLocation(url, storage_options)  # of its own: the lease's thread holds no reader
+
+        def head() -> None:
+            cache.stat(anchor)
+
+        return Lease(head, lambda: None, every, shown, now=False)
+    parent, _, name = url.rstrip("/").rpartition("/")
+    if not name or "://" not in parent or parent.endswith(":/"):
+        return None  # at the root of a bucket: no folder to be a store
+    records = FsspecLocation(parent, storage_options)
+    try:
+        records.read_heads([STORE_MARK], 16)  # one range read: s3fs's `exists` lists a missing object's prefix
+    except RemoteNotFoundError:
+        return None
+    except Exception as e:  # the reader's own open says what is wrong with the store
+        log.info("could not tell whether %s is a store (%s): reading it without a lease", redact(parent), e)
+        return None
+    token, ttl = new_token(), settings().lease_s
+
+    def renew() -> None:
+        records.write_bytes(lease_name(name, token), LeaseRecord.now(ttl).to_bytes())
+
+    def release() -> None:
+        records.write_bytes(used_name(name), LeaseRecord.now(0, "use").to_bytes())
+        records.remove(lease_name(name, token))
+
+    return Lease(renew, release, every, shown)
 
 
 # ---------------------------------------------------------------- the filesystem, one per location and process
@@ -484,16 +560,23 @@ os.register_at_fork(before=_collect_before_fork)
 
 def fs_options(protocol: str, storage_options: dict[str, Any]) -> dict[str, Any]:
     """``storage_options`` plus our defaults for fsspec filesystems of this protocol: a socket read timeout (a
-    stalled server must not hang a worker), and for S3 no retries of botocore's or s3fs's own (the remote
-    layer's one policy retries each request)."""
+    stalled server must not hang a worker), for S3 no retries of botocore's or s3fs's own (the remote layer's one
+    policy retries each request), and for http(s) the bearer token of ``CACHEBUILD_HTTP_TOKEN`` in every
+    request's headers, unless ``storage_options`` names an ``Authorization`` header itself."""
     opts = dict(storage_options)
-    timeout = settings().http_timeout_s
+    s = settings()
+    timeout = s.http_timeout_s
     if protocol in ("http", "https"):
         import aiohttp
 
         # aiohttp's default is a 5-minute total timeout: a stalled server would hang a worker.
-        opts["client_kwargs"] = {"timeout": aiohttp.ClientTimeout(
-            total=None, sock_connect=10, sock_read=timeout), **opts.get("client_kwargs", {})}
+        client = {"timeout": aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout),
+                  **opts.get("client_kwargs", {})}
+        given = {k.lower() for k in (*client.get("headers", {}), *opts.get("headers", {}))}
+        if s.http_token is not None and "authorization" not in given:
+            # in the session's headers: never in a URL, a message or a log line
+            client["headers"] = {**client.get("headers", {}), "Authorization": f"Bearer {s.http_token}"}
+        opts["client_kwargs"] = client
     elif protocol in ("s3", "s3a"):
         opts["config_kwargs"] = {"read_timeout": timeout, "connect_timeout": 10,
                                  "retries": {"total_max_attempts": 1}, **opts.get("config_kwargs", {})}

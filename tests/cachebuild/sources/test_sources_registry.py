@@ -246,6 +246,7 @@ def test_build_flags_take_their_defaults_and_choices_from_build_options(scratch_
 _BUILD = ["--format", "--fit", "--interpolation", "-j, --jobs", "--shard-size", "--chunk-size", "--compression",
           "--quality", "--subsampling", "--decode-device", "--on-error", "--exif-orientation", "--max-pixels",
           "--force", "--update", "--json", "--wait", "--progress / --no-progress", "--out", "--dask-scheduler",
+          "--store", "--no-wait",
           "-q, --quiet", "-v, --verbose", "-h, --help"]
 _FLAGS = {
     "imagenet": ["--split", "--size", *_BUILD],
