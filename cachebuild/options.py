@@ -141,14 +141,11 @@ def option(default: Any, help: str | None, **cli: Any) -> Any:
 
 @dataclass(frozen=True)
 class _Declared:
+    name: str  # the field's
     field: dataclasses.Field[Any]
     flag: Flag
     kind: type  # int, float, bool, str, Path, tuple...
     optional: bool  # None is a value
-
-    @property
-    def name(self) -> str:
-        return self.field.name
 
     def check(self, value: Any, *, named: bool = True) -> None:
         """``value`` as the declaration allows it; OptionError naming the field (the field's own ``check``'s
@@ -197,7 +194,7 @@ def _declared(options: Any) -> tuple[_Declared, ...]:
     for f in dataclasses.fields(options):
         flag = f.metadata.get("cli")
         if flag is not None:
-            out.append(_Declared(f, flag, *_kind(hints.get(f.name), f.default)))
+            out.append(_Declared(f.name, f, flag, *_kind(hints.get(f.name), f.default)))
     return tuple(out)
 
 

@@ -11,7 +11,8 @@ counted):
   process, npy, local), from the command to the committed cache: the files and functions it ran, and the
   deepest chain of our own frames;
 - ``sample``: one sample's way from decode to its slot: the files of every call made beneath the block's
-  per-sample loop (``SAMPLE_LOOP``) but the source kind's read of the file's bytes, the depth counted from there;
+  per-sample loop (``SAMPLE_LOOP``) but the read of the file's bytes (the source kind's, and the block's digest of
+  them as read: ``READ``), the depth counted from there;
 - ``read``: ``cachebuild.open``'s equivalent through the dataset, ``CachedImageDataset(path)`` and its first
   batch of 32 through ``collate_batch``: files and functions.
 
@@ -37,6 +38,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("cachebuild", "loaders")
 # The function of a block that runs the per-sample loop: every call beneath it is one sample's way to its slot
 SAMPLE_LOOP = ("decode_run",)
+# The block's reader of a file's bytes, which digests them as it reads: the read, not the decode
+READ = ("_DigestingReader.__call__",)
 
 
 def product_lines() -> dict[str, int]:
@@ -101,6 +104,16 @@ class Trace:
                 "file_list": files}
 
 
+def _in_read(frame: Any) -> bool:
+    """Whether ``frame`` runs inside the block's reader of a file's bytes (``READ``)."""
+    f = frame
+    while f is not None:
+        if f.f_code.co_qualname in READ:
+            return True
+        f = f.f_back
+    return False
+
+
 class SampleTrace(Trace):
     """Only the calls made beneath one of ``roots`` (function names), and the files they ran in."""
 
@@ -109,8 +122,8 @@ class SampleTrace(Trace):
         self.roots = roots
 
     def _chain(self, frame: Any) -> list[str] | None:
-        if self._ours(frame).startswith("cachebuild/sources/"):  # type: ignore[union-attr]
-            return None  # the source's read of a file's bytes: before the decode
+        if self._ours(frame).startswith("cachebuild/sources/") or _in_read(frame):  # type: ignore[union-attr]
+            return None  # the read of a file's bytes (the source's, digested as read): before the decode
         chain = super()._chain(frame)
         assert chain is not None
         starts = [i for i, c in enumerate(chain) if c.split(":")[1] in self.roots]

@@ -48,11 +48,12 @@ class SourceOptions(Options):
         """The options ``data`` records; keys this release does not know are ignored, missing ones default."""
         return cls(**{f.name: _from_json(data[f.name]) for f in dataclasses.fields(cls) if f.name in data})
 
-    def resolved(self: O, plan: Plan) -> O:
-        """These options as they made ``plan``: its split and dataset name, where the options left them open
-        (``--split all``, no ``--name``), so that planning them again gives this plan alone."""
-        names = {f.name for f in dataclasses.fields(self)}
-        return dataclasses.replace(self, **{k: getattr(plan, k) for k in ("split", "dataset") if k in names})
+    def recipe_of(self, plan: Plan) -> dict[str, Any]:
+        """These options as they made ``plan`` (``to_dict``'s form): its split and dataset name, where the options
+        left them open (``--split all``, no ``--name``), so that planning them again gives this plan alone."""
+        data = self.to_dict()
+        data.update({k: getattr(plan, k) for k in ("split", "dataset") if k in data})
+        return data
 
 
 def _json(value: Any) -> Any:

@@ -83,7 +83,7 @@ def plan_source(name: str, src: str | os.PathLike[str], options: SourceOptions |
     named = os.fspath(src)
     named = redact(named) if is_url(named) else os.path.abspath(named)
     return [dataclasses.replace(p, recipe={"kind": name, "src": named,
-                                           **options.resolved(p).to_dict(), **given}) for p in plans]
+                                           **options.recipe_of(p), **given}) for p in plans]
 
 
 def replan(recipe: dict[str, Any], src: str | os.PathLike[str] | None, classes: list[str]) -> Plan:
