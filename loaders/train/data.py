@@ -73,7 +73,7 @@ def _open_caches(cfg: TrainConfig) -> tuple[Any, Any | None]:
 
     in_memory: bool | Literal["auto"] = "auto" if cfg.in_memory == "auto" else cfg.in_memory == "yes"
     options = DatasetOptions(in_memory=in_memory)
-    train_ds = _open_labelled(cfg.train, dataclasses.replace(options, labels=cfg.labels))
+    train_ds = _open_labelled(cfg.cache, dataclasses.replace(options, labels=cfg.labels))
     # A letterboxed (--fit pad) cache: batches carry each sample's valid box, so crops stay off the bars.
     train_ds.return_boxes = "boxes" in train_ds.manifest.arrays
     classes = list(train_ds.classes)
