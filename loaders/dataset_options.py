@@ -12,8 +12,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import torch
-
 from cachebuild.storage import BlockCache
 from loaders.batch_ring import MAX_SLOTS
 from loaders.sample_transform import TransformInput, check_transform

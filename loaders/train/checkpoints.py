@@ -5,8 +5,9 @@ rank's RNG), written atomically and read with ``weights_only`` and a checksum of
 holds the run's layout (batch size, accumulation, world size, train count) and its options (:func:`run_config`,
 with the train cache's build key): a resume continues with them, so ``--resume --out RUN`` alone is enough,
 and refuses another value of any option that changes what is trained (``RESUME_KEEPS``) or another cache,
-naming each, since the restored weights, optimizer, schedule and RNG belong to the run as it started. A run owns exactly :data:`RUN_FILES` in ``--out`` (and their
-temporaries); ``--overwrite`` removes those and nothing else, a resume only temporaries whose writer is gone.
+naming each, since the restored weights, optimizer, schedule and RNG belong to the run as it started. A run
+owns exactly :data:`RUN_FILES` in ``--out`` (and their temporaries); ``--overwrite`` removes those and nothing
+else, a resume only temporaries whose writer is gone.
 """
 
 from __future__ import annotations

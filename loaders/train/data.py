@@ -69,7 +69,7 @@ def crop_in_workers(cfg: TrainConfig, augment: str, crop: int, train_ds: Any, va
 
 def _open_caches(cfg: TrainConfig) -> tuple[Any, Any | None]:
     """The train cache and the val cache (if any), refused when empty or when their classes differ."""
-    from loaders.dataset import CachedImageDataset, DatasetOptions
+    from loaders.dataset import DatasetOptions
 
     in_memory: bool | Literal["auto"] = "auto" if cfg.in_memory == "auto" else cfg.in_memory == "yes"
     options = DatasetOptions(in_memory=in_memory)

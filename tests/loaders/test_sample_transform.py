@@ -40,7 +40,7 @@ def test_a_v1_pil_pipeline_runs_unchanged_with_pil_input(cache):
     seen: list[Image.Image] = []
     tf = T1.Compose([T1.Lambda(lambda im: seen.append(im) or im), T1.RandomResizedCrop(16), T1.ToTensor()])
     ds = CachedImageDataset(root, DatasetOptions(transform=tf, transform_input="pil"))
-    x, y = ds[3]
+    x, _ = ds[3]
     assert x.shape == (3, 16, 16) and x.dtype == torch.float32 and 0 <= float(x.min()) <= float(x.max()) <= 1
     assert isinstance(seen[0], Image.Image) and seen[0].mode == "RGB"
     assert np.array_equal(np.asarray(seen[0]), images[3])  # the sample's own pixels
