@@ -1,5 +1,5 @@
 # PyTorch's ImageNet example (https://github.com/pytorch/examples/blob/77f55b912142e11fcfdf5b530231fb9c52f181e8/
-# imagenet/main.py) ported to read cachebuild caches; docs/porting.md explains each changed line.
+# imagenet/main.py) ported to read cachebuild's caches; docs/porting.md explains each changed line.
 # ruff: noqa: B028, E501, SIM108, UP004, UP031, UP032, W291, W293 - upstream's lines kept as they are
 # The upstream code keeps its license:
 #
