@@ -9,6 +9,7 @@ filter when shrinking, ``linear`` torchvision's tensor bilinear with ``antialias
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,7 +109,7 @@ def order_and_labels(reader: CacheReader, listing: Listing, match: Matching) -> 
     return [classes, order, labels_check]
 
 
-def _classes(cache_classes: list[str], labels: np.ndarray, listing: Listing, skipped: set[str]) -> Check:
+def _classes(cache_classes: Sequence[str], labels: np.ndarray, listing: Listing, skipped: set[str]) -> Check:
     """The class lists, then the samples of each class: the cache's labels against the reference's files less
     those the build skipped. Under ImageFolder's rules a class with no file is a tree torchvision refuses."""
     names = list(cache_classes)
@@ -249,7 +250,8 @@ def pixels(reader: CacheReader, listing: Listing, match: Matching, recipe: Recip
         verdict += f"; {len(res.box_mismatches)} pad boxes differ from the letterbox, first #{res.box_mismatches[0]}"
     paths = reader.paths() if res.sixteen_bit else []
     scores = dict(zip(res.indices, res.scores, strict=True))
-    deep = [{"index": i, "file": paths[i], "mode": mode, "psnr_db": round(scores[i], 2)} for i, mode in res.sixteen_bit]
+    deep: list[dict[str, Any]] = [{"index": i, "file": paths[i], "mode": mode, "psnr_db": round(scores[i], 2)}
+                                  for i, mode in res.sixteen_bit]
     if deep:
         d = min(deep, key=lambda e: e["psnr_db"])
         verdict += (f"; {len(deep)} source files are 16-bit (PIL mode {d['mode']}), e.g. #{d['index']} {d['file']} at "

@@ -157,7 +157,7 @@ def _val_source(o: ParityOptions, train: Any) -> tuple[Path, str]:
     recipes = [r.manifest.source.get("recipe") or {} for r in (train, val)]
     built = [r.get("src") for r in recipes]
     if all(isinstance(b, str) and b for b in built) and built[0] != built[1]:
-        beside = Path(os.path.normpath(o.source / os.path.relpath(built[1], built[0])))
+        beside = Path(os.path.normpath(o.source / os.path.relpath(str(built[1]), str(built[0]))))
         if beside.exists():
             return beside, "--val-source"
     return o.source, "--val-source"

@@ -192,7 +192,11 @@ def training_ab(train: AbData, val: AbData, s: AbSettings, png: Path | None) -> 
         torch.manual_seed(seed + 1)  # torchvision's transforms draw from the global generator
         a, b = copy.deepcopy(base), copy.deepcopy(base)
         loss_a = _train(a, batches, tv_batch, y_tv, s, norm)
-        loss_b = _train(b, batches, lambda i, crop=dev_train: crop(cache_batch(i)), y_cache, s, norm)
+
+        def make_b(i: np.ndarray, crop: Any = dev_train) -> Any:
+            return crop(cache_batch(i))
+
+        loss_b = _train(b, batches, make_b, y_cache, s, norm)
         acc[r] = _accuracy(a, x_eval, y_eval, norm), _accuracy(b, x_eval, y_eval, norm)
         curves.append((loss_a, loss_b))
     v = paired_verdict(acc[:, 1] - acc[:, 0], s.alpha)
