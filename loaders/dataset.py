@@ -35,6 +35,7 @@ from cachebuild.storage.cache import load_column, load_paths, map_array, open_ca
 from cachebuild.storage.locations import ReaderLock
 from loaders.collate import CacheBatch, collate_batch
 from loaders.dataset_options import DatasetOptions
+from loaders.sample_transform import apply_transform
 
 if TYPE_CHECKING:
     from loaders.batch_ring import ProcessRing
@@ -110,6 +111,7 @@ class CachedImageDataset(Dataset):
         self.decode: str = o.decode
         self._reader_lock = reader._lock  # held while this dataset lives in this process (never pickled)
         self.transform = o.transform
+        self.transform_input = o.transform_input
         self.return_boxes = bool(o.return_boxes)
         self.ring_slots = int(o.ring_slots)
         self._labels: np.ndarray = np.ascontiguousarray(reader.labels, dtype=np.int64)
@@ -373,7 +375,7 @@ class CachedImageDataset(Dataset):
         sample = batch[0]
         img: Any = sample[0]
         if self.transform is not None:
-            img = self.transform(img)
+            img = apply_transform(self.transform, img, self.transform_input)
         return (img, *sample[1:])
 
     def __getitems__(self, indices: Sequence[int]) -> CacheBatch | list[tuple[Any, ...]]:
@@ -400,7 +402,7 @@ class CachedImageDataset(Dataset):
         if worker and self.ring_slots:  # small tensors by value: no shared-memory segment per batch
             batch = _inline(batch)
         if self.transform is not None:
-            return [(self.transform(s[0]), *s[1:]) for s in batch]
+            return [(apply_transform(self.transform, s[0], self.transform_input), *s[1:]) for s in batch]
         return batch
 
     def _encoded_batch(self, idx: np.ndarray, worker: bool) -> CacheBatch:

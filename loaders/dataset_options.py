@@ -12,10 +12,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import torch
-
 from cachebuild.storage import BlockCache
 from loaders.batch_ring import MAX_SLOTS
+from loaders.sample_transform import TransformInput, check_transform
 
 __all__ = ["DEFAULT_RING_SLOTS", "DatasetOptions"]
 
@@ -29,8 +28,12 @@ class DatasetOptions:
     """How a :class:`~loaders.dataset.CachedImageDataset` opens a cache and what its samples and batches hold.
 
     What a sample is:
-        transform: a per-sample CPU callable on the uint8 HWC tensor; batches are then collated sample by
-            sample (slower than ``None`` plus device transforms on the batch).
+        transform: a per-sample CPU callable; batches are then collated sample by sample (slower than ``None``
+            plus device transforms on the batch).
+        transform_input: what ``transform`` is given (``loaders.sample_transform``): ``'pil'`` an RGB PIL image
+            (an ImageFolder pipeline unchanged), ``'chw'`` a uint8 (3, H, W) tensor (torchvision v2), ``'hwc'``
+            the uint8 (H, W, 3) sample; None: ``'hwc'``, and a torchvision transform is refused (it would
+            misread the sample's axes) with a message naming this option and docs/porting.md.
         return_boxes: also return each sample's valid box ``(y0, x0, y1, x1)`` int32, end-exclusive (stored by
             ``--fit pad`` caches; the whole image otherwise).
         crop: crop in the loader's workers (``loaders.worker_crop``) with the device transforms' classes:
@@ -72,7 +75,8 @@ class DatasetOptions:
             info`` shows it): a rebuilt or other cache raises ``FingerprintMismatchError`` naming both.
     """
 
-    transform: Callable[[torch.Tensor], Any] | None = None
+    transform: Callable[[Any], Any] | None = None
+    transform_input: TransformInput | None = None
     return_boxes: bool = False
     crop: Any = None
     columns: tuple[str, ...] = ()
@@ -91,6 +95,10 @@ class DatasetOptions:
     expect_fingerprint: str | None = None
 
     def __post_init__(self) -> None:
+        check_transform(self.transform, self.transform_input)
+        if self.transform_input == "pil" and self.normalize is not None:
+            raise ValueError("transform_input='pil' needs uint8 samples: drop normalize (the workers would hand "
+                             "the transform float32 samples, which are no PIL image)")
         if self.decode not in ("cpu", "none"):
             raise ValueError(f"decode must be 'cpu' or 'none', got {self.decode!r}")
         if self.decode_threads is not None and self.decode_threads < 1:

@@ -16,9 +16,14 @@ its first ``R * num_samples - n`` indices, each other index seen exactly once) o
 Resuming: ``position`` counts the samples of *this rank* consumed this epoch; a DataLoader draws indices
 ahead of the loop, so the loop reports them (``advance(len(y))`` per step, or ``set_position``).
 ``state_dict()`` saves it; after ``load_state_dict`` the next ``iter()`` yields exactly the rest of that
-epoch, and rank 0's state resumes every rank. ``set_epoch(e)`` with a new ``e`` restarts at 0, with the
-current one keeps the position. A consumed epoch replays on a new ``iter()`` without ``set_epoch`` (as
-DistributedSampler), but a state *loaded* at the end of its epoch yields nothing, so the loop moves on::
+epoch, and rank 0's state resumes every rank.
+
+Epochs: until ``set_epoch`` is first called, each new pass (the first index asked of a new ``iter()``) is the
+next epoch, so a loop that never calls it (PyTorch's imagenet example outside DDP) still reshuffles every epoch;
+an iterator made and dropped unused is no pass (a DataLoader makes two per pass when it iterates the sampler
+itself). Once ``set_epoch`` is called it alone says the epoch, as DistributedSampler's: ``set_epoch(e)`` with a
+new ``e`` restarts at 0, with the current one keeps the position, and a consumed epoch replays on a new
+``iter()``; a state *loaded* at the end of its epoch yields nothing, so the loop moves on::
 
     sampler.load_state_dict(ckpt["sampler"])            # optional resume
     for epoch in range(sampler.epoch, epochs):
@@ -106,6 +111,8 @@ class CacheSampler(Sampler[int]):
         self.position = 0
         # True after load_state_dict() of a finished epoch: its rest is empty, not a replay.
         self._loaded_at_end = False
+        self._epoch_given = False  # set_epoch() was called: it alone says the epoch from then on
+        self._began = False  # a pass of this epoch has begun (without set_epoch, the next pass is the next epoch)
 
     # ------------------------------------------------------------------ order
     def global_order(self, epoch: int | None = None) -> np.ndarray:
@@ -134,15 +141,22 @@ class CacheSampler(Sampler[int]):
         return order[self.rank : self.total_size : self.num_replicas]
 
     def __iter__(self) -> Iterator[int]:
-        if self.position >= self.num_samples:
+        # A generator: the epoch's bookkeeping runs at the first index asked for, so an iterator made and dropped
+        # (a DataLoader iterating the sampler itself makes two per pass) does not start a pass.
+        if not self._epoch_given and (self._began or self._loaded_at_end):
+            self._enter(self.epoch + 1)  # no set_epoch: a new pass is the next epoch
+        elif self.position >= self.num_samples:
             if self._loaded_at_end:  # resumed after the epoch's last step: nothing of it is left
                 self._loaded_at_end = False
-                return iter([])
-            self.position = 0  # the epoch was consumed and no set_epoch came: replay it
-        return iter(self.rank_indices()[self.position :].tolist())
+                return
+            self.position = 0  # the epoch was consumed and set_epoch did not move on: replay it
+        self._began = True
+        yield from self.rank_indices()[self.position :].tolist()
 
     def __len__(self) -> int:
         """Indices the next ``iter()`` yields: what is left of the epoch after ``position``."""
+        if not self._epoch_given and (self._began or self._loaded_at_end):
+            return self.num_samples  # the next pass is a whole new epoch
         left = self.num_samples - self.position
         if left <= 0 and self._loaded_at_end:
             return 0
@@ -151,11 +165,15 @@ class CacheSampler(Sampler[int]):
     # ------------------------------------------------------------------ epochs and resuming
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's order; a different epoch starts at position 0, the current one keeps it."""
+        self._epoch_given = True
         epoch = int(epoch)
         if epoch != self.epoch:
-            self.position = 0
-            self._loaded_at_end = False
-        self.epoch = epoch
+            self._enter(epoch)
+        else:
+            self._epoch_to_data_source()
+
+    def _enter(self, epoch: int) -> None:
+        self.epoch, self.position, self._loaded_at_end, self._began = epoch, 0, False, False
         self._epoch_to_data_source()
 
     def _epoch_to_data_source(self) -> None:
@@ -199,6 +217,7 @@ class CacheSampler(Sampler[int]):
         self.epoch = epoch
         self.set_position(position)
         self._loaded_at_end = self.position >= self.num_samples
+        self._began = False
         self._epoch_to_data_source()
 
     def __repr__(self) -> str:

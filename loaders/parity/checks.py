@@ -9,6 +9,7 @@ filter when shrinking, ``linear`` torchvision's tensor bilinear with ``antialias
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,14 +66,8 @@ def order_and_labels(reader: CacheReader, listing: Listing, match: Matching) -> 
     paths, labels = reader.paths(), np.asarray(reader.labels, dtype=np.int64)
     skipped = {f.path for f in m.failures}
     ref_keys = set(listing.keys)
-    classes_ok = not listing.classes or list(m.classes) == list(listing.classes)
-    pairs = enumerate(zip(m.classes, listing.classes, strict=False))
-    diff = [f"#{i} cache {a!r} vs {b!r}" for i, (a, b) in pairs if a != b]
-    classes = Check("classes", classes_ok, f"{len(m.classes)} classes as {listing.how}" if classes_ok else
-                    f"{len(m.classes)} in the cache, {len(listing.classes)} in the reference; first differences: "
-                    f"{'; '.join(diff[:5]) or 'the lists differ in length'}",
-                    {"cache": len(m.classes), "reference": len(listing.classes)})
     expected = [k for k in listing.keys if k not in skipped]
+    classes = _classes(m.classes, labels, listing, skipped)
     bad_order = [i for i, (a, b) in enumerate(zip(paths, expected, strict=False)) if a != b]
     cached = set(paths)
     missing = [k for k in expected if k not in cached]
@@ -112,6 +107,43 @@ def order_and_labels(reader: CacheReader, listing: Listing, match: Matching) -> 
                          {"compared": int(found.sum()), "differ": len(wrong), "no_source_file": unmatched,
                           "matched_by_file_name": match.by_name, "first_differences": first})
     return [classes, order, labels_check]
+
+
+def _classes(cache_classes: Sequence[str], labels: np.ndarray, listing: Listing, skipped: set[str]) -> Check:
+    """The class lists, then the samples of each class: the cache's labels against the reference's files less
+    those the build skipped. Under ImageFolder's rules a class with no file is a tree torchvision refuses."""
+    names = list(cache_classes)
+    figures: dict[str, Any] = {"cache": len(names), "reference": len(listing.classes)}
+    if listing.classes and names != list(listing.classes):
+        pairs = enumerate(zip(names, listing.classes, strict=False))
+        diff = [f"#{i} cache {a!r} vs {b!r}" for i, (a, b) in pairs if a != b]
+        return Check("classes", False, f"{len(names)} in the cache, {len(listing.classes)} in the reference; first "
+                     f"differences: {'; '.join(diff[:5]) or 'the lists differ in length'}", figures)
+    k = max(len(names), len(listing.classes))
+    kept = np.array([key not in skipped for key in listing.keys], dtype=bool)
+    ref_labels = listing.labels[kept] if len(listing.labels) else listing.labels
+    ref = np.bincount(ref_labels[(ref_labels >= 0) & (ref_labels < k)], minlength=k) if k else np.zeros(0, int)
+    ours = np.bincount(labels[(labels >= 0) & (labels < k)], minlength=k) if k else np.zeros(0, int)
+    name = (lambda c: names[c] if c < len(names) else str(c))  # noqa: E731
+    differ = [{"class": name(c), "cache": int(ours[c]), "reference": int(ref[c])} for c in np.flatnonzero(ours != ref)]
+    every = listing.labels[(listing.labels >= 0) & (listing.labels < k)]
+    empty = [name(c) for c in np.flatnonzero(np.bincount(every, minlength=k) == 0)] if listing.folders else []
+    figures.update(count_differences=differ[:20], empty_classes=empty[:20])
+    if differ:
+        first = "; ".join(f"{d['class']}: {d['cache']} in the cache, {d['reference']} in the reference"
+                          for d in differ[:3])
+        return Check("classes", False, f"{len(names)} classes as {listing.how}, but {len(differ)} hold another "
+                     f"number of samples than the reference's files (less the skipped): {first}", figures)
+    if empty:
+        return Check("classes", False, f"{len(empty)} classes have no samples and no files: {', '.join(empty[:5])} "
+                     f"(torchvision's ImageFolder refuses such a tree: 'Found no valid file for the classes "
+                     f"{empty[0]}'); remove the empty folders and rebuild", figures)
+    return Check("classes", True, f"{len(names)} classes as {listing.how}, each with the reference's number of "
+                 f"samples", figures)
+
+
+# PIL's modes of a 16-bit greyscale file (and 32-bit ones): convert("RGB") clips them at 255
+SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -171,6 +203,7 @@ class PixelResult:
     indices: list[int] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
     box_mismatches: list[int] = field(default_factory=list)  # pad: stored box != the letterbox
+    sixteen_bit: list[tuple[int, str]] = field(default_factory=list)  # (index, PIL mode) of 16-bit source files
     worst: list[tuple[float, int, np.ndarray, np.ndarray]] = field(default_factory=list)  # (dB, index, ours, ref)
 
     def summary(self) -> dict[str, Any]:
@@ -195,7 +228,11 @@ def pixels(reader: CacheReader, listing: Listing, match: Matching, recipe: Recip
         idx = picks[lo : lo + 64]
         ours = reader.gather(idx)
         for k, i in enumerate(idx):
-            ref, box = reference_pixels(listing.open(int(match.ref_index[i])), recipe)
+            source = listing.open(int(match.ref_index[i]))
+            mode = getattr(source, "info", {}).get("source_mode")
+            if mode in SIXTEEN_BIT_MODES:
+                res.sixteen_bit.append((int(i), str(mode)))
+            ref, box = reference_pixels(source, recipe)
             res.indices.append(int(i))
             res.scores.append(psnr(ours[k], ref))
             if boxes is not None and tuple(int(v) for v in boxes[i]) != box:
@@ -211,5 +248,15 @@ def pixels(reader: CacheReader, listing: Listing, match: Matching, recipe: Recip
                f"(at least {min_median:g}), min {s['min_db']:.1f} dB at #{worst['index']} (at least {min_each:g})")
     if res.box_mismatches:
         verdict += f"; {len(res.box_mismatches)} pad boxes differ from the letterbox, first #{res.box_mismatches[0]}"
-    s.update({"min_median_db": min_median, "min_each_db": min_each})
+    paths = reader.paths() if res.sixteen_bit else []
+    scores = dict(zip(res.indices, res.scores, strict=True))
+    deep: list[dict[str, Any]] = [{"index": i, "file": paths[i], "mode": mode, "psnr_db": round(scores[i], 2)}
+                                  for i, mode in res.sixteen_bit]
+    if deep:
+        d = min(deep, key=lambda e: e["psnr_db"])
+        verdict += (f"; {len(deep)} source files are 16-bit (PIL mode {d['mode']}), e.g. #{d['index']} {d['file']} at "
+                    f"{d['psnr_db']:.1f} dB: torchvision's pil_loader converts such a file to RGB by clipping every "
+                    f"value above 255, so the reference is mostly white where the cache holds the image scaled to "
+                    f"8 bits: the difference is how PIL reads the file, not the cache")
+    s.update({"min_median_db": min_median, "min_each_db": min_each, "sixteen_bit_sources": deep[:20]})
     return Check("pixels", ok, verdict, s), res

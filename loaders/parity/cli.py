@@ -46,11 +46,21 @@ class ParityOptions:
     train_batch: int = option(32, "The training A/B's batch size.", min=1)
     train_model: str = option("small_cnn", "The training A/B's model (a loaders.train model name).")
     train_lr: float = option(0.05, "The training A/B's SGD learning rate.", min=0.0)
-    val: str | None = option(None, "The cache of a held-out split of the same source: the A/B's accuracy is "
-                             "measured on it [default: on the trained split].", metavar="PATH|URL")
+    train_runs: int = option(5, "Paired runs of the training A/B (each: one initialisation and sample order for "
+                             "both pipelines); its verdict is on the spread of their differences.", min=2)
+    train_alpha: float = option(0.01, "The training A/B fails when the 1 - ALPHA interval of the mean accuracy "
+                                "difference excludes 0.", min=1e-6, max=0.5, metavar="ALPHA")
+    train_eval: int = option(2000, "Images both models of a run are evaluated on (a seeded subset when there are "
+                             "more).", min=1, metavar="N")
+    val: str | None = option(None, "The cache of a held-out split: the A/B's models are evaluated on its source "
+                             "files [default: the trained split's].", metavar="PATH|URL")
+    val_source: Path | None = option(None, "The source the --val cache was built from [default: found beside "
+                                     "--source as the two builds recorded their sources (train/ and val/ built "
+                                     "apart), else --source].", path="any", exists=True)
     json_file: Path | None = option(None, "Write every figure here as JSON.", flag="--json", path="file")
     out: Path | None = option(None, "Folder for an HTML page (index.html) with the worst pixels and the loss "
-                              "curves; only its own files are replaced.", path="dir")
+                              "curves: a new or empty folder, or one an earlier parity wrote (only its own files "
+                              "are replaced).", path="dir")
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -76,21 +86,81 @@ def _thresholds(o: ParityOptions, recipe: Any) -> tuple[float, float]:
             o.min_psnr if o.min_psnr is not None else each)
 
 
-def _side(where: str, src: Path) -> tuple[Any, Any, Any, Any]:
-    """(reader, recipe, listing, matching) of one cache against its reference; ParityInputError when the
-    source is not the one the cache was built from."""
+def _side(where: str, src: Path, flag: str = "--source") -> tuple[Any, Any, Any, Any]:
+    """(reader, recipe, listing, matching) of one cache against its reference; ParityInputError naming
+    ``flag`` when ``src`` is not the tree the cache was built from (:func:`_same_tree`)."""
     from loaders.parity.checks import match_samples
-    from loaders.parity.recipe import ParityInputError, recipe_of
+    from loaders.parity.recipe import recipe_of
     from loaders.parity.references import reference_listing
 
     reader = _open(where)
     recipe = recipe_of(reader.manifest)
     listing = reference_listing(recipe, src)
     match = match_samples(reader.paths(), listing)
-    if reader.manifest.count and not (match.ref_index >= 0).any():
-        raise ParityInputError(f"none of the {reader.manifest.count} samples of {where} is a file of {src} "
-                               f"({listing.how}): another source? pass the one the cache was built from")
+    _same_tree(where, src, flag, reader, listing, match)
     return reader, recipe, listing, match
+
+
+SIZES_CHECKED = 1000  # source files whose sizes are compared with the build's record (a seeded choice)
+
+
+def _same_tree(where: str, src: Path, flag: str, reader: Any, listing: Any, match: Any) -> None:
+    """Bad input, not a failed check, when ``src`` is another tree than the cache's: none of its samples is a
+    file of ``src``, none at its own path (only by file name: a folder above or beside the build's), or most
+    of the files at their paths differ in size from the build's record of them (``source_files.json``: a
+    sibling tree with the same names). A few changed or moved files are the checks' to report."""
+    from cachebuild.storage.cache import load_source_inputs
+    from loaders.parity.recipe import ParityInputError
+
+    n = reader.manifest.count
+    found = match.ref_index >= 0
+    if not n:
+        return
+    if not found.any():
+        raise ParityInputError(f"none of the {n} samples of {where} is a file of {src} ({listing.how}): another "
+                               f"source? pass the one the cache was built from to {flag}")
+    if found.sum() == match.by_name:
+        raise ParityInputError(f"another tree: none of the {n} samples of {where} is at its path in {src} (only "
+                               f"{match.by_name} files of the same names elsewhere in it): pass the folder the "
+                               f"cache was built from to {flag}")
+    inputs = load_source_inputs(reader.location, reader.manifest) if listing.files is not None else None
+    if inputs is None:
+        return
+    built = dict(zip(inputs.keys, inputs.rows[:, 1].tolist(), strict=True))  # rows: label, size, mtime
+    paths = reader.paths()
+    at_path = [i for i in np.flatnonzero(found) if paths[i] in built and listing.keys[match.ref_index[i]] == paths[i]]
+    picks = np.random.default_rng(0).permutation(len(at_path))[:SIZES_CHECKED]
+    differ = []
+    for k in picks.tolist():
+        i = at_path[k]
+        f = listing.files[match.ref_index[i]]
+        size = f.stat().st_size if f.is_file() else -1
+        if size != built[paths[i]]:
+            differ.append((paths[i], built[paths[i]], size))
+    if differ and len(differ) * 2 > len(picks):
+        key, was, now = differ[0]
+        raise ParityInputError(f"{src} is not the tree {where} was built from: {len(differ)} of the {len(picks)} "
+                               f"files checked differ in size from the build's record of them, e.g. {key}: "
+                               f"{was} bytes when built, {now} now; pass the source the cache was built from to "
+                               f"{flag}, or rebuild the cache from this one")
+
+
+def _val_source(o: ParityOptions, train: Any) -> tuple[Path, str]:
+    """Where ``--val``'s cache was built from, and the flag that names it: ``--val-source``; else, when the two
+    caches were built from different folders (``train/`` and ``val/`` apart), the val one where it lies relative
+    to ``--source`` as the builds recorded them; else ``--source`` (an ImageNet root holds both splits)."""
+    import os
+
+    if o.val_source is not None:
+        return o.val_source, "--val-source"
+    val = _open(str(o.val))
+    recipes = [r.manifest.source.get("recipe") or {} for r in (train, val)]
+    built = [r.get("src") for r in recipes]
+    if all(isinstance(b, str) and b for b in built) and built[0] != built[1]:
+        beside = Path(os.path.normpath(o.source / os.path.relpath(str(built[1]), str(built[0]))))
+        if beside.exists():
+            return beside, "--val-source"
+    return o.source, "--val-source"
 
 
 def run_parity(o: ParityOptions, echo: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
@@ -102,6 +172,8 @@ def run_parity(o: ParityOptions, echo: Callable[[str], None] = lambda s: None) -
 
     need_scipy()
     t0 = time.perf_counter()
+    if o.out is not None:
+        output.prepare_out(o.out)
     reader, recipe, listing, match = _side(o.cache, o.source)
     echo(f"{reader.location.describe()}: {recipe.describe()}; reference: {listing.how}")
     results = checks.order_and_labels(reader, listing, match)
@@ -117,7 +189,7 @@ def run_parity(o: ParityOptions, echo: Callable[[str], None] = lambda s: None) -
     results.append(augment.eval_crop(dataset, picks, max(8, round(s * 0.875)), reader.boxes))
     png = _curves_png(o, echo)
     if o.train_steps is not None:
-        results.append(_training(o, dataset, listing, match, png))
+        results.append(_training(o, dataset, reader, listing, match, png))
     doc = output.document({"cache": reader.location.describe(), "source": str(o.source),
                            "recipe": recipe.describe(), "reference": listing.how}, results)
     doc["seconds"] = round(time.perf_counter() - t0, 2)
@@ -138,17 +210,17 @@ def _curves_png(o: ParityOptions, echo: Callable[[str], None]) -> Path | None:
     except PlotsUnavailableError as e:
         echo(str(e))
         return None
-    o.out.mkdir(parents=True, exist_ok=True)
     return o.out / CURVES
 
 
-def _training(o: ParityOptions, dataset: Any, listing: Any, match: Any, png: Path | None) -> Any:
+def _training(o: ParityOptions, dataset: Any, reader: Any, listing: Any, match: Any, png: Path | None) -> Any:
     from loaders import CachedImageDataset
     from loaders.parity.train_ab import AbData, AbSettings, training_ab
 
     train = AbData(dataset, listing, match.ref_index)
     if o.val is not None:
-        _, _, v_listing, v_match = _side(o.val, o.source)
+        src, flag = _val_source(o, reader)
+        _, _, v_listing, v_match = _side(o.val, src, flag)
         val = AbData(CachedImageDataset(o.val), v_listing, v_match.ref_index)
     else:
         val = train
@@ -158,7 +230,7 @@ def _training(o: ParityOptions, dataset: Any, listing: Any, match: Any, png: Pat
 
             return Check("training", False, "some samples have no source file: see the labels check", {})
     return training_ab(train, val, AbSettings(o.train_steps or 0, o.train_batch, o.train_model, o.train_lr,
-                                              o.seed), png)
+                                              o.seed, o.train_runs, o.train_alpha, o.train_eval), png)
 
 
 def _write(o: ParityOptions, doc: dict[str, Any], res: Any, reader: Any, curves: bool) -> None:
@@ -167,7 +239,6 @@ def _write(o: ParityOptions, doc: dict[str, Any], res: Any, reader: Any, curves:
     if o.json_file is not None:
         output.write_json(o.json_file, doc)
     if o.out is not None:
-        o.out.mkdir(parents=True, exist_ok=True)
         sheet = output.worst_sheet(res, list(reader.manifest.classes), np.asarray(reader.labels), reader.paths(),
                                    o.out / output.SHEET)
         output.write_html(o.out, doc, sheet, curves)

@@ -13,10 +13,30 @@ from cachebuild.inspect import compose_sheet
 from cachebuild.inspect import page as P
 from loaders.parity.checks import Check, PixelResult
 
-__all__ = ["OUT_FILES", "write_html", "write_json"]
+__all__ = ["LEDGER", "OUT_FILES", "prepare_out", "write_html", "write_json"]
 
 SHEET, CURVES, INDEX = "worst-pixels.png", "training-loss.png", "index.html"
 OUT_FILES = (INDEX, SHEET, CURVES)  # the only names parity writes into --out
+LEDGER = ".cachebuild-parity"  # in --out: says the folder is parity's page, so a later parity may replace it
+
+
+def prepare_out(out: Path) -> None:
+    """Make ``out`` parity's page folder: a new or empty folder, or one that a previous parity wrote (its
+    :data:`LEDGER`, a regular file, is there), whose :data:`OUT_FILES` are removed (links not followed), and
+    nothing else; any other folder is refused, as ``cachebuild report`` refuses one."""
+    from loaders.parity.recipe import ParityInputError
+
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ParityInputError(f"--out {out} is not a folder: pass a new or empty folder, or one parity wrote")
+    if out.is_dir() and any(out.iterdir()):
+        ledger = out / LEDGER
+        if ledger.is_symlink() or not ledger.is_file():
+            raise ParityInputError(f"--out {out} is not empty and holds no parity page: choose a new or empty "
+                                   f"folder (parity never replaces files it did not write)")
+        for name in OUT_FILES:
+            (out / name).unlink(missing_ok=True)  # a link planted under one of these names goes, not its target
+    out.mkdir(parents=True, exist_ok=True)
+    (out / LEDGER).write_text("".join(f"{n}\n" for n in (LEDGER, *OUT_FILES)), encoding="utf-8")
 
 
 def document(head: dict[str, Any], checks: list[Check]) -> dict[str, Any]:

@@ -37,13 +37,21 @@ class Listing:
     classes: list[str]
     keys: list[str]
     labels: np.ndarray
-    open: Callable[[int], Any]  # index -> PIL.Image (RGB) or uint8 (H, W, 3)
+    open: Callable[[int], Any]  # index -> PIL.Image (RGB; info["source_mode"]: the file's mode) or uint8 (H, W, 3)
+    files: list[Path] | None = None  # each key's file, where the reference reads files (their sizes are checked)
+    folders: bool = False  # ImageFolder's rules: a class with no file is a tree it refuses
 
 
 def _pil_open(path: Path) -> Any:
-    from torchvision.datasets.folder import pil_loader  # ImageFolder's loader: RGB, no EXIF transpose
+    """torchvision's ``pil_loader`` (ImageFolder's: RGB, no EXIF transpose), keeping the mode it converted from
+    (a 16-bit greyscale file becomes white where its values pass 255)."""
+    from PIL import Image
 
-    return pil_loader(str(path))
+    with open(path, "rb") as f:
+        img = Image.open(f)
+        rgb = img.convert("RGB")
+    rgb.info["source_mode"] = img.mode
+    return rgb
 
 
 def _image_folder(folder: Path, prefix: str) -> Listing:
@@ -58,7 +66,7 @@ def _image_folder(folder: Path, prefix: str) -> Listing:
     keys = [prefix + os.path.relpath(p, folder).replace(os.sep, "/") for p, _ in items]
     paths = [Path(p) for p, _ in items]
     return Listing(f"torchvision ImageFolder({folder})", classes, keys,
-                   np.asarray([y for _, y in items], dtype=np.int64), lambda i: _pil_open(paths[i]))
+                   np.asarray([y for _, y in items], dtype=np.int64), lambda i: _pil_open(paths[i]), paths, True)
 
 
 def _devkit_truth(src: Path) -> tuple[dict[int, str], list[int], str] | None:
@@ -113,7 +121,8 @@ def _flat_val(src: Path, val: Path) -> Listing:
     classes = find_classes(str(src / "train"))[0] if (src / "train").is_dir() else leaves
     index = {c: i for i, c in enumerate(classes)}
     labels = np.asarray([index.get(w, -1) for w in wnids], dtype=np.int64)
-    return Listing(how, list(classes), [f"val/{n}" for n in names], labels, lambda i: _pil_open(val / names[i]))
+    return Listing(how, list(classes), [f"val/{n}" for n in names], labels, lambda i: _pil_open(val / names[i]),
+                   [val / n for n in names])
 
 
 class _Batches(pickle.Unpickler):

@@ -1,11 +1,20 @@
-"""Training A/B: the same model, seed, batches of the same samples and steps, fed by torchvision's pipeline
-(the source files, ``RandomResizedCrop`` + flip on PIL images) and by the cache's (uint8 samples,
-``loaders.transforms`` on the batch); loss curves and the paired difference of final accuracy.
+"""Training A/B: the same model trained on torchvision's pipeline (the source files, ``RandomResizedCrop`` +
+flip on PIL images, the reference's labels) and on the cache's (uint8 samples, ``loaders.transforms`` on the
+batch, the cache's labels), several times; the verdict is on the spread of the paired differences.
 
-Both models start from one initialisation and see the same sample indices in the same order; only the
-pipeline differs. Accuracy is compared per image on one evaluation set (``--val``'s cache and its source
-files, else the trained split's), so the interval is that of a paired difference: mean +- 1.96 standard
-errors of (cache hit - torchvision hit).
+One training run is a noisy measurement: two runs of one pipeline that differ only in their crop draws end
+several points of accuracy apart after a few dozen steps, so one run's difference says little. The design:
+
+* ``runs`` paired runs. Run ``r`` draws one initialisation and one sample order from ``(seed, r)`` and gives
+  both to both pipelines; only the pipeline (and so its random crops) differs within a run.
+* Both models of a run are evaluated on the same images with the same labels: torchvision's eval view
+  (``Resize`` + ``CenterCrop``) of the source files of ``--val``'s samples (else of the trained split's), with
+  the reference's labels. A cache that teaches the model something else (wrong labels, other pixels) is
+  measured on the images and labels it should have taught.
+* ``d_r`` = cache accuracy - torchvision accuracy of run ``r``. The check fails when the ``1 - alpha``
+  t-interval of their mean, ``mean +- t(1 - alpha / 2, runs - 1) * sd / sqrt(runs)``, excludes 0. The
+  difference it can detect at 80% power, ``(t(1 - alpha / 2) + t(0.8)) * sd / sqrt(runs)`` with the spread
+  seen, is in its figures and verdict: a pass says "no difference of that size", not "equal".
 """
 
 from __future__ import annotations
@@ -22,7 +31,10 @@ import numpy as np
 from loaders.parity.checks import Check
 from loaders.parity.references import Listing
 
-__all__ = ["AbData", "AbSettings", "training_ab"]
+__all__ = ["AbData", "AbSettings", "paired_verdict", "training_ab"]
+
+POWER = 0.8  # the power at which the detectable difference is stated
+_DECODED_BYTES = 1 << 30  # source images kept decoded across steps and runs (each is opened once while this lasts)
 
 
 @dataclass(frozen=True)
@@ -32,6 +44,9 @@ class AbSettings:
     model: str
     lr: float
     seed: int
+    runs: int = 5
+    alpha: float = 0.01
+    eval_images: int = 2000
 
 
 @dataclass
@@ -43,26 +58,60 @@ class AbData:
     ref_index: np.ndarray  # cache index -> listing index (>= 0 for every sample used)
 
 
-def _tv_batch(data: AbData, idx: np.ndarray, tf: Callable[[Any], Any]) -> Any:
-    import torch
+@dataclass(frozen=True)
+class PairedDifference:
+    """The runs' differences and what they say at ``alpha``."""
 
-    return torch.stack([tf(data.listing.open(int(data.ref_index[i]))) for i in idx])
+    differences: np.ndarray
+    mean: float
+    sd: float
+    interval: tuple[float, float]
+    detectable: float  # the difference found with probability POWER, for the spread seen
+    passed: bool
 
 
-def _cache_batch(data: AbData, idx: np.ndarray) -> Any:
-    import torch
+def paired_verdict(differences: np.ndarray, alpha: float) -> PairedDifference:
+    """The t-interval of the mean of ``differences`` (one per paired run) at ``1 - alpha``; passes when it
+    holds 0. Needs two runs or more."""
+    from scipy.stats import t
 
-    return torch.from_numpy(np.ascontiguousarray(data.dataset.gather(np.sort(idx)))).permute(0, 3, 1, 2)
+    d = np.asarray(differences, dtype=np.float64)
+    k = len(d)
+    if k < 2:
+        raise ValueError(f"a paired verdict needs two runs or more, got {k}")
+    mean, sd = float(d.mean()), float(d.std(ddof=1))
+    crit = float(t.ppf(1 - alpha / 2, k - 1))
+    half = crit * sd / math.sqrt(k)
+    lo, hi = mean - half, mean + half
+    detectable = (crit + float(t.ppf(POWER, k - 1))) * sd / math.sqrt(k)
+    return PairedDifference(d, mean, sd, (lo, hi), detectable, lo <= 0.0 <= hi)
 
 
-def _batches(n: int, s: AbSettings) -> list[np.ndarray]:
+class _Decoded:
+    """``listing.open(i)``, each image decoded once while the decoded ones fit ``budget`` bytes."""
+
+    def __init__(self, listing: Listing, budget: int = _DECODED_BYTES) -> None:
+        self.listing, self.budget, self.kept = listing, budget, {}  # type: Listing, int, dict[int, Any]
+
+    def __call__(self, i: int) -> Any:
+        img = self.kept.get(i)
+        if img is None:
+            img = self.listing.open(i)
+            size = (img.width * img.height * 3) if hasattr(img, "width") else int(np.asarray(img).nbytes)
+            if size <= self.budget:
+                self.kept[i] = img
+                self.budget -= size
+        return img
+
+
+def _batches(n: int, steps: int, batch: int, rng: np.random.Generator) -> list[np.ndarray]:
     """The sample indices of every step: epochs of one seeded permutation each, sorted within a batch."""
-    rng, out = np.random.default_rng(s.seed), []  # type: np.random.Generator, list[np.ndarray]
-    b = min(s.batch, n)
-    while len(out) < s.steps:
+    out: list[np.ndarray] = []
+    b = min(batch, n)
+    while len(out) < steps:
         perm = rng.permutation(n)
         out += [np.sort(perm[lo : lo + b]) for lo in range(0, n - b + 1, b)]
-    return out[: s.steps]
+    return out[:steps]
 
 
 def _train(model: Any, batches: list[np.ndarray], make: Callable[[np.ndarray], Any], y: np.ndarray,
@@ -73,8 +122,7 @@ def _train(model: Any, batches: list[np.ndarray], make: Callable[[np.ndarray], A
     loss_fn, losses = torch.nn.CrossEntropyLoss(), []
     model.train()
     for idx in batches:
-        x = norm(make(idx))
-        loss = loss_fn(model(x), torch.from_numpy(y[idx]))
+        loss = loss_fn(model(norm(make(idx))), torch.from_numpy(y[idx]))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -82,75 +130,105 @@ def _train(model: Any, batches: list[np.ndarray], make: Callable[[np.ndarray], A
     return losses
 
 
-def _hits(model: Any, n: int, make: Callable[[np.ndarray], Any], y: np.ndarray, norm: Callable[[Any], Any]) -> Any:
+def _accuracy(model: Any, x: Any, y: np.ndarray, norm: Callable[[Any], Any]) -> float:
     import torch
 
     model.eval()
-    out = []
+    hits = 0
     with torch.no_grad():
-        for lo in range(0, n, 64):
-            idx = np.arange(lo, min(n, lo + 64))
-            out.append((model(norm(make(idx))).argmax(1).numpy() == y[idx]).astype(np.float64))
-    return np.concatenate(out) if out else np.zeros(0)
+        for lo in range(0, len(y), 64):
+            pred = model(norm(x[lo : lo + 64])).argmax(1).numpy()
+            hits += int((pred == y[lo : lo + 64]).sum())
+    return hits / max(len(y), 1)
+
+
+def _run_seed(seed: int, run: int) -> int:
+    return int(np.random.SeedSequence([seed, run]).generate_state(1)[0])
 
 
 def training_ab(train: AbData, val: AbData, s: AbSettings, png: Path | None) -> Check:
-    """Train twice (torchvision, cache), evaluate both on ``val``; the check passes when the 95% interval of
-    the accuracy difference holds 0."""
+    """``s.runs`` paired trainings (torchvision, cache) evaluated on the same reference images; the check
+    passes when the interval of the mean accuracy difference holds 0 (the module docstring)."""
     import torch
     import torchvision.transforms.v2 as T
 
     from loaders.train.models import build_model
-    from loaders.transforms import CenterCrop, Normalize, RandomResizedCrop, Resize
+    from loaders.transforms import Normalize, RandomResizedCrop
     from loaders.transforms.presets import IMAGENET_MEAN, IMAGENET_STD
 
     size = train.dataset.shape[0]
     crop = max(8, round(size * 0.875))
-    resize = round(crop / 0.875)
     norm = Normalize(IMAGENET_MEAN, IMAGENET_STD)
-    torch.manual_seed(s.seed)
-    base = build_model(s.model, len(train.listing.classes) or int(train.dataset.labels.max()) + 1,
-                       image_size=crop, channels_last=False)
-    batches = _batches(len(train.dataset), s)
-    y_train = np.asarray(train.dataset.labels, dtype=np.int64)
+    num_classes = len(train.listing.classes) or int(np.max(train.dataset.labels)) + 1
+    y_tv = np.asarray(train.listing.labels, dtype=np.int64)[train.ref_index]  # the reference's labels
+    y_cache = np.asarray(train.dataset.labels, dtype=np.int64)
+    unlabelled = int((y_tv < 0).sum()) + int((y_tv >= num_classes).sum())
+    eval_pick = np.random.default_rng([s.seed, 1 << 20]).permutation(len(val.ref_index))[: s.eval_images]
+    eval_ref = np.sort(val.ref_index[eval_pick])
+    y_eval = np.asarray(val.listing.labels, dtype=np.int64)[eval_ref]
+    if unlabelled or (y_eval < 0).any():
+        return Check("training", False, "some samples have no reference label: see the labels check", {})
     tv_train = T.Compose([T.PILToTensor(), T.RandomResizedCrop(crop, antialias=True), T.RandomHorizontalFlip()])
-    tv_eval = T.Compose([T.PILToTensor(), T.Resize(resize, antialias=True), T.CenterCrop(crop)])
-    dev_train = RandomResizedCrop(crop, flip_p=0.5, generator=torch.Generator().manual_seed(s.seed))
-    dev_eval = torch.nn.Sequential(Resize(resize), CenterCrop(crop))
-    torch.manual_seed(s.seed + 1)  # torchvision's transforms draw from the global generator
-    a, b = copy.deepcopy(base), copy.deepcopy(base)
-    loss_a = _train(a, batches, lambda i: _tv_batch(train, i, tv_train), y_train, s, norm)
-    loss_b = _train(b, batches, lambda i: dev_train(_cache_batch(train, i)), y_train, s, norm)
-    y_val = np.asarray(val.dataset.labels, dtype=np.int64)
-    hit_a = _hits(a, len(val.dataset), lambda i: _tv_batch(val, i, tv_eval), y_val, norm)
-    hit_b = _hits(b, len(val.dataset), lambda i: dev_eval(_cache_batch(val, i)), y_val, norm)
-    d = hit_b - hit_a
-    mean = float(d.mean()) if len(d) else math.nan
-    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else 0.0
-    lo, hi = mean - 1.96 * se, mean + 1.96 * se
+    tv_eval = T.Compose([T.PILToTensor(), T.Resize(round(crop / 0.875), antialias=True), T.CenterCrop(crop)])
+    val_open = _Decoded(val.listing, 0)  # each evaluation image is read once, here
+    x_eval = torch.stack([tv_eval(val_open(int(j))) for j in eval_ref]) if len(eval_ref) else \
+        torch.zeros((0, 3, crop, crop), dtype=torch.uint8)
+    source = _Decoded(train.listing)
+
+    def tv_batch(idx: np.ndarray) -> Any:
+        return torch.stack([tv_train(source(int(train.ref_index[i]))) for i in idx])
+
+    def cache_batch(idx: np.ndarray) -> Any:
+        return torch.from_numpy(np.ascontiguousarray(train.dataset.gather(np.sort(idx)))).permute(0, 3, 1, 2)
+
+    acc = np.zeros((s.runs, 2))
+    curves: list[tuple[list[float], list[float]]] = []
+    for r in range(s.runs):
+        seed = _run_seed(s.seed, r)
+        torch.manual_seed(seed)
+        base = build_model(s.model, num_classes, image_size=crop, channels_last=False)
+        batches = _batches(len(train.ref_index), s.steps, s.batch, np.random.default_rng(seed))
+        dev_train = RandomResizedCrop(crop, flip_p=0.5, generator=torch.Generator().manual_seed(seed + 2))
+        torch.manual_seed(seed + 1)  # torchvision's transforms draw from the global generator
+        a, b = copy.deepcopy(base), copy.deepcopy(base)
+        loss_a = _train(a, batches, tv_batch, y_tv, s, norm)
+
+        def make_b(i: np.ndarray, crop: Any = dev_train) -> Any:
+            return crop(cache_batch(i))
+
+        loss_b = _train(b, batches, make_b, y_cache, s, norm)
+        acc[r] = _accuracy(a, x_eval, y_eval, norm), _accuracy(b, x_eval, y_eval, norm)
+        curves.append((loss_a, loss_b))
+    v = paired_verdict(acc[:, 1] - acc[:, 0], s.alpha)
     if png is not None:
-        _plot(loss_a, loss_b, png)
-    ok = len(d) > 0 and lo <= 0.0 <= hi
-    verdict = (f"{s.steps} steps of {s.model}, batch {min(s.batch, len(train.dataset))}: accuracy torchvision "
-               f"{hit_a.mean():.3f}, cache {hit_b.mean():.3f} on {len(d)} images, difference {mean:+.3f} "
-               f"(95% interval {lo:+.3f} to {hi:+.3f}{', holds 0' if ok else ', excludes 0'}); final loss "
-               f"{np.mean(loss_a[-5:]):.3f} vs {np.mean(loss_b[-5:]):.3f}")
-    return Check("training", ok, verdict, {
-        "steps": s.steps, "batch": s.batch, "model": s.model, "lr": s.lr, "seed": s.seed, "eval_images": len(d),
-        "accuracy_torchvision": float(hit_a.mean()), "accuracy_cache": float(hit_b.mean()),
-        "difference": mean, "interval_95": [lo, hi], "loss_torchvision": loss_a, "loss_cache": loss_b})
+        _plot(curves, png)
+    level = f"{1 - s.alpha:.0%}" if round((1 - s.alpha) * 100, 6).is_integer() else f"{1 - s.alpha:.4g}"
+    lo, hi = v.interval
+    verdict = (f"{s.runs} paired runs of {s.steps} steps of {s.model}, batch {min(s.batch, len(y_cache))}, on "
+               f"{len(y_eval)} reference images: accuracy torchvision {acc[:, 0].mean():.3f}, cache "
+               f"{acc[:, 1].mean():.3f}, difference {v.mean:+.3f} (sd {v.sd:.3f} over runs; {level} interval "
+               f"{lo:+.3f} to {hi:+.3f}, {'holds 0' if v.passed else 'excludes 0'}); with this spread a difference "
+               f"of {v.detectable:.3f} is found {POWER:.0%} of the time")
+    return Check("training", v.passed, verdict, {
+        "steps": s.steps, "batch": s.batch, "model": s.model, "lr": s.lr, "seed": s.seed, "runs": s.runs,
+        "alpha": s.alpha, "eval_images": len(y_eval), "accuracy_torchvision": acc[:, 0].tolist(),
+        "accuracy_cache": acc[:, 1].tolist(), "differences": v.differences.tolist(), "difference": v.mean,
+        "sd": v.sd, "interval": list(v.interval), "detectable_difference": v.detectable, "power": POWER,
+        "loss_torchvision": [c[0] for c in curves], "loss_cache": [c[1] for c in curves]})
 
 
-def _plot(loss_a: list[float], loss_b: list[float], png: Path) -> None:
+def _plot(curves: list[tuple[list[float], list[float]]], png: Path) -> None:
     from loaders.train.metrics import pyplot
 
     plt = pyplot(f"parity's {png.name}")
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(range(1, len(loss_a) + 1), loss_a, label="torchvision ImageFolder pipeline")
-    ax.plot(range(1, len(loss_b) + 1), loss_b, label="cache pipeline")
+    for r, (loss_a, loss_b) in enumerate(curves):
+        steps = range(1, len(loss_a) + 1)
+        ax.plot(steps, loss_a, color="tab:blue", alpha=0.6, label="torchvision ImageFolder pipeline" if not r else None)
+        ax.plot(steps, loss_b, color="tab:orange", alpha=0.6, label="cache pipeline" if not r else None)
     ax.set_xlabel("step")
     ax.set_ylabel("training loss")
-    ax.set_title("training A/B: same model, seed, samples and steps")
+    ax.set_title(f"training A/B: {len(curves)} paired runs (each: one model, seed and sample order)")
     ax.legend(loc="upper right")
     fig.tight_layout()
     fig.savefig(png, dpi=100)

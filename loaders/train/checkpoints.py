@@ -2,17 +2,21 @@
 
 A checkpoint holds everything a mid-epoch resume needs (weights, optimizer, schedule, scaler, sampler, every
 rank's RNG), written atomically and read with ``weights_only`` and a checksum of its whole content. It also
-holds the run's layout (batch size, accumulation, world size, train count) and its optimizer / LR schedule
-settings (:data:`SCHEDULE_KEYS`); a resume refuses either changed, since the restored optimizer and schedule
-would silently ignore the new values. A run owns exactly :data:`RUN_FILES` in ``--out`` (and their
-temporaries); ``--overwrite`` removes those and nothing else, a resume only temporaries whose writer is gone.
+holds the run's layout (batch size, accumulation, world size, train count) and its options (:func:`run_config`,
+with the train cache's build key): a resume continues with them, so ``--resume --out RUN`` alone is enough,
+and refuses another value of any option that changes what is trained (``RESUME_KEEPS``) or another cache,
+naming each, since the restored weights, optimizer, schedule and RNG belong to the run as it started. A run
+owns exactly :data:`RUN_FILES` in ``--out`` (and their temporaries); ``--overwrite`` removes those and nothing
+else, a resume only temporaries whose writer is gone.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,14 +26,15 @@ from torch import nn
 
 from cachebuild.atomic import AtomicFile, is_temporary_name, temporary_writer, write_bytes_atomic
 from cachebuild.errors import CacheBuildError
-from loaders.train.config import TrainConfig, TrainSetupError
+from loaders.train.config import RESUME_KEEPS, RESUME_NOT_CARRIED, TrainConfig, TrainSetupError
 from loaders.train.distributed import DistInfo, all_gather_objects
 from loaders.train.metrics import drop_records_after
 
 __all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_NAME", "CHECKPOINT_VERSION", "METRICS_NAME", "RUN_FILES", "SCHEDULE_KEYS",
-           "CheckpointError", "Checkpointer", "Position", "capture_rng", "claim_run_folder", "load_checkpoint",
-           "read_checkpoint", "remove_dead_temporaries", "restore_model", "restore_rng", "restore_run", "run_files",
-           "run_layout", "save_checkpoint", "state_digest", "unwrap_model", "write_json"]
+           "CheckpointError", "Checkpointer", "Position", "capture_rng", "check_checkpoint", "check_resume",
+           "claim_run_folder", "load_checkpoint", "read_checkpoint", "remove_dead_temporaries", "restore_model",
+           "restore_rng", "restore_run", "resumed_config", "run_config", "run_files", "run_layout", "save_checkpoint",
+           "state_digest", "unwrap_model", "write_json"]
 
 CHECKPOINT_FORMAT = "cachebuild-train"
 CHECKPOINT_VERSION = 2  # 2: a sha256 of the whole content ("digest"), checked on load
@@ -68,10 +73,12 @@ def save_checkpoint(path: str | os.PathLike[str], *, model: nn.Module, optimizer
                     model_name: str, num_classes: int, epoch: int, batch: int, global_step: int,
                     scaler: torch.amp.GradScaler | None = None, scheduler: Any | None = None,
                     sampler: dict[str, Any] | None = None, layout: dict[str, Any] | None = None,
-                    rng: list[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None) -> Path:
+                    rng: list[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None,
+                    config: dict[str, Any] | None = None) -> Path:
     """Write a checkpoint to ``path`` via a temporary file and a rename (a crash leaves the old one whole):
     training resumes at micro-batch ``batch`` of ``epoch``; ``layout`` holds what a resume must not change;
-    ``rng`` every rank's global RNG states (default: this process's), so augmentation draws continue."""
+    ``rng`` every rank's global RNG states (default: this process's), so augmentation draws continue;
+    ``config`` the run's options (:func:`run_config`), which a resume continues with."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {
@@ -90,6 +97,7 @@ def save_checkpoint(path: str | os.PathLike[str], *, model: nn.Module, optimizer
         "layout": layout or {},
         "rng": rng if rng is not None else [capture_rng()],
         "extra": extra or {},
+        "config": config or {},
     }
     state["digest"] = state_digest(state)
     with AtomicFile(path, durable=True) as f:  # a crash leaves the previous checkpoint whole
@@ -149,6 +157,13 @@ def load_checkpoint(path: str | os.PathLike[str], *, model_name: str | None = No
     if saved != state_digest(state):
         raise CheckpointError(f"{path} is corrupted: its content does not match the checksum saved with it; "
                               f"resume from an intact copy, or start the run afresh (another --out)")
+    check_checkpoint(state, path, model_name=model_name, num_classes=num_classes, layout=layout)
+    return state
+
+
+def check_checkpoint(state: dict[str, Any], path: str | os.PathLike[str], *, model_name: str | None = None,
+                     num_classes: int | None = None, layout: dict[str, Any] | None = None) -> None:
+    """:class:`CheckpointError` when a loaded checkpoint was made for another model, class count or ``layout``."""
     if model_name is not None and state["model_name"] != model_name:
         raise CheckpointError(
             f"{path} holds a {state['model_name']!r} model; this run builds {model_name!r} "
@@ -164,7 +179,6 @@ def load_checkpoint(path: str | os.PathLike[str], *, model_name: str | None = No
         if diff:
             what = ", ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in sorted(diff.items()))
             raise CheckpointError(f"{path}: cannot resume with a different layout ({what})")
-    return state
 
 
 def restore_model(model: nn.Module, state: dict[str, Any], path: str | os.PathLike[str] = "checkpoint") -> None:
@@ -251,20 +265,68 @@ def _schedule(cfg: TrainConfig) -> dict[str, Any]:
     return {k: getattr(cfg, k) for k in SCHEDULE_KEYS}
 
 
-def read_checkpoint(path: Path, cfg: TrainConfig, num_classes: int, layout: dict[str, Any]) -> dict[str, Any]:
-    """The checkpoint ``--resume`` continues from, checked against this run's model, layout and schedule."""
+def run_config(cfg: TrainConfig, cache_key: str) -> dict[str, Any]:
+    """What a checkpoint keeps of its run's options: every field but those a resume never carries over, and the
+    build key of the train cache (another cache of the same size is another run)."""
+    return {**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in RESUME_NOT_CARRIED},
+            "train_cache": cache_key}
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """The checkpoint ``--resume`` continues from (checked by :func:`check_resume` once the run is set up)."""
     if not path.is_file():
         raise TrainSetupError(f"--resume: no checkpoint at {path}")
-    state = load_checkpoint(path, model_name=cfg.model, num_classes=num_classes, layout=layout)
+    return load_checkpoint(path)
+
+
+def resumed_config(cfg: TrainConfig, state: dict[str, Any], path: Path,
+                   given: Collection[str] | None = None) -> TrainConfig:
+    """``cfg`` as the run in ``state`` continues: the options not in ``given`` are the run's; a given option
+    of :data:`RESUME_KEEPS` with another value than the run's is refused, naming each. ``given`` None: every
+    option when ``cfg`` names its cache, else those that differ from their defaults (a caller of ``fit``
+    that leaves the cache out means the run's)."""
+    saved = state.get("config") or {}
+    if given is None:
+        given = {f.name for f in dataclasses.fields(cfg)} if cfg.train is not None else {
+            f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != f.default}
+    if not saved:
+        if cfg.train is None:
+            raise CheckpointError(f"{path} was written by an earlier release and holds no options: name CACHE and "
+                                  f"pass the run's options")
+        return cfg
+    if "model" in given:
+        check_checkpoint(state, path, model_name=cfg.model)  # its own words: weights of another model
+    changed = [f"{k}: checkpoint {saved[k]!r} vs now {getattr(cfg, k)!r}" for k in RESUME_KEEPS
+               if k in given and k in saved and saved[k] != getattr(cfg, k)]
+    if changed:
+        raise CheckpointError(
+            f"{path}: cannot resume with other training options ({', '.join(changed)}): a resumed run trains with "
+            f"the options it started with; leave them out (the run's are used) or pass the run's values, or start "
+            f"over (another --out, or --overwrite)")
+    names = {f.name for f in dataclasses.fields(cfg)}
+    carried = {k: v for k, v in saved.items() if k in names and k not in given and k not in RESUME_NOT_CARRIED}
+    return dataclasses.replace(cfg, **carried)
+
+
+def check_resume(state: dict[str, Any], path: Path, cfg: TrainConfig, num_classes: int, layout: dict[str, Any],
+                 cache_key: str) -> None:
+    """The checkpoint against this run as set up: its model, class count, layout and train cache (a checkpoint
+    of an earlier release, without its options, against the optimizer and schedule it holds)."""
+    check_checkpoint(state, path, model_name=cfg.model, num_classes=num_classes, layout=layout)
+    saved_cache = (state.get("config") or {}).get("train_cache")
+    if saved_cache is not None and saved_cache != cache_key:
+        raise CheckpointError(
+            f"{cfg.train} is not the cache this run trained on (its build key {cache_key[:12]}, the run's "
+            f"{saved_cache[:12]}, from {state['config'].get('train')}): pass the run's cache, or start over "
+            f"(another --out, or --overwrite)")
     saved = state.get("layout", {})
     diff = [f"{k}: checkpoint {saved[k]!r} vs now {v!r}" for k, v in _schedule(cfg).items()
-            if k in saved and saved[k] != v]  # checkpoints of earlier releases do not hold them
+            if k in saved and saved[k] != v]  # what the options of an earlier release's checkpoint hold
     if diff:
         raise CheckpointError(
-            f"{path}: cannot resume with another optimizer or LR schedule ({', '.join(diff)}); the "
-            f"checkpoint's would be used: pass its values, or start over (another --out, or --overwrite)"
-        )
-    return state
+            f"{path}: cannot resume with other training options ({', '.join(diff)}): a resumed run trains with "
+            f"the optimizer and LR schedule it started with; pass its values, or start over (another --out, or "
+            f"--overwrite)")
 
 
 def restore_run(state: dict[str, Any], path: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -303,6 +365,7 @@ class Checkpointer:
     sampler: Any
     num_classes: int
     layout: dict[str, Any]
+    cache_key: str  # the train cache's build key
 
     def __call__(self, epoch: int, batch: int, step: int) -> None:
         rng = all_gather_objects(capture_rng())  # every rank's RNG state, so each resumes its own draws
@@ -313,7 +376,8 @@ class Checkpointer:
         save_checkpoint(self.path, model=self.model, optimizer=self.optimizer, model_name=self.cfg.model,
                         num_classes=self.num_classes, epoch=epoch, batch=batch, global_step=step,
                         scaler=self.scaler, scheduler=self.scheduler, sampler=_plain(sampler_state),
-                        layout={**self.layout, **_schedule(self.cfg)}, rng=rng)
+                        layout={**self.layout, **_schedule(self.cfg)}, rng=rng,
+                        config=run_config(self.cfg, self.cache_key))
 
 
 def _plain(d: dict[str, Any]) -> dict[str, Any]:

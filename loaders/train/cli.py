@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from cachebuild.errors import CacheBuildError, OptionError
 from cachebuild.options import field_options
@@ -22,6 +23,7 @@ def _train(**kw: Any) -> None:
 
     Run under `torchrun --nproc_per_node N -m loaders.train ...` for DDP (one process per GPU; gloo on CPU).
     An OUT that already holds a run is refused unless --resume (continue it) or --overwrite (start over).
+    `train --resume --out RUN` continues the run in RUN with its own cache and options.
     """
     from loaders.train.distributed import resolve_device
     from loaders.train.loop.amp import resolve_amp
@@ -39,8 +41,11 @@ def _train(**kw: Any) -> None:
         cfg = TrainConfig(**kw)  # each value was checked as its flag was read; this checks them together
     except OptionError as e:
         raise click.UsageError(str(e)) from None
+    ctx = click.get_current_context()
+    given = {name for name in kw if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE,
+                                                                         ParameterSource.ENVIRONMENT)}
     try:
-        fit(cfg)
+        fit(cfg, given=given)  # with --resume, what is not given is the run's
     except CacheBuildError as e:
         raise click.ClickException(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
 

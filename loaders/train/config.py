@@ -12,10 +12,10 @@ import re
 from dataclasses import dataclass
 
 from cachebuild.errors import CacheBuildError, OptionError
-from cachebuild.options import REQUIRED, check_fields, option
+from cachebuild.options import check_fields, option
 
-__all__ = ["AMP_CHOICES", "AUGMENTS", "AUGMENT_IN", "IN_MEMORY", "OPTIMIZERS", "TrainConfig", "TrainSetupError",
-           "parse_progressive"]
+__all__ = ["AMP_CHOICES", "AUGMENTS", "AUGMENT_IN", "IN_MEMORY", "OPTIMIZERS", "RESUME_FREE", "RESUME_KEEPS",
+           "RESUME_NOT_CARRIED", "TrainConfig", "TrainSetupError", "parse_progressive"]
 
 AMP_CHOICES: tuple[str, ...] = ("auto", "bf16", "fp16", "off")
 AUGMENTS: tuple[str, ...] = ("auto", "imagenet", "cifar", "none")
@@ -65,6 +65,20 @@ def parse_progressive(text: str) -> tuple[int, int, int | None, int | None]:
     return low, high, start, end
 
 
+# What a resume keeps: each of these changes what is trained (the model, its steps and schedule, the data, its
+# augmentation and mixing, the seed of every draw); a resumed run refuses another value. The rest is free: where
+# the run's files and caches are, what runs it and how fast, what it reports. Every field is in one of the two.
+RESUME_KEEPS: tuple[str, ...] = (
+    "model", "epochs", "batch_size", "accum", "amp", "lr", "optimizer", "momentum", "weight_decay", "warmup_epochs",
+    "label_smoothing", "labels", "mixup", "cutmix", "clip_grad", "augment", "crop", "augment_in", "progressive",
+    "seed", "shard_window")
+RESUME_FREE: tuple[str, ...] = (
+    "train", "val", "out", "workers", "loader", "in_memory", "device", "compile", "deterministic", "log_every",
+    "ckpt_every", "resume", "overwrite", "progress", "stop_after_steps")
+# Free options a resume does not take from the run it continues (the rest it does, unless given).
+RESUME_NOT_CARRIED: tuple[str, ...] = ("out", "resume", "overwrite", "progress", "stop_after_steps", "loader")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Every setting of a run; written to ``OUT/config.json`` (with the resolved values) at the start.
@@ -75,7 +89,7 @@ class TrainConfig:
     opened.
     """
 
-    train: str = option(REQUIRED, None, argument=True, metavar="CACHE", path="dir")
+    train: str | None = option(None, None, argument=True, metavar="[CACHE]", path="dir")  # None: --resume's run's
     val: str | None = option(None, "Validation cache (same classes): top-1/top-5 after every epoch.", path="dir")
     out: str = option("runs/train", "Run folder: checkpoint.pt, metrics.jsonl, metrics.png, config.json, "
                       "summary.json.", path="dir")
@@ -129,7 +143,9 @@ class TrainConfig:
     deterministic: bool = option(False, "Deterministic algorithms (slower; for exact resume).")
     log_every: int = option(20, "Optimizer steps between log lines.", min=0)
     ckpt_every: int = option(0, "Optimizer steps between checkpoints (0: end of each epoch only).", min=0)
-    resume: bool = option(False, "Continue from OUT/checkpoint.pt, mid-epoch if it was written so.")
+    resume: bool = option(False, "Continue from OUT/checkpoint.pt, mid-epoch if it was written so, with the run's "
+                          "options (CACHE and options left out are the run's; a changed training option is "
+                          "refused).")
     overwrite: bool = option(False, "Start over in an OUT that holds a run: removes that run's files there (only "
                              "those), not others.")
     progress: bool | None = option(None, "Progress bar [default: when on a terminal].")  # None: stderr a terminal
@@ -138,11 +154,21 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.train is None and not self.resume:
+            raise OptionError("missing argument CACHE: the cache to train on (or --resume --out RUN, which "
+                              "continues the run in RUN with its own cache and options)")
         if self.progressive is not None and self.augment_in != "workers":
             raise OptionError("progressive resizing crops in the loader's workers: add --augment-in workers")
         if self.resume and self.overwrite:
             raise OptionError("resume and overwrite exclude each other: --resume continues the run in --out, "
                               "--overwrite starts it over")
+
+    @property
+    def cache(self) -> str:
+        """The train cache (``train``, which only a resume that has not yet read its run may leave unset)."""
+        if self.train is None:
+            raise OptionError("no train cache: name CACHE, or --resume a run folder that holds one")
+        return self.train
 
     def progressive_schedule(self) -> tuple[int, int, int, int] | None:
         """``progressive`` as (low, high, start epoch, end epoch), or None; OptionError when malformed."""

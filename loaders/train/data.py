@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 import torch
 
+from cachebuild.errors import CacheBuildError
 from loaders.train.config import TrainConfig, TrainSetupError
 from loaders.train.distributed import DistInfo
 from loaders.train.loop.step import BatchTransform
@@ -68,11 +69,11 @@ def crop_in_workers(cfg: TrainConfig, augment: str, crop: int, train_ds: Any, va
 
 def _open_caches(cfg: TrainConfig) -> tuple[Any, Any | None]:
     """The train cache and the val cache (if any), refused when empty or when their classes differ."""
-    from loaders.dataset import CachedImageDataset, DatasetOptions
+    from loaders.dataset import DatasetOptions
 
     in_memory: bool | Literal["auto"] = "auto" if cfg.in_memory == "auto" else cfg.in_memory == "yes"
     options = DatasetOptions(in_memory=in_memory)
-    train_ds = CachedImageDataset(cfg.train, dataclasses.replace(options, labels=cfg.labels))
+    train_ds = _open_labelled(cfg.cache, dataclasses.replace(options, labels=cfg.labels))
     # A letterboxed (--fit pad) cache: batches carry each sample's valid box, so crops stay off the bars.
     train_ds.return_boxes = "boxes" in train_ds.manifest.arrays
     classes = list(train_ds.classes)
@@ -83,7 +84,7 @@ def _open_caches(cfg: TrainConfig) -> tuple[Any, Any | None]:
         from cachebuild.storage.cache import read_manifest
 
         relabelled = cfg.labels is not None and cfg.labels in read_manifest(cfg.val).columns
-        val_ds = CachedImageDataset(cfg.val, dataclasses.replace(options, labels=cfg.labels if relabelled else None))
+        val_ds = _open_labelled(cfg.val, dataclasses.replace(options, labels=cfg.labels if relabelled else None))
         if list(val_ds.classes) != classes:
             only_t = sorted(set(classes) - set(val_ds.classes))[:3]
             only_v = sorted(set(val_ds.classes) - set(classes))[:3]
@@ -92,6 +93,20 @@ def _open_caches(cfg: TrainConfig) -> tuple[Any, Any | None]:
                 f"they must be the same list in the same order (only in train: {only_t}, only in val: {only_v})"
             )
     return train_ds, val_ds
+
+
+def _open_labelled(cache: str, options: Any) -> Any:
+    """The dataset of ``cache``; a column that cannot be labels (the dataset's ValueError) as one line naming
+    ``--labels``."""
+    from loaders.dataset import CachedImageDataset
+
+    try:
+        return CachedImageDataset(cache, options)
+    except ValueError as e:
+        if options.labels is None or isinstance(e, CacheBuildError):
+            raise
+        why = str(e).removeprefix(f"{cache}: ")
+        raise TrainSetupError(f"--labels {options.labels}: {why} ({cache})") from None
 
 
 def _resolution(cfg: TrainConfig, shape: tuple[int, int, int], val_ds: Any | None) -> tuple[str, int, list[str]]:

@@ -131,3 +131,20 @@ def test_train_on_soft_labels_with_mixup_and_cutmix(cache: Path, tmp_path: Path)
 
     last = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()][-1]
     assert np.isfinite(last.get("val_loss", last.get("loss", np.nan)))
+
+
+@pytest.mark.parametrize(("column", "said"), [("bad", "Error: --labels bad: column 'bad' holds labels in [10, 49], "
+                                                       "the cache has 5 classes; relabel within [0, 4]"),
+                                              ("score", "Error: --labels score: column 'score' is float64[40]"),
+                                              ("missing", "has no column 'missing'")])
+def test_train_labels_that_cannot_be_labels_are_one_line(cache: Path, tmp_path: Path, column: str, said: str) -> None:
+    from click.testing import CliRunner
+
+    from loaders.train.cli import train
+
+    r = CliRunner().invoke(train, [str(cache), "--labels", column, "--out", str(tmp_path / "run"), "--model",
+                                   "linear", "--device", "cpu", "--workers", "0", "--amp", "off"])
+    assert r.exit_code == 1 and r.exc_info is not None and r.exc_info[0] is SystemExit, r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and said in lines[0], r.output
+    assert not (tmp_path / "run").exists()

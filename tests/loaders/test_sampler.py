@@ -160,9 +160,10 @@ def test_resume_through_dataloader(tmp_path) -> None:
 
 def test_epoch_replays_after_completion_and_bad_state() -> None:
     s = CacheSampler(range(9), seed=0)
+    s.set_epoch(0)
     first = list(s)
     s.advance(9)
-    assert list(s) == first and s.position == 0  # consumed epoch without set_epoch: replayed
+    assert list(s) == first and s.position == 0  # consumed epoch, set_epoch given: replayed, as DistributedSampler
     with pytest.raises(ValueError, match="dataset_len"):
         CacheSampler(range(10)).load_state_dict(s.state_dict() | {"position": 3})
     with pytest.raises(ValueError, match="position"):
@@ -202,3 +203,72 @@ def test_resume_after_last_step_of_epoch_moves_on(mode: dict) -> None:
     assert seen[4] == [] and seen[5] == s.rank_indices(5).tolist()
     # In one process, iterating a consumed epoch again without set_epoch still replays it.
     assert list(s) == s.rank_indices(4).tolist()
+
+
+class Epochs:
+    """A data source that records the epochs the sampler hands it (as a dataset that crops in its workers)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.epochs = n, []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epochs.append(epoch)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=IDS)
+def test_without_set_epoch_each_pass_is_the_next_epoch(mode: dict) -> None:
+    # PyTorch's imagenet example calls set_epoch only under DDP: a port must not replay one order every epoch.
+    s = CacheSampler(_src(50, mode), seed=0, **mode)
+    passes = [list(s) for _ in range(3)]
+    assert [s.rank_indices(e).tolist() for e in range(3)] == passes and s.epoch == 2
+    if mode.get("shuffle"):
+        assert passes[0] != passes[1] != passes[2]
+    assert all(sorted(p) == list(range(50)) for p in passes)
+    data = Epochs(20)
+    t = CacheSampler(data, seed=0)
+    it = iter(t)  # an iterator made and dropped unused (a DataLoader makes two) is no pass
+    del it
+    for _ in range(3):
+        list(t)
+    assert data.epochs == [1, 2]  # the dataset's crop epoch follows
+
+
+def test_set_epoch_stays_authoritative_and_a_state_resumes_either_way() -> None:
+    s = CacheSampler(range(30), seed=5)
+    s.set_epoch(3)
+    assert list(s) == list(s) == s.rank_indices(3).tolist()  # given: replayed, as DistributedSampler does
+    auto = CacheSampler(range(30), seed=5)
+    list(auto)
+    second = iter(auto)
+    rest_of_1 = [next(second) for _ in range(7)]
+    auto.advance(7)
+    state = auto.state_dict()
+    assert (state["epoch"], state["position"]) == (1, 7)
+    again = CacheSampler(range(30), seed=0)
+    again.load_state_dict(state)
+    assert rest_of_1 + list(again) == auto.rank_indices(1).tolist()  # the rest of the saved epoch
+    assert list(again) == auto.rank_indices(2).tolist() and again.epoch == 2  # then the next one
+    done = CacheSampler(range(30), seed=5)
+    list(done)
+    done.advance(30)
+    after = CacheSampler(range(30), seed=5)
+    after.load_state_dict(done.state_dict())  # saved after the epoch's last step, set_epoch never called
+    assert len(after) == 30 and list(after) == done.rank_indices(1).tolist()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_dataloader_without_set_epoch_reshuffles_every_epoch(tmp_path, workers: int) -> None:
+    root, _images, _ = make_cache(tmp_path / "c", n=24)
+    ds = CachedImageDataset(root)
+    s = CacheSampler(ds, seed=1)
+    dl = DataLoader(ds, batch_size=5, sampler=s, collate_fn=collate_batch, num_workers=workers,
+                    persistent_workers=workers > 0)
+    epochs = [np.concatenate([decode_index(x.numpy()) for x, _ in dl]).tolist() for _ in range(3)]
+    assert epochs == [s.rank_indices(e).tolist() for e in range(3)]
+    assert len({tuple(e) for e in epochs}) == 3
+    one = CacheSampler(range(12), seed=2)  # batch_size=None: the loader iterates the sampler itself, twice per pass
+    per_sample = DataLoader(list(range(12)), batch_size=None, sampler=one, num_workers=workers)
+    assert [[int(v) for v in per_sample] for _ in range(2)] == [one.rank_indices(e).tolist() for e in range(2)]

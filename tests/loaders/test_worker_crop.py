@@ -213,6 +213,7 @@ def test_same_batches_any_workers_persistent_resolution_and_resume(tmp_path: Pat
     ds = CachedImageDataset(root, DatasetOptions(crop=RandomResizedCrop(24, flip_p=0.5), seed=1))
     ds.set_resolution(progressive(16, 24, 0, 1))  # each set_epoch of the sampler sets the size too
     sampler = CacheSampler(ds, seed=5)
+    sampler.set_epoch(0)  # the test says the epoch: every pass of this sampler is epoch 0
     plain = _epoch(DataLoader(ds, batch_size=8, sampler=sampler, collate_fn=collate_batch))  # epoch 0, 16 px
     assert plain[0].shape == (8, 16, 16, 3)
     before = set(batch_ring._registry)
@@ -241,6 +242,7 @@ def test_workers_crop_a_boxed_cache_the_same_batches_inside_its_boxes(tmp_path: 
     ds = CachedImageDataset(_npy(tmp_path, boxes=True),
                             DatasetOptions(crop=RandomResizedCrop(20, flip_p=0.5), return_boxes=True))
     sampler = CacheSampler(ds, seed=2)
+    sampler.set_epoch(0)  # the test says the epoch: every pass of this sampler is epoch 0
     ref = _epoch(DataLoader(ds, batch_size=8, sampler=sampler, collate_fn=collate_batch))
     dl = DataLoader(ds, batch_size=8, sampler=sampler, num_workers=2, collate_fn=collate_batch)
     got = list(dl)

@@ -94,6 +94,7 @@ def test_kept_float_batches_on_the_device_are_each_their_own(tmp_path: Path, wor
     root = _npy(tmp_path)
     plain, fused = _pair(root, T.RandomResizedCrop(20, flip_p=0.5))
     sampler = CacheSampler(fused, seed=1)
+    sampler.set_epoch(0)  # the test says the epoch: every pass of this sampler is epoch 0
     dl = DataLoader(fused, batch_size=4, sampler=sampler, num_workers=workers, collate_fn=collate_batch)
     held = [x for x, _ in device_loader(dl, "cpu")]  # every batch of the epoch kept: 10 of them
     assert len(held) == 10 and all(x.dtype == torch.float32 and x.is_contiguous(memory_format=torch.channels_last)
@@ -110,6 +111,7 @@ def test_dataloader_workers_send_float_batches_through_the_ring(tmp_path: Path) 
     root = _npy(tmp_path)
     plain, fused = _pair(root, T.RandomResizedCrop(16, flip_p=0.5))
     sampler = CacheSampler(fused, seed=3)
+    sampler.set_epoch(0)  # the test says the epoch: every pass of this sampler is epoch 0
     ref = [_normalized(x) for x, _ in DataLoader(plain, batch_size=2, sampler=sampler, collate_fn=collate_batch)]
     before = set(batch_ring._registry)
     dl = DataLoader(fused, batch_size=2, sampler=sampler, num_workers=2, collate_fn=collate_batch,

@@ -12,7 +12,7 @@ import gc
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,9 +27,11 @@ from loaders.train.checkpoints import (
     RUN_FILES,
     Checkpointer,
     Position,
+    check_resume,
     claim_run_folder,
     read_checkpoint,
     restore_run,
+    resumed_config,
     run_layout,
     write_json,
 )
@@ -49,8 +51,11 @@ __all__ = ["AUGMENTS", "IN_MEMORY", "METRICS_NAME", "OPTIMIZERS", "RUN_FILES", "
 STOP_EXIT_CODE = 75  # --stop-after-steps: a hard exit (os._exit) that tests treat as a crash
 Say = Callable[[str], None]
 
-def fit(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Train as ``cfg`` says; returns the summary that rank 0 prints (also on other ranks).
+def fit(cfg: TrainConfig, echo: Callable[[str], None] | None = None,
+        given: Collection[str] | None = None) -> dict[str, Any]:
+    """Train as ``cfg`` says; returns the summary that rank 0 prints (also on other ranks). With ``cfg.resume``
+    the options not in ``given`` are the run's (:func:`~loaders.train.checkpoints.resumed_config`: ``given``
+    None is every option when ``cfg`` names its cache, else those that differ from their defaults).
 
     Raises :class:`TrainSetupError`, :class:`~loaders.train.checkpoints.CheckpointError`,
     :class:`~loaders.train.loop.amp.AmpUnsupportedError` or a cache error before the first step when the
@@ -61,7 +66,7 @@ def fit(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[str
     info = init_distributed(cfg.device)
     was_deterministic = torch.are_deterministic_algorithms_enabled()
     try:
-        return _fit(cfg, info, echo or _echo)
+        return _fit(cfg, info, echo or _echo, given)
     finally:
         torch.use_deterministic_algorithms(was_deterministic)  # fit() may run inside a larger program
         cleanup_distributed()
@@ -71,21 +76,27 @@ def fit(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[str
         drop_dead_rings()
 
 
-def _fit(cfg: TrainConfig, info: DistInfo, echo: Callable[[str], None]) -> dict[str, Any]:
+def _fit(cfg: TrainConfig, info: DistInfo, echo: Callable[[str], None],
+         given: Collection[str] | None) -> dict[str, Any]:
     main = info.is_main
     say = echo if main else (lambda _msg: None)
-    amp_dtype = resolve_amp(cfg.amp, info.device)
     out = Path(cfg.out)
+    ckpt_path = out / CHECKPOINT_NAME
+    state = read_checkpoint(ckpt_path) if cfg.resume else None
+    if state is not None:
+        cfg = resumed_config(cfg, state, ckpt_path, given)  # the run's options, none of them changed
+    amp_dtype = resolve_amp(cfg.amp, info.device)
     stale = claim_run_folder(out, cfg, main)  # --overwrite: removed just before the first write
     _set_determinism(cfg, info)
 
     data = build_data(cfg, info)
-    ckpt_path = out / CHECKPOINT_NAME
     data.sampler.set_epoch(0)
     num_batches = math.ceil(data.sampler.num_samples / cfg.batch_size)  # the whole epoch, not what is left
     steps_per_epoch = num_optimizer_steps(num_batches, cfg.accum)
     layout = run_layout(cfg, info, len(data.train_ds))
-    state = read_checkpoint(ckpt_path, cfg, len(data.classes), layout) if cfg.resume else None
+    cache_key = data.train_ds.manifest.build_key
+    if state is not None:
+        check_resume(state, ckpt_path, cfg, len(data.classes), layout, cache_key)
 
     torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
     raw_model = build_model(cfg.model, len(data.classes), image_size=data.crop).to(info.device)
@@ -116,7 +127,7 @@ def _fit(cfg: TrainConfig, info: DistInfo, echo: Callable[[str], None]) -> dict[
     say_start(say, cfg, info, data, resolved, start if state is not None else None)
 
     checkpoint = Checkpointer(ckpt_path, cfg, main, model, optimizer, scheduler, scaler, data.sampler,
-                              len(data.classes), layout)
+                              len(data.classes), layout, cache_key)
     loop = EpochLoop(cfg, info, data, model, eval_model, optimizer, scheduler, scaler, loss_fn, amp_dtype,
                      metrics, say, progress, checkpoint, num_batches, steps_per_epoch)
     summary = summarize(cfg, info, loop.run(start))

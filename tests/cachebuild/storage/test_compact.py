@@ -246,6 +246,7 @@ def test_dataloader_workers_decode_shuffled_batches(tmp_path, context):
     ds = CachedImageDataset(root)
     assert ds.encoded and ds.manifest.storage == "jpeg"
     sampler = CacheSampler(ds, shuffle=True, seed=4)
+    sampler.set_epoch(0)  # the test says the epoch: every pass of this sampler is epoch 0
     order = np.fromiter(iter(sampler), dtype=np.int64)
     dl = DataLoader(ds, batch_size=16, sampler=sampler, num_workers=2 if context == "fork" else 1,
                     collate_fn=collate_batch, multiprocessing_context=context)

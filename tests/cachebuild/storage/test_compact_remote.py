@@ -56,6 +56,7 @@ def test_s3_jpeg_cache_through_dataloader_workers(tmp_path, s3):
     s3.fs.put(str(root), s3.url("caches/c"), recursive=True)
     ds = CachedImageDataset(s3.url("caches/c"))
     sampler = CacheSampler(ds, shuffle=True, seed=3)
+    sampler.set_epoch(0)  # the test says the epoch: every pass of this sampler is epoch 0
     order = np.fromiter(iter(sampler), dtype=np.int64)
     dl = DataLoader(ds, batch_size=16, sampler=sampler, num_workers=2, collate_fn=collate_batch)
     got = [(x.numpy().copy(), y.numpy()) for x, y in dl]

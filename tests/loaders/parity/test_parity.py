@@ -195,12 +195,16 @@ def test_cifar_and_a_flat_devkit_val_have_their_own_references(tmp_path):
 def test_training_ab_runs_both_pipelines_and_plots_them(tree, tmp_path):
     cache = _build(tree["root"], tmp_path / "c")
     rc, doc, out = _run(cache, Path(tree["root"]), tmp_path, "--train-steps", "3", "--train-batch", "4",
-                        "--out", str(tmp_path / "html"))
+                        "--train-runs", "2", "--out", str(tmp_path / "html"))
     t = _check(doc, "training")["figures"]
-    assert len(t["loss_torchvision"]) == len(t["loss_cache"]) == 3
-    assert t["loss_torchvision"][0] == pytest.approx(t["loss_cache"][0], rel=0.5)  # one initialisation
-    lo, hi = t["interval_95"]
+    assert len(t["loss_torchvision"]) == len(t["loss_cache"]) == 2  # one curve per paired run
+    assert all(len(c) == 3 for c in t["loss_torchvision"] + t["loss_cache"])
+    for tv, ours in zip(t["loss_torchvision"], t["loss_cache"], strict=True):
+        assert tv[0] == pytest.approx(ours[0], rel=0.5)  # one initialisation per run
+    assert t["loss_torchvision"][0][0] != t["loss_torchvision"][1][0]  # another one in the next run
+    lo, hi = t["interval"]
     assert lo <= t["difference"] <= hi and t["eval_images"] == read_manifest(cache).count
+    assert t["differences"] == pytest.approx(np.subtract(t["accuracy_cache"], t["accuracy_torchvision"]).tolist())
     assert (tmp_path / "html" / "training-loss.png").stat().st_size > 1000
     assert rc in (0, 1) and ("training: ok" in out) == _check(doc, "training")["passed"]
 
@@ -243,3 +247,95 @@ def test_parquet_labels_come_from_the_label_column(hf_set, tmp_path):
     rc, doc, out = _run(cache, data, tmp_path)
     assert "pyarrow" in doc["reference"], out
     assert rc == 0 and _check(doc, "labels")["figures"]["compared"] == read_manifest(cache).count, out
+
+
+def test_out_refuses_a_folder_it_did_not_write_and_replaces_only_its_own_files(tree, tmp_path):
+    cache = _build(tree["root"], tmp_path / "c")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "index.html").write_text("my page")
+    rc, doc, out = _run(cache, Path(tree["root"]), tmp_path, "--out", str(mine))
+    assert rc == 2 and not doc and "holds no parity page" in out and "--out" in out, out
+    assert [p.name for p in mine.iterdir()] == ["index.html"] and (mine / "index.html").read_text() == "my page"
+    page = tmp_path / "page"
+    assert _run(cache, Path(tree["root"]), tmp_path, "--out", str(page))[0] == 0
+    (page / "notes.txt").write_text("added later")
+    precious = tmp_path / "precious.html"
+    precious.write_text("precious")
+    (page / "index.html").unlink()
+    (page / "index.html").symlink_to(precious)  # a link planted under one of parity's names
+    rc, _, out = _run(cache, Path(tree["root"]), tmp_path, "--out", str(page))
+    assert rc == 0, out
+    assert precious.read_text() == "precious" and not (page / "index.html").is_symlink()
+    assert "Every check passed" in (page / "index.html").read_text()
+    assert (page / "notes.txt").read_text() == "added later"
+
+
+def test_another_tree_is_bad_input_not_a_failed_check(tree, tmp_path):
+    folder = build(next(p for p in plan_source("folder", Path(tree["root"]) / "train")), tmp_path / "f",
+                   BuildOptions(size=SIZE, jobs=1)).path
+    rc, _, out = _run(folder, Path(tree["root"]), tmp_path)  # a folder cache against the folder above its own
+    assert rc == 2 and "another tree" in out and "--source" in out, out
+    assert _run(folder, Path(tree["root"]) / "train", tmp_path)[0] == 0
+    cache = _build(tree["root"], tmp_path / "c")
+    sibling = _copy(tree, tmp_path)  # the same file names, other photos
+    for f in sorted((sibling / "train").glob("*/*.JPEG")):
+        if "broken" not in f.name:
+            with Image.open(f) as im:
+                im.convert("RGB").transpose(Image.Transpose.ROTATE_180).save(f, "JPEG", quality=70)
+    rc, _, out = _run(cache, sibling, tmp_path)
+    assert rc == 2 and "not the tree" in out and "differ in size" in out and "--source" in out, out
+
+
+def test_the_classes_check_counts_samples_per_class(tree, tmp_path):
+    src = _copy(tree, tmp_path)
+    cache = _build(src, tmp_path / "c")
+    m = read_manifest(cache)
+    a_dir, b_dir = sorted((src / "train").iterdir())[:2]
+    moved = sorted(a_dir.glob("*.JPEG"))[0]
+    moved.rename(b_dir / moved.name)  # one file to another class: the counts differ, the lists do not
+    rc, doc, out = _run(cache, src, tmp_path)
+    classes = _check(doc, "classes")
+    assert rc == 1 and not classes["passed"] and "classes: FAIL" in out, out
+    assert f"{a_dir.name}: 6 in the cache, 5 in the reference" in classes["verdict"]
+    assert classes["figures"]["count_differences"][0] == {"class": a_dir.name, "cache": 6, "reference": 5}
+    (b_dir / moved.name).rename(moved)
+    assert _run(cache, src, tmp_path)[0] == 0
+    # An empty class folder: ImageFolder refuses the tree; a cache that lists the class with 0 samples fails.
+    (src / "train" / "zzz_empty").mkdir()
+    write_bytes_atomic(cache / MANIFEST_NAME, manifest_bytes(dataclasses.replace(m, classes=[*m.classes,
+                                                                                        "zzz_empty"])))
+    rc, doc, out = _run(cache, src, tmp_path)
+    classes = _check(doc, "classes")
+    assert rc == 1 and not classes["passed"], out
+    assert "zzz_empty" in classes["verdict"] and "no samples" in classes["verdict"] and "ImageFolder" in \
+        classes["verdict"]
+
+
+def test_a_val_cache_built_from_its_own_tree_is_checked_against_it(tree, tmp_path):
+    root = Path(tree["root"])
+    train = build(next(p for p in plan_source("folder", root / "train")), tmp_path / "t",
+                  BuildOptions(size=SIZE, jobs=1)).path
+    val = build(next(p for p in plan_source("folder", root / "val")), tmp_path / "v",
+                BuildOptions(size=SIZE, jobs=1)).path
+    args = ["--train-steps", "2", "--train-batch", "4", "--train-runs", "2", "--train-model", "linear"]
+    rc, doc, out = _run(train, root / "train", tmp_path, "--val", str(val), *args)
+    assert rc in (0, 1) and _check(doc, "training")["figures"]["eval_images"] == read_manifest(val).count, out
+    rc, doc, out = _run(train, root / "train", tmp_path, "--val", str(val), "--val-source", str(root / "val"), *args)
+    assert rc in (0, 1) and _check(doc, "training")["figures"]["eval_images"] == read_manifest(val).count, out
+    rc, _, out = _run(train, root / "train", tmp_path, "--val", str(val), "--val-source", str(root / "train"),
+                      *args)
+    assert rc == 2 and "--val-source" in out and "--source" not in out.split("--val-source")[0], out
+
+
+def test_a_16_bit_source_is_named_as_the_cause_of_its_low_psnr(tree, tmp_path):
+    src = _copy(tree, tmp_path)
+    folder = sorted((src / "train").iterdir())[0]
+    grey = (np.linspace(20_000, 60_000, 64 * 80).reshape(64, 80)).astype(np.uint16)  # a 16-bit grey photo
+    Image.fromarray(grey).save(folder / "deep.JPEG", "PNG")
+    cache = _build(src, tmp_path / "c")
+    rc, doc, out = _run(cache, src, tmp_path, "--n", "1000")
+    pixels = _check(doc, "pixels")
+    assert rc == 1 and not pixels["passed"], out
+    assert "16-bit" in pixels["verdict"] and "deep.JPEG" in pixels["verdict"] and "white" in pixels["verdict"]
+    assert pixels["figures"]["sixteen_bit_sources"][0]["file"].endswith("deep.JPEG")

@@ -99,6 +99,61 @@ def test_resume_after_hard_kill_equals_uninterrupted_run(caches: dict[str, Path]
     assert cs["scheduler"]["last_epoch"] == fs["scheduler"]["last_epoch"] == 12
 
 
+MIXED_ARGS = ["--model", "tiny_cnn", "--epochs", "2", "--batch-size", "8", "--lr", "0.05", "--workers", "0",
+              "--device", "cpu", "--amp", "off", "--seed", "3", "--augment", "imagenet", "--crop", "24",
+              "--mixup", "0.8", "--cutmix", "1.0", "--label-smoothing", "0.1", "--deterministic", "--ckpt-every", "2"]
+
+
+def test_resume_refuses_any_change_to_training_and_needs_only_the_run_folder(caches: dict[str, Path],
+                                                                             tmp_path: Path) -> None:
+    """A resumed run trains as it started: a changed crop, mixing, smoothing or augmentation place was taken
+    silently (and written to config.json); the run folder alone holds every option, so it is enough."""
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    with _one_thread():
+        assert _invoke(str(caches["train"]), "--out", str(full), *MIXED_ARGS).exit_code == 0
+    r = _cli(str(caches["train"]), "--out", str(cut), *MIXED_ARGS, "--stop-after-steps", "5")
+    assert r.returncode == STOP_EXIT_CODE, r.stderr
+    before = tree_bytes(cut)
+    for change, said in ((["--crop", "16"], "crop: checkpoint 24 vs now 16"),
+                         (["--mixup", "0"], "mixup: checkpoint 0.8 vs now 0.0"),
+                         (["--cutmix", "0.5"], "cutmix: checkpoint 1.0 vs now 0.5"),
+                         (["--label-smoothing", "0"], "label_smoothing: checkpoint 0.1 vs now 0.0"),
+                         (["--augment-in", "workers"], "augment_in: checkpoint 'device' vs now 'workers'"),
+                         (["--augment", "none"], "augment: checkpoint 'imagenet' vs now 'none'")):
+        res = _invoke(str(caches["train"]), "--out", str(cut), *MIXED_ARGS, "--resume", *change)
+        _assert_one_line_error(res, 1, "cannot resume with other training options", said)
+        res = _invoke("--resume", "--out", str(cut), *change)  # the run folder alone, one option changed
+        _assert_one_line_error(res, 1, said)
+    other = tmp_path / "other"  # another cache of the same size and classes
+    imgs, ys = _colour_images(96, seed=7)
+    write_cache(other, imgs, ys, CLASSES, shard_size=40)
+    _assert_one_line_error(_invoke(str(other), "--out", str(cut), "--resume"), 1, f"{other} is not the cache",
+                           "build key")
+    assert tree_bytes(cut) == before  # nothing written: config.json keeps the run's options
+    _assert_one_line_error(_invoke("--out", str(cut)), 2, "CACHE", "--resume")
+    with _one_thread():
+        res = _invoke("--resume", "--out", str(cut), "--log-every", "1")  # how it reports may change
+    assert res.exit_code == 0 and "resumed from" in res.output, res.output
+    a, b = _weights(full), _weights(cut)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)
+    saved = json.loads((cut / "config.json").read_text())
+    assert (saved["crop"], saved["mixup"], saved["cutmix"], saved["label_smoothing"]) == (24, 0.8, 1.0, 0.1)
+    assert saved["train"] == str(caches["train"]) and saved["log_every"] == 1
+
+
+def test_every_option_is_kept_or_free_on_resume() -> None:
+    """A new option must be sorted: kept by a resume (it changes what is trained) or free (where and how the
+    run goes, what it reports)."""
+    import dataclasses
+
+    from loaders.train.config import RESUME_FREE, RESUME_KEEPS
+
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert set(RESUME_KEEPS) | set(RESUME_FREE) == names and not set(RESUME_KEEPS) & set(RESUME_FREE)
+    assert {"crop", "mixup", "cutmix", "label_smoothing", "augment_in", "augment", "seed", "lr"} <= set(RESUME_KEEPS)
+
+
 def test_it_learns_and_writes_the_run(tmp_path: Path) -> None:
     from tests.cifar_files import cifar_images
 
@@ -346,8 +401,7 @@ def test_resume_with_another_schedule_is_refused(caches: dict[str, Path], tmp_pa
     assert _invoke(*common, "--epochs", "1").exit_code == 0
     before = (out / "checkpoint.pt").read_bytes()
     res = _invoke(*common, "--epochs", "3", "--resume")
-    _assert_one_line_error(res, 1, "cannot resume with another optimizer or LR schedule",
-                           "epochs: checkpoint 1 vs now 3")
+    _assert_one_line_error(res, 1, "cannot resume with other training options", "epochs: checkpoint 1 vs now 3")
     res = _invoke(*common[:-2], "--lr", "0.2", "--epochs", "1", "--resume")
     _assert_one_line_error(res, 1, "lr: checkpoint 0.1 vs now 0.2")
     assert (out / "checkpoint.pt").read_bytes() == before
@@ -466,7 +520,10 @@ def test_the_options_take_their_choices_and_defaults_from_train_config() -> None
     for name, tuple_ in choices.items():
         assert isinstance(params[name].type, click.Choice) and tuple(params[name].type.choices) == tuple_, name
     assert list(params) == list(fields)  # one parameter per field, named as it, in field order
-    assert params["train"].required and isinstance(params["train"], click.Argument)
+    # CACHE may be left out only by --resume (the run folder names it): TrainConfig refuses it otherwise
+    assert not params["train"].required and isinstance(params["train"], click.Argument)
+    with pytest.raises(OptionError, match="missing argument CACHE"):
+        TrainConfig()
     for name, p in params.items():
         if name != "train":
             assert p.default == fields[name], name
