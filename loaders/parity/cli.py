@@ -49,7 +49,10 @@ class ParityOptions:
     train_runs: int = option(5, "Paired runs of the training A/B (each: one initialisation and sample order for "
                              "both pipelines); its verdict is on the spread of their differences.", min=2)
     train_alpha: float = option(0.01, "The training A/B fails when the 1 - ALPHA interval of the mean accuracy "
-                                "difference excludes 0.", min=1e-6, max=0.5, metavar="ALPHA")
+                                "difference lies beyond +-MARGIN.", min=1e-6, max=0.5, metavar="ALPHA")
+    train_margin: float = option(0.1, "The accuracy difference (0 to 1) the two pipelines may train apart before "
+                                 "the training A/B fails: an honest cache's stored crop alone moves a short run "
+                                 "a few points.", min=0.0, max=1.0, metavar="MARGIN")
     train_eval: int = option(2000, "Images both models of a run are evaluated on (a seeded subset when there are "
                              "more).", min=1, metavar="N")
     val: str | None = option(None, "The cache of a held-out split: the A/B's models are evaluated on its source "
@@ -230,7 +233,7 @@ def _training(o: ParityOptions, dataset: Any, reader: Any, listing: Any, match: 
 
             return Check("training", False, "some samples have no source file: see the labels check", {})
     return training_ab(train, val, AbSettings(o.train_steps or 0, o.train_batch, o.train_model, o.train_lr,
-                                              o.seed, o.train_runs, o.train_alpha, o.train_eval), png)
+                                              o.seed, o.train_runs, o.train_alpha, o.train_eval, o.train_margin), png)
 
 
 def _write(o: ParityOptions, doc: dict[str, Any], res: Any, reader: Any, curves: bool) -> None:

@@ -339,3 +339,58 @@ def test_a_16_bit_source_is_named_as_the_cause_of_its_low_psnr(tree, tmp_path):
     assert rc == 1 and not pixels["passed"], out
     assert "16-bit" in pixels["verdict"] and "deep.JPEG" in pixels["verdict"] and "white" in pixels["verdict"]
     assert pixels["figures"]["sixteen_bit_sources"][0]["file"].endswith("deep.JPEG")
+
+
+def test_the_paired_verdict_fails_only_a_difference_beyond_the_margin():
+    from scipy.stats import t
+
+    from loaders.parity.train_ab import POWER, paired_verdict
+
+    # five paired runs of an honest cache on the built-in sample (seed 1): every run a few points above
+    honest = np.array([0.09, 0.08, 0.04, 0.03, 0.10])
+    v = paired_verdict(honest, 0.01, 0.1)
+    lo, hi = v.interval
+    assert lo > 0 and v.passed  # the interval excludes 0 but reaches the margin: the same training, as near as seen
+    assert not paired_verdict(honest, 0.01, 0.0).passed  # the rule "excludes 0" fails it
+    half = t.ppf(0.995, 4) * honest.std(ddof=1) / np.sqrt(5)
+    assert (lo, hi) == pytest.approx((honest.mean() - half, honest.mean() + half))
+    assert v.detectable == pytest.approx(0.1 + (t.ppf(0.995, 4) + t.ppf(POWER, 4)) * honest.std(ddof=1) / np.sqrt(5))
+    wrong = np.array([-0.55, -0.62, -0.48, -0.60, -0.51])  # a cache that teaches other labels
+    assert not paired_verdict(wrong, 0.01, 0.1).passed and not paired_verdict(-wrong, 0.01, 0.1).passed
+    noisy = np.array([0.21, 0.32, 0.23, -0.03, -0.11])  # a wide spread: no difference found, and it says how big
+    assert paired_verdict(noisy, 0.01, 0.1).passed and paired_verdict(noisy, 0.01, 0.1).detectable > 0.4
+
+
+def _relabel(cache: Path) -> None:
+    """Every sample's label one class on, written as a build writes labels (the array, its digest, the file
+    table, the sealed manifest): a cache whose pixels are right and whose labels teach another task."""
+    from cachebuild.storage.cache import save_array, with_file_table
+
+    m = read_manifest(cache)
+    labels = np.load(cache / m.arrays["labels"].file)
+    info = save_array(cache, "labels", ((labels + 1) % len(m.classes)).astype(labels.dtype))
+    m = dataclasses.replace(m, arrays={**m.arrays, "labels": info})
+    write_bytes_atomic(cache / MANIFEST_NAME, manifest_bytes(with_file_table(cache, m)))
+
+
+@pytest.mark.slow
+def test_a_cache_that_teaches_other_labels_fails_the_training_check_on_every_seed(tmp_path):
+    tree = write_imagenet(tmp_path / "src", n_classes=4, train_per_class=20, val_per_class=1, seed=2)
+    cache = _build(tree["root"], tmp_path / "c")
+    _relabel(cache)
+    for seed in ("0", "1", "2"):
+        rc, doc, out = _run(cache, Path(tree["root"]), tmp_path, "--train-steps", "40", "--train-batch", "16",
+                            "--seed", seed)
+        training = _check(doc, "training")
+        assert rc == 1 and "labels" in doc["failed"] and not training["passed"], out
+        assert training["figures"]["difference"] < -training["figures"]["margin"], training["verdict"]
+
+
+@pytest.mark.slow
+def test_an_honest_cache_passes_the_training_check_on_every_seed(tmp_path):
+    tree = write_imagenet(tmp_path / "src", n_classes=4, train_per_class=20, val_per_class=1, seed=2)
+    cache = _build(tree["root"], tmp_path / "c")
+    for seed in ("0", "1", "2", "3"):
+        rc, doc, out = _run(cache, Path(tree["root"]), tmp_path, "--train-steps", "40", "--train-batch", "16",
+                            "--seed", seed)
+        assert rc == 0 and _check(doc, "training")["passed"], out
