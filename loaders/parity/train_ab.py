@@ -212,7 +212,7 @@ def training_ab(train: AbData, val: AbData, s: AbSettings, png: Path | None) -> 
     verdict = (f"{s.runs} paired runs of {s.steps} steps of {s.model}, batch {min(s.batch, len(y_cache))}, on "
                f"{len(y_eval)} reference images: accuracy torchvision {acc[:, 0].mean():.3f}, cache "
                f"{acc[:, 1].mean():.3f}, difference {v.mean:+.3f} (sd {v.sd:.3f} over runs; {level} interval "
-               f"{lo:+.3f} to {hi:+.3f}, {'within reach of' if v.passed else 'beyond'} +-{s.margin:.3f}); with "
+               f"{lo:+.3f} to {hi:+.3f}, {'overlaps' if v.passed else 'beyond'} +-{s.margin:.3f}); with "
                f"this spread a difference of {v.detectable:.3f} is found {POWER:.0%} of the time")
     return Check("training", v.passed, verdict, {
         "steps": s.steps, "batch": s.batch, "model": s.model, "lr": s.lr, "seed": s.seed, "runs": s.runs,
