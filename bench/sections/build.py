@@ -184,7 +184,9 @@ def run_build(cfg: dict[str, Any], work: Path, src: Path, files_json: Path, log:
             rows[key]["x_naive"] = summary([a / b for a, b in zip(runs[key]["img_s"], naive, strict=True)], 3)
     result = {"contenders": rows, "failed": failed, "skipped": skipped, "images": n, "size": size, "jobs": jobs,
               "rounds": rounds, **_source_stats(src)}
+    images = {c.key: c.images for c in contenders}
     if all(runs[k]["img_s"] for k in ("bare_decode_process", "bare_decode_process_base", "cachebuild_npy_process",
-                                      "cachebuild_npy_process_base")):
-        result["steady_state"] = steady_state(runs, {c.key: c.images for c in contenders})
+                                      "cachebuild_npy_process_base")) and \
+            images["cachebuild_npy_process"] > images["cachebuild_npy_process_base"]:  # two sets: a difference
+        result["steady_state"] = steady_state(runs, images)
     return result, outputs
