@@ -542,3 +542,11 @@ def test_the_code_paths_trace_counts_what_a_build_and_a_read_run(tmp_path: Path)
     assert any("manifest" in f for f in read["file_list"]) and any("manifest" in f for f in build["file_list"])
     assert got["product"]["lines"] > 1000 and got["product"]["modules"] == len(
         [p for name in ("cachebuild", "loaders") for p in (REPO / name).rglob("*.py")])
+
+
+def test_a_section_run_alone_builds_its_caches_without_a_steady_state_figure(tmp_path: Path) -> None:
+    """``--sections train`` builds the caches it reads in one untimed round, whose whole-process rows run on one
+    set: no steady state comes of it (the difference of two equal sets divided by zero)."""
+    cfg = {**PROFILES["tiny"], "profile": "tiny", "peers": False, "gpu": False, "jobs": 1}
+    res = run(cfg, tmp_path / "out", tmp_path / "work", ("train",), "test", log=lambda _m: None)
+    assert "build" not in res and res["train"]["contenders"], res.get("train")
