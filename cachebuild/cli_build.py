@@ -56,8 +56,8 @@ class BuildCommand:
     # spellings of earlier releases: an error that names what to write instead
     codec: str | None = option(None, None, hidden=True, check=_gone("--codec", "a compact cache is --format jpeg"))
     workers: str | None = option(None, None, hidden=True,
-                                 check=_gone("--workers", "the build runs its --jobs blocks in worker processes "
-                                                          "(one block: in its own) by itself"))
+                                 check=_gone("--workers", "the build runs its --jobs blocks in threads (or, for "
+                                                          "zarr and GPU builds, processes) by itself"))
 
 
 def build_command(kind: SourceKind) -> click.Command:

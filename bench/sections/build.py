@@ -75,6 +75,7 @@ def own_contenders(src: Path, n: int, size: int, jobs: int, rounds: int, scales:
         *rows,
         BuildContender("naive_npy", "naive npy cache: 1 process imread+resize+np.save", child("naive_npy", src), n,
                        rounds),
+        # --jobs, not processes: a local build runs its blocks in threads (builder.pipeline._prefer)
         BuildContender("cachebuild_npy", f"cachebuild npy, --jobs {jobs}", child("cachebuild_npy", src), n, rounds),
         BuildContender("cachebuild_zarr", f"cachebuild zarr, {_procs(jobs)}", child("cachebuild_zarr", src), n,
                        rounds),

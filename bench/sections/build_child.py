@@ -85,10 +85,12 @@ def _warm_pool(sample: str, contender: str, jobs: int) -> None:
     Parallel(n_jobs=jobs)(delayed(_warm)(sample, contender) for _ in range(jobs * 2))
 
 
-def _warm_build(sample: str, contender: str, jobs: int) -> None:
-    """The warm-up of what will run the build's blocks, by the build's own rule (``builder.pipeline``): this
-    process for ``--jobs 1``, else the pool's worker processes."""
-    if jobs <= 1:  # the blocks run here
+def _warm_build(sample: str, contender: str, jobs: int, storage: str) -> None:
+    """The warm-up of what will run the build's blocks, by the build's own rule (``pipeline._prefer``): this
+    process for threads (or ``--jobs 1``), else the pool's worker processes."""
+    from cachebuild.builder.pipeline import BuildOptions, _prefer
+
+    if jobs <= 1 or _prefer(BuildOptions(size=224, storage=storage)) == "threads":  # the blocks run here
         _warm(sample, contender)
     else:
         _warm_pool(sample, contender, jobs)
@@ -192,7 +194,7 @@ def main() -> None:
 
         plan = folder_plan(a.src, dataset="bench", split="train")
         storage = a.contender.rsplit("_", 1)[1]
-        _warm_build(paths[0], a.contender, a.jobs)
+        _warm_build(paths[0], a.contender, a.jobs, storage)
         t0 = time.perf_counter()
         r = build(plan, a.out, BuildOptions(size=a.size, jobs=a.jobs, storage=storage, progress=False))
         seconds = time.perf_counter() - t0

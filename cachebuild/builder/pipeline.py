@@ -8,12 +8,12 @@ whatever runs the blocks. After the last block the backend puts samples in their
 (``Backend.finish``), the block records become the side arrays and the manifest, and the staging folder is
 renamed into place.
 
-What runs the blocks is one rule: joblib's worker processes (loky), ``--jobs`` of them. Threads of one
-process would contend for the GIL, which parts of every sample hold (the xxhash of its pixels and of its source
-bytes, the per-sample Python around the kernels); a block is hundreds of files, so handing one to a process
-costs nothing once the pool has started, and each worker has its own CUDA context on a GPU build and its own
-zarr settings. A plan with one block to build runs it in this process: no pool to start for a small build. A
-caller's ``joblib.parallel_config`` wins: under ``parallel_config(backend="dask")`` (``--dask-scheduler``) the
+What runs the blocks is joblib's choice under one rule (:func:`_prefer`): threads of this process, which start
+at once and share their imports; the heavy steps of a sample (file reads, libjpeg-turbo, OpenCV, torch) run
+outside the GIL, its hashes (xxhash) and per-sample Python inside it, which worker processes would not contend
+for, but a loky pool whose manager thread dies leaves joblib waiting for ever, and a build must not hang.
+Processes where a worker needs one of its own (a GPU, or a storage kind whose sinks threads must not share).
+A caller's ``joblib.parallel_config`` wins: under ``parallel_config(backend="dask")`` (``--dask-scheduler``) the
 blocks run on a cluster.
 """
 
@@ -154,14 +154,14 @@ def build(plan: Plan, out: str | os.PathLike[str], opts: BuildOptions) -> BuildR
             # an update refuses another recipe before anything is written
             reuse = plan_reuse(out, plan, params, opts.resolved_block(len(plan)), opts.jobs) if opts.update else None
             records, tasks, jobs = _blocks(plan, out, opts, key, reuse)
-            with _block_settings(jobs, reuse), _progress(len(plan), sum(r.planned for r in records.values()),
+            with _block_settings(opts, reuse), _progress(len(plan), sum(r.planned for r in records.values()),
                                                          f"{plan.dataset}/{plan.split}", opts.progress) as bar:
-                for rec in Parallel(n_jobs=jobs, prefer="processes", return_as="generator_unordered")(tasks):
+                for rec in Parallel(n_jobs=jobs, prefer=_prefer(opts), return_as="generator_unordered")(tasks):
                     records[rec.block] = rec
                     bar.update(rec.planned)
             if reuse is not None:
                 release_reader()  # this process's reader of the cache an update replaces: gone before the commit
-                if jobs != 1:
+                if jobs > 1 and _prefer(opts) == "processes":
                     end_worker_processes()  # and the workers' readers, which would keep it on disk
             manifest = _finish(plan, out, records, opts, params, key, reuse)
     except CacheBuildError:
@@ -183,6 +183,12 @@ def build(plan: Plan, out: str | os.PathLike[str], opts: BuildOptions) -> BuildR
     reused = sum(r.reused for r in records.values())
     return BuildResult(out, "built", manifest.count, len(manifest.failures), time.perf_counter() - t0, written,
                        decoded=sum(r.planned for r in records.values()) - reused, reused=reused)
+
+
+def _prefer(opts: BuildOptions) -> str:
+    """What runs the blocks, the one rule: threads, but where each worker needs a process of its own (a GPU
+    build: one CUDA context and nvJPEG decoder per worker; a storage kind whose sinks threads must not share)."""
+    return "threads" if opts.decode_device == "cpu" and get_backend(opts.storage).threaded_sinks else "processes"
 
 
 def _blocks(plan: Plan, out: Path, opts: BuildOptions, key: str, reuse: Reuse | None
@@ -211,15 +217,15 @@ def _blocks(plan: Plan, out: Path, opts: BuildOptions, key: str, reuse: Reuse | 
                                           None if reuse is None else reuse.for_block(lo, lo + bs),
                                           digest_inputs=plan.file_stats is not None))
              for b, lo in todo)
-    return dict(done), tasks, 1 if len(todo) <= 1 else jobs  # one block: this process, no pool started
+    return dict(done), tasks, jobs
 
 
 @contextlib.contextmanager
-def _block_settings(jobs: int, reuse: Reuse | None) -> Iterator[None]:
-    """Blocks in this process (``jobs == 1``): one thread for the kernels, as in a worker, and an update's
-    copies, which make no cycles worth the collector's passes over the plan, with the collector paused."""
+def _block_settings(opts: BuildOptions, reuse: Reuse | None) -> Iterator[None]:
+    """Blocks in this process's threads: one thread each for the kernels, and an update's copies, which make no
+    cycles worth the collector's passes over the plan, with the collector paused."""
     with contextlib.ExitStack() as stack:
-        if jobs == 1:
+        if _prefer(opts) == "threads":
             stack.enter_context(one_thread_each())
             if reuse is not None:
                 stack.enter_context(gc_paused())

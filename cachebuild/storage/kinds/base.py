@@ -288,6 +288,9 @@ class Backend(ABC):
     #: True when a shard's manifest digest is that of its whole file (one file per shard; format version >= 2):
     #: the commit's file table then takes it from the manifest instead of hashing the file a second time
     shard_digest_is_file: ClassVar[bool] = False
+    #: False when two of this kind's sinks must not be written by threads of one process at once (then a
+    #: build's blocks run in worker processes: cachebuild.builder.worker_kind)
+    threaded_sinks: ClassVar[bool] = True
 
     # ------------------------------------------------------------ write side
     def align_block(self, block: int, opts: StorageParams) -> int:

@@ -506,6 +506,9 @@ class ZarrBackend(Backend):
     staging_names = r"images\.zarr(\.tmp)?|compacting\.json|zarr\.json"
     cache_names = frozenset({"zarr.json"})  # the group metadata that makes the folder readable by xarray
     metadata_files = (ARRAY_METADATA,)  # the array's: its codecs decode every chunk
+    # each sink opens the array under zarr.config.set(...), a process-wide setting one thread's exit restores
+    # under another's open (found by the threaded build: "ignored write_empty_chunks")
+    threaded_sinks = False
 
     def align_block(self, block: int, opts: StorageParams) -> int:
         chunk = resolved_chunk(opts)  # whole chunks per block: workers never share a chunk

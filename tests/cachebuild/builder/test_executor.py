@@ -1,5 +1,5 @@
-"""What runs a build's blocks, by one rule: joblib's worker processes, this process for one block or --jobs 1, a
-caller's joblib backend over both; the bytes are the same whatever runs them."""
+"""What runs a build's blocks, by one rule: threads of the building process, processes where a worker needs its
+own (zarr's sinks, a GPU each), a caller's joblib backend over both; the bytes are the same whatever runs them."""
 
 from __future__ import annotations
 
@@ -42,29 +42,25 @@ def _digests(path: Path) -> list[str]:
     return [s.digest for s in read_manifest(path).shards]
 
 
-def test_processes_by_default_this_process_for_one_block_or_the_callers_backend_and_the_same_bytes(imagenet_tree,
-                                                                                                   tmp_path: Path):
+def test_threads_by_default_processes_by_the_callers_backend_and_the_same_bytes(imagenet_tree, tmp_path: Path):
     plan = imagenet_plans(imagenet_tree["root"], "train")[0]
     cv2_threads = cv2.getNumThreads()
-    names = ("processes", "threading", "one", "one_block")
-    logs = {name: tmp_path / f"{name}.log" for name in names}
+    logs = {name: tmp_path / f"{name}.log" for name in ("threads", "loky", "one")}
     traced = {name: dataclasses.replace(plan, reader=_PidReader(plan.reader, str(log))) for name, log in logs.items()}
-    procs = build(traced["processes"], tmp_path / "processes", BuildOptions(size=40, block_size=4, jobs=2))
-    with joblib.parallel_config(backend="threading"):  # a caller's backend wins (--dask-scheduler sets dask's)
-        threading = build(traced["threading"], tmp_path / "threading", BuildOptions(size=40, block_size=4, jobs=2))
+    threads = build(traced["threads"], tmp_path / "threads", BuildOptions(size=40, block_size=4, jobs=2))
+    with joblib.parallel_config(backend="loky"):  # a caller's backend wins (--dask-scheduler sets dask's)
+        loky = build(traced["loky"], tmp_path / "loky", BuildOptions(size=40, block_size=4, jobs=2))
     one = build(traced["one"], tmp_path / "one", BuildOptions(size=40, block_size=4, jobs=1))
-    whole = build(traced["one_block"], tmp_path / "one_block", BuildOptions(size=40, block_size=len(plan), jobs=2))
-    assert os.getpid() not in _pids(logs["processes"])  # worker processes read every file
-    assert _pids(logs["threading"]) == _pids(logs["one"]) == _pids(logs["one_block"]) == {os.getpid()}
-    assert cv2.getNumThreads() == cv2_threads  # one OpenCV thread while blocks ran here, the caller's again after
-    a = read_manifest(procs.path)
-    assert len(a.shards) > 2 and _digests(procs.path) == _digests(threading.path) == _digests(one.path)
-    assert len(read_manifest(whole.path).shards) == 1
-    for other in (threading, one, whole):
+    assert _pids(logs["threads"]) == _pids(logs["one"]) == {os.getpid()}  # no process started
+    assert os.getpid() not in _pids(logs["loky"])
+    assert cv2.getNumThreads() == cv2_threads  # one OpenCV thread while the blocks ran, the caller's again after
+    a = read_manifest(threads.path)
+    assert len(a.shards) > 2 and _digests(threads.path) == _digests(loky.path) == _digests(one.path)
+    for other in (loky, one):
         b = read_manifest(other.path)
         assert a.failures == b.failures and a.count == b.count
         for name in ("labels", "sizes"):
-            assert np.array_equal(np.load(procs.path / a.arrays[name].file),
+            assert np.array_equal(np.load(threads.path / a.arrays[name].file),
                                   np.load(other.path / b.arrays[name].file))
 
 
@@ -109,7 +105,7 @@ def test_torch_imported_during_a_build_runs_on_one_thread_and_its_count_comes_ba
     assert r.stdout.split() == ["1", default]
 
 
-@pytest.mark.parametrize(("flag", "value", "names"), [("--workers", "threads", "worker processes"),
+@pytest.mark.parametrize(("flag", "value", "names"), [("--workers", "threads", "threads"),
                                                       ("--codec", "jpeg", "--format jpeg")])
 def test_the_spellings_of_earlier_releases_are_errors_naming_what_to_write(imagenet_tree, tmp_path: Path, flag: str,
                                                                            value: str, names: str) -> None:
