@@ -190,8 +190,8 @@ def file_plan(dataset: str, split: str, root: Path, keys: list[str], labels: np.
 def digest_contents(plan: Plan, positions: np.ndarray, jobs: int = 1) -> np.ndarray:
     """The :data:`~cachebuild.format.manifest.SOURCE_DIGEST` hex (``S16``) of the bytes of the plan's files at
     ``positions``, read as a build reads them (``plan.reader``: regular files only, bounded, and refused if changed
-    since planning), in ``jobs`` threads (-1: one per core; the reads and xxhash run outside the GIL); ``b""`` for
-    a file that cannot be read or gives no bytes."""
+    since planning), in ``jobs`` threads (-1: one per core; the reads run outside the GIL, overlapping the hashing,
+    which holds it); ``b""`` for a file that cannot be read or gives no bytes."""
     keys = plan.keys
 
     def one(i: int) -> bytes:
